@@ -1,0 +1,209 @@
+//! The one error type every backend and wrapper returns.
+
+use std::time::Duration;
+
+/// A boxed error from a client library (redis-rs, tokio-postgres, the OS, ...).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every failure distlock reports, whatever the backend.
+///
+/// The variants are the contract: classifying an error never depends on which
+/// backend produced it. In particular an outage ([`Error::Backend`],
+/// [`Error::Unavailable`]) is never reported as contention ([`Error::NotAcquired`],
+/// [`Error::Timeout`]), so a caller can tell "somebody else has the lock" from
+/// "I cannot tell who has the lock".
+///
+/// ```
+/// use distlock::Error;
+///
+/// fn http_status(err: &Error) -> u16 {
+///     match err {
+///         Error::NotAcquired { .. } | Error::Timeout { .. } => 409,
+///         Error::NotHeld { .. } => 410,
+///         Error::InvalidInput { .. } => 400,
+///         Error::Unavailable { .. } | Error::Backend { .. } => 503,
+///         _ => 500,
+///     }
+/// }
+/// assert_eq!(http_status(&Error::NotHeld { key: "k".into() }), 410);
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock is held elsewhere: a single attempt (or `lock` with a zero
+    /// timeout) found it taken. This is a healthy answer from the backend.
+    #[error("lock not acquired: {key:?} is held elsewhere")]
+    NotAcquired {
+        /// The key as the caller named it.
+        key: String,
+    },
+
+    /// `lock` waited for `waited` and the lock stayed held elsewhere.
+    #[error("lock acquire timeout: {key:?} still held elsewhere after {waited:?}")]
+    Timeout {
+        /// The key as the caller named it.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// Release or refresh by an owner that does not hold the lock (it expired,
+    /// was taken over, or was already released). Nothing was deleted or
+    /// extended. A holder that sees this must stop working in its critical
+    /// section: somebody else may be in it.
+    #[error("lock not held by this owner: {key:?}")]
+    NotHeld {
+        /// The key as the caller named it.
+        key: String,
+    },
+
+    /// The backend is known to be down (for example the circuit breaker is
+    /// open) and the call was not attempted.
+    #[error("{backend} backend unavailable: {reason}")]
+    Unavailable {
+        /// Backend name (`"redis"`, `"postgres"`, ...).
+        backend: &'static str,
+        /// Why it is considered unavailable.
+        reason: String,
+    },
+
+    /// The caller passed something unusable: an empty or oversized key, a zero
+    /// ttl, a malformed URL, an unsupported scheme. Retrying will not help.
+    #[error("invalid {what}: {reason}")]
+    InvalidInput {
+        /// What was wrong (`"key"`, `"ttl"`, `"url"`, ...).
+        what: &'static str,
+        /// A sentence saying why, naming the offending value where safe.
+        reason: String,
+    },
+
+    /// The backend cannot do this at all (for example releasing a `flock` held
+    /// by another process). Retrying will not help.
+    #[error("{backend} backend cannot {operation}: {reason}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// The operation that was asked for.
+        operation: &'static str,
+        /// Why it is impossible, and what to do instead.
+        reason: String,
+    },
+
+    /// The backend or the transport to it failed. The outcome of the operation
+    /// is unknown to the caller only where the backend docs say so (for
+    /// example a Redis acquire whose reply timed out).
+    #[error("{backend} backend failed during {operation}: {source}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// The operation that failed (`"acquire"`, `"release"`, `"connect"`, ...).
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Builds an [`Error::InvalidInput`].
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds an [`Error::Backend`] from any error.
+    pub fn backend(
+        backend: &'static str,
+        operation: &'static str,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            operation,
+            source: source.into(),
+        }
+    }
+
+    /// True for the two contention answers: [`Error::NotAcquired`] and
+    /// [`Error::Timeout`]. Contention means the backend answered.
+    pub fn is_contention(&self) -> bool {
+        matches!(self, Error::NotAcquired { .. } | Error::Timeout { .. })
+    }
+
+    /// True when the backend could not be reached or failed
+    /// ([`Error::Backend`] or [`Error::Unavailable`]): the state of the lock is
+    /// unknown and a later retry may succeed.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Error::Backend { .. } | Error::Unavailable { .. })
+    }
+
+    /// A short, stable, low-cardinality name for the kind of error, used as a
+    /// metrics label and span field.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Error::NotAcquired { .. } => "not_acquired",
+            Error::Timeout { .. } => "timeout",
+            Error::NotHeld { .. } => "not_held",
+            Error::Unavailable { .. } => "unavailable",
+            Error::InvalidInput { .. } => "invalid_input",
+            Error::Unsupported { .. } => "unsupported",
+            Error::Backend { .. } => "backend_error",
+        }
+    }
+
+    /// Returns the same error with every key field rewritten by `f`; wrappers
+    /// that rename keys (such as [`crate::Prefix`]) use it so errors name the
+    /// key the caller used.
+    pub(crate) fn map_key(self, f: impl FnOnce(String) -> String) -> Self {
+        match self {
+            Error::NotAcquired { key } => Error::NotAcquired { key: f(key) },
+            Error::Timeout { key, waited } => Error::Timeout {
+                key: f(key),
+                waited,
+            },
+            Error::NotHeld { key } => Error::NotHeld { key: f(key) },
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_the_contract_wording() {
+        let e = Error::NotAcquired { key: "a".into() };
+        assert!(e.to_string().starts_with("lock not acquired"));
+        let e = Error::Timeout {
+            key: "a".into(),
+            waited: Duration::from_millis(5),
+        };
+        assert!(e.to_string().starts_with("lock acquire timeout"));
+        let e = Error::NotHeld { key: "a".into() };
+        assert!(e.to_string().starts_with("lock not held by this owner"));
+    }
+
+    #[test]
+    fn outage_is_never_contention() {
+        let outage = Error::backend("redis", "acquire", "connection refused");
+        assert!(outage.is_outage());
+        assert!(!outage.is_contention());
+        let busy = Error::NotAcquired { key: "k".into() };
+        assert!(busy.is_contention());
+        assert!(!busy.is_outage());
+    }
+
+    #[test]
+    fn map_key_rewrites_only_key_fields() {
+        let e = Error::NotHeld { key: "p:k".into() }.map_key(|k| k[2..].to_string());
+        assert!(matches!(e, Error::NotHeld { key } if key == "k"));
+        let e = Error::invalid("ttl", "zero").map_key(|_| unreachable!());
+        assert_eq!(e.kind_name(), "invalid_input");
+    }
+}

@@ -1,0 +1,469 @@
+//! Cross-process locks on one machine (`file:///dir`): the embedded default,
+//! needing no server.
+//!
+//! Each key is one lock file in the directory, locked with `flock(2)` (through
+//! [`std::fs::File::try_lock`]) on a file descriptor kept open for the hold.
+//!
+//! # Semantics
+//!
+//! - **ttl is not enforced.** A lock is held until it is released or the
+//!   holding process exits; the kernel drops the `flock` the moment the
+//!   process dies (even by `SIGKILL`), so a crash never strands a lock. The
+//!   ttl only paces the keepalive and bounds `max_hold`. A holder that is
+//!   alive but hung keeps the lock: use [`crate::KeepAlive::max_hold`] or a
+//!   supervisor.
+//! - **Fencing**: a per-key counter is stored in the lock file and bumped
+//!   under the lock, so tokens keep increasing across processes and restarts.
+//!   It is written without `fsync` unless [`FileLockerBuilder::durable`] is set; a
+//!   power loss can then roll it back.
+//! - **Release by owner** works only in the process holding the lock: a
+//!   `flock` belongs to its open file. Elsewhere [`Locker::unlock`] with the
+//!   right owner token is [`Error::Unsupported`] (naming the holder's pid),
+//!   with a wrong one [`Error::NotHeld`].
+//! - **Refresh** checks the lock is still held and that its file was not
+//!   deleted or replaced (which would let another process lock a new file).
+//! - **Waiting**: waiters in the same process are woken by a release; across
+//!   processes they poll.
+//! - **Not guaranteed**: anything on network filesystems (NFS, SMB), where
+//!   `flock` may be emulated or local to one client. Lock files are never
+//!   deleted (deleting a lock file races with a process opening it); one small
+//!   file per key stays in the directory.
+//!
+//! File names: a key of up to 100 bytes of `[A-Za-z0-9._-]` not starting with
+//! `.` is used as is (`k-<key>.lock`); any other key is hashed
+//! (`h-<first 128 bits of SHA-256, hex>.lock`).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+
+use crate::wait::LocalReleases;
+use crate::{
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch, Result,
+};
+
+const BACKEND: &str = "file";
+const RECORD_MAGIC: &str = "distlock-file-v1";
+
+/// The `flock` backend. Cheap to clone; clones share held locks.
+///
+/// Its calls are short non-blocking system calls on a local filesystem (open,
+/// `flock(LOCK_NB)`, a read and a write of one small record), made directly on
+/// the calling task: cheaper than a thread hop, and never waiting on another
+/// process.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{file::FileLocker, Locker};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let dir = std::env::temp_dir().join("distlock-doc-example");
+/// let locker = FileLocker::new(&dir)?;
+/// let lease = locker.try_lock("backup", Duration::from_secs(30)).await?.unwrap();
+/// assert!(lease.fencing_token().is_some());
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct FileLocker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    durable: bool,
+    held: Mutex<HashMap<String, Held>>,
+    releases: LocalReleases,
+}
+
+#[derive(Debug)]
+struct Held {
+    owner: String,
+    /// Keeping this open is what holds the `flock`.
+    file: File,
+}
+
+/// Options of a [`FileLocker`].
+#[derive(Debug, Clone)]
+pub struct FileLockerBuilder {
+    dir: PathBuf,
+    durable: bool,
+}
+
+impl FileLockerBuilder {
+    /// Makes fencing counters durable: the lock file is `fdatasync`ed after
+    /// each grant, so a power loss cannot roll a token back. Costs a disk flush
+    /// per acquire. Off by default.
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Creates the directory if missing and returns the locker.
+    ///
+    /// Fails with [`Error::Backend`] if the directory cannot be created.
+    pub fn build(self) -> Result<FileLocker> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| {
+            Error::backend(
+                BACKEND,
+                "create the lock directory",
+                with_path(e, &self.dir),
+            )
+        })?;
+        Ok(FileLocker {
+            inner: Arc::new(Inner {
+                dir: self.dir,
+                durable: self.durable,
+                held: Mutex::default(),
+                releases: LocalReleases::default(),
+            }),
+        })
+    }
+}
+
+/// The record kept in each lock file.
+#[derive(Debug, PartialEq)]
+struct Record {
+    fencing_token: u64,
+    pid: u32,
+    owner: String,
+}
+
+impl FileLocker {
+    /// A locker keeping its lock files in `dir`, created if missing; see
+    /// [`FileLocker::builder`] for options.
+    ///
+    /// Fails with [`Error::Backend`] if the directory cannot be created.
+    pub fn new(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(dir).build()
+    }
+
+    /// Options for a locker in `dir`.
+    pub fn builder(dir: impl AsRef<Path>) -> FileLockerBuilder {
+        FileLockerBuilder {
+            dir: dir.as_ref().to_path_buf(),
+            durable: false,
+        }
+    }
+
+    /// A locker in [`FileLocker::default_dir`].
+    pub fn in_default_dir() -> Result<Self> {
+        Self::new(Self::default_dir())
+    }
+
+    /// The per-user default directory: `$XDG_STATE_HOME/distlock/locks`, else
+    /// `$HOME/.local/state/distlock/locks`, else `/tmp/distlock-<uid>/locks`.
+    /// A state directory, not a runtime one, so fencing counters survive a
+    /// reboot.
+    pub fn default_dir() -> PathBuf {
+        let non_empty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(state) = non_empty("XDG_STATE_HOME") {
+            return PathBuf::from(state).join("distlock/locks");
+        }
+        if let Some(home) = non_empty("HOME") {
+            return PathBuf::from(home).join(".local/state/distlock/locks");
+        }
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        PathBuf::from(format!("/tmp/distlock-{uid}/locks"))
+    }
+
+    /// The directory holding the lock files.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The path of the lock file for `key`.
+    pub fn path_for(&self, key: &str) -> PathBuf {
+        self.inner.dir.join(file_name(key))
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Drops the lock on `key` if `owner` holds it here; true if it did.
+    fn release_held(&self, key: &str, owner: &str) -> bool {
+        let mut held = self.held();
+        if held.get(key).is_none_or(|h| h.owner != owner) {
+            return false;
+        }
+        // Dropping the file closes the descriptor, which frees the flock.
+        held.remove(key);
+        drop(held);
+        self.inner.releases.notify(key);
+        true
+    }
+
+    /// Unlock of a lock this instance does not hold: tell the caller whether
+    /// it is held elsewhere under `owner` (which only its process can free).
+    fn unlock_elsewhere(&self, key: &str, owner: &str) -> Result<()> {
+        let path = self.path_for(key);
+        let not_held = || Error::NotHeld {
+            key: key.to_owned(),
+        };
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_held()),
+            Err(e) => return Err(Error::backend(BACKEND, "release", with_path(e, &path))),
+        };
+        match file.try_lock() {
+            // Nobody holds it (our probe lock goes away with `file`).
+            Ok(()) => Err(not_held()),
+            Err(TryLockError::WouldBlock) => match read_record(&file, &path)? {
+                Some(record) if record.owner == owner => Err(Error::Unsupported {
+                    backend: BACKEND,
+                    operation: "release",
+                    reason: format!(
+                        "the lock on {key:?} is held by process {} through an open file, and a flock can only be \
+                         released by that process; stop it and the kernel frees the lock",
+                        record.pid
+                    ),
+                }),
+                _ => Err(not_held()),
+            },
+            Err(TryLockError::Error(e)) => Err(Error::backend(BACKEND, "release", with_path(e, &path))),
+        }
+    }
+}
+
+#[async_trait]
+impl Locker for FileLocker {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: false,
+            refresh: true,
+            unlock_by_owner: false,
+            release_wakeup: false,
+            fencing: true,
+        }
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        let path = self.path_for(key);
+        let io_error = |e| Error::backend(BACKEND, "acquire", with_path(e, &path));
+        // std opens with O_CLOEXEC: a child process never inherits the lock.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_error)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(io_error(e)),
+        }
+        let previous = read_record(&file, &path)?.map_or(0, |r| r.fencing_token);
+        let owner = new_owner_token();
+        let record = Record {
+            fencing_token: previous + 1,
+            pid: std::process::id(),
+            owner: owner.clone(),
+        };
+        write_record(&file, &record).map_err(io_error)?;
+        if self.inner.durable {
+            file.sync_data().map_err(io_error)?;
+        }
+        self.held().insert(
+            key.to_owned(),
+            Held {
+                owner: owner.clone(),
+                file,
+            },
+        );
+        let parts = LeaseParts {
+            key: key.to_owned(),
+            owner: owner.clone(),
+            fencing_token: Some(record.fencing_token),
+            ttl,
+            valid_until: None,
+        };
+        let this = self.clone();
+        let sync_key = key.to_owned();
+        Ok(Some(
+            Lease::new(parts, Arc::new(self.clone())).with_sync_release(move || {
+                this.release_held(&sync_key, &owner);
+            }),
+        ))
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        if self.release_held(key, owner) {
+            return Ok(());
+        }
+        self.unlock_elsewhere(key, owner)
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        let path = self.path_for(key);
+        let mut held = self.held();
+        let still_ours = match held.get(key) {
+            Some(h) if h.owner == owner => same_file(&h.file, &path),
+            _ => {
+                return Err(Error::NotHeld {
+                    key: key.to_owned(),
+                })
+            }
+        };
+        if !still_ours {
+            // Deleted or replaced: another process can lock the new file, so
+            // this lock no longer excludes anybody.
+            held.remove(key);
+            return Err(Error::NotHeld {
+                key: key.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        Ok(Some(self.inner.releases.subscribe(key)))
+    }
+}
+
+/// The lock file name for `key` (see the module docs).
+fn file_name(key: &str) -> String {
+    let plain = key.len() <= 100
+        && !key.starts_with('.')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if plain {
+        format!("k-{key}.lock")
+    } else {
+        let digest = Sha256::digest(key.as_bytes());
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("h-{hex}.lock")
+    }
+}
+
+fn same_file(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
+    }
+}
+
+fn read_record(file: &File, path: &Path) -> Result<Option<Record>> {
+    let mut buf = [0u8; 256];
+    let len = file
+        .read_at(&mut buf, 0)
+        .map_err(|e| Error::backend(BACKEND, "read the lock file", with_path(e, path)))?;
+    let text = String::from_utf8_lossy(&buf[..len]);
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    parse_record(&text).map(Some).ok_or_else(|| {
+        // Never guess a counter: restarting from zero would hand out smaller
+        // fencing tokens than earlier holders had.
+        Error::backend(
+            BACKEND,
+            "read the lock file",
+            format!(
+                "{} does not hold a distlock record; remove it only if no process uses it",
+                path.display()
+            ),
+        )
+    })
+}
+
+fn parse_record(text: &str) -> Option<Record> {
+    let mut fields = text.split_whitespace();
+    if fields.next()? != RECORD_MAGIC {
+        return None;
+    }
+    Some(Record {
+        fencing_token: fields.next()?.parse().ok()?,
+        pid: fields.next()?.parse().ok()?,
+        owner: fields.next()?.to_owned(),
+    })
+}
+
+fn write_record(file: &File, record: &Record) -> io::Result<()> {
+    // One positioned write of a record that only grows: a concurrent reader in
+    // another process sees the old or the new record, never an empty file.
+    let text = format!(
+        "{RECORD_MAGIC} {:020} {:010} {}\n",
+        record.fencing_token, record.pid, record.owner
+    );
+    file.write_all_at(text.as_bytes(), 0)?;
+    if file.metadata()?.len() > text.len() as u64 {
+        file.set_len(text.len() as u64)?;
+    }
+    Ok(())
+}
+
+fn with_path(error: io::Error, path: &Path) -> io::Error {
+    io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_keys_keep_their_name_and_others_are_hashed() {
+        assert_eq!(file_name("nightly-backup_1.0"), "k-nightly-backup_1.0.lock");
+        for odd in ["a/b", "../etc", ".hidden", "ключ", "a b", &"x".repeat(101)] {
+            let name = file_name(odd);
+            assert!(
+                name.starts_with("h-") && name.len() == 2 + 32 + 5,
+                "{odd:?} -> {name}"
+            );
+        }
+        assert_ne!(file_name("a/b"), file_name("a/c"));
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.lock");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
+        assert_eq!(read_record(&file, &path).unwrap(), None);
+        let record = Record {
+            fencing_token: 7,
+            pid: 42,
+            owner: "abc".into(),
+        };
+        write_record(&file, &record).unwrap();
+        assert_eq!(read_record(&file, &path).unwrap(), Some(record));
+    }
+
+    #[test]
+    fn a_foreign_file_is_an_error_not_a_reset_counter() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k-x.lock");
+        std::fs::write(&path, "hello").unwrap();
+        let file = File::open(&path).unwrap();
+        let err = read_record(&file, &path).unwrap_err().to_string();
+        assert!(err.contains("does not hold a distlock record"), "{err}");
+    }
+}

@@ -1,0 +1,242 @@
+//! Distributed locks with one contract for many backends.
+//!
+//! A [`Locker`] grants [`Lease`]s on string keys. Every backend (in-process
+//! [`memory`], cross-process [`file`], and the server backends behind cargo
+//! features) implements the same trait and reports the same [`Error`] kinds, so
+//! switching backend never changes how errors are classified. Cross-cutting
+//! behaviour (waiting, key prefixes, ...) is written once as wrappers around
+//! any `Locker`.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = distlock::connect("memory://").await?;
+//!
+//! // Acquire (waiting up to 5 s), run, release — even if this future is dropped.
+//! let total = distlock::with_lock(
+//!     &*locker,
+//!     "nightly-report",
+//!     Duration::from_secs(30),
+//!     Duration::from_secs(5),
+//!     || async { 40 + 2 },
+//! )
+//! .await?;
+//! assert_eq!(total, 42);
+//!
+//! // Or hold the lease yourself.
+//! let lease = locker
+//!     .try_lock("nightly-report", Duration::from_secs(30))
+//!     .await?
+//!     .expect("nobody else holds it");
+//! println!("fencing token {:?}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The contract
+//!
+//! - [`Locker::try_lock`] makes one attempt. `Ok(None)` means the lock is held
+//!   elsewhere: contention is an answer, not a failure.
+//! - [`Locker::lock`] waits up to a timeout (zero means one attempt), waking on
+//!   a release where the backend can say so and polling with jittered backoff
+//!   otherwise.
+//! - [`Locker::unlock`] releases by `(key, owner token)` only: a non-holder
+//!   gets [`Error::NotHeld`] and nothing is deleted.
+//! - [`Locker::refresh`] extends the ttl, owner-checked, where the backend
+//!   supports it ([`Capabilities`]).
+//! - A [`Lease`] carries a strictly increasing fencing token and a
+//!   [`LostSignal`]; dropping it still releases the lock.
+//!
+//! # Backends
+//!
+//! | URL | module | feature | lock freed when holder crashes |
+//! | --- | --- | --- | --- |
+//! | `memory://` | [`memory`] | always | n/a (in-process) |
+//! | `file:///dir` | [`file`] | always | at once (kernel drops the `flock`) |
+
+#![deny(missing_docs)]
+#![warn(rust_2018_idioms, unreachable_pub)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+mod error;
+pub mod file;
+mod keepalive;
+mod lease;
+pub mod memory;
+mod parse;
+mod prefix;
+pub mod validate;
+mod wait;
+mod with_lock;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use error::{BoxError, Error, Result};
+pub use keepalive::KeepAlive;
+pub use lease::{
+    new_owner_token, Lease, LeaseInfo, LeaseParts, LostNotifier, LostReason, LostSignal,
+    DEFAULT_RELEASE_TIMEOUT,
+};
+pub use parse::{connect, SUPPORTED_SCHEMES};
+pub use prefix::Prefix;
+pub use wait::{ReleaseWatch, WaitPolicy, Waiting};
+pub use with_lock::{with_lease, with_lock, Completed, WithLock};
+
+/// What a backend can do beyond the core contract, so callers and the
+/// conformance suite can discover it without downcasting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// The backend frees a lock whose ttl ran out without a refresh, even if
+    /// the holder is alive. False for backends that hold a lock for as long as
+    /// the holder's process or connection lives (file, Postgres).
+    pub expires: bool,
+    /// [`Locker::refresh`] is supported: it extends the ttl where locks expire
+    /// and verifies the lock is still held where they do not.
+    pub refresh: bool,
+    /// [`Locker::unlock`] works from any process or instance that knows the
+    /// owner token, not only from the instance that acquired the lock.
+    pub unlock_by_owner: bool,
+    /// [`Locker::lock`] wakes a waiter when the lock is released (native
+    /// wake-up), instead of only polling.
+    pub release_wakeup: bool,
+    /// Leases carry fencing tokens.
+    pub fencing: bool,
+}
+
+/// The backend-neutral lock contract.
+///
+/// Object-safe: use it as `Arc<dyn Locker>` (what [`connect`] returns).
+/// Implementors provide [`try_lock`](Locker::try_lock) and
+/// [`unlock`](Locker::unlock); waiting ([`lock`](Locker::lock)) is provided
+/// once for every backend on top of `try_lock` and the optional
+/// [`watch_releases`](Locker::watch_releases) hook.
+///
+/// Every method validates its input ([`validate`]): an empty or oversized key,
+/// or a zero ttl, is [`Error::InvalidInput`].
+#[async_trait]
+pub trait Locker: Send + Sync + fmt::Debug + 'static {
+    /// The backend's name (`"memory"`, `"file"`, `"redis"`, ...), used in
+    /// errors, metrics and spans.
+    fn backend(&self) -> &'static str;
+
+    /// What this backend supports beyond the core contract.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One non-blocking attempt to take `key` for `ttl`.
+    ///
+    /// `Ok(Some(lease))`: acquired. `Ok(None)`: held elsewhere (contention).
+    /// `Err(_)`: the backend failed or the input was invalid; the caller cannot
+    /// tell whether the lock is free. What `ttl` means depends on the backend
+    /// (see [`Capabilities::expires`] and each backend's docs).
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>>;
+
+    /// Waits up to `timeout` to take `key` for `ttl`.
+    ///
+    /// A zero `timeout` makes exactly one attempt and reports contention as
+    /// [`Error::NotAcquired`]; otherwise a lock still held at the deadline is
+    /// [`Error::Timeout`]. The call can overrun `timeout` by at most one
+    /// attempt in flight (attempts are not cancelled, since a cancelled
+    /// acquire may have succeeded on the server).
+    ///
+    /// The default waits with [`WaitPolicy::default`] (see [`Waiting`] to
+    /// change it); backends with a server-side wait override it.
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        wait::acquire(self, key, ttl, timeout, &WaitPolicy::default()).await
+    }
+
+    /// Releases `key` if `owner` holds it; otherwise [`Error::NotHeld`] and
+    /// nothing changes.
+    ///
+    /// Works without the [`Lease`] value (for example from another process
+    /// handed the owner token) where [`Capabilities::unlock_by_owner`] says so;
+    /// elsewhere releasing a lock held by another instance is
+    /// [`Error::Unsupported`].
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()>;
+
+    /// Extends `key` to `ttl` from now if `owner` holds it; otherwise
+    /// [`Error::NotHeld`] and nothing changes. [`Error::Unsupported`] where
+    /// [`Capabilities::refresh`] is false (the default).
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let _ = (key, owner, ttl);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "refresh",
+            reason: "this backend has no refresh".into(),
+        })
+    }
+
+    /// Native wake-up hook for waiting: a subscription that yields when `key`
+    /// may have been released. [`lock`](Locker::lock) subscribes *before* each
+    /// round of attempts so a release in between is never missed. `Ok(None)`
+    /// (the default) means the backend cannot notify and waiters poll.
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        let _ = key;
+        Ok(None)
+    }
+}
+
+/// A shared locker is a locker: wrappers can take `Arc<dyn Locker>`.
+#[async_trait]
+impl<L: Locker + ?Sized> Locker for Arc<L> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        (**self).try_lock(key, ttl).await
+    }
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        (**self).lock(key, ttl, timeout).await
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        (**self).unlock(key, owner).await
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        (**self).refresh(key, owner, ttl).await
+    }
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        (**self).watch_releases(key).await
+    }
+}
+
+/// Composition helpers for any [`Locker`].
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{LockerExt, WaitPolicy};
+///
+/// let locker = distlock::memory::MemoryLocker::new()
+///     .with_prefix("billing:")
+///     .with_wait_policy(WaitPolicy::default().max_delay(Duration::from_millis(50)))
+///     .shared();
+/// # let _ = locker;
+/// ```
+pub trait LockerExt: Locker + Sized {
+    /// Prefixes every key with `prefix` (see [`Prefix`]).
+    fn with_prefix(self, prefix: impl Into<String>) -> Prefix<Self> {
+        Prefix::new(self, prefix)
+    }
+
+    /// Waits with `policy` instead of the default (see [`Waiting`]).
+    fn with_wait_policy(self, policy: WaitPolicy) -> Waiting<Self> {
+        Waiting::new(self, policy)
+    }
+
+    /// Erases the type: `Arc<dyn Locker>`.
+    fn shared(self) -> Arc<dyn Locker> {
+        Arc::new(self)
+    }
+}
+
+impl<L: Locker> LockerExt for L {}

@@ -1,0 +1,182 @@
+//! In-process locks (`memory://`): for tests, single-process programs, and as
+//! the reference implementation of the contract.
+//!
+//! # Semantics
+//!
+//! - **ttl** is enforced: a lock not refreshed within its ttl is free for the
+//!   next caller (checked on access, no background task).
+//! - **Holder crash**: not applicable; the locks live and die with the
+//!   process, and with every clone of the [`MemoryLocker`].
+//! - **Fencing**: one counter per locker shared by all keys, so tokens strictly
+//!   increase per key (and across keys).
+//! - **Waiting**: a release wakes waiters at once; expiry is found by polling.
+//! - **Not guaranteed**: anything across processes. Two `connect("memory://")`
+//!   calls give two independent lockers; share one by cloning it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::wait::LocalReleases;
+use crate::{
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch, Result,
+};
+
+/// The in-process backend. Cheap to clone; clones share their locks.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{memory::MemoryLocker, Locker};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = MemoryLocker::new();
+/// let lease = locker.try_lock("k", Duration::from_secs(1)).await?.unwrap();
+/// assert!(locker.try_lock("k", Duration::from_secs(1)).await?.is_none());
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLocker {
+    state: Arc<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: Mutex<Table>,
+    fencing: AtomicU64,
+    releases: LocalReleases,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<String, Entry>,
+    /// Expired entries are swept when the table grows past this.
+    sweep_at: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    owner: String,
+    expires_at: Instant,
+}
+
+const MIN_SWEEP_AT: usize = 1024;
+
+impl MemoryLocker {
+    /// An empty locker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.state
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Removes `key` if `owner` holds it (expired or not); true if it was held
+    /// and unexpired.
+    fn remove_if_owner(&self, key: &str, owner: &str) -> bool {
+        let mut table = self.table();
+        let held = match table.entries.get(key) {
+            Some(entry) if entry.owner == owner => entry.expires_at > Instant::now(),
+            _ => return false,
+        };
+        table.entries.remove(key);
+        drop(table);
+        self.state.releases.notify(key);
+        held
+    }
+}
+
+#[async_trait]
+impl Locker for MemoryLocker {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: true,
+            refresh: true,
+            unlock_by_owner: true,
+            release_wakeup: true,
+            fencing: true,
+        }
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        let now = Instant::now();
+        let owner = new_owner_token();
+        let fencing_token = {
+            let mut table = self.table();
+            if table.entries.get(key).is_some_and(|e| e.expires_at > now) {
+                return Ok(None);
+            }
+            if table.entries.len() >= table.sweep_at {
+                table.entries.retain(|_, e| e.expires_at > now);
+                table.sweep_at = (table.entries.len() * 2).max(MIN_SWEEP_AT);
+            }
+            table.entries.insert(
+                key.to_owned(),
+                Entry {
+                    owner: owner.clone(),
+                    expires_at: now + ttl,
+                },
+            );
+            // Taken under the table lock so grants of one key get increasing tokens.
+            self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        let parts = LeaseParts {
+            key: key.to_owned(),
+            owner: owner.clone(),
+            fencing_token: Some(fencing_token),
+            ttl,
+            valid_until: Some(now + ttl),
+        };
+        let this = self.clone();
+        let (sync_key, sync_owner) = (key.to_owned(), owner);
+        Ok(Some(
+            Lease::new(parts, Arc::new(self.clone())).with_sync_release(move || {
+                this.remove_if_owner(&sync_key, &sync_owner);
+            }),
+        ))
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        if self.remove_if_owner(key, owner) {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                key: key.to_owned(),
+            })
+        }
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        let now = Instant::now();
+        match self.table().entries.get_mut(key) {
+            Some(entry) if entry.owner == owner && entry.expires_at > now => {
+                entry.expires_at = now + ttl;
+                Ok(())
+            }
+            _ => Err(Error::NotHeld {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        Ok(Some(self.state.releases.subscribe(key)))
+    }
+}

@@ -1,0 +1,125 @@
+//! Choosing a backend by URL, like a database driver.
+
+use std::sync::Arc;
+
+use url::Url;
+
+use crate::{Error, Locker, Result};
+
+/// Every URL scheme distlock knows, whether or not its feature is compiled in.
+pub const SUPPORTED_SCHEMES: &[&str] = &["memory", "file"];
+
+/// Opens the backend a URL names and returns it ready to use.
+///
+/// | URL | backend |
+/// | --- | --- |
+/// | `memory://` | a new, independent [`crate::memory::MemoryLocker`] |
+/// | `file:///absolute/dir` | [`crate::file::FileLocker`] in that directory |
+/// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
+///
+/// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
+/// (the message lists the supported ones, and the cargo feature that enables a
+/// known but missing one), and with the backend's error if it cannot be opened.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let err = distlock::connect("zookeeper://zk:2181").await.unwrap_err();
+/// assert!(err.to_string().contains("unsupported scheme"));
+/// # }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
+    let parsed = Url::parse(url)
+        .map_err(|e| Error::invalid("url", format!("{:?} is not a URL: {e}", redact(url))))?;
+    match parsed.scheme() {
+        "memory" => Ok(Arc::new(crate::memory::MemoryLocker::new())),
+        "file" => {
+            if parsed
+                .host_str()
+                .is_some_and(|h| !h.is_empty() && h != "localhost")
+            {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "file URLs name a local directory; {url:?} names host {:?}",
+                        parsed.host_str().unwrap_or_default()
+                    ),
+                ));
+            }
+            // `file://` parses with path "/": the filesystem root is never a
+            // sensible lock directory, so it means the default one.
+            if parsed.path() == "/" {
+                return Ok(Arc::new(crate::file::FileLocker::in_default_dir()?));
+            }
+            let dir = parsed.to_file_path().map_err(|()| {
+                Error::invalid("url", format!("{url:?} does not name a local directory"))
+            })?;
+            Ok(Arc::new(crate::file::FileLocker::new(dir)?))
+        }
+        other => Err(unsupported_scheme(other)),
+    }
+}
+
+fn unsupported_scheme(scheme: &str) -> Error {
+    let supported = SUPPORTED_SCHEMES.join("://, ");
+    Error::invalid(
+        "url",
+        format!("unsupported scheme {scheme:?}; supported: {supported}://"),
+    )
+}
+
+/// The URL with any password replaced by `***`, for error messages.
+pub(crate) fn redact(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        // Unparseable: the password cannot be located, so show nothing past the scheme.
+        Err(_) => match url.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://…"),
+            None => "…".to_owned(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_and_file_urls_open() {
+        assert_eq!(connect("memory://").await.unwrap().backend(), "memory");
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("locks").display());
+        assert_eq!(connect(&url).await.unwrap().backend(), "file");
+        assert!(dir.path().join("locks").is_dir());
+    }
+
+    #[tokio::test]
+    async fn bad_urls_say_what_is_wrong() {
+        let err = connect("not a url").await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput { what: "url", .. }),
+            "{err}"
+        );
+        let err = connect("zk://h").await.unwrap_err().to_string();
+        assert!(
+            err.contains("unsupported scheme \"zk\"") && err.contains("memory://"),
+            "{err}"
+        );
+        let err = connect("file://remote-host/x")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names host"), "{err}");
+    }
+
+    #[test]
+    fn redaction_hides_passwords() {
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert!(!redact("redis://u:se cret@[bad").contains("se cret"));
+    }
+}

@@ -1,0 +1,97 @@
+//! Key namespacing as a wrapper.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Capabilities, Lease, Locker, ReleaseWatch, Result};
+
+/// Prefixes every key before it reaches the inner locker, so several
+/// applications can share one backend without their keys colliding.
+///
+/// Leases and errors name the caller's key; only the backend sees the prefixed
+/// one. The prefix counts towards [`crate::validate::MAX_KEY_LEN`].
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{Locker, LockerExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let backend = distlock::memory::MemoryLocker::new();
+/// let billing = backend.clone().with_prefix("billing:");
+/// let lease = billing.try_lock("sweep", Duration::from_secs(5)).await?.unwrap();
+/// assert_eq!(lease.key(), "sweep");
+/// // The backend holds "billing:sweep".
+/// assert!(backend.try_lock("billing:sweep", Duration::from_secs(5)).await?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Prefix<L> {
+    inner: Arc<L>,
+    prefix: Arc<str>,
+}
+
+impl<L> Clone for Prefix<L> {
+    fn clone(&self) -> Self {
+        Prefix {
+            inner: self.inner.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
+}
+
+impl<L: Locker> Prefix<L> {
+    /// Wraps `inner` so every key is `prefix` + key.
+    pub fn new(inner: L, prefix: impl Into<String>) -> Self {
+        Prefix {
+            inner: Arc::new(inner),
+            prefix: prefix.into().into(),
+        }
+    }
+
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn own(&self, lease: Lease, key: &str) -> Lease {
+        lease.rebind(Arc::new(self.clone())).rename(key)
+    }
+}
+
+#[async_trait]
+impl<L: Locker> Locker for Prefix<L> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        crate::validate::key(key)?;
+        let lease = self.inner.try_lock(&self.full(key), ttl).await;
+        let lease = lease.map_err(|e| e.map_key(|_| key.to_owned()))?;
+        Ok(lease.map(|lease| self.own(lease, key)))
+    }
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        crate::validate::key(key)?;
+        let lease = self.inner.lock(&self.full(key), ttl, timeout).await;
+        let lease = lease.map_err(|e| e.map_key(|_| key.to_owned()))?;
+        Ok(self.own(lease, key))
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        crate::validate::key(key)?;
+        let unlocked = self.inner.unlock(&self.full(key), owner).await;
+        unlocked.map_err(|e| e.map_key(|_| key.to_owned()))
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        crate::validate::key(key)?;
+        let refreshed = self.inner.refresh(&self.full(key), owner, ttl).await;
+        refreshed.map_err(|e| e.map_key(|_| key.to_owned()))
+    }
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        self.inner.watch_releases(&self.full(key)).await
+    }
+}

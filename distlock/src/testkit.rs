@@ -1,0 +1,671 @@
+//! The conformance suite every backend runs against a real server (feature
+//! `testkit`).
+//!
+//! Each check is a public async function taking a [`Harness`]; the
+//! [`conformance_suite!`](crate::conformance_suite) macro expands to one
+//! `#[tokio::test]` per check, so each shows up (and fails) on its own:
+//!
+//! ```ignore
+//! // tests/my_backend.rs
+//! distlock::conformance_suite!(|| async {
+//!     distlock::connect("memory://").await.unwrap()
+//! });
+//! ```
+//!
+//! The factory is called whenever a check needs a locker; each call must
+//! return a *new client* of the *same* lock space (a new connection to the same
+//! server, a new [`crate::file::FileLocker`] on the same directory, a clone of
+//! the same [`crate::memory::MemoryLocker`]). Keys are unique per check, so
+//! checks can run in parallel against one server.
+//!
+//! Checks that depend on a capability (ttl expiry, refresh, release by owner,
+//! release wake-up) assert the backend's documented behaviour either way: a
+//! file lock must *not* expire, a backend without refresh must say
+//! [`Error::Unsupported`].
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::time::Instant;
+
+use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
+
+type Factory = dyn Fn() -> BoxFuture<'static, Arc<dyn Locker>> + Send + Sync;
+
+/// Makes lockers and unique keys for the checks.
+pub struct Harness {
+    factory: Box<Factory>,
+    run_id: u64,
+}
+
+impl Harness {
+    /// A harness whose lockers come from `factory` (see the module docs).
+    pub fn new<F, Fut>(factory: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Arc<dyn Locker>> + Send + 'static,
+    {
+        Harness {
+            factory: Box::new(move || Box::pin(factory())),
+            run_id: rand::random(),
+        }
+    }
+
+    /// A new client of the lock space under test.
+    pub async fn locker(&self) -> Arc<dyn Locker> {
+        (self.factory)().await
+    }
+
+    /// A key unique to this run and check.
+    pub fn key(&self, check: &str) -> String {
+        format!("conformance-{check}-{:016x}", self.run_id)
+    }
+}
+
+const LONG_TTL: Duration = Duration::from_secs(30);
+const SHORT_TTL: Duration = Duration::from_millis(400);
+
+async fn acquire(locker: &dyn Locker, key: &str, ttl: Duration) -> crate::Lease {
+    match locker.try_lock(key, ttl).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => panic!(
+            "{key:?} should be free, but {} says it is held",
+            locker.backend()
+        ),
+        Err(e) => panic!("acquiring {key:?} failed: {e}"),
+    }
+}
+
+async fn assert_held_elsewhere(locker: &dyn Locker, key: &str, why: &str) {
+    match locker.try_lock(key, LONG_TTL).await {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("{key:?} was acquired but should still be held: {why}"),
+        Err(e) => panic!("try_lock({key:?}) failed instead of reporting contention: {e}"),
+    }
+}
+
+/// A second `try_lock` of a held key is contention (`Ok(None)`), from the same
+/// locker and from another client; neither is an error.
+pub async fn try_twice_second_is_contention(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("try-twice");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    assert_held_elsewhere(&*a, &key, "same locker").await;
+    assert_held_elsewhere(&*b, &key, "another client").await;
+    lease.release().await.expect("release by the holder");
+}
+
+/// After release, the key can be taken again at once, by anybody.
+pub async fn release_then_reacquire(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("reacquire");
+    acquire(&*a, &key, LONG_TTL)
+        .await
+        .release()
+        .await
+        .expect("release");
+    let again = acquire(&*b, &key, LONG_TTL).await;
+    assert_eq!(again.key(), key);
+    again.release().await.expect("second release");
+    acquire(&*a, &key, LONG_TTL)
+        .await
+        .release()
+        .await
+        .expect("third release");
+}
+
+/// Unlock with a wrong owner token is `NotHeld` and deletes nothing.
+pub async fn wrong_owner_gets_not_held_and_deletes_nothing(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("wrong-owner");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    let forged = crate::new_owner_token();
+    for locker in [&a, &b] {
+        match locker.unlock(&key, &forged).await {
+            Err(Error::NotHeld { key: named }) => assert_eq!(named, key),
+            other => panic!("unlock with a wrong owner must be NotHeld, got {other:?}"),
+        }
+    }
+    assert_held_elsewhere(&*b, &key, "a wrong-owner unlock must delete nothing").await;
+    lease
+        .release()
+        .await
+        .expect("the real owner can still release");
+}
+
+/// Releasing twice: the second is `NotHeld`.
+pub async fn double_release_is_not_held(h: &Harness) {
+    let a = h.locker().await;
+    let key = h.key("double-release");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    let owner = lease.owner().to_owned();
+    lease.release().await.expect("first release");
+    assert!(matches!(
+        a.unlock(&key, &owner).await,
+        Err(Error::NotHeld { .. })
+    ));
+}
+
+/// Where locks expire, one not refreshed within its ttl is free for others;
+/// where they do not (file, Postgres), it stays held past its ttl until
+/// released.
+pub async fn ttl_semantics(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("ttl");
+    let lease = acquire(&*a, &key, SHORT_TTL).await;
+    assert_held_elsewhere(&*b, &key, "within its ttl").await;
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+    if a.capabilities().expires {
+        let next = acquire(&*b, &key, LONG_TTL).await;
+        assert!(lease.is_lost(), "the expired lease must report itself lost");
+        assert!(
+            matches!(lease.release().await, Err(Error::NotHeld { .. })),
+            "releasing an expired, retaken lock must be NotHeld"
+        );
+        next.release().await.expect("release by the new holder");
+    } else {
+        assert_held_elsewhere(&*b, &key, "this backend does not expire locks").await;
+        assert!(!lease.is_lost());
+        lease.release().await.expect("release past the ttl");
+    }
+}
+
+/// Refresh extends the ttl (or, where locks do not expire, confirms the hold)
+/// and is `NotHeld` once the lock is gone; unsupported where not offered.
+pub async fn refresh_semantics(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("refresh");
+    let caps = a.capabilities();
+    let mut lease = acquire(&*a, &key, SHORT_TTL).await;
+    if !caps.refresh {
+        assert!(matches!(
+            lease.refresh(SHORT_TTL).await,
+            Err(Error::Unsupported { .. })
+        ));
+        lease.release().await.expect("release");
+        return;
+    }
+    lease
+        .refresh(Duration::from_secs(2))
+        .await
+        .expect("refresh by the holder");
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+    assert_held_elsewhere(&*b, &key, "the refresh extended it past the original ttl").await;
+    lease
+        .refresh(SHORT_TTL)
+        .await
+        .expect("refresh to a short ttl");
+    if caps.expires {
+        tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+        let thief = acquire(&*b, &key, LONG_TTL).await;
+        match lease.refresh(LONG_TTL).await {
+            Err(Error::NotHeld { .. }) => {}
+            other => panic!("refresh after expiry must be NotHeld, got {other:?}"),
+        }
+        assert_eq!(lease.lost_signal().reason(), Some(LostReason::NotHeld));
+        thief.release().await.expect("the new holder is untouched");
+    } else {
+        let owner = lease.owner().to_owned();
+        lease.release().await.expect("release");
+        assert!(matches!(
+            a.refresh(&key, &owner, LONG_TTL).await,
+            Err(Error::NotHeld { .. })
+        ));
+    }
+}
+
+/// Refresh with a wrong owner token is `NotHeld` and does not extend.
+pub async fn refresh_by_wrong_owner_is_not_held(h: &Harness) {
+    let a = h.locker().await;
+    let key = h.key("refresh-wrong-owner");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    let result = a.refresh(&key, &crate::new_owner_token(), LONG_TTL).await;
+    if a.capabilities().refresh {
+        assert!(
+            matches!(result, Err(Error::NotHeld { .. })),
+            "got {result:?}"
+        );
+    } else {
+        assert!(
+            matches!(result, Err(Error::Unsupported { .. })),
+            "got {result:?}"
+        );
+    }
+    lease.release().await.expect("release");
+}
+
+/// `lock` with a timeout acquires once the holder releases within it.
+pub async fn lock_waits_for_release(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("lock-waits");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let lease = b.lock(&key, LONG_TTL, Duration::from_secs(10)).await;
+            (lease, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lease.release().await.expect("release");
+    let (lease, waited) = waiter.await.expect("waiter task");
+    let lease = lease.expect("the waiter gets the lock after the release");
+    assert!(
+        waited >= Duration::from_millis(250),
+        "acquired after {waited:?}, before the release"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "took {waited:?} after a release at 300ms"
+    );
+    lease.release().await.expect("release by the waiter");
+}
+
+/// `lock` returns `Timeout` (not contention, not an error) when the holder
+/// keeps the lock past the timeout, after about that long.
+pub async fn lock_times_out_when_held(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("lock-timeout");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    let started = Instant::now();
+    let timeout = Duration::from_millis(500);
+    match b.lock(&key, LONG_TTL, timeout).await {
+        Err(Error::Timeout { key: named, waited }) => {
+            assert_eq!(named, key);
+            assert!(waited >= timeout, "reported {waited:?}");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(2),
+        "took {took:?}"
+    );
+    lease.release().await.expect("release");
+}
+
+/// `lock` with a zero timeout makes one attempt and reports `NotAcquired`.
+pub async fn zero_timeout_is_one_attempt(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("zero-timeout");
+    let lease = a
+        .lock(&key, LONG_TTL, Duration::ZERO)
+        .await
+        .expect("free key, one attempt");
+    let started = Instant::now();
+    match b.lock(&key, LONG_TTL, Duration::ZERO).await {
+        Err(Error::NotAcquired { key: named }) => assert_eq!(named, key),
+        other => panic!("expected NotAcquired, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "one attempt must not wait"
+    );
+    lease.release().await.expect("release");
+}
+
+/// Fencing tokens strictly increase across grants of one key, whichever
+/// client gets them.
+pub async fn fencing_tokens_strictly_increase(h: &Harness) {
+    let lockers = [h.locker().await, h.locker().await];
+    let key = h.key("fencing");
+    let fencing = lockers[0].capabilities().fencing;
+    let mut last = None;
+    for round in 0..10 {
+        let lease = acquire(&*lockers[round % 2], &key, LONG_TTL).await;
+        let token = lease.fencing_token();
+        assert_eq!(
+            token.is_some(),
+            fencing,
+            "fencing capability and lease disagree"
+        );
+        if let (Some(previous), Some(token)) = (last, token) {
+            assert!(
+                token > previous,
+                "round {round}: token {token} after {previous}"
+            );
+        }
+        last = token;
+        lease.release().await.expect("release");
+    }
+}
+
+/// Many tasks on several clients contending for one key never overlap: a
+/// read-sleep-write increment of a shared counter loses no update.
+pub async fn contending_tasks_never_overlap(h: &Harness) {
+    const CLIENTS: usize = 4;
+    const TASKS_PER_CLIENT: usize = 2;
+    const ROUNDS: u64 = 8;
+    let key = h.key("overlap");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let locker = h.locker().await;
+        for _ in 0..TASKS_PER_CLIENT {
+            let (locker, key, counter, inside) =
+                (locker.clone(), key.clone(), counter.clone(), inside.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let lease = locker
+                        .lock(&key, LONG_TTL, Duration::from_secs(60))
+                        .await
+                        .expect("lock within 60s");
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    // Deliberately not atomic: overlapping holders lose updates.
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.store(false, Ordering::SeqCst);
+                    lease.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("contender panicked");
+    }
+    let expected = (CLIENTS * TASKS_PER_CLIENT) as u64 * ROUNDS;
+    assert_eq!(counter.load(Ordering::SeqCst), expected);
+}
+
+/// Cancelling `with_lock` while its work runs still releases the lock
+/// promptly: another client gets it long before the ttl.
+pub async fn with_lock_cancellation_releases_promptly(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("cancel");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            with_lock(&*a, &key, LONG_TTL, Duration::ZERO, || async move {
+                let _ = started_tx.send(());
+                std::future::pending::<()>().await
+            })
+            .await
+        })
+    };
+    started_rx.await.expect("the guarded work started");
+    holder.abort();
+    let _ = holder.await;
+    let started = Instant::now();
+    let lease = b
+        .lock(&key, LONG_TTL, Duration::from_secs(5))
+        .await
+        .expect("the cancelled holder released within 5s (ttl 30s)");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    lease.release().await.expect("release");
+}
+
+/// A lease dropped without `release` is released in the background.
+pub async fn dropped_lease_is_released(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("drop");
+    drop(acquire(&*a, &key, LONG_TTL).await);
+    let lease = b
+        .lock(&key, LONG_TTL, Duration::from_secs(5))
+        .await
+        .expect("the dropped lease was released within 5s (ttl 30s)");
+    lease.release().await.expect("release");
+}
+
+/// `with_lock` runs the work once and releases; on contention it does not run
+/// it and reports `NotAcquired`.
+pub async fn with_lock_runs_and_releases(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("with-lock");
+    let value = with_lock(&*a, &key, LONG_TTL, Duration::ZERO, || async { 7 })
+        .await
+        .expect("with_lock on a free key");
+    assert_eq!(value, 7);
+    let lease = acquire(&*b, &key, LONG_TTL).await;
+    let ran = AtomicBool::new(false);
+    let result = with_lock(&*a, &key, LONG_TTL, Duration::ZERO, || async {
+        ran.store(true, Ordering::SeqCst)
+    })
+    .await;
+    assert!(
+        matches!(result, Err(Error::NotAcquired { .. })),
+        "got {result:?}"
+    );
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "work must not run without the lock"
+    );
+    lease.release().await.expect("release");
+}
+
+/// Empty and oversized keys and a zero ttl are `InvalidInput` naming the
+/// problem, from every operation.
+pub async fn invalid_inputs_are_rejected(h: &Harness) {
+    let a = h.locker().await;
+    let long = "k".repeat(crate::validate::MAX_KEY_LEN + 1);
+    let ttl = LONG_TTL;
+    let expect = |what: &str, result: crate::Result<()>| match result {
+        Err(Error::InvalidInput { what: named, .. }) => assert_eq!(named, what),
+        other => panic!("expected invalid {what}, got {other:?}"),
+    };
+    expect("key", a.try_lock("", ttl).await.map(drop));
+    expect("key", a.try_lock(&long, ttl).await.map(drop));
+    expect("ttl", a.try_lock("k", Duration::ZERO).await.map(drop));
+    expect(
+        "key",
+        a.lock("", ttl, Duration::from_secs(1)).await.map(drop),
+    );
+    expect(
+        "ttl",
+        a.lock("k", Duration::ZERO, Duration::from_secs(1))
+            .await
+            .map(drop),
+    );
+    expect("key", a.unlock("", "owner").await);
+    expect("key", a.unlock(&long, "owner").await);
+    if a.capabilities().refresh {
+        expect("key", a.refresh("", "owner", ttl).await);
+        expect("ttl", a.refresh("k", "owner", Duration::ZERO).await);
+    }
+}
+
+/// A lease reports its key, ttl and a non-empty owner; its `Debug` never
+/// shows the owner token.
+pub async fn lease_reports_its_facts(h: &Harness) {
+    let a = h.locker().await;
+    let key = h.key("facts");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    assert_eq!(lease.key(), key);
+    assert_eq!(lease.ttl(), LONG_TTL);
+    assert!(
+        lease.owner().len() >= 16,
+        "owner token too short to be unguessable"
+    );
+    assert!(!lease.is_lost());
+    assert_eq!(lease.valid_until().is_some(), a.capabilities().expires);
+    let debug = format!("{lease:?}");
+    assert!(
+        !debug.contains(lease.owner()),
+        "Debug leaks the owner token: {debug}"
+    );
+    let mut lost = lease.lost_signal();
+    lease.release().await.expect("release");
+    assert_eq!(lost.wait().await, LostReason::Released);
+}
+
+/// Unlock by owner token from another client works where the backend says it
+/// does, and is `Unsupported` (not a silent success) where it does not.
+pub async fn unlock_by_owner_token(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("unlock-by-owner");
+    let lease = acquire(&*a, &key, LONG_TTL).await;
+    let owner = lease.owner().to_owned();
+    let result = b.unlock(&key, &owner).await;
+    if a.capabilities().unlock_by_owner {
+        result.expect("unlock by owner token from another client");
+        acquire(&*b, &key, LONG_TTL)
+            .await
+            .release()
+            .await
+            .expect("release");
+        assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+    } else {
+        assert!(
+            matches!(result, Err(Error::Unsupported { .. })),
+            "got {result:?}"
+        );
+        a.unlock(&key, &owner)
+            .await
+            .expect("unlock by owner token on the holding client");
+        drop(lease);
+    }
+}
+
+/// With keepalive, a lease outlives several ttls and stays held.
+pub async fn keepalive_holds_past_ttl(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("keepalive");
+    let mut lease = acquire(&*a, &key, SHORT_TTL).await;
+    lease
+        .keep_alive(KeepAlive::default())
+        .expect("keepalive starts");
+    tokio::time::sleep(SHORT_TTL * 4).await;
+    assert_held_elsewhere(&*b, &key, "keepalive renews it").await;
+    assert_eq!(lease.lost_signal().reason(), None);
+    lease.release().await.expect("release");
+    acquire(&*b, &key, LONG_TTL)
+        .await
+        .release()
+        .await
+        .expect("free after release");
+}
+
+/// When the lock is taken from a kept-alive lease (released by owner token,
+/// then acquired by another client), the lost signal fires with `NotHeld`.
+pub async fn keepalive_fires_lost_when_stolen(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("stolen");
+    let mut lease = acquire(&*a, &key, SHORT_TTL).await;
+    lease
+        .keep_alive(KeepAlive::default())
+        .expect("keepalive starts");
+    let mut lost = lease.lost_signal();
+    a.unlock(&key, lease.owner())
+        .await
+        .expect("release behind the lease's back");
+    let thief = acquire(&*b, &key, LONG_TTL).await;
+    let reason = tokio::time::timeout(Duration::from_secs(3), lost.wait())
+        .await
+        .expect("lost fires within 3s");
+    assert_eq!(reason, LostReason::NotHeld);
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_held_elsewhere(
+        &*a,
+        &key,
+        "dropping the lost lease must not free the thief's lock",
+    )
+    .await;
+    thief.release().await.expect("release by the new holder");
+}
+
+/// `max_hold` stops renewal: the lost signal fires with `MaxHoldExceeded`
+/// about then, and the lock is free for others.
+pub async fn max_hold_ends_renewal(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("max-hold");
+    let max_hold = Duration::from_millis(900);
+    let mut lease = acquire(&*a, &key, SHORT_TTL).await;
+    lease
+        .keep_alive(KeepAlive::default().max_hold(max_hold))
+        .expect("keepalive starts");
+    let mut lost = lease.lost_signal();
+    let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
+        .await
+        .expect("lost fires within 5s");
+    assert_eq!(reason, LostReason::MaxHoldExceeded);
+    assert!(lease.acquired_at().elapsed() >= max_hold - Duration::from_millis(50));
+    let next = b
+        .lock(&key, LONG_TTL, Duration::from_secs(2))
+        .await
+        .expect("free soon after max_hold");
+    next.release().await.expect("release");
+}
+
+/// Where the backend notifies releases, a waiter acquires within a few
+/// milliseconds of the release, every time, not by polling luck (polling at
+/// the default policy is 100–200 ms apart by then). Elsewhere, waiters still
+/// acquire within the polling interval.
+pub async fn waiter_wakes_promptly_on_release(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("wakeup");
+    let native = a.capabilities().release_wakeup;
+    let bound = if native {
+        Duration::from_millis(60)
+    } else {
+        Duration::from_millis(600)
+    };
+    for round in 0..5 {
+        let lease = acquire(&*a, &key, LONG_TTL).await;
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move {
+                let lease = b.lock(&key, LONG_TTL, Duration::from_secs(10)).await;
+                (lease, Instant::now())
+            })
+        };
+        // Long enough for a polling waiter to reach its largest delay.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let released_at = Instant::now();
+        lease.release().await.expect("release");
+        let (lease, acquired_at) = waiter.await.expect("waiter task");
+        let lease = lease.expect("the waiter acquires");
+        let latency = acquired_at - released_at;
+        assert!(latency < bound, "round {round}: acquired {latency:?} after the release (bound {bound:?}, native wake-up: {native})");
+        lease.release().await.expect("release");
+    }
+}
+
+/// Expands to one `#[tokio::test]` per conformance check, each building its
+/// [`Harness`](crate::testkit::Harness) from `$factory` (see the
+/// [`testkit`](crate::testkit) docs). Needs `tokio` with the `macros` and
+/// `rt-multi-thread` features in the calling crate's dev-dependencies.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        $crate::conformance_suite!(@checks $factory;
+            try_twice_second_is_contention,
+            release_then_reacquire,
+            wrong_owner_gets_not_held_and_deletes_nothing,
+            double_release_is_not_held,
+            ttl_semantics,
+            refresh_semantics,
+            refresh_by_wrong_owner_is_not_held,
+            lock_waits_for_release,
+            lock_times_out_when_held,
+            zero_timeout_is_one_attempt,
+            fencing_tokens_strictly_increase,
+            contending_tasks_never_overlap,
+            with_lock_cancellation_releases_promptly,
+            dropped_lease_is_released,
+            with_lock_runs_and_releases,
+            invalid_inputs_are_rejected,
+            lease_reports_its_facts,
+            unlock_by_owner_token,
+            keepalive_holds_past_ttl,
+            keepalive_fires_lost_when_stolen,
+            max_hold_ends_renewal,
+            waiter_wakes_promptly_on_release,
+        );
+    };
+    (@checks $factory:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let harness = $crate::testkit::Harness::new($factory);
+                $crate::testkit::$check(&harness).await;
+            }
+        )*
+    };
+}

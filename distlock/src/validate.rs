@@ -1,0 +1,88 @@
+//! Input rules every backend applies, so bad input is rejected the same way
+//! everywhere with an error that names what was wrong.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// Longest key accepted, in bytes. Backends with shorter native limits (file
+/// names, MySQL lock names, Postgres' 64-bit advisory keys) hash keys
+/// internally, so every backend accepts the same keys.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Longest ttl accepted: one year. Longer is almost certainly a unit mistake,
+/// and it keeps every backend's millisecond arithmetic far from overflow.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Checks a key: non-empty and at most [`MAX_KEY_LEN`] bytes.
+///
+/// ```
+/// assert!(distlock::validate::key("jobs/nightly").is_ok());
+/// assert!(distlock::validate::key("").is_err());
+/// ```
+pub fn key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("key", "the key is empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(
+            "key",
+            format!(
+                "the key is {} bytes long; the maximum is {MAX_KEY_LEN}",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a ttl: at least one millisecond and at most [`MAX_TTL`].
+///
+/// ```
+/// use std::time::Duration;
+/// assert!(distlock::validate::ttl(Duration::from_secs(30)).is_ok());
+/// assert!(distlock::validate::ttl(Duration::ZERO).is_err());
+/// ```
+pub fn ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::invalid(
+            "ttl",
+            format!("the ttl is {ttl:?}; it must be at least 1ms"),
+        ));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "ttl",
+            format!("the ttl is {ttl:?}; the maximum is one year"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the arguments of an acquire: [`key`] and [`ttl`].
+pub fn acquire(k: &str, t: Duration) -> Result<()> {
+    key(k)?;
+    ttl(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_keys_naming_the_problem() {
+        let err = key("").unwrap_err().to_string();
+        assert_eq!(err, "invalid key: the key is empty");
+        let long = "x".repeat(MAX_KEY_LEN + 1);
+        let err = key(&long).unwrap_err().to_string();
+        assert!(err.contains("1025 bytes"), "{err}");
+        assert!(key(&"x".repeat(MAX_KEY_LEN)).is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_ttls() {
+        assert!(ttl(Duration::from_micros(999)).is_err());
+        assert!(ttl(Duration::from_millis(1)).is_ok());
+        assert!(ttl(MAX_TTL + Duration::from_secs(1)).is_err());
+    }
+}

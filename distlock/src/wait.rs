@@ -1,0 +1,275 @@
+//! Waiting for a lock, written once for every backend: jittered exponential
+//! backoff bounded by the deadline, woken early by a backend's release
+//! notifications where it has them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::stream::{Stream, StreamExt};
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{Capabilities, Error, Lease, Locker, Result};
+
+/// How [`Locker::lock`] polls between attempts.
+///
+/// Delays grow from `initial_delay` by `multiplier` up to `max_delay`; each
+/// sleep is drawn uniformly from the upper half of the current delay (jitter,
+/// so waiters that missed the same release do not retry in lockstep) and never
+/// passes the deadline. Where the backend notifies releases, a notification
+/// cuts the sleep short, so polling only matters for locks freed by expiry or
+/// by a holder's crash.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WaitPolicy {
+    initial_delay: Duration,
+    max_delay: Duration,
+    multiplier: f64,
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        WaitPolicy {
+            initial_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(200),
+            multiplier: 2.0,
+        }
+    }
+}
+
+impl WaitPolicy {
+    /// First delay between attempts (default 5 ms).
+    pub fn initial_delay(mut self, delay: Duration) -> Self {
+        self.initial_delay = delay;
+        self
+    }
+
+    /// Largest delay between attempts (default 200 ms).
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// Growth factor of the delay, at least 1 (default 2).
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = multiplier.max(1.0);
+        self
+    }
+
+    fn next_delay(&self, current: Duration) -> Duration {
+        current.mul_f64(self.multiplier).min(self.max_delay)
+    }
+}
+
+/// A backend's notification stream of releases of one key; see
+/// [`Locker::watch_releases`]. Each item means "the key may have been
+/// released: try again". A stream that ends means notifications stopped (for
+/// example the connection carrying them died); waiters then poll.
+pub struct ReleaseWatch {
+    events: Pin<Box<dyn Stream<Item = ()> + Send>>,
+}
+
+impl ReleaseWatch {
+    /// Wraps a stream of release events (backend implementors only).
+    pub fn from_stream(events: impl Stream<Item = ()> + Send + 'static) -> Self {
+        ReleaseWatch {
+            events: Box::pin(events),
+        }
+    }
+
+    /// Waits for the next release event; `false` if the stream ended.
+    pub async fn next(&mut self) -> bool {
+        self.events.next().await.is_some()
+    }
+}
+
+impl fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseWatch").finish_non_exhaustive()
+    }
+}
+
+/// Acquires `key`, waiting up to `timeout` under `policy`: the implementation
+/// of [`Locker::lock`] for every backend without a server-side wait.
+pub(crate) async fn acquire<L: Locker + ?Sized>(
+    locker: &L,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    policy: &WaitPolicy,
+) -> Result<Lease> {
+    if timeout.is_zero() {
+        return locker
+            .try_lock(key, ttl)
+            .await?
+            .ok_or_else(|| Error::NotAcquired {
+                key: key.to_owned(),
+            });
+    }
+    crate::validate::acquire(key, ttl)?;
+    let started = Instant::now();
+    let deadline = started + timeout;
+    // Subscribe before the first attempt: a release between a failed attempt
+    // and a later subscription would otherwise be missed (Redisson's lost
+    // wake-ups).
+    let mut releases = locker.watch_releases(key).await?;
+    let mut delay = policy.initial_delay;
+    loop {
+        if let Some(lease) = locker.try_lock(key, ttl).await? {
+            return Ok(lease);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: now - started,
+            });
+        }
+        let jittered = rand::rng().random_range(delay / 2..=delay);
+        let wake = (now + jittered).min(deadline);
+        match releases.as_mut() {
+            Some(watch) => {
+                tokio::select! {
+                    alive = watch.next() => if !alive {
+                        tracing::debug!(component = "distlock", key, "release notifications ended; polling");
+                        releases = None;
+                    },
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+            }
+            None => tokio::time::sleep_until(wake).await,
+        }
+        delay = policy.next_delay(delay);
+    }
+}
+
+/// A wrapper that makes [`Locker::lock`] wait under a custom [`WaitPolicy`].
+///
+/// It replaces the inner locker's own `lock`, including a server-side wait
+/// (Postgres), with polling plus the inner locker's release notifications.
+#[derive(Debug)]
+pub struct Waiting<L> {
+    inner: Arc<L>,
+    policy: WaitPolicy,
+}
+
+impl<L> Clone for Waiting<L> {
+    fn clone(&self) -> Self {
+        Waiting {
+            inner: self.inner.clone(),
+            policy: self.policy,
+        }
+    }
+}
+
+impl<L: Locker> Waiting<L> {
+    /// Wraps `inner` so `lock` waits under `policy`.
+    pub fn new(inner: L, policy: WaitPolicy) -> Self {
+        Waiting {
+            inner: Arc::new(inner),
+            policy,
+        }
+    }
+}
+
+#[async_trait]
+impl<L: Locker> Locker for Waiting<L> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.inner.try_lock(key, ttl).await
+    }
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        acquire(&*self.inner, key, ttl, timeout, &self.policy).await
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        self.inner.unlock(key, owner).await
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        self.inner.refresh(key, owner, ttl).await
+    }
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        self.inner.watch_releases(key).await
+    }
+}
+
+/// In-process release notifications per key, for backends whose releases in
+/// this process are seen by this process (memory, file, a Postgres session).
+#[derive(Debug, Default)]
+pub(crate) struct LocalReleases {
+    channels: Mutex<HashMap<String, watch::Sender<()>>>,
+}
+
+/// Channels with no subscriber left are pruned once the map grows past this.
+const PRUNE_AT: usize = 1024;
+
+impl LocalReleases {
+    pub(crate) fn subscribe(&self, key: &str) -> ReleaseWatch {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if channels.len() >= PRUNE_AT {
+            channels.retain(|_, sender| sender.receiver_count() > 0);
+        }
+        let receiver = channels
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe();
+        ReleaseWatch::from_stream(futures_util::stream::unfold(
+            receiver,
+            |mut receiver| async move { receiver.changed().await.ok().map(|()| ((), receiver)) },
+        ))
+    }
+
+    pub(crate) fn notify(&self, key: &str) {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = channels.get(key) {
+            if sender.receiver_count() == 0 {
+                channels.remove(key);
+            } else {
+                sender.send_replace(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_the_cap() {
+        let policy = WaitPolicy::default();
+        let mut delay = policy.initial_delay;
+        let mut seen = vec![delay];
+        for _ in 0..8 {
+            delay = policy.next_delay(delay);
+            seen.push(delay);
+        }
+        assert_eq!(seen[1], Duration::from_millis(10));
+        assert_eq!(*seen.last().unwrap(), Duration::from_millis(200));
+    }
+
+    #[tokio::test]
+    async fn a_subscription_sees_a_release_sent_before_it_waits() {
+        let releases = LocalReleases::default();
+        let mut watch = releases.subscribe("k");
+        releases.notify("k");
+        let woke = tokio::time::timeout(Duration::from_secs(1), watch.next()).await;
+        assert_eq!(woke, Ok(true));
+    }
+
+    #[test]
+    fn notify_without_subscribers_forgets_the_channel() {
+        let releases = LocalReleases::default();
+        drop(releases.subscribe("k"));
+        releases.notify("k");
+        assert!(releases.channels.lock().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,184 @@
+//! Acquire, run, release — with a release that survives the caller's
+//! cancellation and cannot hang.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{KeepAlive, LeaseInfo, Locker, Result, DEFAULT_RELEASE_TIMEOUT};
+
+/// The result of [`WithLock::run`]: the work's output and, separately, how the
+/// release went. A failed release never replaces the work's output.
+#[derive(Debug)]
+pub struct Completed<T> {
+    /// What the guarded work returned.
+    pub value: T,
+    /// The release outcome. On error the lock is freed by the backend's
+    /// safety net (ttl expiry or connection death).
+    pub release: Result<()>,
+}
+
+/// Options of [`with_lock`] and [`with_lease`]: the release bound and an
+/// optional keepalive.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{KeepAlive, WithLock};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = distlock::connect("memory://").await?;
+/// let done = WithLock::default()
+///     .release_timeout(Duration::from_secs(2))
+///     .keep_alive(KeepAlive::default())
+///     .run(&*locker, "rebuild-cache", Duration::from_secs(10), Duration::ZERO, |lease| async move {
+///         lease.fencing_token
+///     })
+///     .await?;
+/// assert!(done.value.is_some());
+/// done.release?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct WithLock {
+    release_timeout: Duration,
+    keepalive: Option<KeepAlive>,
+}
+
+impl Default for WithLock {
+    fn default() -> Self {
+        WithLock {
+            release_timeout: DEFAULT_RELEASE_TIMEOUT,
+            keepalive: None,
+        }
+    }
+}
+
+impl WithLock {
+    /// Bounds the release (default [`DEFAULT_RELEASE_TIMEOUT`]).
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout;
+        self
+    }
+
+    /// Keeps the lease alive while the work runs (off by default: the lock
+    /// then lasts at most its ttl, whatever the work does).
+    pub fn keep_alive(mut self, keepalive: KeepAlive) -> Self {
+        self.keepalive = Some(keepalive);
+        self
+    }
+
+    /// Acquires `key` (waiting up to `timeout`, see [`Locker::lock`]), runs
+    /// `work` with the lease's [`LeaseInfo`], then releases.
+    ///
+    /// Returns the acquire error if the lock was not taken (`work` does not
+    /// run). Otherwise returns [`Completed`] with the work's value and the
+    /// release outcome. If this future is dropped while `work` runs, the lease
+    /// is released in the background, bounded by the release timeout.
+    pub async fn run<L, F, Fut>(
+        &self,
+        locker: &L,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+        work: F,
+    ) -> Result<Completed<Fut::Output>>
+    where
+        L: Locker + ?Sized,
+        F: FnOnce(LeaseInfo) -> Fut,
+        Fut: Future,
+    {
+        let mut lease = locker.lock(key, ttl, timeout).await?;
+        lease.set_release_timeout(self.release_timeout);
+        if let Some(keepalive) = &self.keepalive {
+            lease.keep_alive(keepalive.clone())?;
+        }
+        let value = work(lease.info()).await;
+        let release = lease.release().await;
+        if let Err(error) = &release {
+            tracing::warn!(
+                component = "distlock",
+                key,
+                %error,
+                "release after guarded work failed; the backend's safety net frees the lock"
+            );
+        }
+        Ok(Completed { value, release })
+    }
+}
+
+/// Acquires `key`, runs `work`, releases: the everyday form of [`WithLock`].
+///
+/// Waits up to `timeout` for the lock (zero: one attempt). Returns `work`'s
+/// output, or the acquire error ([`crate::Error::NotAcquired`],
+/// [`crate::Error::Timeout`], ...) without running `work`. The release runs
+/// even if this future is dropped while `work` runs, bounded by
+/// [`DEFAULT_RELEASE_TIMEOUT`]; a release failure is logged (`component =
+/// "distlock"`) and does not replace the output. Use [`WithLock::run`] to see
+/// it.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = distlock::connect("memory://").await?;
+/// let rows = distlock::with_lock(&*locker, "migrate", Duration::from_secs(60), Duration::from_secs(5), || async {
+///     17 // run the migration
+/// })
+/// .await?;
+/// assert_eq!(rows, 17);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn with_lock<L, F, Fut>(
+    locker: &L,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    work: F,
+) -> Result<Fut::Output>
+where
+    L: Locker + ?Sized,
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    with_lease(locker, key, ttl, timeout, |_| work()).await
+}
+
+/// Like [`with_lock`], but `work` receives the lease's [`LeaseInfo`]: its
+/// fencing token to pass downstream, and its lost signal to stop when the
+/// lock is lost.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = distlock::connect("memory://").await?;
+/// let token = distlock::with_lease(&*locker, "sweep", Duration::from_secs(30), Duration::ZERO, |lease| async move {
+///     // write_with_fence(lease.fencing_token) ...
+///     lease.fencing_token
+/// })
+/// .await?;
+/// assert!(token.is_some());
+/// # Ok(())
+/// # }
+/// ```
+pub async fn with_lease<L, F, Fut>(
+    locker: &L,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    work: F,
+) -> Result<Fut::Output>
+where
+    L: Locker + ?Sized,
+    F: FnOnce(LeaseInfo) -> Fut,
+    Fut: Future,
+{
+    WithLock::default()
+        .run(locker, key, ttl, timeout, work)
+        .await
+        .map(|done| done.value)
+}

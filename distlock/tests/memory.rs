@@ -1,0 +1,22 @@
+//! The conformance suite on the in-process backend.
+
+use std::sync::{Arc, OnceLock};
+
+use distlock::memory::MemoryLocker;
+use distlock::Locker;
+
+/// Every client of the suite is a clone of one locker: clones share locks.
+fn shared() -> Arc<dyn Locker> {
+    static LOCKER: OnceLock<MemoryLocker> = OnceLock::new();
+    Arc::new(LOCKER.get_or_init(MemoryLocker::new).clone())
+}
+
+distlock::conformance_suite!(|| async { shared() });
+
+mod through_prefix_wrapper {
+    use super::*;
+    use distlock::LockerExt;
+
+    // The wrappers must keep the contract too: run the whole suite through one.
+    distlock::conformance_suite!(|| async { shared().with_prefix("wrapped:").shared() });
+}
