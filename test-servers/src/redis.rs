@@ -1,0 +1,145 @@
+//! `redis-server` on a free port, persistence off unless asked for.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::{find_binary, free_port, signal, wait_for_port};
+
+/// How to start a [`RedisServer`].
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// `requirepass`: clients must authenticate (user `default`).
+    pub password: Option<String>,
+    /// `appendonly yes` (so locks and fence counters survive a restart).
+    pub appendonly: bool,
+}
+
+/// A `redis-server` owned by one test; killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+    options: RedisOptions,
+    binary: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts a server without password or persistence.
+    pub fn start() -> Self {
+        Self::start_with(RedisOptions::default())
+    }
+
+    /// Starts a server with `options`.
+    pub fn start_with(options: RedisOptions) -> Self {
+        let binary = find_binary("redis-server", "redis-server");
+        let dir = tempfile::tempdir().expect("temp dir for redis");
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            dir,
+            options,
+            binary,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", ""])
+            .args([
+                "--appendonly",
+                if self.options.appendonly { "yes" } else { "no" },
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--daemonize", "no", "--loglevel", "warning"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(password) = &self.options.password {
+            command.args(["--requirepass", password]);
+        }
+        let mut child = command.spawn().expect("spawn redis-server");
+        wait_for_port(
+            self.port,
+            &mut child,
+            "redis-server",
+            Duration::from_secs(10),
+        );
+        self.child = Some(child);
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://[:password@]127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        match &self.options.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// Kills the server with SIGKILL and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory (after
+    /// [`kill`](Self::kill), or killing it first).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// Runs `redis-cli` against this server and returns its trimmed stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let cli = find_binary("redis-cli", "redis-tools");
+        let mut command = Command::new(cli);
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(password) = &self.options.password {
+            command.args(["--no-auth-warning", "-a", password]);
+        }
+        let output = command.args(args).output().expect("run redis-cli");
+        assert!(
+            output.status.success(),
+            "redis-cli {args:?} failed: {output:?}"
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server ignores SIGTERM but not SIGKILL.
+            self.kill();
+        }
+    }
+}
