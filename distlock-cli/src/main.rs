@@ -1,1 +1,51 @@
-fn main() {}
+//! `distlock`: flock(1) for a fleet. A thin layer over the `distlock` library.
+
+mod cli;
+mod exit;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return exit::usage_error(err),
+    };
+    init_logging(&cli.log_level);
+    // One thread: the child is spawned from the thread that lives as long as
+    // the process, so its parent-death signal fires only when distlock dies
+    // (PR_SET_PDEATHSIG tracks the spawning *thread*).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("distlock: cannot start the async runtime: {err}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Release(args) => run::release(args).await,
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// Logs go to stderr; `RUST_LOG` wins over `--log-level`.
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,127 @@
+//! Command-line syntax.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// flock(1) for a fleet: run a command only where a distributed lock is held.
+///
+/// The backend is chosen by URL (--url, else $DISTLOCK_URL, else lock files in
+/// a per-user state directory): memory://, file:///dir.
+#[derive(Debug, Parser)]
+#[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]
+pub(crate) struct Cli {
+    /// Log filter for distlock's own messages (RUST_LOG wins): error, warn, info, debug, trace.
+    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
+    pub(crate) log_level: String,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run CMD while holding the lock KEY; exit 75 if it is held elsewhere.
+    Run(RunArgs),
+    /// Release a lock by its owner token (printed to the holder as $DISTLOCK_OWNER).
+    Release(ReleaseArgs),
+}
+
+/// Where the locks live.
+#[derive(Debug, Args)]
+pub(crate) struct Backend {
+    /// Backend URL [default: lock files in $XDG_STATE_HOME/distlock/locks or ~/.local/state/distlock/locks].
+    #[arg(long, env = "DISTLOCK_URL", value_name = "URL", hide_env_values = true)]
+    pub(crate) url: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+pub(crate) struct RunArgs {
+    /// The lock's name.
+    #[arg(long, short)]
+    pub(crate) key: String,
+
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+
+    /// How long the lock outlives a holder that stops refreshing it; it is
+    /// refreshed every ttl/3 while CMD runs.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) ttl: Duration,
+
+    /// Wait up to this long for the lock [default: one attempt, no waiting].
+    #[arg(long, short, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) wait: Option<Duration>,
+
+    /// Stop CMD and give the lock up after holding it this long.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) max_hold: Option<Duration>,
+
+    /// Exit code when the lock is held elsewhere.
+    #[arg(long, default_value_t = crate::exit::CONFLICT, value_name = "N")]
+    pub(crate) conflict_exit_code: u8,
+
+    /// When the lock is lost, how long CMD gets between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) kill_after: Duration,
+
+    /// The command and its arguments, run directly (no shell).
+    #[arg(required = true, value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    /// The lock's name.
+    #[arg(long, short)]
+    pub(crate) key: String,
+
+    /// The holder's owner token.
+    #[arg(long)]
+    pub(crate) owner: String,
+
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+}
+
+/// `500ms`, `30s`, `5m`, `1h 30m`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (expected a duration such as 500ms, 30s or 5m)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_humans_write_them() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("soon")
+            .unwrap_err()
+            .contains("such as 500ms"));
+    }
+
+    #[test]
+    fn the_command_keeps_its_own_flags() {
+        let cli =
+            Cli::try_parse_from(["distlock", "run", "--key", "k", "--", "ls", "-l", "--wait"])
+                .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.command, ["ls", "-l", "--wait"]);
+        assert_eq!(args.ttl, Duration::from_secs(30));
+        assert_eq!(args.wait, None);
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

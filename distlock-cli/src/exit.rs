@@ -1,0 +1,71 @@
+//! Exit codes, one place. Where they can, they follow sysexits.h and the
+//! shell's conventions for commands that could not run.
+
+use std::process::ExitCode;
+
+use distlock::Error;
+
+/// Release by a non-holder (`distlock release`).
+pub(crate) const NOT_HELD: u8 = 1;
+/// Bad flags, bad URL, bad key or ttl (EX_USAGE).
+pub(crate) const USAGE: u8 = 64;
+/// The backend could not be reached or failed (EX_UNAVAILABLE).
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// distlock itself failed (EX_SOFTWARE).
+pub(crate) const SOFTWARE: u8 = 70;
+/// The lock is held elsewhere (EX_TEMPFAIL); `--conflict-exit-code` changes it.
+pub(crate) const CONFLICT: u8 = 75;
+/// The lock was lost while CMD ran; CMD was stopped.
+pub(crate) const LOST: u8 = 76;
+/// CMD exists but could not be executed.
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+/// CMD was not found.
+pub(crate) const NOT_FOUND: u8 = 127;
+
+/// The table shown at the end of `--help`.
+pub(crate) const TABLE: &str = "\
+Exit status of `distlock run`:
+  CMD's status    CMD ran; 128+N if it was killed by signal N
+  75              the lock is held elsewhere (--conflict-exit-code)
+  76              the lock was lost while CMD ran; CMD was stopped
+  64              bad usage: flags, URL, key or ttl
+  69              the backend is unreachable or failed
+  126 / 127       CMD could not be executed / was not found
+`distlock release` exits 0 when released, 1 when the owner does not hold the lock.";
+
+/// The exit code for an error reaching or using the backend.
+pub(crate) fn for_error(error: &Error) -> u8 {
+    match error {
+        Error::InvalidInput { .. } | Error::Unsupported { .. } => USAGE,
+        Error::NotHeld { .. } => NOT_HELD,
+        Error::NotAcquired { .. } | Error::Timeout { .. } => CONFLICT,
+        _ => UNAVAILABLE,
+    }
+}
+
+/// Prints a clap error as one line (help and version as clap renders them).
+pub(crate) fn usage_error(err: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match err.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = err.print();
+            ExitCode::SUCCESS
+        }
+        _ => {
+            // clap's message runs up to the first blank line (then usage and
+            // hints follow); fold it onto one line.
+            let rendered = err.render().to_string();
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|line| !line.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let message = message.join(" ");
+            let message = message.strip_prefix("error: ").unwrap_or(&message);
+            eprintln!("distlock: {message} (see distlock --help)");
+            ExitCode::from(USAGE)
+        }
+    }
+}

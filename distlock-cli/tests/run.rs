@@ -1,0 +1,431 @@
+//! `distlock run` / `distlock release` end to end on the file backend: real
+//! processes, real signals.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock::file::FileLocker;
+use distlock::Locker;
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// A private lock directory and the `distlock` command pointed at it.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Fixture {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn lock_dir(&self) -> PathBuf {
+        self.dir.path().join("locks")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn distlock(&self) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .env(
+                "DISTLOCK_URL",
+                format!("file://{}", self.lock_dir().display()),
+            )
+            .env_remove("RUST_LOG");
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.distlock().args(args).output().expect("run distlock")
+    }
+
+    fn locker(&self) -> FileLocker {
+        FileLocker::new(self.lock_dir()).expect("lock dir")
+    }
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited normally")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn wait_for_file(path: &Path, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear within {within:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_for_exit(child: &mut Child, within: Duration) -> i32 {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "distlock did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// True while `pid` names a live (not zombie) process.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+async fn assert_free(fixture: &Fixture, key: &str) {
+    let lease = fixture
+        .locker()
+        .lock(key, Duration::from_secs(5), Duration::from_secs(3))
+        .await
+        .expect("the lock is free again");
+    lease.release().await.expect("release");
+}
+
+#[test]
+fn eight_processes_increment_a_shared_counter_exactly() {
+    let fixture = Fixture::new();
+    let counter = fixture.path("counter");
+    std::fs::write(&counter, "0\n").unwrap();
+    let script = format!(
+        "n=$(cat {0}); sleep 0.05; echo $((n + 1)) > {0}",
+        counter.display()
+    );
+    let children: Vec<Child> = (0..8)
+        .map(|_| {
+            fixture
+                .distlock()
+                .args([
+                    "run", "--key", "counter", "--wait", "60s", "--", "sh", "-c", &script,
+                ])
+                .spawn()
+                .expect("spawn distlock")
+        })
+        .collect();
+    for mut child in children {
+        assert_eq!(wait_for_exit(&mut child, Duration::from_secs(90)), 0);
+    }
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "8");
+}
+
+#[tokio::test]
+async fn a_held_lock_exits_with_the_conflict_code_without_running_the_command() {
+    let fixture = Fixture::new();
+    let lease = fixture
+        .locker()
+        .try_lock("busy", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free");
+    let marker = fixture.path("ran");
+    let touch = format!("touch {}", marker.display());
+
+    let output = fixture.run(&["run", "--key", "busy", "--", "sh", "-c", &touch]);
+    assert_eq!(code(&output), 75);
+    assert!(
+        stderr(&output).contains("lock \"busy\" is held elsewhere"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = fixture.run(&[
+        "run",
+        "--key",
+        "busy",
+        "--conflict-exit-code",
+        "0",
+        "--wait",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    assert_eq!(code(&output), 0);
+    assert!(
+        stderr(&output).contains("after waiting 300ms"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!marker.exists(), "the command ran without the lock");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn wait_acquires_once_the_holder_releases() {
+    let fixture = Fixture::new();
+    let lease = fixture
+        .locker()
+        .try_lock("queue", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free");
+    let mut child = fixture
+        .distlock()
+        .args(["run", "--key", "queue", "--wait", "10s", "--", "true"])
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "distlock must still be waiting"
+    );
+    lease.release().await.unwrap();
+    assert_eq!(wait_for_exit(&mut child, Duration::from_secs(5)), 0);
+}
+
+#[test]
+fn the_commands_exit_code_is_propagated() {
+    let fixture = Fixture::new();
+    for expected in [0, 3, 42] {
+        let output = fixture.run(&[
+            "run",
+            "--key",
+            "exit",
+            "--",
+            "sh",
+            "-c",
+            &format!("exit {expected}"),
+        ]);
+        assert_eq!(code(&output), expected);
+    }
+    let output = fixture.run(&["run", "--key", "exit", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(code(&output), 128 + 9, "killed by SIGKILL is 128+9");
+    let output = fixture.run(&["run", "--key", "exit", "--", "/nonexistent/command"]);
+    assert_eq!(code(&output), 127);
+}
+
+#[test]
+fn the_child_sees_key_owner_and_increasing_fencing_tokens() {
+    let fixture = Fixture::new();
+    let print = "echo \"$DISTLOCK_KEY $DISTLOCK_OWNER $DISTLOCK_FENCING_TOKEN\"";
+    let mut previous = 0u64;
+    for _ in 0..3 {
+        let output = fixture.run(&["run", "--key", "fenced", "--", "sh", "-c", print]);
+        assert_eq!(code(&output), 0, "{}", stderr(&output));
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        let fields: Vec<&str> = stdout.split_whitespace().collect();
+        assert_eq!(fields.len(), 3, "{stdout:?}");
+        assert_eq!(fields[0], "fenced");
+        assert!(fields[1].len() == 32 && fields[1].chars().all(|c| c.is_ascii_hexdigit()));
+        let token: u64 = fields[2].parse().unwrap();
+        assert!(token > previous, "token {token} after {previous}");
+        previous = token;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_is_forwarded_and_the_lock_released() {
+    let fixture = Fixture::new();
+    let marker = fixture.path("got-term");
+    let ready = fixture.path("ready");
+    let script = format!(
+        "trap 'echo term > {}; exit 42' TERM; echo up > {}; while :; do sleep 0.05; done",
+        marker.display(),
+        ready.display()
+    );
+    let mut child = fixture
+        .distlock()
+        .args(["run", "--key", "signals", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready, Duration::from_secs(5));
+    test_servers::signal(child.id(), libc::SIGTERM);
+    assert_eq!(wait_for_exit(&mut child, Duration::from_secs(5)), 42);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "term\n");
+    assert_free(&fixture, "signals").await;
+}
+
+#[tokio::test]
+async fn the_command_dies_with_distlock_even_on_sigkill() {
+    let fixture = Fixture::new();
+    let pid_file = fixture.path("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let mut child = fixture
+        .distlock()
+        .args(["run", "--key", "orphan", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let pid: u32 = wait_for_file(&pid_file, Duration::from_secs(5))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(pid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the command outlived distlock's SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_free(&fixture, "orphan").await;
+}
+
+#[test]
+fn the_command_inherits_no_lock_file_descriptor() {
+    let fixture = Fixture::new();
+    let list = "for fd in /proc/$$/fd/*; do readlink \"$fd\" || true; done";
+    let output = fixture.run(&["run", "--key", "fds", "--", "sh", "-c", list]);
+    assert_eq!(code(&output), 0);
+    let fds = String::from_utf8(output.stdout).unwrap();
+    assert!(!fds.contains(".lock"), "lock file inherited: {fds}");
+    assert!(!fds.contains("socket:"), "socket inherited: {fds}");
+}
+
+#[tokio::test]
+async fn losing_the_lock_stops_the_command_with_the_lost_code() {
+    let fixture = Fixture::new();
+    let ready = fixture.path("ready");
+    let script = format!("echo up > {}; exec sleep 30", ready.display());
+    let mut child = fixture
+        .distlock()
+        .args([
+            "run",
+            "--key",
+            "lost",
+            "--ttl",
+            "300ms",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready, Duration::from_secs(5));
+    // Deleting the lock file is how a flock is lost: another process can now
+    // lock a new file under the same name. The keepalive must notice.
+    std::fs::remove_file(fixture.locker().path_for("lost")).unwrap();
+    assert_eq!(wait_for_exit(&mut child, Duration::from_secs(5)), 76);
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        stderr(&output).contains("lock \"lost\" lost"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[tokio::test]
+async fn max_hold_stops_the_command() {
+    let fixture = Fixture::new();
+    let started = Instant::now();
+    let output = fixture.run(&[
+        "run",
+        "--key",
+        "bounded",
+        "--ttl",
+        "300ms",
+        "--max-hold",
+        "700ms",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    assert_eq!(code(&output), 76);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr(&output).contains("maximum hold time"),
+        "{}",
+        stderr(&output)
+    );
+    assert_free(&fixture, "bounded").await;
+}
+
+#[tokio::test]
+async fn release_by_owner_token_explains_what_happened() {
+    let fixture = Fixture::new();
+    let output = fixture.run(&["release", "--key", "nobody", "--owner", "0123"]);
+    assert_eq!(code(&output), 1);
+    assert!(
+        stderr(&output).contains("not held by that owner"),
+        "{}",
+        stderr(&output)
+    );
+
+    // A flock held by another process (this test) cannot be freed from the CLI.
+    let lease = fixture
+        .locker()
+        .try_lock("mine", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let output = fixture.run(&["release", "--key", "mine", "--owner", lease.owner()]);
+    assert_eq!(code(&output), 64);
+    let message = stderr(&output);
+    assert!(
+        message.contains(&format!("held by process {}", std::process::id())),
+        "{message}"
+    );
+    lease.release().await.unwrap();
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let fixture = Fixture::new();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["run", "--key", "k", "--ttl", "banana", "--", "true"],
+            "--ttl",
+        ),
+        (
+            &["run", "--key", "k", "--ttl", "0s", "--", "true"],
+            "invalid ttl",
+        ),
+        (&["run", "--key", "", "--", "true"], "invalid key"),
+        (
+            &["run", "--key", "k", "--url", "zookeeper://zk", "--", "true"],
+            "unsupported scheme",
+        ),
+        (
+            &["run", "--key", "k", "--url", "not a url", "--", "true"],
+            "invalid url",
+        ),
+        (&["run", "--key", "k"], "CMD"),
+    ];
+    for (args, expected) in cases {
+        let output = fixture.run(args);
+        assert_eq!(code(&output), 64, "{args:?}");
+        let message = stderr(&output);
+        assert_eq!(message.lines().count(), 1, "{args:?}: {message}");
+        assert!(
+            message.starts_with("distlock: ") && message.contains(expected),
+            "{args:?}: {message}"
+        );
+        assert!(!message.contains("panicked"), "{message}");
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs distlock's whole test suite on a fresh Debian machine: installs the
+# server binaries the tests spawn (they start their own private instances on
+# free loopback ports; the machine's own services are never used), checks
+# formatting and lints, then runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages providing the binaries the tests spawn.
+packages=()
+command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || packages+=(redis-tools)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)
+
+if [ ${#packages[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh: missing ${packages[*]}; install them with: sudo apt-get install -y ${packages[*]}" >&2
+    exit 1
+  fi
+  echo "scripts/test.sh: installing ${packages[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
+cargo test --workspace --all-features --no-fail-fast "$@"
