@@ -1,6 +1,7 @@
 //! Command-line syntax.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -15,6 +16,10 @@ pub(crate) struct Cli {
     /// Log filter for distlock's own messages (RUST_LOG wins): error, warn, info, debug, trace.
     #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
     pub(crate) log_level: String,
+
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics while distlock runs.
+    #[arg(long, global = true, value_name = "HOST:PORT")]
+    pub(crate) metrics_addr: Option<SocketAddr>,
 
     #[command(subcommand)]
     pub(crate) command: Command,

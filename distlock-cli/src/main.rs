@@ -30,12 +30,29 @@ fn main() -> ExitCode {
         }
     };
     let code = runtime.block_on(async {
+        if let Some(addr) = cli.metrics_addr {
+            if let Err(error) = serve_metrics(addr) {
+                eprintln!("distlock: cannot serve metrics on {addr}: {error}");
+                return exit::UNAVAILABLE;
+            }
+        }
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Release(args) => run::release(args).await,
         }
     });
     ExitCode::from(code)
+}
+
+/// Installs the Prometheus recorder and its HTTP listener on the current runtime.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()?;
+    distlock::describe_metrics();
+    Ok(())
 }
 
 /// Logs go to stderr; `RUST_LOG` wins over `--log-level`.

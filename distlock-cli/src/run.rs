@@ -5,7 +5,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Error, KeepAlive, Lease, Locker};
+use distlock::{Error, KeepAlive, Lease, Locker, LockerExt};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -65,8 +65,11 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     }
 }
 
+/// The backend the URL names, observed: metrics (served with --metrics-addr)
+/// and spans (logged at --log-level info and above).
 async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>> {
-    distlock::connect(backend.url.as_deref().unwrap_or("file://")).await
+    let locker = distlock::connect(backend.url.as_deref().unwrap_or("file://")).await?;
+    Ok(locker.with_metrics().with_tracing().shared())
 }
 
 fn fail(error: &Error) -> u8 {

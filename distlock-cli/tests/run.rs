@@ -429,3 +429,48 @@ fn bad_input_is_one_clear_line() {
         assert!(!message.contains("panicked"), "{message}");
     }
 }
+
+#[test]
+fn metrics_are_served_in_prometheus_format_while_the_command_runs() {
+    use std::io::{Read, Write};
+    let fixture = Fixture::new();
+    let port = test_servers::free_port();
+    let ready = fixture.path("ready");
+    let script = format!("echo up > {}; sleep 3", ready.display());
+    let mut child = fixture
+        .distlock()
+        .args([
+            "run",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--key",
+            "observed",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready, Duration::from_secs(5));
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics listener");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"),
+        "{response}"
+    );
+    assert!(
+        response.contains("distlock_acquired_total{backend=\"file\",operation=\"lock\"} 1"),
+        "{response}"
+    );
+    assert!(
+        response.contains("# TYPE distlock_operation_duration_seconds"),
+        "{response}"
+    );
+}

@@ -79,7 +79,7 @@ impl Task {
             };
             tokio::time::sleep_until(wake).await;
 
-            let status = *self.status.borrow();
+            let status = self.status.status();
             if status.lost.is_some() {
                 return;
             }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -61,7 +61,22 @@ pub(crate) struct LeaseStatus {
     pub(crate) lost: Option<LostReason>,
 }
 
-pub(crate) type StatusSender = Arc<watch::Sender<LeaseStatus>>;
+/// The state shared by a lease, its keepalive, its lost signals and notifiers.
+pub(crate) struct Shared {
+    status: watch::Sender<LeaseStatus>,
+    /// Run once, when the lease ends (see [`Lease::on_end`]).
+    on_end: Mutex<Vec<EndCallback>>,
+}
+
+type EndCallback = Box<dyn FnOnce(LostReason) + Send>;
+
+impl Shared {
+    pub(crate) fn status(&self) -> LeaseStatus {
+        *self.status.borrow()
+    }
+}
+
+pub(crate) type StatusSender = Arc<Shared>;
 
 /// Lets a backend tell a lease that its lock is gone (for example because the
 /// connection that held it died). Cheap to clone; firing twice keeps the first
@@ -82,14 +97,21 @@ impl fmt::Debug for LostNotifier {
     }
 }
 
-pub(crate) fn mark_lost(status: &StatusSender, reason: LostReason) {
-    status.send_if_modified(|s| {
+pub(crate) fn mark_lost(shared: &StatusSender, reason: LostReason) {
+    let ended = shared.status.send_if_modified(|s| {
         if s.lost.is_some() {
             return false;
         }
         s.lost = Some(reason);
         true
     });
+    if ended {
+        let callbacks =
+            std::mem::take(&mut *shared.on_end.lock().unwrap_or_else(PoisonError::into_inner));
+        for callback in callbacks {
+            callback(reason);
+        }
+    }
 }
 
 /// Resolves when a lease is lost, released, or outlives its known validity.
@@ -241,6 +263,10 @@ impl Lease {
             valid_until: parts.valid_until,
             lost: None,
         });
+        let shared = Shared {
+            status,
+            on_end: Mutex::default(),
+        };
         Lease {
             key: parts.key,
             owner: parts.owner,
@@ -248,7 +274,7 @@ impl Lease {
             ttl: parts.ttl,
             acquired_at: Instant::now(),
             locker,
-            status: Arc::new(status),
+            status: Arc::new(shared),
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             keepalive: None,
             sync_release: None,
@@ -315,12 +341,32 @@ impl Lease {
     /// conservatively (measured from before the request that granted or last
     /// refreshed it). `None` for backends whose locks do not expire.
     pub fn valid_until(&self) -> Option<Instant> {
-        self.status.borrow().valid_until
+        self.status.status().valid_until
     }
 
     /// A signal that resolves when this lease is lost (see [`LostSignal`]).
     pub fn lost_signal(&self) -> LostSignal {
-        LostSignal(self.status.subscribe())
+        LostSignal(self.status.status.subscribe())
+    }
+
+    /// Runs `callback` once when this lease ends, with the reason: released,
+    /// dropped ([`LostReason::Released`]) or lost (wrapper implementors: the
+    /// metrics wrapper counts losses and hold times this way, without a task
+    /// per lease). It runs on whichever task ends the lease, so it must be
+    /// quick and must not block. A lease that already ended runs it at once.
+    pub fn on_end(&self, callback: impl FnOnce(LostReason) + Send + 'static) {
+        let mut callbacks = self
+            .status
+            .on_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match self.status.status().lost {
+            Some(reason) => {
+                drop(callbacks);
+                callback(reason);
+            }
+            None => callbacks.push(Box::new(callback)),
+        }
     }
 
     /// True once the lease is known lost, released or expired.
@@ -454,8 +500,8 @@ impl Lease {
     }
 }
 
-pub(crate) fn extend_validity(status: &StatusSender, from: Instant, ttl: Duration) {
-    status.send_if_modified(|s| match s.valid_until {
+pub(crate) fn extend_validity(shared: &StatusSender, from: Instant, ttl: Duration) {
+    shared.status.send_if_modified(|s| match s.valid_until {
         Some(_) => {
             s.valid_until = Some(from + ttl);
             true

@@ -4,8 +4,10 @@
 //! [`memory`], cross-process [`file`], and the server backends behind cargo
 //! features) implements the same trait and reports the same [`Error`] kinds, so
 //! switching backend never changes how errors are classified. Cross-cutting
-//! behaviour (waiting, key prefixes, ...) is written once as wrappers around
-//! any `Locker`.
+//! behaviour is written once as wrappers around any `Locker` and composed with
+//! [`LockerExt`]: [`Waiting`] (wait policy), [`Prefix`] (key namespaces),
+//! [`CircuitBreaker`] (fail fast while a backend is down), [`Metrics`] and
+//! [`Traced`] (observability).
 //!
 //! ```
 //! use std::time::Duration;
@@ -66,11 +68,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+mod breaker;
 mod error;
 pub mod file;
 mod keepalive;
 mod lease;
 pub mod memory;
+mod metrics;
 mod parse;
 mod prefix;
 pub mod validate;
@@ -79,7 +83,9 @@ mod with_lock;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod trace;
 
+pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use error::{BoxError, Error, Result};
 pub use keepalive::KeepAlive;
 pub use lease::{
@@ -87,7 +93,9 @@ pub use lease::{
     DEFAULT_RELEASE_TIMEOUT,
 };
 pub use parse::{connect, SUPPORTED_SCHEMES};
+pub use metrics::{describe_metrics, Metrics};
 pub use prefix::Prefix;
+pub use trace::Traced;
 pub use wait::{ReleaseWatch, WaitPolicy, Waiting};
 pub use with_lock::{with_lease, with_lock, Completed, WithLock};
 
@@ -130,6 +138,12 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
 
     /// What this backend supports beyond the core contract.
     fn capabilities(&self) -> Capabilities;
+
+    /// The name under which `key` is stored in the backend (after any prefix
+    /// or hash tag), for logs and spans. Defaults to `key` itself.
+    fn backend_key(&self, key: &str) -> String {
+        key.to_owned()
+    }
 
     /// One non-blocking attempt to take `key` for `ttl`.
     ///
@@ -193,6 +207,9 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
     }
+    fn backend_key(&self, key: &str) -> String {
+        (**self).backend_key(key)
+    }
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         (**self).try_lock(key, ttl).await
     }
@@ -226,6 +243,21 @@ pub trait LockerExt: Locker + Sized {
     /// Prefixes every key with `prefix` (see [`Prefix`]).
     fn with_prefix(self, prefix: impl Into<String>) -> Prefix<Self> {
         Prefix::new(self, prefix)
+    }
+
+    /// Fails fast while the backend is known down (see [`CircuitBreaker`]).
+    fn with_circuit_breaker(self, config: BreakerConfig) -> CircuitBreaker<Self> {
+        CircuitBreaker::new(self, config)
+    }
+
+    /// Records metrics (see [`Metrics`]).
+    fn with_metrics(self) -> Metrics<Self> {
+        Metrics::new(self)
+    }
+
+    /// Runs every operation in a span (see [`Traced`]).
+    fn with_tracing(self) -> Traced<Self> {
+        Traced::new(self)
     }
 
     /// Waits with `policy` instead of the default (see [`Waiting`]).

@@ -69,6 +69,9 @@ impl<L: Locker> Locker for Prefix<L> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn backend_key(&self, key: &str) -> String {
+        self.inner.backend_key(&self.full(key))
+    }
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         crate::validate::key(key)?;
         let lease = self.inner.try_lock(&self.full(key), ttl).await;

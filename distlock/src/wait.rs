@@ -184,6 +184,9 @@ impl<L: Locker> Locker for Waiting<L> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn backend_key(&self, key: &str) -> String {
+        self.inner.backend_key(key)
+    }
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         self.inner.try_lock(key, ttl).await
     }

@@ -13,10 +13,19 @@ fn shared() -> Arc<dyn Locker> {
 
 distlock::conformance_suite!(|| async { shared() });
 
-mod through_prefix_wrapper {
+mod through_every_wrapper {
     use super::*;
-    use distlock::LockerExt;
+    use distlock::{BreakerConfig, LockerExt, WaitPolicy};
 
-    // The wrappers must keep the contract too: run the whole suite through one.
-    distlock::conformance_suite!(|| async { shared().with_prefix("wrapped:").shared() });
+    // The wrappers must keep the contract too: run the whole suite through all
+    // of them at once.
+    distlock::conformance_suite!(|| async {
+        shared()
+            .with_prefix("wrapped:")
+            .with_wait_policy(WaitPolicy::default())
+            .with_circuit_breaker(BreakerConfig::default())
+            .with_metrics()
+            .with_tracing()
+            .shared()
+    });
 }

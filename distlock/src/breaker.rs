@@ -1,0 +1,433 @@
+//! A circuit breaker as a wrapper: once a backend is known down, new
+//! acquisitions fail fast with [`Error::Unavailable`] instead of each waiting
+//! for a transport timeout, and an outage is never mistaken for contention.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::{Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
+
+/// Thresholds of a [`CircuitBreaker`].
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::BreakerConfig;
+///
+/// let config = BreakerConfig::default()
+///     .failure_threshold(3)
+///     .open_for(Duration::from_secs(10));
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    failure_threshold: u32,
+    open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(5),
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// Consecutive backend failures that open the circuit (default 5, at least 1).
+    pub fn failure_threshold(mut self, failures: u32) -> Self {
+        self.failure_threshold = failures.max(1);
+        self
+    }
+
+    /// How long the circuit stays open before one probe is let through
+    /// (default 5 s).
+    pub fn open_for(mut self, duration: Duration) -> Self {
+        self.open_for = duration;
+        self
+    }
+}
+
+/// Where a [`CircuitBreaker`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Calls pass; consecutive failures are counted.
+    Closed,
+    /// Acquisitions fail fast with [`Error::Unavailable`] until the interval ends.
+    Open,
+    /// One probe acquisition is in flight; its outcome closes or reopens the circuit.
+    HalfOpen,
+}
+
+impl BreakerState {
+    fn name(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Circuit {
+    state: BreakerState,
+    consecutive_failures: u32,
+    open_until: Instant,
+    probe_in_flight: bool,
+}
+
+/// Wraps a [`Locker`] with a circuit breaker.
+///
+/// - Only backend failures ([`Error::Backend`]) count. Contention, `NotHeld`,
+///   and invalid input are healthy answers: the backend responded.
+/// - After [`BreakerConfig::failure_threshold`] consecutive failures the
+///   circuit opens: `try_lock`, `lock` and `watch_releases` fail at once with
+///   [`Error::Unavailable`] for [`BreakerConfig::open_for`], then one probe is
+///   let through (half-open); its success closes the circuit, its failure
+///   reopens it.
+/// - `unlock` and `refresh` are never blocked: they concern a lock that may be
+///   held, and failing them fast would strand the lock or lose it needlessly.
+///   Their outcomes still count, so a successful refresh closes the circuit.
+/// - Transitions are logged (`component = "distlock"`) and counted in
+///   `distlock_breaker_transitions_total{backend, state}`.
+///
+/// It runs on tokio's clock, so tests can drive it with paused time.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{BreakerConfig, LockerExt};
+///
+/// let locker = distlock::memory::MemoryLocker::new()
+///     .with_circuit_breaker(BreakerConfig::default().failure_threshold(3))
+///     .shared();
+/// # let _ = locker;
+/// ```
+#[derive(Debug)]
+pub struct CircuitBreaker<L> {
+    inner: Arc<L>,
+    config: BreakerConfig,
+    circuit: Arc<Mutex<Circuit>>,
+}
+
+impl<L> Clone for CircuitBreaker<L> {
+    fn clone(&self) -> Self {
+        CircuitBreaker {
+            inner: self.inner.clone(),
+            config: self.config,
+            circuit: self.circuit.clone(),
+        }
+    }
+}
+
+/// Whether a call may proceed, and if so whether it is the half-open probe.
+enum Admission {
+    Call,
+    Probe,
+}
+
+impl<L: Locker> CircuitBreaker<L> {
+    /// Wraps `inner` with a closed circuit.
+    pub fn new(inner: L, config: BreakerConfig) -> Self {
+        CircuitBreaker {
+            inner: Arc::new(inner),
+            config,
+            circuit: Arc::new(Mutex::new(Circuit {
+                state: BreakerState::Closed,
+                consecutive_failures: 0,
+                open_until: Instant::now(),
+                probe_in_flight: false,
+            })),
+        }
+    }
+
+    /// The circuit's current state.
+    pub fn state(&self) -> BreakerState {
+        self.circuit().state
+    }
+
+    fn circuit(&self) -> MutexGuard<'_, Circuit> {
+        self.circuit.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn admit(&self) -> Result<Admission> {
+        let mut circuit = self.circuit();
+        match circuit.state {
+            BreakerState::Closed => Ok(Admission::Call),
+            BreakerState::Open if Instant::now() >= circuit.open_until => {
+                self.transition(&mut circuit, BreakerState::HalfOpen);
+                circuit.probe_in_flight = true;
+                Ok(Admission::Probe)
+            }
+            BreakerState::HalfOpen if !circuit.probe_in_flight => {
+                circuit.probe_in_flight = true;
+                Ok(Admission::Probe)
+            }
+            BreakerState::Open | BreakerState::HalfOpen => {
+                let retry_in = circuit.open_until.saturating_duration_since(Instant::now());
+                Err(Error::Unavailable {
+                    backend: self.inner.backend(),
+                    reason: format!(
+                        "circuit open after {} consecutive failures; next probe in {retry_in:?}",
+                        circuit.consecutive_failures
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Records the outcome of a call that reached the backend.
+    fn record<T>(&self, admission: Option<Admission>, result: &Result<T>) {
+        let failed = matches!(result, Err(Error::Backend { .. }));
+        let mut circuit = self.circuit();
+        if matches!(admission, Some(Admission::Probe)) {
+            circuit.probe_in_flight = false;
+        }
+        if failed {
+            circuit.consecutive_failures = circuit.consecutive_failures.saturating_add(1);
+            let trips = circuit.state == BreakerState::HalfOpen
+                || circuit.consecutive_failures >= self.config.failure_threshold;
+            if trips {
+                circuit.open_until = Instant::now() + self.config.open_for;
+                if circuit.state != BreakerState::Open {
+                    self.transition(&mut circuit, BreakerState::Open);
+                }
+            }
+        } else {
+            circuit.consecutive_failures = 0;
+            if circuit.state != BreakerState::Closed {
+                self.transition(&mut circuit, BreakerState::Closed);
+            }
+        }
+    }
+
+    fn transition(&self, circuit: &mut Circuit, to: BreakerState) {
+        let backend = self.inner.backend();
+        let from = circuit.state;
+        circuit.state = to;
+        match to {
+            BreakerState::Open => tracing::warn!(
+                component = "distlock", backend, from = from.name(),
+                failures = circuit.consecutive_failures, open_for = ?self.config.open_for,
+                "circuit breaker opened: acquisitions fail fast"
+            ),
+            _ => tracing::info!(
+                component = "distlock",
+                backend,
+                from = from.name(),
+                to = to.name(),
+                "circuit breaker state change"
+            ),
+        }
+        metrics::counter!("distlock_breaker_transitions_total", "backend" => backend, "state" => to.name())
+            .increment(1);
+    }
+
+    async fn guarded<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let admission = self.admit()?;
+        let result = call.await;
+        self.record(Some(admission), &result);
+        result
+    }
+
+    fn own(&self, lease: Lease) -> Lease {
+        lease.rebind(Arc::new(self.clone()))
+    }
+}
+
+#[async_trait]
+impl<L: Locker> Locker for CircuitBreaker<L> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn backend_key(&self, key: &str) -> String {
+        self.inner.backend_key(key)
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let lease = self.guarded(self.inner.try_lock(key, ttl)).await?;
+        Ok(lease.map(|lease| self.own(lease)))
+    }
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let lease = self.guarded(self.inner.lock(key, ttl, timeout)).await?;
+        Ok(self.own(lease))
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        let result = self.inner.unlock(key, owner).await;
+        self.record(None, &result);
+        result
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let result = self.inner.refresh(key, owner, ttl).await;
+        self.record(None, &result);
+        result
+    }
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        self.guarded(self.inner.watch_releases(key)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryLocker;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A memory locker that can be switched to failing like a dead server.
+    #[derive(Debug, Clone, Default)]
+    struct Flaky {
+        inner: MemoryLocker,
+        down: Arc<AtomicBool>,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Flaky {
+        fn check(&self) -> Result<()> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                Err(Error::backend("flaky", "call", "connection refused"))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Locker for Flaky {
+        fn backend(&self) -> &'static str {
+            "flaky"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+            self.check()?;
+            self.inner.try_lock(key, ttl).await
+        }
+        async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+            self.check()?;
+            self.inner.unlock(key, owner).await
+        }
+        async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+            self.check()?;
+            self.inner.refresh(key, owner, ttl).await
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn breaker() -> (Flaky, CircuitBreaker<Flaky>) {
+        let flaky = Flaky::default();
+        let config = BreakerConfig::default()
+            .failure_threshold(3)
+            .open_for(Duration::from_secs(5));
+        (flaky.clone(), CircuitBreaker::new(flaky, config))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_consecutive_failures_then_fails_fast() {
+        let (flaky, breaker) = breaker();
+        flaky.down.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            let err = breaker.try_lock("k", TTL).await.unwrap_err();
+            assert!(matches!(err, Error::Backend { .. }), "{err}");
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        let calls = flaky.calls.load(Ordering::SeqCst);
+        let err = breaker.try_lock("k", TTL).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Unavailable {
+                    backend: "flaky",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(!err.is_contention());
+        assert_eq!(
+            flaky.calls.load(Ordering::SeqCst),
+            calls,
+            "an open circuit must not call the backend"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn contention_is_healthy_and_resets_the_count() {
+        let (flaky, breaker) = breaker();
+        let _held = breaker.try_lock("k", TTL).await.unwrap().unwrap();
+        flaky.down.store(true, Ordering::SeqCst);
+        breaker.try_lock("k", TTL).await.unwrap_err();
+        breaker.try_lock("k", TTL).await.unwrap_err();
+        flaky.down.store(false, Ordering::SeqCst);
+        assert!(
+            breaker.try_lock("k", TTL).await.unwrap().is_none(),
+            "contention"
+        );
+        flaky.down.store(true, Ordering::SeqCst);
+        breaker.try_lock("k", TTL).await.unwrap_err();
+        breaker.try_lock("k", TTL).await.unwrap_err();
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Closed,
+            "contention reset the failure count"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_open_probe_closes_or_reopens() {
+        let (flaky, breaker) = breaker();
+        flaky.down.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            breaker.try_lock("k", TTL).await.unwrap_err();
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // The probe fails: open again for another interval.
+        assert!(matches!(
+            breaker.try_lock("k", TTL).await,
+            Err(Error::Backend { .. })
+        ));
+        assert_eq!(breaker.state(), BreakerState::Open);
+        assert!(matches!(
+            breaker.try_lock("k", TTL).await,
+            Err(Error::Unavailable { .. })
+        ));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        flaky.down.store(false, Ordering::SeqCst);
+        let lease = breaker
+            .try_lock("k", TTL)
+            .await
+            .unwrap()
+            .expect("probe acquires");
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        lease.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_and_refresh_are_never_blocked() {
+        let (flaky, breaker) = breaker();
+        let mut lease = breaker.try_lock("k", TTL).await.unwrap().unwrap();
+        flaky.down.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            breaker.try_lock("other", TTL).await.unwrap_err();
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        flaky.down.store(false, Ordering::SeqCst);
+        lease
+            .refresh(TTL)
+            .await
+            .expect("refresh passes an open circuit");
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Closed,
+            "a successful refresh closes it"
+        );
+        lease.release().await.expect("release");
+    }
+}

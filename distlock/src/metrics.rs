@@ -1,0 +1,255 @@
+//! Metrics as a wrapper, through the [`metrics`] facade: free when no
+//! recorder is installed, exported by whatever recorder the application
+//! installs (the CLI serves Prometheus text).
+//!
+//! | name | kind | labels |
+//! | --- | --- | --- |
+//! | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`) |
+//! | `distlock_acquired_total` | counter | backend, operation |
+//! | `distlock_contended_total` | counter | backend, operation |
+//! | `distlock_timeouts_total` | counter | backend |
+//! | `distlock_releases_total` | counter | backend, outcome (`released`, `not_held`, error kind) |
+//! | `distlock_refreshes_total` | counter | backend, outcome (`refreshed`, `not_held`, error kind) |
+//! | `distlock_not_held_total` | counter | backend, operation (`unlock`, `refresh`) |
+//! | `distlock_lost_total` | counter | backend, reason (`not_held`, `expired`, `max_hold_exceeded`, `connection_lost`) |
+//! | `distlock_errors_total` | counter | backend, operation, outcome (error kind) |
+//! | `distlock_breaker_transitions_total` | counter | backend, state (see [`crate::CircuitBreaker`]) |
+//! | `distlock_operation_duration_seconds` | histogram | backend, operation, outcome |
+//! | `distlock_wait_duration_seconds` | histogram | backend, outcome (time in `lock` until acquired or given up) |
+//! | `distlock_hold_duration_seconds` | histogram | backend (grant to release, drop or loss) |
+//!
+//! Keys are never labels: their number is unbounded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use metrics::{counter, histogram};
+use tokio::time::Instant;
+
+use crate::{Capabilities, Error, Lease, Locker, LostReason, ReleaseWatch, Result};
+
+/// Wraps a [`Locker`] to record the metrics in the [module table](self).
+///
+/// ```
+/// use distlock::LockerExt;
+///
+/// distlock::describe_metrics(); // optional: units and help texts for exporters
+/// let locker = distlock::memory::MemoryLocker::new().with_metrics().shared();
+/// # let _ = locker;
+/// ```
+#[derive(Debug)]
+pub struct Metrics<L> {
+    inner: Arc<L>,
+}
+
+impl<L> Clone for Metrics<L> {
+    fn clone(&self) -> Self {
+        Metrics {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<L: Locker> Metrics<L> {
+    /// Wraps `inner`.
+    pub fn new(inner: L) -> Self {
+        Metrics {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Routes the lease's release and refresh through this wrapper and records
+    /// its hold time and any loss when it ends.
+    fn observe(&self, lease: Lease) -> Lease {
+        let backend = self.inner.backend();
+        let granted = Instant::now();
+        lease.on_end(move |reason| {
+            histogram!("distlock_hold_duration_seconds", "backend" => backend)
+                .record(granted.elapsed().as_secs_f64());
+            if reason != LostReason::Released {
+                counter!("distlock_lost_total", "backend" => backend, "reason" => reason_name(reason))
+                    .increment(1);
+            }
+        });
+        lease.rebind(Arc::new(self.clone()))
+    }
+
+    fn timed(&self, operation: &'static str, outcome: &'static str, started: Instant) {
+        histogram!(
+            "distlock_operation_duration_seconds",
+            "backend" => self.inner.backend(), "operation" => operation, "outcome" => outcome
+        )
+        .record(started.elapsed().as_secs_f64());
+    }
+
+    fn error(&self, operation: &'static str, error: &Error) {
+        counter!(
+            "distlock_errors_total",
+            "backend" => self.inner.backend(), "operation" => operation, "outcome" => error.kind_name()
+        )
+        .increment(1);
+    }
+
+    /// Counts an acquire attempt's outcome (`Ok(acquired?)`); returns the
+    /// outcome label.
+    fn acquire_outcome(
+        &self,
+        operation: &'static str,
+        result: Result<bool, &Error>,
+    ) -> &'static str {
+        let backend = self.inner.backend();
+        counter!("distlock_attempts_total", "backend" => backend, "operation" => operation)
+            .increment(1);
+        match result {
+            Ok(true) => {
+                counter!("distlock_acquired_total", "backend" => backend, "operation" => operation)
+                    .increment(1);
+                "acquired"
+            }
+            Ok(false) | Err(Error::NotAcquired { .. }) => {
+                counter!("distlock_contended_total", "backend" => backend, "operation" => operation).increment(1);
+                "contended"
+            }
+            Err(Error::Timeout { .. }) => {
+                counter!("distlock_timeouts_total", "backend" => backend).increment(1);
+                "timeout"
+            }
+            Err(error) => {
+                self.error(operation, error);
+                error.kind_name()
+            }
+        }
+    }
+
+    /// Counts a release or refresh outcome; returns the outcome label.
+    fn holder_outcome(
+        &self,
+        operation: &'static str,
+        success: &'static str,
+        result: &Result<()>,
+    ) -> &'static str {
+        let backend = self.inner.backend();
+        let outcome = match result {
+            Ok(()) => success,
+            Err(Error::NotHeld { .. }) => {
+                counter!("distlock_not_held_total", "backend" => backend, "operation" => operation)
+                    .increment(1);
+                "not_held"
+            }
+            Err(error) => {
+                self.error(operation, error);
+                error.kind_name()
+            }
+        };
+        let total = if operation == "unlock" {
+            "distlock_releases_total"
+        } else {
+            "distlock_refreshes_total"
+        };
+        counter!(total, "backend" => backend, "outcome" => outcome).increment(1);
+        outcome
+    }
+}
+
+fn reason_name(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Released => "released",
+        LostReason::NotHeld => "not_held",
+        LostReason::Expired => "expired",
+        LostReason::MaxHoldExceeded => "max_hold_exceeded",
+        LostReason::ConnectionLost => "connection_lost",
+    }
+}
+
+#[async_trait]
+impl<L: Locker> Locker for Metrics<L> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn backend_key(&self, key: &str) -> String {
+        self.inner.backend_key(key)
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let result = self.inner.try_lock(key, ttl).await;
+        let outcome = self.acquire_outcome("try_lock", result.as_ref().map(Option::is_some));
+        self.timed("try_lock", outcome, started);
+        Ok(result?.map(|lease| self.observe(lease)))
+    }
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let started = Instant::now();
+        let result = self.inner.lock(key, ttl, timeout).await;
+        let outcome = self.acquire_outcome("lock", result.as_ref().map(|_| true));
+        self.timed("lock", outcome, started);
+        histogram!("distlock_wait_duration_seconds", "backend" => self.inner.backend(), "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+        result.map(|lease| self.observe(lease))
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        let started = Instant::now();
+        let result = self.inner.unlock(key, owner).await;
+        let outcome = self.holder_outcome("unlock", "released", &result);
+        self.timed("unlock", outcome, started);
+        result
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let started = Instant::now();
+        let result = self.inner.refresh(key, owner, ttl).await;
+        let outcome = self.holder_outcome("refresh", "refreshed", &result);
+        self.timed("refresh", outcome, started);
+        result
+    }
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        self.inner.watch_releases(key).await
+    }
+}
+
+/// Registers units and help texts of every distlock metric with the installed
+/// recorder (optional; exporters show them).
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(
+        "distlock_attempts_total",
+        "Acquire attempts (try_lock calls and lock calls)."
+    );
+    describe_counter!("distlock_acquired_total", "Locks acquired.");
+    describe_counter!(
+        "distlock_contended_total",
+        "Acquire attempts that found the lock held elsewhere."
+    );
+    describe_counter!(
+        "distlock_timeouts_total",
+        "lock calls that gave up at their timeout."
+    );
+    describe_counter!("distlock_releases_total", "Releases, by outcome.");
+    describe_counter!("distlock_refreshes_total", "Refreshes, by outcome.");
+    describe_counter!(
+        "distlock_not_held_total",
+        "Releases or refreshes by an owner that no longer held the lock."
+    );
+    describe_counter!("distlock_lost_total", "Leases lost while held, by reason.");
+    describe_counter!("distlock_errors_total", "Failed operations, by error kind.");
+    describe_counter!(
+        "distlock_breaker_transitions_total",
+        "Circuit breaker state changes, by new state."
+    );
+    describe_histogram!(
+        "distlock_operation_duration_seconds",
+        Unit::Seconds,
+        "Latency of each operation."
+    );
+    describe_histogram!(
+        "distlock_wait_duration_seconds",
+        Unit::Seconds,
+        "Time spent in lock() until acquired or given up."
+    );
+    describe_histogram!(
+        "distlock_hold_duration_seconds",
+        Unit::Seconds,
+        "Time from grant to release, drop or loss."
+    );
+}

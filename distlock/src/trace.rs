@@ -1,0 +1,196 @@
+//! Tracing as a wrapper: one span per operation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
+
+use crate::{Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
+
+/// Wraps a [`Locker`] so every operation runs in a span named
+/// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
+/// `distlock.unlock`, `distlock.refresh`) at INFO level, with fields:
+///
+/// - `component = "distlock"`, `backend`;
+/// - `key` (as the caller named it) and `backend_key` (as stored, after
+///   prefixes and hash tags, see [`Locker::backend_key`]);
+/// - `ttl_ms` / `timeout_ms` where the operation has them;
+/// - `outcome`: `acquired`, `contended`, `released`, `refreshed`, or the error
+///   kind ([`Error::kind_name`]); `error` with the message on failure;
+/// - `fencing_token` of a granted lease.
+///
+/// Owner tokens and passwords are never recorded.
+///
+/// ```
+/// use distlock::LockerExt;
+///
+/// let locker = distlock::memory::MemoryLocker::new().with_tracing().shared();
+/// # let _ = locker;
+/// ```
+#[derive(Debug)]
+pub struct Traced<L> {
+    inner: Arc<L>,
+}
+
+impl<L> Clone for Traced<L> {
+    fn clone(&self) -> Self {
+        Traced {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<L: Locker> Traced<L> {
+    /// Wraps `inner`.
+    pub fn new(inner: L) -> Self {
+        Traced {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Fills the fields every span has; skipped (no allocation) when the span
+    /// is disabled.
+    fn describe(&self, span: &Span, key: &str) {
+        if !span.is_disabled() {
+            span.record("backend_key", self.inner.backend_key(key));
+        }
+    }
+
+    fn own(&self, lease: Lease, span: &Span) -> Lease {
+        if let Some(token) = lease.fencing_token() {
+            span.record("fencing_token", token);
+        }
+        lease.rebind(Arc::new(self.clone()))
+    }
+}
+
+fn record_error(span: &Span, error: &Error) {
+    span.record("outcome", error.kind_name());
+    span.record("error", tracing::field::display(error));
+}
+
+fn record_holder_outcome(span: &Span, success: &'static str, result: &Result<()>) {
+    match result {
+        Ok(()) => {
+            span.record("outcome", success);
+        }
+        Err(error) => record_error(span, error),
+    }
+}
+
+#[async_trait]
+impl<L: Locker> Locker for Traced<L> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn backend_key(&self, key: &str) -> String {
+        self.inner.backend_key(key)
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let span = tracing::info_span!(
+            "distlock.try_lock",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            ttl_ms = ttl.as_millis() as u64,
+            outcome = Empty,
+            error = Empty,
+            fencing_token = Empty
+        );
+        self.describe(&span, key);
+        let result = self.inner.try_lock(key, ttl).instrument(span.clone()).await;
+        match result {
+            Ok(Some(lease)) => {
+                span.record("outcome", "acquired");
+                Ok(Some(self.own(lease, &span)))
+            }
+            Ok(None) => {
+                span.record("outcome", "contended");
+                Ok(None)
+            }
+            Err(error) => {
+                record_error(&span, &error);
+                Err(error)
+            }
+        }
+    }
+
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let span = tracing::info_span!(
+            "distlock.lock",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            ttl_ms = ttl.as_millis() as u64,
+            timeout_ms = timeout.as_millis() as u64,
+            outcome = Empty,
+            error = Empty,
+            fencing_token = Empty
+        );
+        self.describe(&span, key);
+        let result = self
+            .inner
+            .lock(key, ttl, timeout)
+            .instrument(span.clone())
+            .await;
+        match result {
+            Ok(lease) => {
+                span.record("outcome", "acquired");
+                Ok(self.own(lease, &span))
+            }
+            Err(error) => {
+                record_error(&span, &error);
+                Err(error)
+            }
+        }
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        let span = tracing::info_span!(
+            "distlock.unlock",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            outcome = Empty,
+            error = Empty
+        );
+        self.describe(&span, key);
+        let result = self.inner.unlock(key, owner).instrument(span.clone()).await;
+        record_holder_outcome(&span, "released", &result);
+        result
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let span = tracing::info_span!(
+            "distlock.refresh",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            ttl_ms = ttl.as_millis() as u64,
+            outcome = Empty,
+            error = Empty
+        );
+        self.describe(&span, key);
+        let result = self
+            .inner
+            .refresh(key, owner, ttl)
+            .instrument(span.clone())
+            .await;
+        record_holder_outcome(&span, "refreshed", &result);
+        result
+    }
+
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        self.inner.watch_releases(key).await
+    }
+}
