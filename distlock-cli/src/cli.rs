@@ -31,6 +31,8 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Release a lock by its owner token (printed to the holder as $DISTLOCK_OWNER).
     Release(ReleaseArgs),
+    /// Measure acquire+release cycles per second of a backend.
+    Bench(BenchArgs),
 }
 
 /// Where the locks live.
@@ -89,6 +91,28 @@ pub(crate) struct ReleaseArgs {
 
     #[command(flatten)]
     pub(crate) backend: Backend,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+
+    /// Concurrent tasks; a comma-separated list runs once per value.
+    #[arg(long, short = 'c', value_delimiter = ',', default_values_t = [1usize, 16])]
+    pub(crate) tasks: Vec<usize>,
+
+    /// How long each run lasts.
+    #[arg(long, short, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) duration: Duration,
+
+    /// The ttl of each lock taken.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) ttl: Duration,
+
+    /// All tasks contend for one key (default: one key per task).
+    #[arg(long)]
+    pub(crate) shared_key: bool,
 }
 
 /// `500ms`, `30s`, `5m`, `1h 30m`.

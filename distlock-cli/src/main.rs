@@ -1,5 +1,6 @@
 //! `distlock`: flock(1) for a fleet. A thin layer over the `distlock` library.
 
+mod bench;
 mod cli;
 mod exit;
 mod run;
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Release(args) => run::release(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     ExitCode::from(code)
