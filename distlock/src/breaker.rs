@@ -275,49 +275,8 @@ impl<L: Locker> Locker for CircuitBreaker<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryLocker;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-    /// A memory locker that can be switched to failing like a dead server.
-    #[derive(Debug, Clone, Default)]
-    struct Flaky {
-        inner: MemoryLocker,
-        down: Arc<AtomicBool>,
-        calls: Arc<AtomicUsize>,
-    }
-
-    impl Flaky {
-        fn check(&self) -> Result<()> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                Err(Error::backend("flaky", "call", "connection refused"))
-            } else {
-                Ok(())
-            }
-        }
-    }
-
-    #[async_trait]
-    impl Locker for Flaky {
-        fn backend(&self) -> &'static str {
-            "flaky"
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-            self.check()?;
-            self.inner.try_lock(key, ttl).await
-        }
-        async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-            self.check()?;
-            self.inner.unlock(key, owner).await
-        }
-        async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-            self.check()?;
-            self.inner.refresh(key, owner, ttl).await
-        }
-    }
+    use crate::test_support::Flaky;
+    use std::sync::atomic::Ordering;
 
     const TTL: Duration = Duration::from_secs(10);
 

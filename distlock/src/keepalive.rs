@@ -165,3 +165,68 @@ impl Task {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::Flaky;
+    use crate::LostReason;
+    use std::sync::atomic::Ordering;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_refresh_failures_are_retried_before_expiry() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        flaky.down.store(true, Ordering::SeqCst);
+        // Past the first refresh (at 1 s) and several retries, short of expiry.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(
+            flaky.calls.load(Ordering::SeqCst) >= 3,
+            "the keepalive retried"
+        );
+        assert_eq!(lease.lost_signal().reason(), None);
+        flaky.down.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(
+            lease.lost_signal().reason(),
+            None,
+            "a late success renewed the lease"
+        );
+        lease.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backend_down_until_expiry_means_the_lease_is_lost() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        flaky.down.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        let reason = lease.lost_signal().wait().await;
+        assert_eq!(reason, LostReason::Expired);
+        let after = started.elapsed();
+        assert!(after <= TTL, "lost reported at {after:?}, after the ttl");
+        assert!(
+            after >= TTL - Duration::from_millis(800),
+            "lost reported early, at {after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keepalive_stops_when_the_lease_is_released() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        lease.release().await.unwrap();
+        let calls = flaky.calls.load(Ordering::SeqCst);
+        tokio::time::sleep(TTL * 5).await;
+        assert_eq!(
+            flaky.calls.load(Ordering::SeqCst),
+            calls,
+            "no refresh after release"
+        );
+    }
+}

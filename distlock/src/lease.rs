@@ -567,3 +567,53 @@ impl fmt::Debug for Lease {
 pub fn new_owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryLocker;
+
+    #[test]
+    fn a_lease_dropped_outside_a_runtime_is_released_without_panicking() {
+        let locker = MemoryLocker::new();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let lease = runtime
+            .block_on(locker.try_lock("k", Duration::from_secs(60)))
+            .unwrap()
+            .unwrap();
+        drop(runtime);
+        drop(lease);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let again = runtime
+            .block_on(locker.try_lock("k", Duration::from_secs(60)))
+            .unwrap();
+        assert!(again.is_some(), "the memory backend released synchronously");
+    }
+
+    #[tokio::test]
+    async fn on_end_runs_once_with_the_reason() {
+        let locker = MemoryLocker::new();
+        let lease = locker
+            .try_lock("k", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let early = tx.clone();
+        lease.on_end(move |reason| early.send(reason).unwrap());
+        lease.lost_notifier().notify(LostReason::ConnectionLost);
+        lease.lost_notifier().notify(LostReason::NotHeld);
+        // Registered after the end: runs at once with the first reason.
+        lease.on_end(move |reason| tx.send(reason).unwrap());
+        drop(lease);
+        assert_eq!(rx.recv().await, Some(LostReason::ConnectionLost));
+        assert_eq!(rx.recv().await, Some(LostReason::ConnectionLost));
+        assert_eq!(rx.recv().await, None);
+    }
+}

@@ -81,6 +81,8 @@ pub mod validate;
 mod wait;
 mod with_lock;
 
+#[cfg(test)]
+mod test_support;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod trace;

@@ -1,0 +1,52 @@
+//! Test doubles shared by the crate's unit tests.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::memory::MemoryLocker;
+use crate::{Capabilities, Error, Lease, Locker, Result};
+
+/// A memory locker that can be switched to failing like a dead server.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Flaky {
+    pub(crate) inner: MemoryLocker,
+    pub(crate) down: Arc<AtomicBool>,
+    pub(crate) calls: Arc<AtomicUsize>,
+}
+
+impl Flaky {
+    fn check(&self) -> Result<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            Err(Error::backend("flaky", "call", "connection refused"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl Locker for Flaky {
+    fn backend(&self) -> &'static str {
+        "flaky"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.check()?;
+        let lease = self.inner.try_lock(key, ttl).await?;
+        Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        self.check()?;
+        self.inner.unlock(key, owner).await
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        self.check()?;
+        self.inner.refresh(key, owner, ttl).await
+    }
+}
