@@ -1,7 +1,7 @@
 //! Distributed locks with one contract for many backends.
 //!
 //! A [`Locker`] grants [`Lease`]s on string keys. Every backend (in-process
-//! [`memory`], cross-process [`file`], and the server backends behind cargo
+//! [`memory`], cross-process [`file`](mod@file), and the server backends behind cargo
 //! features) implements the same trait and reports the same [`Error`] kinds, so
 //! switching backend never changes how errors are classified. Cross-cutting
 //! behaviour is written once as wrappers around any `Locker` and composed with
@@ -57,7 +57,7 @@
 //! | URL | module | feature | lock freed when holder crashes |
 //! | --- | --- | --- | --- |
 //! | `memory://` | [`memory`] | always | n/a (in-process) |
-//! | `file:///dir` | [`file`] | always | at once (kernel drops the `flock`) |
+//! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -94,8 +94,8 @@ pub use lease::{
     new_owner_token, Lease, LeaseInfo, LeaseParts, LostNotifier, LostReason, LostSignal,
     DEFAULT_RELEASE_TIMEOUT,
 };
-pub use parse::{connect, SUPPORTED_SCHEMES};
 pub use metrics::{describe_metrics, Metrics};
+pub use parse::{connect, SUPPORTED_SCHEMES};
 pub use prefix::Prefix;
 pub use trace::Traced;
 pub use wait::{ReleaseWatch, WaitPolicy, Waiting};

@@ -1,24 +1,7 @@
 //! Metrics as a wrapper, through the [`metrics`] facade: free when no
 //! recorder is installed, exported by whatever recorder the application
-//! installs (the CLI serves Prometheus text).
-//!
-//! | name | kind | labels |
-//! | --- | --- | --- |
-//! | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`) |
-//! | `distlock_acquired_total` | counter | backend, operation |
-//! | `distlock_contended_total` | counter | backend, operation |
-//! | `distlock_timeouts_total` | counter | backend |
-//! | `distlock_releases_total` | counter | backend, outcome (`released`, `not_held`, error kind) |
-//! | `distlock_refreshes_total` | counter | backend, outcome (`refreshed`, `not_held`, error kind) |
-//! | `distlock_not_held_total` | counter | backend, operation (`unlock`, `refresh`) |
-//! | `distlock_lost_total` | counter | backend, reason (`not_held`, `expired`, `max_hold_exceeded`, `connection_lost`) |
-//! | `distlock_errors_total` | counter | backend, operation, outcome (error kind) |
-//! | `distlock_breaker_transitions_total` | counter | backend, state (see [`crate::CircuitBreaker`]) |
-//! | `distlock_operation_duration_seconds` | histogram | backend, operation, outcome |
-//! | `distlock_wait_duration_seconds` | histogram | backend, outcome (time in `lock` until acquired or given up) |
-//! | `distlock_hold_duration_seconds` | histogram | backend (grant to release, drop or loss) |
-//!
-//! Keys are never labels: their number is unbounded.
+//! installs (the CLI serves Prometheus text). The metric names are listed on
+//! [`Metrics`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +12,25 @@ use tokio::time::Instant;
 
 use crate::{Capabilities, Error, Lease, Locker, LostReason, ReleaseWatch, Result};
 
-/// Wraps a [`Locker`] to record the metrics in the [module table](self).
+/// Wraps a [`Locker`] to record these metrics:
+///
+/// | name | kind | labels |
+/// | --- | --- | --- |
+/// | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`) |
+/// | `distlock_acquired_total` | counter | backend, operation |
+/// | `distlock_contended_total` | counter | backend, operation |
+/// | `distlock_timeouts_total` | counter | backend |
+/// | `distlock_releases_total` | counter | backend, outcome (`released`, `not_held`, error kind) |
+/// | `distlock_refreshes_total` | counter | backend, outcome (`refreshed`, `not_held`, error kind) |
+/// | `distlock_not_held_total` | counter | backend, operation (`unlock`, `refresh`) |
+/// | `distlock_lost_total` | counter | backend, reason (`not_held`, `expired`, `max_hold_exceeded`, `connection_lost`) |
+/// | `distlock_errors_total` | counter | backend, operation, outcome (error kind) |
+/// | `distlock_breaker_transitions_total` | counter | backend, state (see [`crate::CircuitBreaker`]) |
+/// | `distlock_operation_duration_seconds` | histogram | backend, operation, outcome |
+/// | `distlock_wait_duration_seconds` | histogram | backend, outcome (time in `lock` until acquired or given up) |
+/// | `distlock_hold_duration_seconds` | histogram | backend (grant to release, drop or loss) |
+///
+/// Keys are never labels: their number is unbounded.
 ///
 /// ```
 /// use distlock::LockerExt;

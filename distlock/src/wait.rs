@@ -131,17 +131,20 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
         }
         let jittered = rand::rng().random_range(delay / 2..=delay);
         let wake = (now + jittered).min(deadline);
-        match releases.as_mut() {
-            Some(watch) => {
-                tokio::select! {
-                    alive = watch.next() => if !alive {
-                        tracing::debug!(component = "distlock", key, "release notifications ended; polling");
-                        releases = None;
-                    },
-                    () = tokio::time::sleep_until(wake) => {}
-                }
+        if let Some(watch) = releases.as_mut() {
+            tokio::select! {
+                alive = watch.next() => if !alive {
+                    // Notifications stopped because their connection died: most
+                    // likely the backend just went down, so retrying at once
+                    // would only meet the outage. Finish this backoff sleep.
+                    tracing::debug!(component = "distlock", key, "release notifications ended; polling");
+                    releases = None;
+                    tokio::time::sleep_until(wake).await;
+                },
+                () = tokio::time::sleep_until(wake) => {}
             }
-            None => tokio::time::sleep_until(wake).await,
+        } else {
+            tokio::time::sleep_until(wake).await;
         }
         delay = policy.next_delay(delay);
     }
