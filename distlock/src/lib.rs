@@ -58,6 +58,7 @@
 //! | --- | --- | --- | --- |
 //! | `memory://` | [`memory`] | always | n/a (in-process) |
 //! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
+//! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -77,6 +78,8 @@ pub mod memory;
 mod metrics;
 mod parse;
 mod prefix;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod validate;
 mod wait;
 mod with_lock;

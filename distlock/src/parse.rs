@@ -7,7 +7,12 @@ use url::Url;
 use crate::{Error, Locker, Result};
 
 /// Every URL scheme distlock knows, whether or not its feature is compiled in.
-pub const SUPPORTED_SCHEMES: &[&str] = &["memory", "file"];
+pub const SUPPORTED_SCHEMES: &[&str] = &[
+    "memory",
+    "file",
+    "redis",
+    "rediss",
+];
 
 /// Opens the backend a URL names and returns it ready to use.
 ///
@@ -16,6 +21,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &["memory", "file"];
 /// | `memory://` | a new, independent [`crate::memory::MemoryLocker`] |
 /// | `file:///absolute/dir` | [`crate::file::FileLocker`] in that directory |
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
+/// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -56,6 +62,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
             })?;
             Ok(Arc::new(crate::file::FileLocker::new(dir)?))
         }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => crate::redis::connect_url(url).await,
+        #[cfg(not(feature = "redis"))]
+        scheme @ ("redis" | "rediss") => Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
+        )),
         other => Err(unsupported_scheme(other)),
     }
 }

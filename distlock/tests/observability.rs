@@ -281,3 +281,74 @@ fn spans_carry_backend_keys_and_outcomes_but_never_owner_tokens() {
         );
     }
 }
+
+/// Over Redis, spans name the key as stored (prefix and hash tag) and metrics
+/// carry the backend's name.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_operations_are_traced_with_their_redis_key_and_counted() {
+    let server = test_servers::RedisServer::start();
+    let capture = Capture::default();
+    let recorder = DebuggingRecorder::new();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&recorder, || {
+            block_on(async {
+                let locker = distlock::connect(&server.url())
+                    .await
+                    .unwrap()
+                    .with_metrics()
+                    .with_tracing();
+                let lease = locker.try_lock("job", TTL).await.unwrap().unwrap();
+                assert!(locker.try_lock("job", TTL).await.unwrap().is_none());
+                lease.release().await.unwrap();
+            })
+        })
+    });
+    let spans: Vec<SpanRecord> = capture
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.clone())
+        .collect();
+    let ours: Vec<&SpanRecord> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("distlock."))
+        .collect();
+    assert_eq!(ours.len(), 3, "{spans:?}");
+    for span in &ours {
+        assert_eq!(span.fields["backend"], "redis");
+        assert_eq!(span.fields["key"], "job");
+        assert_eq!(span.fields["backend_key"], "lock:{job}");
+    }
+    assert_eq!(ours[0].fields["outcome"], "acquired");
+    assert_eq!(ours[1].fields["outcome"], "contended");
+    assert_eq!(ours[2].fields["outcome"], "released");
+    let (counters, histograms) = counters(&recorder);
+    let count = |name: &str, pairs: &[(&str, &str)]| {
+        counters.get(&(name.to_owned(), labels(pairs))).copied()
+    };
+    assert_eq!(
+        count(
+            "distlock_acquired_total",
+            &[("backend", "redis"), ("operation", "try_lock")]
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        count(
+            "distlock_contended_total",
+            &[("backend", "redis"), ("operation", "try_lock")]
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        count(
+            "distlock_releases_total",
+            &[("backend", "redis"), ("outcome", "released")]
+        ),
+        Some(1)
+    );
+    assert_eq!(histograms.get("distlock_hold_duration_seconds"), Some(&1));
+}

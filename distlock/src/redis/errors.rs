@@ -1,0 +1,93 @@
+//! Turning redis-rs errors into [`Error`]s that say what happened, where, and
+//! what the caller can conclude about the lock.
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError};
+
+use super::BACKEND;
+use crate::Error;
+
+/// What a failed request may have done on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The request never reached a server that would run it (connection
+    /// refused, authentication failed, ...).
+    NotApplied,
+    /// The request may have run: the reply timed out, or the connection broke
+    /// after it was sent.
+    Unknown,
+}
+
+/// Classifies `err` for a request that changes state (an acquire).
+///
+/// Only failures that happen before a command can be written count as "not
+/// applied"; everything else, including a server error raised half-way
+/// through a script, may have taken effect.
+pub(crate) fn outcome(err: &RedisError) -> Outcome {
+    let before_sending = is_authentication_failure(err)
+        || err.is_connection_refusal()
+        || matches!(
+            err.kind(),
+            ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported
+        );
+    if before_sending {
+        Outcome::NotApplied
+    } else {
+        Outcome::Unknown
+    }
+}
+
+/// The server rejected the credentials (`WRONGPASS`), or demands some
+/// (`NOAUTH`).
+pub(crate) fn is_authentication_failure(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
+}
+
+/// The server an operation talked to, and the bounds it ran under: what an
+/// error message needs besides the redis-rs error.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The server's URL without password.
+    pub(crate) endpoint: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl Target {
+    /// Builds the [`Error::Backend`] for `operation`.
+    ///
+    /// The message names authentication failures and timeouts plainly, and
+    /// says when an acquire's outcome is unknown and it is being undone in the
+    /// background.
+    pub(crate) fn error(
+        &self,
+        operation: &'static str,
+        err: &RedisError,
+        acquire_outcome_unknown: bool,
+    ) -> Error {
+        let endpoint = &self.endpoint;
+        let mut message = if err.code() == Some("NOAUTH") {
+            format!("authentication failed at {endpoint}: the server requires a password ({err})")
+        } else if is_authentication_failure(err) {
+            format!(
+                "authentication failed at {endpoint}: the server rejected the user name or password ({err})"
+            )
+        } else if err.is_timeout() {
+            format!(
+                "{endpoint} timed out (connect timeout {:?}, response timeout {:?})",
+                self.connect_timeout, self.response_timeout
+            )
+        } else {
+            format!("{endpoint}: {err}")
+        };
+        if acquire_outcome_unknown {
+            message.push_str(
+                "; the lock may have been acquired, so it is being released by its owner token \
+                 in the background (failing that, it expires at its ttl)",
+            );
+        }
+        Error::backend(BACKEND, operation, message)
+    }
+}

@@ -1,0 +1,67 @@
+//! How a caller's key maps to the Redis keys and channel that carry its lock.
+
+/// Suffix of the per-key fencing counter, after the lock key.
+const FENCE_SUFFIX: &str = ":fence";
+/// Suffix of the per-key release channel, after the lock key.
+const RELEASED_SUFFIX: &str = ":released";
+
+/// Names the Redis keys of a lock: `<prefix>{<key>}` for the lock itself,
+/// `<prefix>{<key>}:fence` for its fencing counter and `<prefix>{<key>}:released`
+/// for the channel its releases are published on.
+///
+/// The braces are a Redis Cluster hash tag: the fence key extends the lock key,
+/// so both hash to the slot of the lock key's tag and one script may touch both
+/// on a cluster. (A key starting with `}` gives an empty tag, which Redis
+/// Cluster ignores; a single node does not care.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeySpace {
+    prefix: String,
+}
+
+impl KeySpace {
+    pub(crate) fn new(prefix: impl Into<String>) -> Self {
+        KeySpace {
+            prefix: prefix.into(),
+        }
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The key holding the owner token while the lock is held.
+    pub(crate) fn lock_key(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.prefix)
+    }
+
+    /// The counter whose `INCR` is the fencing token of each grant.
+    pub(crate) fn fence_key(&self, key: &str) -> String {
+        self.lock_key(key) + FENCE_SUFFIX
+    }
+
+    /// The channel a release of `key` is published on.
+    pub(crate) fn release_channel(&self, key: &str) -> String {
+        self.lock_key(key) + RELEASED_SUFFIX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_fence_and_channel_share_the_hash_tag() {
+        let keys = KeySpace::new("lock:");
+        assert_eq!(keys.lock_key("jobs/nightly"), "lock:{jobs/nightly}");
+        assert_eq!(keys.fence_key("jobs/nightly"), "lock:{jobs/nightly}:fence");
+        assert_eq!(
+            keys.release_channel("jobs/nightly"),
+            "lock:{jobs/nightly}:released"
+        );
+    }
+
+    #[test]
+    fn an_empty_prefix_is_allowed() {
+        assert_eq!(KeySpace::new("").lock_key("k"), "{k}");
+    }
+}

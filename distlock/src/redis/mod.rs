@@ -1,0 +1,472 @@
+//! Locks in one Redis server (`redis://`, `rediss://`; feature `redis`).
+//!
+//! A lock is one key, `<prefix>{<key>}` (prefix default `lock:`), holding the
+//! owner token of the holder and expiring after the ttl:
+//!
+//! - **acquire** is one Lua script: `SET <lock key> <token> NX PX <ttl>`
+//!   and, only if that succeeded, `INCR <prefix>{<key>}:fence`, whose result
+//!   is the fencing token;
+//! - **release** is a compare-and-delete script: it deletes the key only if it
+//!   still holds this owner's token, then publishes on
+//!   `<prefix>{<key>}:released` so waiters wake at once;
+//! - **refresh** is a compare-and-`PEXPIRE` script.
+//!
+//! The lock key, the fence key and the channel share one Redis Cluster hash
+//! tag (the braces). Scripts are sent by `EVALSHA` and loaded again when the
+//! server has forgotten them (`NOSCRIPT` after a restart, a failover or
+//! `SCRIPT FLUSH`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock::Locker;
+//! use distlock::redis::RedisLocker;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = RedisLocker::from_url("redis://:secret@127.0.0.1:6379/0?prefix=jobs:").await?;
+//! assert_eq!(locker.backend_key("nightly"), "jobs:{nightly}");
+//! if let Some(lease) = locker.try_lock("nightly", Duration::from_secs(30)).await? {
+//!     // ... work, passing lease.fencing_token() to what you write to ...
+//!     lease.release().await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! - **ttl is enforced by Redis**: the key expires on the server's clock. A
+//!   holder that crashes, hangs or is cut off keeps the lock until its ttl runs
+//!   out, then the next caller gets it; nobody has to notice the crash. Work
+//!   that may outlast the ttl must refresh ([`crate::Lease::keep_alive`]). The
+//!   lease's [`valid_until`](crate::Lease::valid_until) is measured from
+//!   *before* the acquire was sent, so the holder's view errs on the short
+//!   side (clock *rate* differences between client and server are not
+//!   corrected for).
+//! - **Owner tokens**: 128 random bits per grant. Release and refresh act only
+//!   on a matching token, so a late release cannot delete a newer holder's
+//!   lock; [`Error::NotHeld`] means nothing was changed. Any process knowing
+//!   the token can release ([`Capabilities::unlock_by_owner`]).
+//! - **Fencing**: the per-key counter increases with every grant on this
+//!   server. It is never deleted (one small key per lock name ever used).
+//! - **Contention vs outage**: a held key is `Ok(None)` (contention); a server
+//!   that cannot be reached or fails is [`Error::Backend`], never contention.
+//!   **An acquire whose reply is lost** (timeout, connection broken after the
+//!   request was sent) may have succeeded: it is reported as
+//!   [`Error::Backend`] and released by its owner token in the background;
+//!   if that fails too, the key expires at its ttl.
+//! - **Connections**: commands share one multiplexed connection that
+//!   reconnects on its own (redis-rs [`ConnectionManager`], RESP3, so a
+//!   dropped connection is noticed and re-established in the background even
+//!   while idle). An acquire that finds the connection broken (the server
+//!   restarted) is tried once more, with a new owner token, on the new
+//!   connection; a release or refresh that finds it broken fails, and the next
+//!   call uses the new connection. During an outage, reconnecting is retried
+//!   for about 0.35–0.7 s before a call fails. Each connection attempt is
+//!   bounded by [`Config::connect_timeout`], each reply by
+//!   [`Config::response_timeout`]. Requires Redis 6 or newer (`HELLO 3`).
+//! - **Waiting**: [`Locker::lock`] polls with backoff and is woken at once by
+//!   the release script's `PUBLISH`. All waiters of one locker share one
+//!   subscriber connection, opened on first use; if it dies, waiters poll and
+//!   the next waiter reconnects it. A lock freed by *expiry* publishes nothing
+//!   and is found by polling. A user whose ACL forbids the channel can still
+//!   lock and release (the publish is best-effort); its waiters poll. Cost:
+//!   the first waiter of a key (per locker) subscribes before its first
+//!   attempt, one round trip on the subscriber connection, and the last one
+//!   to leave unsubscribes; [`Locker::try_lock`] never subscribes.
+//! - **Keys**: `<prefix>{<key>}`; see [`RedisLocker::backend_key`]. On a
+//!   cluster, a key starting with `}` has an empty hash tag, which Redis
+//!   ignores (then lock and fence key may land in different slots).
+//!
+//! # What it does not guarantee
+//!
+//! - **Single node, not Redlock.** Exclusivity rests on one key on one server.
+//!   Only one address is accepted; a quorum across independent nodes is not
+//!   implemented.
+//! - **Failover can hand the lock to a second holder.** Redis replicates
+//!   asynchronously: a primary can acknowledge the `SET`, then fail before a
+//!   replica has it; the promoted replica has no lock and grants it again.
+//!   Neither holder is told. Where two holders would corrupt data, pass the
+//!   fencing token to the protected resource and have it reject stale tokens
+//!   — though a promoted replica may also have missed the latest `INCR`s.
+//! - **A restart without persistence forgets every lock and can reset fence
+//!   counters**, so tokens can repeat after it. Run Redis with
+//!   `appendonly yes` (ideally `appendfsync always` where fencing matters)
+//!   to keep both across restarts.
+//! - **Releases are not retried.** A release that times out is reported as an
+//!   error; the key then expires at its ttl. (Retrying a release by token is
+//!   safe; the caller may.)
+//!
+//! [`ConnectionManager`]: redis::aio::ConnectionManager
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::ProtocolVersion;
+use tokio::time::Instant;
+
+use crate::{
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
+    Result, DEFAULT_RELEASE_TIMEOUT,
+};
+
+mod config;
+mod errors;
+mod keys;
+mod releases;
+mod scripts;
+
+pub use config::{
+    Config, Password, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT,
+    DEFAULT_RESPONSE_TIMEOUT, ENV_PREFIX,
+};
+
+use errors::{Outcome, Target};
+use keys::KeySpace;
+use releases::ReleaseHub;
+use scripts::{ACQUIRE_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
+
+const BACKEND: &str = "redis";
+
+/// How often the connection manager retries a broken connection before the
+/// waiting command fails (it retries again on the next command). With the
+/// delays below, restarts shorter than about 0.35 s are bridged, and a command
+/// during an outage fails within about 0.7 s plus the connect attempts.
+const RECONNECT_RETRIES: usize = 3;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(400);
+
+/// The Redis backend. Cheap to clone; clones share the connection.
+///
+/// Build it with [`RedisLocker::connect`] from a [`Config`], or with
+/// [`RedisLocker::from_url`]; [`crate::connect`] does the latter for
+/// `redis://` and `rediss://` URLs. See the [module docs](self) for what it
+/// guarantees and what it does not.
+#[derive(Clone)]
+pub struct RedisLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: ConnectionManager,
+    keys: KeySpace,
+    /// Where errors say they happened.
+    target: Target,
+    releases: ReleaseHub,
+}
+
+impl fmt::Debug for RedisLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLocker")
+            .field("endpoint", &self.inner.target.endpoint)
+            .field("key_prefix", &self.inner.keys.prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLocker {
+    /// Connects to the server `config` names, failing if it cannot be reached
+    /// or rejects the credentials (one attempt plus the reconnect retries).
+    ///
+    /// [`Error::InvalidInput`] for a config that names no server or more than
+    /// one, [`Error::Backend`] if connecting fails; an authentication failure
+    /// says so.
+    ///
+    /// ```no_run
+    /// use distlock::redis::{Config, RedisLocker};
+    ///
+    /// # async fn demo() -> Result<(), distlock::Error> {
+    /// let locker = RedisLocker::connect(Config::from_env()?).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(config: Config) -> Result<Self> {
+        let endpoint = config.endpoint()?;
+        let command_client =
+            redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP3)?)
+                .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
+        // The subscriber speaks RESP2: a connection in SUBSCRIBE mode is what
+        // redis-rs' `PubSub` is built for, and any server version supports it.
+        let subscriber_client =
+            redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP2)?)
+                .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(RECONNECT_MAX_DELAY);
+        let target = Target {
+            endpoint: endpoint.to_string(),
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.response_timeout,
+        };
+        let connection = ConnectionManager::new_with_config(command_client, manager_config)
+            .await
+            .map_err(|e| target.error("connect", &e, false))?;
+        Ok(RedisLocker {
+            inner: Arc::new(Inner {
+                connection,
+                keys: KeySpace::new(config.key_prefix),
+                target,
+                releases: ReleaseHub::new(
+                    subscriber_client,
+                    config.connect_timeout,
+                    config.response_timeout,
+                ),
+            }),
+        })
+    }
+
+    /// Connects to the server a `redis://` or `rediss://` URL names (see
+    /// [`Config::from_url`] for the format).
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(Config::from_url(url)?).await
+    }
+
+    /// The Redis key that holds the lock on `key`: `<prefix>{<key>}`. Spans
+    /// and operators use it to find the lock in Redis.
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: distlock::redis::RedisLocker) {
+    /// assert_eq!(locker.backend_key("reports/daily"), "lock:{reports/daily}");
+    /// # }
+    /// ```
+    pub fn backend_key(&self, key: &str) -> String {
+        self.inner.keys.lock_key(key)
+    }
+
+    /// The Redis key of `key`'s fencing counter: `<prefix>{<key>}:fence`.
+    pub fn fence_key(&self, key: &str) -> String {
+        self.inner.keys.fence_key(key)
+    }
+
+    /// The channel `key`'s releases are published on:
+    /// `<prefix>{<key>}:released`.
+    pub fn release_channel(&self, key: &str) -> String {
+        self.inner.keys.release_channel(key)
+    }
+
+    /// The prefix of every key this locker writes.
+    pub fn key_prefix(&self) -> &str {
+        self.inner.keys.prefix()
+    }
+
+    /// How long `key`'s lock has left on the server's clock (`PTTL`), or
+    /// `None` if it is not held. A key without expiry (only a foreign client
+    /// can set one) reports [`Duration::MAX`].
+    pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>> {
+        validate::key(key)?;
+        let millis: i64 = redis::cmd("PTTL")
+            .arg(self.backend_key(key))
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| self.backend_error("remaining_ttl", &e))?;
+        Ok(match millis {
+            -1 => Some(Duration::MAX),
+            millis => u64::try_from(millis).ok().map(Duration::from_millis),
+        })
+    }
+
+    fn connection(&self) -> ConnectionManager {
+        self.inner.connection.clone()
+    }
+
+    /// The error for a failed release, refresh or query (see
+    /// [`Target::error`]; acquires add what they know about their outcome).
+    fn backend_error(&self, operation: &'static str, err: &redis::RedisError) -> Error {
+        self.inner.target.error(operation, err, false)
+    }
+
+    /// One run of the acquire script with a fresh owner token. An attempt whose
+    /// outcome is unknown is undone in the background before its error is
+    /// returned.
+    async fn attempt_acquire(&self, key: &str, ttl: Duration) -> redis::RedisResult<Option<Lease>> {
+        let owner = new_owner_token();
+        let sent_at = Instant::now();
+        let granted: redis::RedisResult<u64> = ACQUIRE_SCRIPT
+            .key(self.inner.keys.lock_key(key))
+            .key(self.inner.keys.fence_key(key))
+            .arg(&owner)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.connection())
+            .await;
+        let fencing_token = match granted {
+            Ok(0) => return Ok(None),
+            Ok(token) => token,
+            Err(err) => {
+                if errors::outcome(&err) == Outcome::Unknown {
+                    self.release_in_background(key, owner, ttl);
+                }
+                return Err(err);
+            }
+        };
+        let parts = LeaseParts {
+            key: key.to_owned(),
+            owner,
+            fencing_token: Some(fencing_token),
+            ttl,
+            valid_until: Some(sent_at + ttl),
+        };
+        Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
+    }
+
+    /// Undoes an acquire whose outcome is unknown: deletes the lock if (and
+    /// only if) it holds `owner`, a token nobody else has, so retrying is
+    /// always safe. Retries with backoff while the server cannot be reached,
+    /// for at most [`DEFAULT_RELEASE_TIMEOUT`] and never past the ttl (after
+    /// which the server has freed the key anyway).
+    fn release_in_background(&self, key: &str, owner: String, ttl: Duration) {
+        let this = self.clone();
+        let key = key.to_owned();
+        let give_up_at = Instant::now() + ttl.min(DEFAULT_RELEASE_TIMEOUT);
+        tokio::spawn(async move {
+            let mut delay = RECONNECT_MIN_DELAY;
+            loop {
+                match this.unlock(&key, &owner).await {
+                    Ok(()) => {
+                        tracing::debug!(
+                            component = "distlock",
+                            backend = BACKEND,
+                            key,
+                            "released an acquire whose reply was lost"
+                        );
+                        return;
+                    }
+                    // The acquire did not take effect (or the lock expired).
+                    Err(Error::NotHeld { .. }) => return,
+                    Err(error) if Instant::now() + delay >= give_up_at => {
+                        tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
+                            "could not release an acquire whose reply was lost; it expires at its ttl");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The ttl in whole milliseconds, rounded up: the server then holds the lock
+/// at least as long as the lease believes.
+fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+#[async_trait]
+impl Locker for RedisLocker {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: true,
+            refresh: true,
+            unlock_by_owner: true,
+            release_wakeup: true,
+            fencing: true,
+        }
+    }
+
+    fn backend_key(&self, key: &str) -> String {
+        RedisLocker::backend_key(self, key)
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        let granted = match self.attempt_acquire(key, ttl).await {
+            // The connection was found broken (a restart or failover closed it)
+            // and is being replaced: one more attempt, on the new connection.
+            // Safe: it uses a new owner token, and the first one is released in
+            // the background in case it took effect. Refusals are not retried:
+            // the server is down, and a retry would only double the wait.
+            Err(err) if err.is_connection_dropped() && !err.is_connection_refusal() => {
+                self.attempt_acquire(key, ttl).await
+            }
+            other => other,
+        };
+        granted.map_err(|err| {
+            let outcome_unknown = errors::outcome(&err) == Outcome::Unknown;
+            self.inner.target.error("acquire", &err, outcome_unknown)
+        })
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        let released: u8 = RELEASE_SCRIPT
+            .key(self.inner.keys.lock_key(key))
+            .arg(owner)
+            .arg(self.inner.keys.release_channel(key))
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(|e| self.backend_error("release", &e))?;
+        match released {
+            1 => Ok(()),
+            _ => Err(Error::NotHeld {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        let refreshed: u8 = REFRESH_SCRIPT
+            .key(self.inner.keys.lock_key(key))
+            .arg(owner)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(|e| self.backend_error("refresh", &e))?;
+        match refreshed {
+            1 => Ok(()),
+            _ => Err(Error::NotHeld {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// Subscribes to `key`'s release channel on the locker's shared subscriber
+    /// connection. If subscribing fails, waiters poll (`Ok(None)`): the
+    /// attempts that follow report any outage.
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        validate::key(key)?;
+        match self.inner.releases.watch(self.release_channel(key)).await {
+            Ok(watch) => Ok(Some(watch)),
+            Err(error) if error.code() == Some("NOPERM") => {
+                tracing::warn!(component = "distlock", backend = BACKEND, key, %error,
+                    "this user may not subscribe to release channels; waiters poll");
+                Ok(None)
+            }
+            Err(error) => {
+                tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
+                    "cannot subscribe to release notifications; polling");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Opens a [`RedisLocker`] for [`crate::connect`].
+pub(crate) async fn connect_url(url: &str) -> Result<Arc<dyn Locker>> {
+    Ok(Arc::new(RedisLocker::from_url(url).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
+        assert_eq!(ttl_millis(Duration::from_secs(30)), 30_000);
+        assert_eq!(ttl_millis(validate::MAX_TTL), 365 * 24 * 3600 * 1000);
+    }
+}

@@ -1,0 +1,55 @@
+//! The Lua scripts behind acquire, release and refresh.
+//!
+//! Each runs atomically on the server, so "check the owner token, then act" is
+//! one step no other client can interleave with. They are sent by `EVALSHA`
+//! ([`redis::Script::invoke_async`]): the text crosses the wire only when the
+//! server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`),
+//! and redis-rs then loads it and retries once. Sending the whole text with
+//! every `EVAL` cost peer libraries a large share of their throughput.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]`
+/// ttl in milliseconds. Returns the new fencing token (at least 1), or 0 if
+/// the lock is held (contention).
+///
+/// The counter is bumped only on success, in the same atomic step as the
+/// `SET`, so every grant gets a token greater than every earlier grant's.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return redis.call('INCR', KEYS[2])
+end
+return 0
+";
+
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel.
+/// Returns 1 if the token matched and the lock was deleted, else 0 (nothing
+/// deleted).
+///
+/// The release is announced on the key's channel so waiters wake at once.
+/// `pcall`: a user whose ACL forbids publishing on the channel can still
+/// release; its waiters then find the release by polling.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.pcall('PUBLISH', ARGV[2], 'released')
+    return 1
+end
+return 0
+";
+
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` new ttl in
+/// milliseconds. Returns 1 if the token matched and the ttl was reset, else 0.
+const REFRESH: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+// The SHA1 of each script is computed once per process.
+pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));

@@ -1,0 +1,237 @@
+//! The Redis backend under faults: forgotten scripts, restarts, a dead or
+//! frozen server, and keys written by other clients. Each test owns its
+//! redis-server, since most of them break it.
+#![cfg(feature = "redis")]
+
+use std::time::Duration;
+
+use distlock::redis::{Config, RedisLocker};
+use distlock::{Error, Locker};
+use test_servers::{RedisOptions, RedisServer};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn connect(server: &RedisServer) -> RedisLocker {
+    RedisLocker::from_url(&server.url())
+        .await
+        .expect("connect to the test redis-server")
+}
+
+/// Retries `attempt` while it fails with a backend error (the connection
+/// recovering after a restart), for up to 5 s; anything else is returned.
+async fn once_reconnected<T, F, Fut>(mut attempt: F) -> distlock::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = distlock::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match attempt().await {
+            Err(Error::Backend { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+fn assert_outage<T: std::fmt::Debug>(result: distlock::Result<T>, what: &str) {
+    match result {
+        Err(err @ Error::Backend { .. }) => {
+            assert!(err.is_outage() && !err.is_contention(), "{what}: {err}")
+        }
+        other => panic!("{what} against a dead server must be a backend error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let locker = connect(&server).await;
+    let mut lease = locker.try_lock("k", TTL).await.unwrap().expect("free");
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+    lease
+        .refresh(TTL)
+        .await
+        .expect("refresh reloads its script");
+    server.cli(&["SCRIPT", "FLUSH"]);
+    lease.release().await.expect("release reloads its script");
+    server.cli(&["SCRIPT", "FLUSH"]);
+    let again = locker
+        .try_lock("k", TTL)
+        .await
+        .unwrap()
+        .expect("acquire reloads its script");
+    assert_eq!(again.fencing_token(), Some(2));
+    again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_keys_in_redis_are_the_documented_ones() {
+    let server = RedisServer::start();
+    let locker = connect(&server).await;
+    let lease = locker.try_lock("jobs/nightly", TTL).await.unwrap().unwrap();
+    assert_eq!(locker.backend_key("jobs/nightly"), "lock:{jobs/nightly}");
+    assert_eq!(server.cli(&["GET", "lock:{jobs/nightly}"]), lease.owner());
+    assert_eq!(
+        server.cli(&["GET", &locker.fence_key("jobs/nightly")]),
+        lease.fencing_token().unwrap().to_string()
+    );
+    let pttl: u64 = server
+        .cli(&["PTTL", "lock:{jobs/nightly}"])
+        .parse()
+        .unwrap();
+    assert!(pttl > 29_000 && pttl <= 30_000, "PTTL {pttl}");
+    let remaining = locker.remaining_ttl("jobs/nightly").await.unwrap().unwrap();
+    assert!(remaining > Duration::from_secs(29), "{remaining:?}");
+    lease.release().await.unwrap();
+    assert_eq!(server.cli(&["EXISTS", "lock:{jobs/nightly}"]), "0");
+    assert_eq!(locker.remaining_ttl("jobs/nightly").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_key_set_by_another_client_is_contention() {
+    let server = RedisServer::start();
+    let locker = connect(&server).await;
+    server.cli(&["SET", "lock:{k}", "x", "NX", "PX", "10000"]);
+    assert!(locker.try_lock("k", TTL).await.unwrap().is_none());
+    match locker.lock("k", TTL, Duration::from_millis(300)).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(matches!(
+        locker.unlock("k", "x").await,
+        Ok(()) | Err(Error::NotHeld { .. })
+    ));
+    // A key without expiry (only a foreign client can write one).
+    server.cli(&["SET", "lock:{forever}", "x"]);
+    assert_eq!(
+        locker.remaining_ttl("forever").await.unwrap(),
+        Some(Duration::MAX)
+    );
+}
+
+#[tokio::test]
+async fn a_killed_server_is_an_outage_never_contention_and_recovery_follows() {
+    let mut server = RedisServer::start();
+    let locker = connect(&server).await;
+    let held = locker.try_lock("held", TTL).await.unwrap().unwrap();
+    let owner = held.owner().to_owned();
+    std::mem::forget(held); // its background release would race the kill
+
+    server.kill();
+    assert_outage(locker.try_lock("k", TTL).await, "try_lock");
+    assert_outage(locker.try_lock("k", TTL).await, "a second try_lock");
+    assert_outage(
+        locker.lock("k", TTL, Duration::from_millis(500)).await,
+        "lock",
+    );
+    assert_outage(locker.unlock("held", &owner).await, "unlock");
+    assert_outage(locker.refresh("held", &owner, TTL).await, "refresh");
+    assert_outage(locker.remaining_ttl("held").await, "remaining_ttl");
+
+    server.restart();
+    let lease = once_reconnected(|| locker.try_lock("k", TTL))
+        .await
+        .expect("the connection recovers after the restart")
+        .expect("k is free on the restarted server");
+    lease.release().await.expect("release after recovery");
+}
+
+#[tokio::test]
+async fn a_restart_without_persistence_forgets_the_lock_and_says_so() {
+    let mut server = RedisServer::start();
+    let locker = connect(&server).await;
+    let other = connect(&server).await;
+    let lease = locker.try_lock("k", TTL).await.unwrap().unwrap();
+    let owner = lease.owner().to_owned();
+
+    server.restart();
+    match once_reconnected(|| locker.unlock("k", &owner)).await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("the restarted server forgot the lock: expected NotHeld, got {other:?}"),
+    }
+    let next = once_reconnected(|| other.try_lock("k", TTL))
+        .await
+        .unwrap()
+        .expect("a new acquire works after the restart");
+    // Documented: without persistence the fence counter starts again.
+    assert_eq!(next.fencing_token(), Some(1));
+    assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn with_appendonly_a_restart_keeps_the_lock_and_the_fence_counter() {
+    let mut server = RedisServer::start_with(RedisOptions {
+        appendonly: true,
+        ..RedisOptions::default()
+    });
+    let locker = connect(&server).await;
+    let first = locker.try_lock("k", TTL).await.unwrap().unwrap();
+    let token = first.fencing_token().unwrap();
+
+    server.restart();
+    assert!(
+        once_reconnected(|| locker.try_lock("k", TTL))
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock survived the restart"
+    );
+    first.release().await.expect("the holder still holds it");
+    let second = locker.try_lock("k", TTL).await.unwrap().unwrap();
+    assert!(second.fencing_token().unwrap() > token);
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_acquire_whose_reply_times_out_is_an_error_and_is_undone() {
+    let server = RedisServer::start();
+    let config = Config {
+        response_timeout: Duration::from_millis(200),
+        ..Config::from_url(&server.url()).unwrap()
+    };
+    let locker = RedisLocker::connect(config).await.unwrap();
+    // Load the scripts: a first EVALSHA would meet NOSCRIPT on resume and do nothing.
+    locker
+        .try_lock("warm-up", TTL)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.pause();
+    let result = locker.try_lock("k", TTL).await;
+    // The acquire waits in the frozen server's socket and runs on resume.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.resume();
+    let err = match result {
+        Err(err @ Error::Backend { .. }) => err,
+        other => panic!("a timed-out acquire must be a backend error, got {other:?}"),
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("response timeout") && message.contains("released by its owner token"),
+        "{message}"
+    );
+    // It did run (the fence counter moved), and the background release
+    // deleted it long before its 30 s ttl.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while server.cli(&["EXISTS", "lock:{k}"]) != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the lost acquire was not released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.cli(&["GET", "lock:{k}:fence"]), "1");
+    let lease = locker
+        .try_lock("k", TTL)
+        .await
+        .unwrap()
+        .expect("free again");
+    lease.release().await.unwrap();
+}

@@ -1,0 +1,163 @@
+//! Release notifications on Redis: one shared subscriber connection per
+//! locker, subscriptions following the waiters, and waiters that keep going
+//! (by polling) when that connection dies.
+#![cfg(feature = "redis")]
+
+use std::time::Duration;
+
+use distlock::redis::RedisLocker;
+use distlock::{Lease, Locker};
+use test_servers::RedisServer;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+/// Long enough for a polling waiter to reach its largest delay (100–200 ms).
+const SETTLE: Duration = Duration::from_millis(600);
+/// A woken waiter acquires well within this; a polling one usually does not.
+const PROMPT: Duration = Duration::from_millis(50);
+
+async fn connect(server: &RedisServer) -> RedisLocker {
+    RedisLocker::from_url(&server.url())
+        .await
+        .expect("connect to the test redis-server")
+}
+
+fn wait_for(locker: &RedisLocker, key: &str) -> JoinHandle<(Lease, Instant)> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let lease = locker
+            .lock(&key, TTL, Duration::from_secs(10))
+            .await
+            .expect("the waiter acquires");
+        (lease, Instant::now())
+    })
+}
+
+/// A waiter that releases as soon as it acquires (so waiters of one key
+/// never wait on each other's test bookkeeping).
+fn wait_then_release(locker: &RedisLocker, key: &str) -> JoinHandle<()> {
+    let waiter = wait_for(locker, key);
+    tokio::spawn(async move {
+        let (lease, _) = waiter.await.expect("waiter task");
+        lease.release().await.expect("release by the waiter");
+    })
+}
+
+fn subscriber_connections(server: &RedisServer) -> usize {
+    server
+        .cli(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .lines()
+        .count()
+}
+
+/// Polls `condition` for up to 3 s.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_subscriber_connection_and_unsubscribe_when_done() {
+    let server = RedisServer::start();
+    let (holder, waiters) = (connect(&server).await, connect(&server).await);
+    let keys = ["a", "b", "c"];
+    let mut leases = Vec::new();
+    for key in keys {
+        leases.push(holder.try_lock(key, TTL).await.unwrap().unwrap());
+    }
+    // Three waiters on "a", one on each of the others.
+    let mut tasks: Vec<_> = keys
+        .iter()
+        .map(|key| wait_then_release(&waiters, key))
+        .collect();
+    tasks.push(wait_then_release(&waiters, "a"));
+    tasks.push(wait_then_release(&waiters, "a"));
+    tokio::time::sleep(SETTLE).await;
+
+    assert_eq!(
+        subscriber_connections(&server),
+        1,
+        "one connection for five waiters"
+    );
+    let channel_a = waiters.release_channel("a");
+    let numsub = server.cli(&["PUBSUB", "NUMSUB", &channel_a]);
+    assert_eq!(
+        numsub.lines().nth(1),
+        Some("1"),
+        "one subscription for three waiters: {numsub}"
+    );
+    assert_eq!(server.cli(&["PUBSUB", "NUMPAT"]), "0");
+
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+    for task in tasks {
+        task.await.expect("every waiter acquires and releases");
+    }
+    eventually("every channel is unsubscribed", || {
+        server.cli(&["PUBSUB", "CHANNELS", "*"]).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_subscriber_connection_ends_the_streams_and_the_next_waiter_reconnects() {
+    let server = RedisServer::start();
+    let (holder, waiters) = (connect(&server).await, connect(&server).await);
+    let lease = holder.try_lock("k", TTL).await.unwrap().unwrap();
+    let waiter = wait_for(&waiters, "k");
+    tokio::time::sleep(SETTLE).await;
+    server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    eventually("the subscriber connection is gone", || {
+        subscriber_connections(&server) == 0
+    })
+    .await;
+
+    // Nobody hears this release: the waiter finds it by polling.
+    lease.release().await.unwrap();
+    let (lease, _) = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter acquires by polling")
+        .unwrap();
+
+    // The next waiter opens a new subscriber connection and is woken again.
+    let next = wait_for(&waiters, "k");
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(subscriber_connections(&server), 1);
+    let released_at = Instant::now();
+    lease.release().await.unwrap();
+    let (next_lease, acquired_at) = next.await.unwrap();
+    let latency = acquired_at - released_at;
+    assert!(latency < PROMPT, "woken {latency:?} after the release");
+    next_lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_a_server_restart_and_wake_ups_resume() {
+    let mut server = RedisServer::start();
+    let (holder, waiters) = (connect(&server).await, connect(&server).await);
+    let _forgotten = holder.try_lock("k", TTL).await.unwrap().unwrap();
+    let waiter = wait_for(&waiters, "k");
+    tokio::time::sleep(SETTLE).await;
+
+    // The restarted server has no lock (no persistence) and no subscriber:
+    // the waiter's notifications end, and it acquires by polling.
+    server.restart();
+    let (lease, _) = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter acquires after the restart")
+        .unwrap();
+
+    let next = wait_for(&waiters, "k");
+    tokio::time::sleep(SETTLE).await;
+    let released_at = Instant::now();
+    lease.release().await.unwrap();
+    let (next_lease, acquired_at) = next.await.unwrap();
+    let latency = acquired_at - released_at;
+    assert!(latency < PROMPT, "woken {latency:?} after the release");
+    next_lease.release().await.unwrap();
+}
