@@ -59,6 +59,7 @@
 //! | `memory://` | [`memory`] | always | n/a (in-process) |
 //! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
 //! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
+//! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -77,6 +78,8 @@ mod lease;
 pub mod memory;
 mod metrics;
 mod parse;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -12,6 +12,8 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "file",
     "redis",
     "rediss",
+    "postgres",
+    "postgresql",
 ];
 
 /// Opens the backend a URL names and returns it ready to use.
@@ -22,6 +24,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `file:///absolute/dir` | [`crate::file::FileLocker`] in that directory |
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
 /// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
+/// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -35,6 +38,13 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
+    // Before `Url::parse`, which rejects libpq's multi-host form (`h1:5432,h2:5432`).
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Arc::new(
+            crate::postgres::PostgresLocker::connect(url).await?,
+        ));
+    }
     let parsed = Url::parse(url)
         .map_err(|e| Error::invalid("url", format!("{:?} is not a URL: {e}", redact(url))))?;
     match parsed.scheme() {
@@ -68,6 +78,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
         scheme @ ("redis" | "rediss") => Err(Error::invalid(
             "url",
             format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
+        )),
+        #[cfg(not(feature = "postgres"))]
+        scheme @ ("postgres" | "postgresql") => Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `postgres`, which is not enabled"),
         )),
         other => Err(unsupported_scheme(other)),
     }

@@ -6,12 +6,16 @@
 //! never a skipped test.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Child;
+use std::process::{Child, Command};
+use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+mod postgres;
 mod redis;
 
+pub use postgres::{PostgresOptions, PostgresServer};
 pub use redis::{RedisOptions, RedisServer};
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
@@ -67,4 +71,53 @@ pub fn signal(pid: u32, signal: libc::c_int) {
         "kill({pid}, {signal}) failed: {}",
         std::io::Error::last_os_error()
     );
+}
+
+/// Spawns `command` so that the kernel SIGKILLs it when this process exits,
+/// however it exits, so no server outlives its tests.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not
+/// the whole process (prctl(2)). Each test runs on a thread of its own under
+/// `cargo test`, yet a server shared through a `static` must outlive the test
+/// that happened to start it; so every spawn is done by one thread that lives
+/// as long as the process.
+pub fn spawn_tied_to_this_process(mut command: Command) -> std::io::Result<Child> {
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (requests, incoming) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("test-servers-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in incoming {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("start the spawner thread");
+        Mutex::new(requests)
+    });
+    let test_process = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec and calls
+    // only prctl and getppid, which are async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The test process may have died before prctl took effect.
+            if libc::getppid() as u32 != test_process {
+                return Err(std::io::Error::other("the test process is gone"));
+            }
+            Ok(())
+        });
+    }
+    let (reply, answer) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .send((command, reply))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread did not answer"))?
 }

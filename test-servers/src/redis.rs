@@ -3,10 +3,8 @@
 //! Every server dies with the test process, even one kept in a `static`
 //! (which is never dropped): see [`spawn_dying_with_this_process`].
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -70,7 +68,7 @@ impl RedisServer {
         if let Some(password) = &self.options.password {
             command.args(["--requirepass", password]);
         }
-        let mut child = spawn_dying_with_this_process(command).expect("spawn redis-server");
+        let mut child = crate::spawn_tied_to_this_process(command).expect("spawn redis-server");
         wait_for_port(
             self.port,
             &mut child,
@@ -138,55 +136,6 @@ impl RedisServer {
         );
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
-}
-
-/// Spawns `command` so that the kernel SIGKILLs it when this process exits,
-/// however it exits, so no server outlives its tests.
-///
-/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not
-/// the whole process (prctl(2)). Each test runs on a thread of its own under
-/// `cargo test`, yet a server shared through a `static` must outlive the test
-/// that happened to start it; so every spawn is done by one thread that lives
-/// as long as the process.
-fn spawn_dying_with_this_process(mut command: Command) -> std::io::Result<Child> {
-    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (requests, incoming) = mpsc::channel::<Request>();
-        std::thread::Builder::new()
-            .name("redis-spawner".into())
-            .spawn(move || {
-                for (mut command, reply) in incoming {
-                    let _ = reply.send(command.spawn());
-                }
-            })
-            .expect("start the redis-server spawner thread");
-        Mutex::new(requests)
-    });
-    let test_process = std::process::id();
-    // SAFETY: the closure runs in the child between fork and exec and calls
-    // only prctl and getppid, which are async-signal-safe.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The test process may have died before prctl took effect.
-            if libc::getppid() as u32 != test_process {
-                return Err(std::io::Error::other("the test process is gone"));
-            }
-            Ok(())
-        });
-    }
-    let (reply, answer) = mpsc::channel();
-    spawner
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .send((command, reply))
-        .map_err(|_| std::io::Error::other("the redis-server spawner thread is gone"))?;
-    answer
-        .recv()
-        .map_err(|_| std::io::Error::other("the redis-server spawner thread did not answer"))?
 }
 
 impl Drop for RedisServer {

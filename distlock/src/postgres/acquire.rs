@@ -1,0 +1,401 @@
+//! Taking a lock: one attempt on the key's shared session, or a native wait
+//! on a connection of its own.
+//!
+//! Both are cancel-safe. An attempt whose answer never arrives (the caller
+//! dropped the future, the server was too slow, the statement failed after
+//! the lock was taken) may still hold the lock on the server, where nobody
+//! would ever release it. sqlx's `PgAdvisoryLock::try_acquire` has exactly
+//! this hole (FIELD-NOTES). Here a guard notices, and releases the lock if
+//! it was taken — on the same connection, behind the attempt, so the server
+//! runs the two in order — or closes the connection when that is the only
+//! way to be sure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::errors::{self, is_lock_timeout, BACKEND};
+use super::keys::{owner_digest, LockKey};
+use super::registry::{Held, Registry, SessionClosed, Ticket};
+use super::session::{Session, WaitError};
+use super::Inner;
+use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result};
+
+/// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
+/// about 24.8 days). Longer waits are several consecutive waits.
+const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
+
+impl Inner {
+    /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
+    /// caller of this locker).
+    pub(super) async fn try_acquire(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Option<Lease>> {
+        let Some(ticket) = self.registry.reserve(key.id) else {
+            return Ok(None);
+        };
+        let mut attempt = Attempt {
+            registry: self.registry.clone(),
+            ticket,
+            sent_on: None,
+            query_timeout: self.settings.query_timeout,
+        };
+        let session = self.pool.shared(key.id).await?;
+        let owner = new_owner_token();
+        // Only the fencing table records the owner.
+        let digest = if self.fencing() {
+            owner_digest(&owner)
+        } else {
+            String::new()
+        };
+        attempt.sent_on = Some(session.clone());
+        let answer = tokio::time::timeout(
+            self.settings.query_timeout,
+            session.try_lock(key.id, &digest, self.fencing()),
+        )
+        .await;
+        match answer {
+            Ok(Ok(Some(token))) => {
+                let lease = self.record_grant(key, ttl, owner, token, session, lease_locker)?;
+                attempt.finish();
+                Ok(Some(lease))
+            }
+            Ok(Ok(None)) => {
+                attempt.finish();
+                Ok(None)
+            }
+            // `attempt` cleans up as it drops.
+            Ok(Err(e)) => Err(errors::backend(
+                "acquire",
+                format!("try {:?} on {}", key.name, self.settings.target),
+                e,
+            )),
+            Err(_) => Err(errors::no_answer(
+                "acquire",
+                &format!("try {:?} on {}", key.name, self.settings.target),
+                self.settings.query_timeout,
+            )),
+        }
+    }
+
+    /// Waits on the server for up to `timeout` (which is not zero).
+    pub(super) async fn wait_acquire(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        // Most locks are free: one round trip on a shared session, and the
+        // lock lives there rather than on a connection of its own.
+        if let Some(lease) = self.try_acquire(key, ttl, lease_locker.clone()).await? {
+            return Ok(lease);
+        }
+        let session = self.pool.waiter().await?;
+        let owner = new_owner_token();
+        let digest = owner_digest(&owner);
+        let mut wait = WaitGuard {
+            session: Some(session.clone()),
+            tls: self.settings.tls.clone(),
+        };
+        let token = loop {
+            let lock_timeout_ms =
+                lock_timeout_ms(deadline.saturating_duration_since(Instant::now()));
+            let sql = self.sql.wait(key.id, lock_timeout_ms, &digest);
+            // The server ends the wait itself; this bound only catches a
+            // server that stopped answering.
+            let bound = Duration::from_millis(lock_timeout_ms) + self.settings.query_timeout;
+            let context = || format!("wait for {:?} on {}", key.name, self.settings.target);
+            match tokio::time::timeout(bound, session.wait(&sql, self.fencing())).await {
+                Ok(Ok(token)) => break token,
+                Ok(Err(WaitError::Postgres(e))) if is_lock_timeout(&e) => {
+                    if let Some(token) = self.granted_anyway(&session, key, &digest).await? {
+                        break token;
+                    }
+                    if Instant::now() >= deadline {
+                        wait.disarm();
+                        self.pool.recycle(session);
+                        return Err(Error::Timeout {
+                            key: key.name.to_owned(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                    // A wait longer than Postgres' largest lock_timeout: go on.
+                }
+                // `wait` closes the connection as it drops: whatever the
+                // failed statement left behind goes with it.
+                Ok(Err(e)) => return Err(e.into_error(context())),
+                Err(_) => return Err(errors::no_answer("acquire", &context(), bound)),
+            }
+        };
+        wait.disarm();
+        self.record_grant(key, ttl, owner, token, session, lease_locker)
+    }
+
+    /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
+    /// grant it as the timeout fires, and then reports the timeout with the
+    /// lock held (FIELD-NOTES). A lock granted that way is kept: its counter
+    /// is bumped now (the statement that would have done it was aborted)
+    /// and the caller gets it, a hair late, rather than a `Timeout` that
+    /// leaves it stranded.
+    async fn granted_anyway(
+        &self,
+        session: &Session,
+        key: LockKey<'_>,
+        digest: &str,
+    ) -> Result<Option<Option<i64>>> {
+        let query_timeout = self.settings.query_timeout;
+        let context = || {
+            format!(
+                "check {:?} after its lock timeout on {}",
+                key.name, self.settings.target
+            )
+        };
+        let held = match tokio::time::timeout(query_timeout, session.holds(key.id)).await {
+            Ok(Ok(held)) => held,
+            Ok(Err(e)) => return Err(errors::backend("acquire", context(), e)),
+            Err(_) => return Err(errors::no_answer("acquire", &context(), query_timeout)),
+        };
+        if !held {
+            return Ok(None);
+        }
+        tracing::debug!(
+            component = "distlock",
+            backend = BACKEND,
+            key = key.name,
+            "lock granted as its lock timeout fired; keeping it"
+        );
+        match tokio::time::timeout(query_timeout, session.grant_token(key.id, digest)).await {
+            Ok(Ok(token)) => Ok(Some(token)),
+            Ok(Err(e)) => Err(errors::backend("acquire", context(), e)),
+            Err(_) => Err(errors::no_answer("acquire", &context(), query_timeout)),
+        }
+    }
+
+    /// Turns a grant on `session` into a lease and records it.
+    fn record_grant(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        owner: String,
+        token: Option<i64>,
+        session: Arc<Session>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let closed_after_grant = || {
+            Error::backend(
+                BACKEND,
+                "acquire",
+                format!(
+                    "the connection to {} closed right after {:?} was granted; the server has released it",
+                    self.settings.target, key.name
+                ),
+            )
+        };
+        let fencing_token = token
+            .map(|t| {
+                u64::try_from(t).map_err(|_| {
+                    Error::backend(
+                        BACKEND,
+                        "acquire",
+                        format!(
+                            "the fencing counter of {:?} is negative ({t}); was the table edited?",
+                            key.name
+                        ),
+                    )
+                })
+            })
+            .transpose()?;
+        if session.is_closed() {
+            return Err(closed_after_grant());
+        }
+        let lease = Lease::new(
+            LeaseParts {
+                key: key.name.to_owned(),
+                owner: owner.clone(),
+                fencing_token,
+                ttl,
+                valid_until: None,
+            },
+            lease_locker,
+        );
+        let held = Held {
+            owner,
+            session,
+            lost: lease.lost_notifier(),
+        };
+        self.registry
+            .grant(key.id, held)
+            .map_err(|SessionClosed| closed_after_grant())?;
+        Ok(lease)
+    }
+}
+
+/// The `lock_timeout` for a wait with `remaining` left: rounded up (a wait
+/// must not end before the caller's deadline), at least 1 ms (0 would mean
+/// "no timeout"), at most Postgres' maximum.
+fn lock_timeout_ms(remaining: Duration) -> u64 {
+    let ms = remaining
+        .as_nanos()
+        .div_ceil(1_000_000)
+        .clamp(1, MAX_LOCK_TIMEOUT_MS);
+    ms as u64
+}
+
+/// An attempt on a shared session whose outcome is not yet recorded.
+struct Attempt {
+    registry: Arc<Registry>,
+    ticket: Ticket,
+    /// Set once the statement may have reached the server.
+    sent_on: Option<Arc<Session>>,
+    query_timeout: Duration,
+}
+
+impl Attempt {
+    /// The outcome is recorded: only the reservation is left to end, which
+    /// dropping does.
+    fn finish(mut self) {
+        self.sent_on = None;
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let Some(session) = self.sent_on.take() else {
+            // Finished, or never sent: the reservation is all there is to undo.
+            self.registry.release(self.ticket);
+            return;
+        };
+        // The key stays reserved until the cleanup is done, so no other
+        // attempt of this locker can take it on this session meanwhile (the
+        // cleanup would then release *that* lock).
+        let (registry, ticket, query_timeout) =
+            (self.registry.clone(), self.ticket, self.query_timeout);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            session.close();
+            registry.release(ticket);
+            return;
+        };
+        runtime.spawn(async move {
+            match tokio::time::timeout(query_timeout, session.unlock_if_held(ticket.key)).await {
+                Ok(Ok(true)) => tracing::debug!(
+                    component = "distlock",
+                    backend = BACKEND,
+                    advisory_key = ticket.key,
+                    "released a lock whose attempt was abandoned"
+                ),
+                Ok(Ok(false)) => {}
+                Ok(Err(_)) | Err(_) => {
+                    tracing::warn!(
+                        component = "distlock",
+                        backend = BACKEND,
+                        advisory_key = ticket.key,
+                        "cannot tell whether an abandoned attempt took its lock; closing its session, which frees every lock on it"
+                    );
+                    session.close();
+                }
+            }
+            registry.release(ticket);
+        });
+    }
+}
+
+/// A native wait in progress. Dropped armed (the caller cancelled, or the
+/// wait failed), it cancels the statement on the server and closes the
+/// connection: whether or not the lock was granted in the meantime, the
+/// server then ends the session and nothing stays held.
+struct WaitGuard {
+    session: Option<Arc<Session>>,
+    tls: super::tls::Tls,
+}
+
+impl WaitGuard {
+    fn disarm(&mut self) {
+        self.session = None;
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        // Closing alone would do, eventually: a backend blocked in a lock
+        // wait notices its client is gone only when the wait ends. The cancel
+        // request ends the wait now.
+        let token = session.cancel_token();
+        let tls = self.tls.clone();
+        session.close();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = tls.cancel(&token).await {
+                    tracing::debug!(component = "distlock", backend = BACKEND, %error, "cancel request for an abandoned wait failed; its lock timeout ends it");
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::PostgresLocker;
+
+    #[test]
+    fn lock_timeouts_round_up_and_stay_in_range() {
+        assert_eq!(lock_timeout_ms(Duration::ZERO), 1);
+        assert_eq!(lock_timeout_ms(Duration::from_micros(1)), 1);
+        assert_eq!(lock_timeout_ms(Duration::from_micros(1500)), 2);
+        assert_eq!(lock_timeout_ms(Duration::from_secs(2)), 2000);
+        assert_eq!(
+            lock_timeout_ms(Duration::from_secs(365 * 86400)),
+            i32::MAX as u64
+        );
+    }
+
+    /// The state a grant racing `lock_timeout` leaves behind (the wait
+    /// statement failed with 55P03, yet the session holds the lock) cannot
+    /// be produced on demand, so it is built by hand: the lock is kept, with
+    /// a fresh fencing token, and a session without it reports no grant.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_reported_as_a_lock_timeout_is_kept() {
+        let server = test_servers::PostgresServer::start();
+        let locker = PostgresLocker::connect(&server.url()).await.unwrap();
+        let inner = &locker.inner;
+        let key = LockKey {
+            id: -4242,
+            name: "-4242",
+        };
+        let digest = owner_digest("owner");
+        let (raced, bystander) = (
+            inner.pool.waiter().await.unwrap(),
+            inner.pool.waiter().await.unwrap(),
+        );
+        raced
+            .query("SELECT pg_advisory_lock(-4242)", &[])
+            .await
+            .unwrap();
+
+        assert_eq!(
+            inner
+                .granted_anyway(&bystander, key, &digest)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            inner.granted_anyway(&raced, key, &digest).await.unwrap(),
+            Some(Some(1))
+        );
+        let recorded = server.psql(&format!(
+            "SELECT token, owner_digest = '{digest}' FROM distlock_fencing WHERE lock_key = -4242"
+        ));
+        assert_eq!(recorded, "1|t");
+    }
+}

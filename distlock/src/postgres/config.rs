@@ -1,0 +1,574 @@
+//! Settings of a [`PostgresLocker`](super::PostgresLocker): from a URL, then
+//! adjusted through [`PostgresLockerBuilder`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use percent_encoding::percent_decode_str;
+use tokio_postgres::config::{Host, TargetSessionAttrs};
+
+use super::fencing::FencingTable;
+use super::keys::validate_namespace;
+use super::tls::{RootCerts, SslMode, Tls};
+use super::PostgresLocker;
+use crate::{Error, Result};
+
+/// Shared sessions carrying locks taken without waiting, by default.
+pub const DEFAULT_SESSIONS: usize = 4;
+/// Idle connections kept for the next native wait, by default.
+pub const DEFAULT_IDLE_WAITERS: usize = 2;
+/// How long any one statement may go unanswered, by default.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long opening a connection may take, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TCP keepalive and user-timeout settings for one side of a connection.
+///
+/// A silent peer (host down, network partition) is detected after about
+/// `idle + interval × retries` without traffic, or after `user_timeout` when
+/// data sent to it stays unacknowledged. The kernel defaults (2 hours idle)
+/// would let a dead holder's lock stand for hours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpKeepalive {
+    /// Silence before the first probe.
+    pub idle: Duration,
+    /// Time between probes.
+    pub interval: Duration,
+    /// Unanswered probes before the connection is dropped.
+    pub retries: u32,
+    /// How long sent data may stay unacknowledged (`TCP_USER_TIMEOUT`).
+    pub user_timeout: Duration,
+}
+
+impl TcpKeepalive {
+    /// This client's side: idle 2 s, every 1 s, 3 probes (about 5 s), user
+    /// timeout 5 s. Shorter than the server's, so a partitioned holder
+    /// learns it lost the lock before the server frees it for others.
+    pub const CLIENT: TcpKeepalive = TcpKeepalive {
+        idle: Duration::from_secs(2),
+        interval: Duration::from_secs(1),
+        retries: 3,
+        user_timeout: Duration::from_secs(5),
+    };
+
+    /// The server's side, set per session: idle 5 s, every 2 s, 3 probes
+    /// (about 11 s), user timeout 10 s.
+    pub const SERVER: TcpKeepalive = TcpKeepalive {
+        idle: Duration::from_secs(5),
+        interval: Duration::from_secs(2),
+        retries: 3,
+        user_timeout: Duration::from_secs(10),
+    };
+
+    /// About how long a silent peer takes to be declared dead.
+    pub fn detection_time(&self) -> Duration {
+        (self.idle + self.interval * self.retries).max(self.user_timeout)
+    }
+}
+
+/// Builds a [`PostgresLocker`]: start from a URL with
+/// [`PostgresLocker::builder`], adjust, then [`build`](Self::build).
+///
+/// Every option can also be given in the URL (see the
+/// [module docs](super#url)); a builder call overrides the URL.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use distlock::postgres::PostgresLocker;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = PostgresLocker::builder("postgres://app:secret@db.internal/app?sslmode=verify-full")?
+///     .namespace("billing")
+///     .fencing_table(Some("ops"), "distlock_fencing")
+///     .sessions(8)
+///     .query_timeout(Duration::from_secs(5))
+///     .build()
+///     .await?;
+/// # let _ = locker;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresLockerBuilder {
+    pub(super) pg: tokio_postgres::Config,
+    ssl_mode: SslMode,
+    root_certs: RootCerts,
+    namespace: String,
+    fencing_enabled: bool,
+    /// `(schema, table)`, checked at build time; `None` for the default.
+    fencing_table: Option<(Option<String>, String)>,
+    sessions: usize,
+    idle_waiters: usize,
+    query_timeout: Duration,
+    client_keepalive: TcpKeepalive,
+    server_keepalive: Option<TcpKeepalive>,
+    /// Client keepalive options the URL set itself (kept over our defaults).
+    url_keepalive: UrlKeepalive,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct UrlKeepalive {
+    idle: bool,
+    interval: bool,
+    retries: bool,
+    user_timeout: bool,
+}
+
+impl fmt::Debug for PostgresLockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLockerBuilder")
+            .field("target", &describe_target(&self.pg))
+            .field("ssl_mode", &self.ssl_mode)
+            .field("namespace", &self.namespace)
+            .field("fencing", &self.fencing_enabled)
+            .field("sessions", &self.sessions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The query parameters distlock reads itself; the rest go to tokio-postgres.
+const OWN_PARAMS: &[&str] = &[
+    "namespace",
+    "fencing",
+    "fencing_table",
+    "sessions",
+    "idle_waiters",
+    "query_timeout",
+    "server_keepalives",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "tcp_user_timeout",
+];
+
+impl PostgresLockerBuilder {
+    /// Parses a `postgres://` or `postgresql://` URL (see the
+    /// [module docs](super#url) for the parameters).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (scheme, _) = url.split_once("://").ok_or_else(|| {
+            Error::invalid(
+                "url",
+                "a Postgres URL starts with postgres:// or postgresql://",
+            )
+        })?;
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(Error::invalid(
+                "url",
+                format!("{scheme}:// is not a Postgres URL; use postgres:// or postgresql://"),
+            ));
+        }
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut own = Vec::new();
+        let mut passed_on = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = decode(name)?;
+            if OWN_PARAMS.contains(&name.as_str()) {
+                own.push((name, decode(value)?));
+            } else {
+                passed_on.push(pair);
+            }
+        }
+        let rebuilt = if passed_on.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", passed_on.join("&"))
+        };
+        let pg = tokio_postgres::Config::from_str(&rebuilt).map_err(|e| {
+            // Never echo the URL: it may hold a password.
+            Error::invalid("url", format!("not a valid Postgres URL: {e}"))
+        })?;
+        let mut builder = Self::from_config(pg);
+        let url_sets = |name: &str| passed_on.iter().any(|p| p.split('=').next() == Some(name));
+        builder.url_keepalive = UrlKeepalive {
+            idle: url_sets("keepalives_idle"),
+            interval: url_sets("keepalives_interval"),
+            retries: url_sets("keepalives_retries"),
+            user_timeout: false,
+        };
+        for (name, value) in own {
+            builder.apply_param(&name, &value)?;
+        }
+        Ok(builder)
+    }
+
+    /// Starts from a tokio-postgres [`Config`](tokio_postgres::Config) you
+    /// already have. Its `sslmode` is kept (`disable`, `prefer` or `require`;
+    /// use [`ssl_mode`](Self::ssl_mode) for certificate checks), and
+    /// distlock's keepalive defaults apply.
+    pub fn from_config(config: tokio_postgres::Config) -> Self {
+        let ssl_mode = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+            tokio_postgres::config::SslMode::Require => SslMode::Require,
+            _ => SslMode::Prefer,
+        };
+        PostgresLockerBuilder {
+            pg: config,
+            ssl_mode,
+            root_certs: RootCerts::default(),
+            namespace: String::new(),
+            fencing_enabled: true,
+            fencing_table: None,
+            sessions: DEFAULT_SESSIONS,
+            idle_waiters: DEFAULT_IDLE_WAITERS,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            client_keepalive: TcpKeepalive::CLIENT,
+            server_keepalive: Some(TcpKeepalive::SERVER),
+            url_keepalive: UrlKeepalive::default(),
+        }
+    }
+
+    fn apply_param(&mut self, name: &str, value: &str) -> Result<()> {
+        match name {
+            "namespace" => self.namespace = value.to_owned(),
+            "fencing" => self.fencing_enabled = parse_switch(name, value)?,
+            "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
+            "sessions" => self.sessions = parse_number(name, value)?,
+            "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
+            "query_timeout" => self.query_timeout = Duration::from_secs(parse_number(name, value)?),
+            "server_keepalives" => {
+                if !parse_switch(name, value)? {
+                    self.server_keepalive = None;
+                }
+            }
+            "sslmode" => self.ssl_mode = SslMode::parse(value)?,
+            "sslrootcert" => {
+                self.root_certs = match value {
+                    "system" => RootCerts::System,
+                    path => RootCerts::File(path.into()),
+                }
+            }
+            "sslcert" | "sslkey" => {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                    "{name}: client certificates are not supported; authenticate with a password"
+                ),
+                ))
+            }
+            // libpq's unit is milliseconds (tokio-postgres reads seconds).
+            "tcp_user_timeout" => {
+                self.client_keepalive.user_timeout =
+                    Duration::from_millis(parse_number(name, value)?);
+                self.url_keepalive.user_timeout = true;
+            }
+            // OWN_PARAMS and this match list the same names.
+            _ => {
+                return Err(Error::invalid(
+                    "url",
+                    format!("parameter {name:?} is not handled (a distlock bug)"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Prefixes every key before hashing it (see
+    /// [`advisory_key`](super::advisory_key)), so applications sharing one
+    /// database cannot collide by choosing the same key names. Default: none.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Turns fencing tokens on (the default) or off. Off, acquires are a bare
+    /// `pg_try_advisory_lock`, no table is created, and leases carry no
+    /// fencing token.
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing_enabled = enabled;
+        self
+    }
+
+    /// Where fencing counters live: `table` in `schema`, or in the
+    /// connection's current schema when `None`. Default:
+    /// `distlock_fencing` in the current schema. Created if missing.
+    pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
+        self.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
+        self
+    }
+
+    /// How many shared sessions carry locks taken without waiting (default
+    /// [`DEFAULT_SESSIONS`]). Each key always uses the same one. At least 1.
+    pub fn sessions(mut self, sessions: usize) -> Self {
+        self.sessions = sessions;
+        self
+    }
+
+    /// How many idle connections are kept for the next native wait (default
+    /// [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
+    pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
+        self.idle_waiters = idle_waiters;
+        self
+    }
+
+    /// How long any one statement may go unanswered before the call fails
+    /// (default [`DEFAULT_QUERY_TIMEOUT`]). A native wait gets its own
+    /// timeout plus this.
+    pub fn query_timeout(mut self, timeout: Duration) -> Self {
+        self.query_timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection may take (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`], unless the URL sets `connect_timeout`).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.pg.connect_timeout(timeout);
+        self
+    }
+
+    /// Whether TLS is used and what is checked (default: the URL's
+    /// `sslmode`, else [`SslMode::Prefer`]).
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.ssl_mode = mode;
+        self
+    }
+
+    /// The trusted roots for [`SslMode::VerifyCa`] and
+    /// [`SslMode::VerifyFull`] (default: the URL's `sslrootcert`, else the
+    /// system store).
+    pub fn root_certs(mut self, roots: RootCerts) -> Self {
+        self.root_certs = roots;
+        self
+    }
+
+    /// This client's TCP keepalive (default [`TcpKeepalive::CLIENT`]): how
+    /// fast a holder learns its session died.
+    pub fn client_keepalive(mut self, keepalive: TcpKeepalive) -> Self {
+        self.client_keepalive = keepalive;
+        self.url_keepalive = UrlKeepalive::default();
+        self
+    }
+
+    /// The server's TCP keepalive for this client's sessions (default
+    /// [`TcpKeepalive::SERVER`]): how fast the server frees the locks of a
+    /// holder that vanished. Set with `SET` when a session opens; `None`
+    /// leaves the server's configuration alone.
+    pub fn server_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+        self.server_keepalive = keepalive;
+        self
+    }
+
+    /// Opens the first session (so a wrong password or an unreachable server
+    /// fails here, not at the first lock), creates the fencing table if
+    /// missing, and returns the locker.
+    pub async fn build(self) -> Result<PostgresLocker> {
+        PostgresLocker::start(self.into_settings()?).await
+    }
+
+    fn into_settings(mut self) -> Result<Settings> {
+        validate_namespace(&self.namespace)?;
+        if self.sessions == 0 {
+            return Err(Error::invalid("sessions", "at least one session is needed"));
+        }
+        if self.query_timeout.is_zero() {
+            return Err(Error::invalid(
+                "query_timeout",
+                "the query timeout must be positive",
+            ));
+        }
+        let fencing = match (self.fencing_enabled, &self.fencing_table) {
+            (false, _) => None,
+            (true, Some((schema, table))) => Some(FencingTable::new(schema.as_deref(), table)?),
+            (true, None) => Some(FencingTable::default()),
+        };
+        let tls = Tls::new(self.ssl_mode, &self.root_certs)?;
+        self.apply_connection_defaults();
+        Ok(Settings {
+            target: describe_target(&self.pg),
+            pg: self.pg,
+            tls,
+            namespace: self.namespace,
+            fencing,
+            sessions: self.sessions,
+            idle_waiters: self.idle_waiters,
+            query_timeout: self.query_timeout,
+            server_keepalive: self.server_keepalive,
+        })
+    }
+
+    /// distlock's defaults where the URL was silent: short keepalives, a
+    /// connect timeout, an application name to find its sessions by, and
+    /// `target_session_attrs=read-write` (a lock taken on a standby excludes
+    /// nobody on the primary).
+    fn apply_connection_defaults(&mut self) {
+        let pg = &mut self.pg;
+        pg.ssl_mode(self.ssl_mode.wire());
+        pg.keepalives(true);
+        let keepalive = self.client_keepalive;
+        if !self.url_keepalive.idle {
+            pg.keepalives_idle(keepalive.idle);
+        }
+        if !self.url_keepalive.interval {
+            pg.keepalives_interval(keepalive.interval);
+        }
+        if !self.url_keepalive.retries {
+            pg.keepalives_retries(keepalive.retries);
+        }
+        pg.tcp_user_timeout(keepalive.user_timeout);
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name(DEFAULT_APPLICATION_NAME);
+        }
+        if pg.get_target_session_attrs() == TargetSessionAttrs::Any {
+            pg.target_session_attrs(TargetSessionAttrs::ReadWrite);
+        }
+    }
+}
+
+/// The `application_name` of distlock's sessions unless the URL names one.
+pub const DEFAULT_APPLICATION_NAME: &str = "distlock";
+
+/// Everything a running locker needs, fixed at build time.
+#[derive(Debug)]
+pub(super) struct Settings {
+    /// `postgres://user@host:port/db`: for errors and `Debug`, no password.
+    pub(super) target: String,
+    pub(super) pg: tokio_postgres::Config,
+    pub(super) tls: Tls,
+    pub(super) namespace: String,
+    pub(super) fencing: Option<FencingTable>,
+    pub(super) sessions: usize,
+    pub(super) idle_waiters: usize,
+    pub(super) query_timeout: Duration,
+    pub(super) server_keepalive: Option<TcpKeepalive>,
+}
+
+/// `postgres://user@host:port,host2:port/dbname`: where a config points,
+/// never with its password.
+pub(super) fn describe_target(pg: &tokio_postgres::Config) -> String {
+    let user = pg.get_user().map(|u| format!("{u}@")).unwrap_or_default();
+    let ports = pg.get_ports();
+    let hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let name = match host {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string(),
+            };
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{name}:{port}")
+        })
+        .collect();
+    let db = pg.get_dbname().unwrap_or_default();
+    format!("postgres://{user}{}/{db}", hosts.join(","))
+}
+
+fn decode(text: &str) -> Result<String> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| Error::invalid("url", "a query parameter is not valid UTF-8 once decoded"))
+}
+
+fn parse_switch(name: &str, value: &str) -> Result<bool> {
+    match value {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        other => Err(Error::invalid(
+            "url",
+            format!("{name}={other:?}: expected on or off"),
+        )),
+    }
+}
+
+fn parse_number<T: FromStr>(name: &str, value: &str) -> Result<T> {
+    value.parse().map_err(|_| {
+        Error::invalid(
+            "url",
+            format!("{name}={value:?}: expected a non-negative integer"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str) -> Result<Settings> {
+        PostgresLockerBuilder::from_url(url)?.into_settings()
+    }
+
+    #[test]
+    fn own_parameters_are_read_and_the_rest_passed_on() {
+        let s = settings(
+            "postgresql://app:pw@db:6543/jobs?namespace=billing&sessions=2&fencing_table=ops.fence\
+             &sslmode=disable&application_name=cron&connect_timeout=3&tcp_user_timeout=2500",
+        )
+        .unwrap();
+        assert_eq!(s.namespace, "billing");
+        assert_eq!(s.sessions, 2);
+        assert_eq!(s.fencing, Some(FencingTable::parse("ops.fence").unwrap()));
+        assert_eq!(s.pg.get_application_name(), Some("cron"));
+        assert_eq!(s.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(
+            s.pg.get_tcp_user_timeout(),
+            Some(&Duration::from_millis(2500))
+        );
+        assert_eq!(s.target, "postgres://app@db:6543/jobs");
+    }
+
+    #[test]
+    fn defaults_are_short_keepalives_and_read_write_sessions() {
+        let s = settings("postgres://u@h/d?sslmode=disable").unwrap();
+        assert_eq!(s.pg.get_keepalives_idle(), TcpKeepalive::CLIENT.idle);
+        assert_eq!(s.pg.get_keepalives_retries(), Some(3));
+        assert_eq!(
+            s.pg.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(s.pg.get_application_name(), Some(DEFAULT_APPLICATION_NAME));
+        assert_eq!(s.fencing, Some(FencingTable::default()));
+        assert_eq!(s.server_keepalive, Some(TcpKeepalive::SERVER));
+        let s = settings(
+            "postgres://u@h/d?sslmode=disable&keepalives_idle=30&fencing=off&server_keepalives=off",
+        )
+        .unwrap();
+        assert_eq!(s.pg.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(s.fencing, None);
+        assert_eq!(s.server_keepalive, None);
+    }
+
+    #[test]
+    fn bad_urls_are_invalid_input_without_the_password() {
+        for url in [
+            "mysql://u:hunter2@h/d",
+            "postgres://u:hunter2@h/d?sslmode=allow",
+            "postgres://u:hunter2@h/d?sessions=many",
+            "postgres://u:hunter2@h/d?sslcert=/c.pem",
+            "postgres://u:hunter2@h:notaport/d",
+            "postgres://u:hunter2@h/d?fencing_table=a.b.c",
+            "postgres://u:hunter2@h/d?sessions=0",
+        ] {
+            let err = settings(url).unwrap_err();
+            assert!(err.to_string().contains("invalid"), "{url}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let builder = PostgresLockerBuilder::from_url("postgres://u:hunter2@h/d").unwrap();
+        assert!(!format!("{builder:?}").contains("hunter2"));
+        let s = builder.into_settings().unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"), "{s:?}");
+    }
+
+    #[test]
+    fn keepalive_detection_time() {
+        assert_eq!(
+            TcpKeepalive::CLIENT.detection_time(),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            TcpKeepalive::SERVER.detection_time(),
+            Duration::from_secs(11)
+        );
+    }
+}

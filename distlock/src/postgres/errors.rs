@@ -1,0 +1,96 @@
+//! Errors from tokio-postgres, made readable.
+//!
+//! tokio-postgres' `Display` says only "db error" for anything the server
+//! reported and leaves the server's message to `source()`, which most callers
+//! never print. Every error this backend returns names what it was doing and
+//! carries the server's severity, SQLSTATE and message in its own text.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+
+use crate::Error;
+
+pub(super) const BACKEND: &str = "postgres";
+
+/// A tokio-postgres error and what the backend was doing when it happened.
+#[derive(Debug)]
+pub(super) struct PgError {
+    context: String,
+    source: tokio_postgres::Error,
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, describe(&self.source))
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The error's own words plus what tokio-postgres keeps in its source: the
+/// server's report, or the I/O or TLS failure underneath.
+fn describe(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" ({detail})"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!("; hint: {hint}"));
+        }
+        return text;
+    }
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        text.push_str(&format!(": {inner}"));
+        cause = inner.source();
+    }
+    text
+}
+
+/// [`Error::Backend`] for a tokio-postgres failure during `operation`.
+pub(super) fn backend(
+    operation: &'static str,
+    context: impl Into<String>,
+    source: tokio_postgres::Error,
+) -> Error {
+    Error::backend(
+        BACKEND,
+        operation,
+        PgError {
+            context: context.into(),
+            source,
+        },
+    )
+}
+
+/// [`Error::Backend`] for a server that did not answer within `waited`.
+pub(super) fn no_answer(operation: &'static str, what: &str, waited: Duration) -> Error {
+    Error::backend(
+        BACKEND,
+        operation,
+        format!("{what}: no answer from the server within {waited:?}"),
+    )
+}
+
+/// True for `lock_timeout` expiring (SQLSTATE 55P03, lock_not_available).
+pub(super) fn is_lock_timeout(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// True when a `CREATE TABLE IF NOT EXISTS` lost a race with another session
+/// creating the same table (Postgres reports the loser's insert into its
+/// catalog as a unique violation, or as a duplicate table).
+pub(super) fn is_concurrent_create(error: &tokio_postgres::Error) -> bool {
+    matches!(
+        error.code(),
+        Some(code) if *code == SqlState::UNIQUE_VIOLATION || *code == SqlState::DUPLICATE_TABLE
+    )
+}

@@ -1,0 +1,453 @@
+//! Postgres session advisory locks (`postgres://`, `postgresql://`; feature
+//! `postgres`).
+//!
+//! A lock is `pg_try_advisory_lock` on a 64-bit key derived from the string
+//! key, held on a session connection that distlock keeps open, and never
+//! returns to any pool, for as long as the lock is held. When that connection
+//! dies, the server drops the lock: a crashed holder never strands one.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock::Locker;
+//! use distlock::postgres::PostgresLocker;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = PostgresLocker::connect("postgres://app:secret@db.internal/app").await?;
+//! // Waits on the server (no polling) for up to 10 s.
+//! let lease = locker.lock("nightly-report", Duration::from_secs(60), Duration::from_secs(10)).await?;
+//! println!("fencing token {:?}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # ⚠ Connection poolers
+//!
+//! **Do not point this backend at PgBouncer (or RDS Proxy, Supavisor, ...) in
+//! transaction mode.** Such a pooler hands each transaction to whichever
+//! server session is free, so two clients can share one session, and advisory
+//! locks are re-entrant within a session: a second client got
+//! `pg_try_advisory_lock = true` for a key another client held (FIELD-NOTES).
+//! Both then run the "exclusive" section. Connect to Postgres directly, or
+//! through a pooler in *session* mode, or use the transaction-scoped
+//! functions [`try_lock_xact`] and [`lock_xact`] inside your own transaction.
+//!
+//! # Semantics
+//!
+//! - **ttl is not enforced.** A lock is held until it is released or its
+//!   session ends. The ttl only paces [`Lease::keep_alive`] (which here
+//!   verifies the lock every ttl/3) and bounds [`crate::KeepAlive::max_hold`].
+//!   A holder that is alive but hung keeps the lock: use `max_hold`.
+//! - **Holder crash.** The lock is free when the server ends the holder's
+//!   session:
+//!   - the holder process exits or is killed (even `SIGKILL`): its kernel
+//!     closes the socket, the server sees it at once, and the lock is free
+//!     within milliseconds;
+//!   - the holder's host dies or is cut off: the server notices through TCP
+//!     keepalive, which distlock sets per session to about 11 s
+//!     ([`TcpKeepalive::SERVER`]) instead of the usual 2 hours;
+//!   - `pg_terminate_backend` of the session: at once.
+//! - **Lost locks.** When a session ends, every lease on it fires
+//!   [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost). A
+//!   partitioned holder learns it after about 5 s ([`TcpKeepalive::CLIENT`]),
+//!   before the server frees the lock (about 11 s). That margin is not a
+//!   guarantee (a holder may be paused through it), which is what fencing
+//!   tokens are for.
+//! - **Fencing.** Each grant bumps a counter row of the key in the statement
+//!   that takes the lock, while the lock is held, in a committed transaction
+//!   (see [Fencing table](#fencing-table)): tokens strictly increase across
+//!   grants, clients and restarts. They are exactly as durable as the
+//!   server's commits (`synchronous_commit`).
+//! - **Release by owner** works only on the locker that acquired the lock: a
+//!   session lock can only be released by its session. Elsewhere,
+//!   [`Locker::unlock`] with the right owner token is [`Error::Unsupported`]
+//!   (naming the holder's server process), with a wrong one [`Error::NotHeld`].
+//! - **Refresh** asks the holding session whether it still holds the lock: a
+//!   round trip that also proves the session is alive.
+//! - **Waiting.** [`Locker::lock`] first tries once; if the key is held, it
+//!   waits on the server (`pg_advisory_lock` under `lock_timeout`), which
+//!   grants the lock the moment it is released: no polling. A grant that
+//!   races with the timeout is detected and kept rather than stranded, and a
+//!   cancelled wait is cancelled on the server and its connection closed, so
+//!   nothing stays granted.
+//! - **Exclusivity within one locker.** Many locks share a few sessions
+//!   (see [Connections](#connections)) and advisory locks are re-entrant
+//!   within a session, so the locker itself refuses a second grant of a key
+//!   it holds: a second `try_lock` through the same locker is contention, as
+//!   from any other client.
+//! - **Dropped leases** are released in the background on the current tokio
+//!   runtime. A lease dropped outside a runtime stays held until its session
+//!   closes (when the locker and all its leases are gone, or the process
+//!   exits).
+//! - **Not guaranteed**: anything across a failover. Advisory locks are not
+//!   replicated; a promoted standby starts with none. Sessions are opened
+//!   with `target_session_attrs=read-write` (unless the URL says otherwise)
+//!   so a lock is never taken on a standby.
+//!
+//! # Connections
+//!
+//! With the defaults, a locker uses at most:
+//!
+//! - [`DEFAULT_SESSIONS`] (4) shared sessions, carrying every lock taken
+//!   without waiting ([`Locker::try_lock`], and [`Locker::lock`] when the key
+//!   is free), however many: **1,000 held leases use 4 connections**;
+//! - plus one connection per [`Locker::lock`] call waiting on a held key,
+//!   which then carries the lock it won until release;
+//! - plus up to [`DEFAULT_IDLE_WAITERS`] (2) idle connections kept for the
+//!   next wait.
+//!
+//! Each key always uses the same shared session, so a session's death loses
+//! about a quarter of the held locks, not all. Sessions are opened lazily
+//! (the first by `connect`, to fail fast on a wrong password) and their
+//! `application_name` is `distlock` unless the URL names one.
+//!
+//! # Keys
+//!
+//! A string key becomes the first 8 bytes of its SHA-256 digest, optionally
+//! after a namespace: see [`advisory_key`], which also gives the SQL
+//! equivalent and the collision odds (about n² / 2⁶⁵ for n keys). Programs
+//! that already use integer advisory keys can use them directly:
+//! [`PostgresLocker::try_lock_raw`], [`PostgresLocker::lock_raw`] and
+//! [`PostgresLocker::raw_keys`]. Both kinds share one key space with each
+//! other and with `pg_advisory_lock(bigint)` in SQL (not with the
+//! `(int4, int4)` form, which Postgres keeps apart).
+//!
+//! # Fencing table
+//!
+//! `distlock_fencing` in the connection's current schema unless configured
+//! (URL `fencing_table=schema.table`, or
+//! [`PostgresLockerBuilder::fencing_table`]); created if missing, which needs
+//! `CREATE` on the schema once:
+//!
+//! ```sql
+//! CREATE TABLE distlock_fencing (
+//!     lock_key bigint PRIMARY KEY,      -- the advisory key
+//!     token bigint NOT NULL,            -- the last fencing token granted
+//!     owner_digest text NOT NULL,       -- SHA-256 (128 bits, hex) of the last holder's owner token
+//!     granted_at timestamptz NOT NULL DEFAULT now()
+//! );
+//! ```
+//!
+//! Rows are never deleted: one small row per key ever locked. With fencing
+//! off (`fencing=off`, [`PostgresLockerBuilder::fencing`]) an acquire is a
+//! bare `pg_try_advisory_lock`, no table is used, and leases have no fencing
+//! token. Either way an acquire is one round trip.
+//!
+//! # URL
+//!
+//! `postgres://user:password@host:port/dbname?param=value&...`, as for libpq
+//! and tokio-postgres (several `host:port` pairs, `application_name`,
+//! `connect_timeout`, `keepalives_*`, `target_session_attrs`, ... work as
+//! there), plus:
+//!
+//! | parameter | meaning | default |
+//! | --- | --- | --- |
+//! | `namespace` | prefix of every key before hashing | none |
+//! | `fencing` | `on` / `off` | `on` |
+//! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
+//! | `sessions` | shared sessions | 4 |
+//! | `idle_waiters` | idle wait connections kept | 2 |
+//! | `query_timeout` | seconds any statement may go unanswered | 10 |
+//! | `server_keepalives` | `off` leaves the server's TCP keepalive alone | `on` |
+//! | `tcp_user_timeout` | milliseconds, as in libpq | 5000 |
+//! | `sslmode` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` | `prefer` |
+//! | `sslrootcert` | CA file (PEM), or `system` | `system` |
+//!
+//! # TLS
+//!
+//! rustls with the `ring` provider. `prefer` and `require` encrypt without
+//! checking the certificate (as libpq does); `verify-ca` checks it chains to
+//! a trusted root; `verify-full` also checks it names the host. Client
+//! certificates are not supported. Passwords never appear in errors, logs or
+//! `Debug` output.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+mod acquire;
+mod config;
+mod errors;
+mod fencing;
+mod keys;
+mod pool;
+mod registry;
+mod release;
+mod session;
+mod tls;
+mod xact;
+
+pub use config::{
+    PostgresLockerBuilder, TcpKeepalive, DEFAULT_APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_WAITERS, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
+};
+pub use fencing::DEFAULT_TABLE as DEFAULT_FENCING_TABLE;
+pub use keys::advisory_key;
+pub use tls::{RootCerts, SslMode};
+pub use xact::{lock_xact, try_lock_xact};
+
+use self::config::Settings;
+use self::fencing::Sql;
+use self::keys::LockKey;
+use self::pool::Pool;
+use self::registry::Registry;
+use self::session::OnClosed;
+use crate::{validate, Capabilities, Error, Lease, Locker, Result};
+
+/// The Postgres backend. Cheap to clone; clones share sessions and held
+/// locks. See the [module docs](self) for what it guarantees.
+#[derive(Clone)]
+pub struct PostgresLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Arc<Settings>,
+    sql: Arc<Sql>,
+    pool: Pool,
+    registry: Arc<Registry>,
+}
+
+impl Inner {
+    fn fencing(&self) -> bool {
+        self.sql.fencing()
+    }
+
+    /// `lock` for string and raw keys alike.
+    async fn lock_within(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        if timeout.is_zero() {
+            return self
+                .try_acquire(key, ttl, lease_locker)
+                .await?
+                .ok_or_else(|| Error::NotAcquired {
+                    key: key.name.to_owned(),
+                });
+        }
+        self.wait_acquire(key, ttl, timeout, lease_locker).await
+    }
+}
+
+impl PostgresLocker {
+    /// Connects with the defaults and the URL's parameters (see the
+    /// [module docs](self#url)).
+    ///
+    /// Opens one session now, so a wrong password, an unknown database or an
+    /// unreachable server is an error here ([`Error::Backend`] with the
+    /// server's message, never the password), and creates the fencing table
+    /// if missing. A malformed URL is [`Error::InvalidInput`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(url)?.build().await
+    }
+
+    /// Options, starting from a URL (see [`PostgresLockerBuilder`]).
+    pub fn builder(url: &str) -> Result<PostgresLockerBuilder> {
+        PostgresLockerBuilder::from_url(url)
+    }
+
+    async fn start(settings: Settings) -> Result<Self> {
+        let settings = Arc::new(settings);
+        let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
+        let registry = Arc::new(Registry::default());
+        let weak = Arc::downgrade(&registry);
+        let on_closed: OnClosed = Arc::new(move |session_id, why| {
+            if let Some(registry) = weak.upgrade() {
+                registry.session_closed(session_id, why);
+            }
+        });
+        let inner = Arc::new(Inner {
+            pool: Pool::new(settings.clone(), sql.clone(), on_closed),
+            settings,
+            sql,
+            registry,
+        });
+        inner.pool.shared(0).await?;
+        Ok(PostgresLocker { inner })
+    }
+
+    /// The advisory key this locker takes for `key` (with its namespace; see
+    /// [`advisory_key`]). Useful to find a lock in `pg_locks`.
+    pub fn advisory_key(&self, key: &str) -> i64 {
+        advisory_key(&self.inner.settings.namespace, key)
+    }
+
+    /// [`Locker::try_lock`] on a raw advisory key, used as is (no hashing, no
+    /// namespace): for programs that already lock integer keys with
+    /// `pg_advisory_lock(bigint)`. The lease's key is the decimal number.
+    pub async fn try_lock_raw(&self, key: i64, ttl: Duration) -> Result<Option<Lease>> {
+        self.raw_keys().try_lock(&key.to_string(), ttl).await
+    }
+
+    /// [`Locker::lock`] on a raw advisory key (see
+    /// [`try_lock_raw`](Self::try_lock_raw)).
+    pub async fn lock_raw(&self, key: i64, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.raw_keys().lock(&key.to_string(), ttl, timeout).await
+    }
+
+    /// This locker seen as a [`Locker`] whose keys are raw advisory keys
+    /// written as decimal integers (`"42"`, `"-7"`), for use with
+    /// [`crate::with_lock`] and the wrappers. It shares sessions and held
+    /// locks with `self`.
+    pub fn raw_keys(&self) -> RawKeys {
+        RawKeys {
+            locker: self.clone(),
+        }
+    }
+
+    /// How many locks this locker (and its clones) holds right now.
+    pub fn held_count(&self) -> usize {
+        self.inner.registry.held_count()
+    }
+
+    fn lock_key<'a>(&self, name: &'a str) -> LockKey<'a> {
+        LockKey {
+            id: self.advisory_key(name),
+            name,
+        }
+    }
+
+    fn lease_locker(&self) -> Arc<dyn Locker> {
+        Arc::new(self.clone())
+    }
+}
+
+impl fmt::Debug for PostgresLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = &self.inner.settings;
+        f.debug_struct("PostgresLocker")
+            .field("target", &settings.target)
+            .field("namespace", &settings.namespace)
+            .field("fencing", &self.inner.fencing())
+            .field("sessions", &settings.sessions)
+            .field("held", &self.held_count())
+            .finish_non_exhaustive()
+    }
+}
+
+fn capabilities(fencing: bool) -> Capabilities {
+    Capabilities {
+        expires: false,
+        refresh: true,
+        unlock_by_owner: false,
+        release_wakeup: true,
+        fencing,
+    }
+}
+
+#[async_trait]
+impl Locker for PostgresLocker {
+    fn backend(&self) -> &'static str {
+        errors::BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities(self.inner.fencing())
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        self.inner
+            .try_acquire(self.lock_key(key), ttl, self.lease_locker())
+            .await
+    }
+
+    /// Waits on the server, not by polling (see the [module docs](self)).
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        validate::acquire(key, ttl)?;
+        self.inner
+            .lock_within(self.lock_key(key), ttl, timeout, self.lease_locker())
+            .await
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        self.inner.release(self.lock_key(key), owner).await
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        self.inner.verify(self.lock_key(key), owner).await
+    }
+}
+
+/// A [`PostgresLocker`] whose keys are raw advisory keys in decimal (see
+/// [`PostgresLocker::raw_keys`]). A key that is not a decimal `i64` is
+/// [`Error::InvalidInput`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use distlock::Locker;
+///
+/// # async fn demo(locker: distlock::postgres::PostgresLocker) -> Result<(), distlock::Error> {
+/// // The same lock as `SELECT pg_advisory_lock(42)` in SQL.
+/// let raw = locker.raw_keys();
+/// let lease = raw.try_lock("42", Duration::from_secs(30)).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RawKeys {
+    locker: PostgresLocker,
+}
+
+impl fmt::Debug for RawKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RawKeys").field(&self.locker).finish()
+    }
+}
+
+impl RawKeys {
+    fn lease_locker(&self) -> Arc<dyn Locker> {
+        Arc::new(self.clone())
+    }
+}
+
+#[async_trait]
+impl Locker for RawKeys {
+    fn backend(&self) -> &'static str {
+        errors::BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.locker.capabilities()
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let key = keys::parse_raw(key)?;
+        validate::ttl(ttl)?;
+        self.locker
+            .inner
+            .try_acquire(key, ttl, self.lease_locker())
+            .await
+    }
+
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let key = keys::parse_raw(key)?;
+        validate::ttl(ttl)?;
+        self.locker
+            .inner
+            .lock_within(key, ttl, timeout, self.lease_locker())
+            .await
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        self.locker
+            .inner
+            .release(keys::parse_raw(key)?, owner)
+            .await
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let key = keys::parse_raw(key)?;
+        validate::ttl(ttl)?;
+        self.locker.inner.verify(key, owner).await
+    }
+}

@@ -1,0 +1,133 @@
+//! Releasing and verifying held locks.
+
+use super::errors::{self, BACKEND};
+use super::keys::{owner_digest, LockKey};
+use super::session::Role;
+use super::Inner;
+use crate::{Error, LostReason, Result};
+
+impl Inner {
+    /// Releases `key` if `owner` holds it through this locker; otherwise
+    /// says whether somebody else holds it under that owner.
+    pub(super) async fn release(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
+        let Some(held) = self.registry.take(key.id, owner) else {
+            return self.release_elsewhere(key, owner).await;
+        };
+        // The entry is gone before the unlock is sent, with no await in
+        // between: the unlock is queued on the session first, so an attempt
+        // on this key that now reserves it and reaches the same session is
+        // ordered after it by the server.
+        let query_timeout = self.settings.query_timeout;
+        let context = || {
+            format!(
+                "release {:?} on {}; the server frees it when the session ends",
+                key.name, self.settings.target
+            )
+        };
+        match tokio::time::timeout(query_timeout, held.session.unlock(key.id)).await {
+            Ok(Ok(true)) => {
+                if held.session.role == Role::Waiter {
+                    self.pool.recycle(held.session);
+                }
+                Ok(())
+            }
+            Ok(Ok(false)) => {
+                // Only the session itself can release its lock, and it did
+                // not: something ran `pg_advisory_unlock_all()` on it?
+                held.lost.notify(LostReason::NotHeld);
+                Err(Error::NotHeld {
+                    key: key.name.to_owned(),
+                })
+            }
+            Ok(Err(e)) => Err(errors::backend("release", context(), e)),
+            Err(_) => Err(errors::no_answer("release", &context(), query_timeout)),
+        }
+    }
+
+    /// A release of a lock this locker does not hold. It cannot release it
+    /// (a session lock is only released by its session), but it can say
+    /// which error applies: `Unsupported` if another client holds it under
+    /// `owner`, `NotHeld` if nobody holds it under `owner`.
+    async fn release_elsewhere(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            key: key.name.to_owned(),
+        };
+        if self.registry.is_busy(key.id) {
+            // Held (or being taken) here, under another owner.
+            return Err(not_held());
+        }
+        let session = self.pool.shared(key.id).await?;
+        let digest = owner_digest(owner);
+        let query_timeout = self.settings.query_timeout;
+        let lookup = async {
+            if self.fencing() {
+                session.query(&self.sql.holder, &[&key.id, &digest]).await
+            } else {
+                session.query(&self.sql.holder, &[&key.id]).await
+            }
+        };
+        let context = || {
+            format!(
+                "look up the holder of {:?} on {}",
+                key.name, self.settings.target
+            )
+        };
+        let rows = match tokio::time::timeout(query_timeout, lookup).await {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => return Err(errors::backend("release", context(), e)),
+            Err(_) => return Err(errors::no_answer("release", &context(), query_timeout)),
+        };
+        let Some(row) = rows.first() else {
+            return Err(not_held());
+        };
+        let pid: i32 = row
+            .try_get(0)
+            .map_err(|e| errors::backend("release", context(), e))?;
+        let same_owner: Option<bool> = row
+            .try_get(1)
+            .map_err(|e| errors::backend("release", context(), e))?;
+        let reason = match same_owner {
+            Some(false) => return Err(not_held()),
+            Some(true) => format!(
+                "{:?} is held under this owner token by another client (server process {pid}); a session \
+                 advisory lock can only be released by the session holding it: release it from that client, \
+                 or end its session (pg_terminate_backend({pid})) to free it",
+                key.name
+            ),
+            None => format!(
+                "{:?} is held by server process {pid}; without the fencing table this client cannot tell \
+                 whether under this owner token, and only the session holding it can release it",
+                key.name
+            ),
+        };
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            operation: "release",
+            reason,
+        })
+    }
+
+    /// Confirms `owner` still holds `key` on a live session: a round trip on
+    /// the holding session, asking the server.
+    pub(super) async fn verify(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            key: key.name.to_owned(),
+        };
+        let Some(session) = self.registry.session_of(key.id, owner) else {
+            return Err(not_held());
+        };
+        let query_timeout = self.settings.query_timeout;
+        let context = || format!("verify {:?} is held on {}", key.name, self.settings.target);
+        match tokio::time::timeout(query_timeout, session.holds(key.id)).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => {
+                if let Some(held) = self.registry.take(key.id, owner) {
+                    held.lost.notify(LostReason::NotHeld);
+                }
+                Err(not_held())
+            }
+            Ok(Err(e)) => Err(errors::backend("refresh", context(), e)),
+            Err(_) => Err(errors::no_answer("refresh", &context(), query_timeout)),
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Transaction-scoped advisory locks, for connections that go through a
+//! transaction-mode pooler (PgBouncer `pool_mode = transaction`, RDS Proxy,
+//! Supavisor) where session locks are unsafe.
+//!
+//! The lock is taken inside *your* transaction and released by the server at
+//! its `COMMIT` or `ROLLBACK`; there is nothing to release and nothing can
+//! leak. A pooler never moves a transaction between server sessions, so this
+//! is safe where session locks are not. The price: the lock lasts exactly as
+//! long as the transaction, so the guarded work must be done in it.
+//!
+//! Keys are the same 64-bit keys as the session locks of
+//! [`PostgresLocker`](super::PostgresLocker) (use
+//! [`advisory_key`](super::advisory_key) for strings), and the two exclude
+//! each other.
+
+use tokio_postgres::Transaction;
+
+use super::errors;
+use crate::Result;
+
+/// Takes advisory `key` until the end of `transaction` if it is free
+/// (`pg_try_advisory_xact_lock`): `true` if taken, `false` if held elsewhere.
+///
+/// Taking a key the transaction already holds succeeds again (the lock is
+/// re-entrant within a transaction).
+///
+/// ```no_run
+/// use distlock::postgres::{advisory_key, try_lock_xact};
+///
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let tx = client.transaction().await?;
+/// if try_lock_xact(&tx, advisory_key("", "nightly-report")).await? {
+///     tx.execute("UPDATE reports SET state = 'running' WHERE day = current_date", &[]).await?;
+/// }
+/// tx.commit().await?; // releases the lock
+/// # Ok(())
+/// # }
+/// ```
+pub async fn try_lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<bool> {
+    transaction
+        .query_one("SELECT pg_try_advisory_xact_lock($1::int8)", &[&key])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| {
+            errors::backend(
+                "acquire",
+                format!("try advisory key {key} for this transaction"),
+                e,
+            )
+        })
+}
+
+/// Waits until advisory `key` is free, then holds it until the end of
+/// `transaction` (`pg_advisory_xact_lock`).
+///
+/// The wait is bounded only by the transaction's own `lock_timeout` or
+/// `statement_timeout`; set one first (`SET LOCAL lock_timeout = '5s'`), and
+/// expect SQLSTATE 55P03 when it runs out. Cancelling this future does not
+/// stop the wait on the server: roll the transaction back.
+pub async fn lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<()> {
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1::int8)", &[&key])
+        .await
+        .map(drop)
+        .map_err(|e| {
+            errors::backend(
+                "acquire",
+                format!("wait for advisory key {key} in this transaction"),
+                e,
+            )
+        })
+}

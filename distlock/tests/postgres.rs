@@ -1,0 +1,23 @@
+//! The conformance suite on the Postgres backend, against a real server this
+//! test binary starts; every client is a separate `PostgresLocker` (its own
+//! sessions), as separate processes would be.
+#![cfg(feature = "postgres")]
+
+use std::sync::{Arc, OnceLock};
+
+use distlock::postgres::PostgresLocker;
+use distlock::Locker;
+use test_servers::PostgresServer;
+
+fn url() -> String {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    SERVER.get_or_init(PostgresServer::start).url()
+}
+
+distlock::conformance_suite!(|| async {
+    Arc::new(
+        PostgresLocker::connect(&url())
+            .await
+            .expect("connect to the test server"),
+    ) as Arc<dyn Locker>
+});
