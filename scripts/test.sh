@@ -11,6 +11,7 @@ packages=()
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || packages+=(redis-tools)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)
+command -v openssl >/dev/null 2>&1 || packages+=(openssl)  # certificates for the TLS tests
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
