@@ -11,7 +11,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !condition() {
-        assert!(started.elapsed() < within, "{what} did not happen within {within:?}");
+        assert!(
+            started.elapsed() < within,
+            "{what} did not happen within {within:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     started.elapsed()
@@ -30,21 +33,49 @@ fn run_holds_an_advisory_lock_while_the_command_runs_and_frees_it_after() {
     let server = PostgresServer::start();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("env");
-    let script = format!("echo \"$DISTLOCK_FENCING_TOKEN\" > {}; sleep 1", out.display());
+    let script = format!(
+        "echo \"$DISTLOCK_FENCING_TOKEN\" > {}; sleep 1",
+        out.display()
+    );
     let mut child = run(&server.url(), "pg-job", &["sh", "-c", &script]);
-    wait_until("the advisory lock is granted", Duration::from_secs(10), || !server.advisory_locks().is_empty());
+    wait_until(
+        "the advisory lock is granted",
+        Duration::from_secs(10),
+        || !server.advisory_locks().is_empty(),
+    );
     assert_eq!(server.advisory_locks().len(), 1);
     assert_eq!(child.wait().unwrap().code(), Some(0));
-    assert!(server.advisory_locks().is_empty(), "released after the command exited");
-    let token: u64 = std::fs::read_to_string(&out).unwrap().trim().parse().unwrap();
+    assert!(
+        server.advisory_locks().is_empty(),
+        "released after the command exited"
+    );
+    let token: u64 = std::fs::read_to_string(&out)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(token >= 1);
 
     // A second run gets a larger fencing token.
     let output = Command::new(BIN)
-        .args(["run", "--url", &server.url(), "--key", "pg-job", "--", "sh", "-c", "echo $DISTLOCK_FENCING_TOKEN"])
+        .args([
+            "run",
+            "--url",
+            &server.url(),
+            "--key",
+            "pg-job",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_FENCING_TOKEN",
+        ])
         .output()
         .unwrap();
-    let next: u64 = String::from_utf8(output.stdout).unwrap().trim().parse().unwrap();
+    let next: u64 = String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(next > token, "token {next} after {token}");
 }
 
@@ -52,25 +83,56 @@ fn run_holds_an_advisory_lock_while_the_command_runs_and_frees_it_after() {
 fn a_sigkilled_holder_frees_its_lock_within_a_second_or_two() {
     let server = PostgresServer::start();
     let mut holder = run(&server.url(), "pg-crash", &["sleep", "60"]);
-    wait_until("the holder's lock is granted", Duration::from_secs(10), || server.advisory_locks().len() == 1);
+    wait_until(
+        "the holder's lock is granted",
+        Duration::from_secs(10),
+        || server.advisory_locks().len() == 1,
+    );
 
     let contender = Command::new(BIN)
-        .args(["run", "--url", &server.url(), "--key", "pg-crash", "--", "true"])
+        .args([
+            "run",
+            "--url",
+            &server.url(),
+            "--key",
+            "pg-crash",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
-    assert_eq!(contender.status.code(), Some(75), "held while the holder lives");
+    assert_eq!(
+        contender.status.code(),
+        Some(75),
+        "held while the holder lives"
+    );
 
     holder.kill().unwrap();
     holder.wait().unwrap();
-    let freed_after = wait_until("the server drops the dead holder's lock", Duration::from_secs(2), || {
-        server.advisory_locks().is_empty()
-    });
+    let freed_after = wait_until(
+        "the server drops the dead holder's lock",
+        Duration::from_secs(2),
+        || server.advisory_locks().is_empty(),
+    );
     eprintln!("advisory lock gone {freed_after:?} after SIGKILL");
     let next = Command::new(BIN)
-        .args(["run", "--url", &server.url(), "--key", "pg-crash", "--", "true"])
+        .args([
+            "run",
+            "--url",
+            &server.url(),
+            "--key",
+            "pg-crash",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
-    assert_eq!(next.status.code(), Some(0), "{}", String::from_utf8_lossy(&next.stderr));
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
 }
 
 #[test]
@@ -80,10 +142,22 @@ fn a_wrong_password_exits_69_without_printing_it() {
         ..Default::default()
     });
     let url = server.url().replace("right-one", "wrong-secret");
-    assert!(url.contains("wrong-secret"), "the URL carries the password: {url}");
-    let output = Command::new(BIN).args(["run", "--url", &url, "--key", "k", "--", "true"]).output().unwrap();
+    assert!(
+        url.contains("wrong-secret"),
+        "the URL carries the password: {url}"
+    );
+    let output = Command::new(BIN)
+        .args(["run", "--url", &url, "--key", "k", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(69));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("password authentication failed"), "{stderr}");
-    assert!(!stderr.contains("wrong-secret"), "password leaked: {stderr}");
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("wrong-secret"),
+        "password leaked: {stderr}"
+    );
 }
