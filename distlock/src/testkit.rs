@@ -5,11 +5,13 @@
 //! [`conformance_suite!`](crate::conformance_suite) macro expands to one
 //! `#[tokio::test]` per check, so each shows up (and fails) on its own:
 //!
-//! ```ignore
+//! ```no_run
 //! // tests/my_backend.rs
+//! // Every call: a new client of the same lock space (here, one directory).
 //! distlock::conformance_suite!(|| async {
-//!     distlock::connect("memory://").await.unwrap()
+//!     distlock::connect("file:///tmp/my-backend-suite").await.unwrap()
 //! });
+//! # fn main() {}
 //! ```
 //!
 //! The factory is called whenever a check needs a locker; each call must
