@@ -214,6 +214,200 @@ async fn a_thousand_held_leases_use_the_documented_number_of_connections() {
     assert_eq!(locker.held_count(), 0);
 }
 
+/// Ungranted advisory locks on the server (native waits) for these keys.
+fn server_waits(ids: &[i64]) -> usize {
+    let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+    server()
+        .psql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND ((classid::int8 << 32) | objid::int8) IN ({})",
+            ids.join(",")
+        ))
+        .parse()
+        .expect("a count")
+}
+
+/// `max_waiters=2`: six `lock` calls on six held keys open two waiter
+/// connections, never more (sampled from `pg_stat_activity` throughout), and
+/// the other four poll; all six acquire once the holders release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_connections_stay_within_max_waiters_and_the_rest_poll() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let application = unique("distlock-capped");
+    let holder = connect("").await;
+    let locker = connect(&format!("&application_name={application}&max_waiters=2")).await;
+    let keys: Vec<String> = (0..7).map(|i| unique(&format!("capped-{i}"))).collect();
+    let ids: Vec<i64> = keys.iter().map(|key| locker.advisory_key(key)).collect();
+    let mut held = Vec::new();
+    for key in &keys {
+        held.push(holder.try_lock(key, TTL).await.unwrap().expect("free"));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, application) = (stop.clone(), application.clone());
+        std::thread::spawn(move || {
+            let mut counts = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                counts.push(server().connection_count(&application));
+            }
+            counts
+        })
+    };
+    let waits: Vec<_> = keys[..6]
+        .iter()
+        .map(|key| {
+            let (locker, key) = (locker.clone(), key.clone());
+            tokio::spawn(async move { locker.lock(&key, TTL, Duration::from_secs(20)).await })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "two native waits", || {
+        server_waits(&ids) == 2
+    })
+    .await;
+    // A seventh wait, beyond the cap, polls until its timeout, which it
+    // reports as a timeout.
+    let timeout = Duration::from_millis(300);
+    match locker.lock(&keys[6], TTL, timeout).await {
+        Err(Error::Timeout { waited, .. }) => assert!(waited >= timeout, "{waited:?}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(server_waits(&ids), 2, "the other waits poll");
+
+    let released_at = Instant::now();
+    for lease in held {
+        lease.release().await.unwrap();
+    }
+    let mut leases = Vec::new();
+    for wait in waits {
+        let lease = tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("every wait acquires once its holder releases")
+            .unwrap()
+            .expect("acquired");
+        leases.push(lease);
+    }
+    let took = released_at.elapsed();
+    assert_eq!(locker.held_count(), 6);
+    stop.store(true, Ordering::Relaxed);
+    let counts = sampler.join().unwrap();
+    let most = counts.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "max_waiters=2: {} samples, at most {most} connections; all 6 acquired {took:?} after the releases",
+        counts.len()
+    );
+    assert!(counts.len() >= 5, "too few samples: {counts:?}");
+    assert!(
+        most <= DEFAULT_SESSIONS + 2,
+        "{most} connections; documented bound {DEFAULT_SESSIONS} sessions + 2 waiters"
+    );
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
+/// Timed-out, cancelled and dropped waits give their waiter connections
+/// back: with `max_waiters=2`, two later waits still wait on the server
+/// (`pg_locks` shows both; a polling wait never appears there) and wake
+/// within 10 ms of the release (a polling wait would sleep 100 to 200 ms
+/// between attempts by then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_connections_come_back_after_timeouts_and_cancellations() {
+    let (holder, locker) = (connect("").await, connect("&max_waiters=2").await);
+    let key = unique("permits-round");
+    let id = locker.advisory_key(&key);
+    let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
+    for round in 0..3 {
+        // Two timed-out waits at once: both had a connection.
+        let short = Duration::from_millis(100);
+        let (a, b) = tokio::join!(locker.lock(&key, TTL, short), locker.lock(&key, TTL, short));
+        for result in [a, b] {
+            assert!(
+                matches!(result, Err(Error::Timeout { .. })),
+                "round {round}: {result:?}"
+            );
+        }
+        // Two cancelled waits.
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let (locker, key) = (locker.clone(), key.clone());
+                tokio::spawn(async move { locker.lock(&key, TTL, Duration::from_secs(30)).await })
+            })
+            .collect();
+        eventually(Duration::from_secs(5), "two native waits", || {
+            server_waits(&[id]) == 2
+        })
+        .await;
+        for task in tasks {
+            task.abort();
+            assert!(task.await.unwrap_err().is_cancelled());
+        }
+        // The cancel requests reach the server asynchronously; until they
+        // do, the waits are still queued there and would win the release.
+        eventually(Duration::from_secs(2), "the server waits end", || {
+            server_waits(&[id]) == 0
+        })
+        .await;
+    }
+    held.release().await.unwrap();
+    // A won wait whose lease is dropped.
+    let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
+    let task = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move { locker.lock(&key, TTL, Duration::from_secs(30)).await })
+    };
+    eventually(Duration::from_secs(5), "a native wait", || {
+        server_waits(&[id]) == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    drop(task.await.unwrap().expect("acquired"));
+    eventually(
+        Duration::from_secs(2),
+        "the dropped lease is released",
+        || holders(server(), id).is_empty(),
+    )
+    .await;
+
+    // Two new waits both get a connection: they wait on the server.
+    let keys = [unique("permits-after-a"), unique("permits-after-b")];
+    let ids = keys.each_ref().map(|key| locker.advisory_key(key));
+    let mut held = Vec::new();
+    for key in &keys {
+        held.push(holder.try_lock(key, TTL).await.unwrap().expect("free"));
+    }
+    let waits: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (locker, key) = (locker.clone(), key.clone());
+            tokio::spawn(async move {
+                let lease = locker.lock(&key, TTL, Duration::from_secs(30)).await;
+                (lease, Instant::now())
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "both wait on the server", || {
+        server_waits(&ids) == 2
+    })
+    .await;
+    // Long enough that a polling wait would now sleep 100 to 200 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut latencies = Vec::new();
+    for (lease, wait) in held.into_iter().zip(waits) {
+        let released_at = Instant::now();
+        lease.release().await.unwrap();
+        let (won, acquired_at) = wait.await.unwrap();
+        latencies.push(acquired_at - released_at);
+        won.expect("acquired").release().await.unwrap();
+    }
+    eprintln!("wake-ups after release: {latencies:?}");
+    for latency in latencies {
+        assert!(latency < Duration::from_millis(10), "{latency:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_locker_grants_a_key_once_however_many_tasks_ask_at_once() {
     let locker = connect("").await;

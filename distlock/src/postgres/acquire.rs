@@ -1,5 +1,6 @@
 //! Taking a lock: one attempt on the key's shared session, or a native wait
-//! on a connection of its own.
+//! on a connection of its own, or, when `max_waiters` such connections are
+//! already open, polling on the shared session.
 //!
 //! Both are cancel-safe. An attempt whose answer never arrives (the caller
 //! dropped the future, the server was too slow, the statement failed after
@@ -20,7 +21,7 @@ use super::keys::{owner_digest, LockKey};
 use super::registry::{Held, Registry, SessionClosed, Ticket};
 use super::session::{Session, WaitError};
 use super::Inner;
-use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result};
+use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
@@ -82,7 +83,12 @@ impl Inner {
         }
     }
 
-    /// Waits on the server for up to `timeout` (which is not zero).
+    /// Waits on the server for up to `timeout` (which is not zero), or polls
+    /// if no waiter connection is free.
+    ///
+    /// `lease_locker` must be the locker (string or raw keys) whose
+    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
+    /// polling goes through it.
     pub(super) async fn wait_acquire(
         &self,
         key: LockKey<'_>,
@@ -97,7 +103,11 @@ impl Inner {
         if let Some(lease) = self.try_acquire(key, ttl, lease_locker.clone()).await? {
             return Ok(lease);
         }
-        let session = self.pool.waiter().await?;
+        let Some(session) = self.pool.waiter().await? else {
+            return self
+                .poll_acquire(key, ttl, started, deadline, lease_locker)
+                .await;
+        };
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let mut wait = WaitGuard {
@@ -136,6 +146,44 @@ impl Inner {
         };
         wait.disarm();
         self.record_grant(key, ttl, owner, token, session, lease_locker)
+    }
+
+    /// Waits by polling, when all `max_waiters` waiter connections are in
+    /// use: the waiting loop every backend without a server-side wait uses
+    /// (`try_lock` with jittered backoff, bounded by the deadline), so
+    /// contention, timeouts and outages are reported as there. It does not
+    /// switch to a native wait if a connection frees up meanwhile.
+    async fn poll_acquire(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        started: Instant,
+        deadline: Instant,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let timed_out = || Error::Timeout {
+            key: key.name.to_owned(),
+            waited: started.elapsed(),
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        // A zero timeout means "one attempt, contention is NotAcquired" to
+        // the loop; here the caller's (non-zero) timeout has simply run out.
+        if remaining.is_zero() {
+            return Err(timed_out());
+        }
+        tracing::debug!(
+            component = "distlock",
+            backend = BACKEND,
+            key = key.name,
+            max_waiters = self.settings.max_waiters,
+            "every waiter connection is in use; polling"
+        );
+        let policy = WaitPolicy::default();
+        match crate::wait::acquire(&*lease_locker, key.name, ttl, remaining, &policy).await {
+            // The loop measured only its own part of the wait.
+            Err(Error::Timeout { .. }) => Err(timed_out()),
+            other => other,
+        }
     }
 
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
@@ -359,6 +407,161 @@ mod tests {
         );
     }
 
+    const TTL: Duration = Duration::from_secs(30);
+
+    /// Polls until `condition` holds, or panics after 5 s.
+    async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !condition() {
+            assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits on the server (ungranted advisory locks) for advisory key `id`.
+    fn server_waits(server: &test_servers::PostgresServer, id: i64) -> usize {
+        server
+            .psql(&format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND ((classid::int8 << 32) | objid::int8) = {id}"
+            ))
+            .parse()
+            .unwrap()
+    }
+
+    /// A waiter connection's permit comes back on every way out of a native
+    /// wait: timed out, cancelled, failed, won then released, won then
+    /// dropped, won then its connection died. A leaked permit would turn
+    /// every later wait into polling. With `idle_waiters=0` every connection
+    /// is closed after use, so "in use" is exactly "permits taken".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiter_permits_come_back_on_every_path() {
+        let server = test_servers::PostgresServer::start();
+        let url = format!("{}&max_waiters=2&idle_waiters=0", server.url());
+        let locker = PostgresLocker::connect(&url).await.unwrap();
+        let holder = PostgresLocker::connect(&server.url()).await.unwrap();
+        let pool = &locker.inner.pool;
+        let key = "permits";
+        let id = locker.advisory_key(key);
+        let in_use = || pool.waiters_in_use();
+        let spawn_wait = |timeout: Duration| {
+            let locker = locker.clone();
+            tokio::spawn(async move { locker.lock(key, TTL, timeout).await })
+        };
+        let held = holder.try_lock(key, TTL).await.unwrap().expect("free");
+
+        // Timed out.
+        let err = locker
+            .lock(key, TTL, Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        assert_eq!(in_use(), 0, "after a timeout");
+
+        // Cancelled while waiting on the server.
+        let task = spawn_wait(Duration::from_secs(30));
+        eventually("the wait reaches the server", || {
+            server_waits(&server, id) == 1
+        })
+        .await;
+        assert_eq!(in_use(), 1);
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        assert_eq!(in_use(), 0, "after a cancellation");
+
+        // Failed: the waiting backend is terminated.
+        let task = spawn_wait(Duration::from_secs(30));
+        eventually("the wait reaches the server", || {
+            server_waits(&server, id) == 1
+        })
+        .await;
+        server.psql(&format!(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_locks WHERE locktype = 'advisory' \
+             AND NOT granted AND ((classid::int8 << 32) | objid::int8) = {id}"
+        ));
+        let err = task.await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::Backend { .. }), "{err}");
+        assert_eq!(in_use(), 0, "after a failed wait");
+        held.release().await.unwrap();
+
+        // Won, then released / dropped / its connection dies.
+        for ending in ["release", "drop", "terminate"] {
+            let held = holder.try_lock(key, TTL).await.unwrap().expect("free");
+            let task = spawn_wait(Duration::from_secs(30));
+            eventually("the wait reaches the server", || {
+                server_waits(&server, id) == 1
+            })
+            .await;
+            held.release().await.unwrap();
+            let won = task.await.unwrap().unwrap();
+            assert_eq!(in_use(), 1, "{ending}: the winner keeps its connection");
+            match ending {
+                "release" => {
+                    won.release().await.unwrap();
+                    assert_eq!(in_use(), 0, "after a release");
+                }
+                "drop" => {
+                    drop(won);
+                    eventually("a dropped lease gives its connection back", || {
+                        in_use() == 0
+                    })
+                    .await;
+                }
+                _ => {
+                    let mut lost = won.lost_signal();
+                    let pid = server
+                        .advisory_locks()
+                        .into_iter()
+                        .find(|(_, k)| *k == id)
+                        .expect("held")
+                        .0;
+                    server.psql(&format!("SELECT pg_terminate_backend({pid}, 5000)"));
+                    tokio::time::timeout(Duration::from_secs(2), lost.wait())
+                        .await
+                        .expect("lost");
+                    assert_eq!(in_use(), 0, "after the connection died");
+                }
+            }
+        }
+
+        // Both permits are free: two waits get connections, a third polls
+        // (and times out as a timeout, not as contention).
+        let keys = ["permits-a", "permits-b", "permits-c"];
+        let mut held = Vec::new();
+        for key in keys {
+            held.push(holder.try_lock(key, TTL).await.unwrap().expect("free"));
+        }
+        let waits: Vec<_> = keys[..2]
+            .iter()
+            .map(|&key| {
+                let locker = locker.clone();
+                tokio::spawn(async move { locker.lock(key, TTL, Duration::from_secs(30)).await })
+            })
+            .collect();
+        eventually("two native waits", || in_use() == 2).await;
+        let started = Instant::now();
+        let err = locker
+            .lock(keys[2], TTL, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        match err {
+            Error::Timeout { waited, .. } => assert!(waited >= Duration::from_millis(300)),
+            other => panic!("{other}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(
+            server_waits(&server, locker.advisory_key(keys[2])),
+            0,
+            "polled"
+        );
+        assert_eq!(in_use(), 2);
+        drop(held);
+        for wait in waits {
+            wait.await.unwrap().unwrap().release().await.unwrap();
+        }
+        assert_eq!(in_use(), 0);
+    }
+
     /// The state a grant racing `lock_timeout` leaves behind (the wait
     /// statement failed with 55P03, yet the session holds the lock) cannot
     /// be produced on demand, so it is built by hand: the lock is kept, with
@@ -374,8 +577,8 @@ mod tests {
         };
         let digest = owner_digest("owner");
         let (raced, bystander) = (
-            inner.pool.waiter().await.unwrap(),
-            inner.pool.waiter().await.unwrap(),
+            inner.pool.waiter().await.unwrap().expect("a free permit"),
+            inner.pool.waiter().await.unwrap().expect("a free permit"),
         );
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])

@@ -18,6 +18,11 @@ use crate::{Error, Result};
 pub const DEFAULT_SESSIONS: usize = 4;
 /// Idle connections kept for the next native wait, by default.
 pub const DEFAULT_IDLE_WAITERS: usize = 2;
+/// Waiter connections (for native waits and the locks they win, idle ones
+/// included) a locker may have open at once, by default.
+pub const DEFAULT_MAX_WAITERS: usize = 16;
+/// The largest `max_waiters` accepted: tokio's semaphore limit.
+const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
 /// How long any one statement may go unanswered, by default.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long opening a connection may take, by default.
@@ -83,6 +88,7 @@ impl TcpKeepalive {
 ///     .namespace("billing")
 ///     .fencing_table(Some("ops"), "distlock_fencing")
 ///     .sessions(8)
+///     .max_waiters(32)
 ///     .query_timeout(Duration::from_secs(5))
 ///     .build()
 ///     .await?;
@@ -101,6 +107,7 @@ pub struct PostgresLockerBuilder {
     fencing_table: Option<(Option<String>, String)>,
     sessions: usize,
     idle_waiters: usize,
+    max_waiters: usize,
     query_timeout: Duration,
     client_keepalive: TcpKeepalive,
     server_keepalive: Option<TcpKeepalive>,
@@ -124,6 +131,7 @@ impl fmt::Debug for PostgresLockerBuilder {
             .field("namespace", &self.namespace)
             .field("fencing", &self.fencing_enabled)
             .field("sessions", &self.sessions)
+            .field("max_waiters", &self.max_waiters)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +143,7 @@ const OWN_PARAMS: &[&str] = &[
     "fencing_table",
     "sessions",
     "idle_waiters",
+    "max_waiters",
     "query_timeout",
     "server_keepalives",
     "sslmode",
@@ -214,6 +223,7 @@ impl PostgresLockerBuilder {
             fencing_table: None,
             sessions: DEFAULT_SESSIONS,
             idle_waiters: DEFAULT_IDLE_WAITERS,
+            max_waiters: DEFAULT_MAX_WAITERS,
             query_timeout: DEFAULT_QUERY_TIMEOUT,
             client_keepalive: TcpKeepalive::CLIENT,
             server_keepalive: Some(TcpKeepalive::SERVER),
@@ -228,6 +238,20 @@ impl PostgresLockerBuilder {
             "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
             "sessions" => self.sessions = parse_number(name, value)?,
             "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
+            "max_waiters" => {
+                self.max_waiters = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "url",
+                            format!(
+                                "{name}={value:?}: expected an integer from 1 to {MAX_MAX_WAITERS}"
+                            ),
+                        )
+                    })?;
+            }
             "query_timeout" => self.query_timeout = Duration::from_secs(parse_number(name, value)?),
             "server_keepalives" => {
                 if !parse_switch(name, value)? {
@@ -298,9 +322,22 @@ impl PostgresLockerBuilder {
     }
 
     /// How many idle connections are kept for the next native wait (default
-    /// [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
+    /// [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use. They count
+    /// toward [`max_waiters`](Self::max_waiters).
     pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
         self.idle_waiters = idle_waiters;
+        self
+    }
+
+    /// How many waiter connections may be open at once (default
+    /// [`DEFAULT_MAX_WAITERS`]): each native wait of [`Locker::lock`]
+    /// needs one, and keeps it while it holds the lock it won; idle ones
+    /// count too. When all are in use, `lock` polls the shared sessions
+    /// instead (see [Connections](super#connections)). At least 1.
+    ///
+    /// [`Locker::lock`]: crate::Locker::lock
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.max_waiters = max_waiters;
         self
     }
 
@@ -363,6 +400,12 @@ impl PostgresLockerBuilder {
         if self.sessions == 0 {
             return Err(Error::invalid("sessions", "at least one session is needed"));
         }
+        if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
+            return Err(Error::invalid(
+                "max_waiters",
+                format!("max_waiters must be 1 to {MAX_MAX_WAITERS}"),
+            ));
+        }
         if self.query_timeout.is_zero() {
             return Err(Error::invalid(
                 "query_timeout",
@@ -384,6 +427,7 @@ impl PostgresLockerBuilder {
             fencing,
             sessions: self.sessions,
             idle_waiters: self.idle_waiters,
+            max_waiters: self.max_waiters,
             query_timeout: self.query_timeout,
             server_keepalive: self.server_keepalive,
         })
@@ -434,6 +478,7 @@ pub(super) struct Settings {
     pub(super) fencing: Option<FencingTable>,
     pub(super) sessions: usize,
     pub(super) idle_waiters: usize,
+    pub(super) max_waiters: usize,
     pub(super) query_timeout: Duration,
     pub(super) server_keepalive: Option<TcpKeepalive>,
 }
@@ -550,6 +595,47 @@ mod tests {
             assert!(err.to_string().contains("invalid"), "{url}: {err}");
             assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
         }
+    }
+
+    #[test]
+    fn max_waiters_is_read_from_the_url_and_must_be_positive() {
+        assert_eq!(
+            settings("postgres://u@h/d").unwrap().max_waiters,
+            DEFAULT_MAX_WAITERS
+        );
+        let s = settings("postgres://u@h/d?max_waiters=2&idle_waiters=1").unwrap();
+        assert_eq!((s.max_waiters, s.idle_waiters), (2, 1));
+        for value in ["0", "-1", "many", "", "2.5", "99999999999999999999999"] {
+            let url = format!("postgres://u:hunter2@h/d?max_waiters={value}");
+            match settings(&url) {
+                Err(Error::InvalidInput {
+                    what: "url",
+                    reason,
+                }) => {
+                    assert!(reason.contains("max_waiters"), "{value:?}: {reason}");
+                    assert!(!reason.contains("hunter2"), "{value:?}: {reason}");
+                }
+                other => panic!("{value:?}: {other:?}"),
+            }
+        }
+        // The builder overrides the URL, and checks the same range.
+        let builder = PostgresLockerBuilder::from_url("postgres://u@h/d?max_waiters=2").unwrap();
+        assert_eq!(
+            builder
+                .clone()
+                .max_waiters(5)
+                .into_settings()
+                .unwrap()
+                .max_waiters,
+            5
+        );
+        assert!(matches!(
+            builder.max_waiters(0).into_settings(),
+            Err(Error::InvalidInput {
+                what: "max_waiters",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -70,7 +70,9 @@
 //!   grants the lock the moment it is released: no polling. A grant that
 //!   races with the timeout is detected and kept rather than stranded, and a
 //!   cancelled wait is cancelled on the server and its connection closed, so
-//!   nothing stays granted.
+//!   nothing stays granted. Each such wait needs a connection of its own;
+//!   when `max_waiters` are in use, further waits poll instead (see
+//!   [Connections](#connections)).
 //! - **Exclusivity within one locker.** Many locks share a few sessions
 //!   (see [Connections](#connections)) and advisory locks are re-entrant
 //!   within a session, so the locker itself refuses a second grant of a key
@@ -87,17 +89,35 @@
 //!
 //! # Connections
 //!
-//! With the defaults, a locker uses at most:
+//! A locker (with its clones) has at most **`sessions` + `max_waiters`**
+//! connections open at once, 4 + 16 = 20 with the defaults:
 //!
-//! - [`DEFAULT_SESSIONS`] (4) shared sessions, carrying every lock taken
-//!   without waiting ([`Locker::try_lock`], and [`Locker::lock`] when the key
-//!   is free), however many: **1,000 held leases use 4 connections**;
-//! - plus one connection per [`Locker::lock`] call waiting on a held key,
-//!   which then carries the lock it won until release;
-//! - plus up to [`DEFAULT_IDLE_WAITERS`] (2) idle connections kept for the
-//!   next wait.
+//! - `sessions` ([`DEFAULT_SESSIONS`], 4) shared sessions, carrying every
+//!   lock taken without waiting ([`Locker::try_lock`], and [`Locker::lock`]
+//!   when the key is free), however many: **1,000 held leases use 4
+//!   connections**;
+//! - at most `max_waiters` ([`DEFAULT_MAX_WAITERS`], 16) waiter connections,
+//!   counting every one open: each [`Locker::lock`] call waiting on the
+//!   server for a held key has one, keeps it while it holds the lock it won
+//!   (until release, or until that connection dies), and then leaves it idle
+//!   for the next wait if fewer than `idle_waiters`
+//!   ([`DEFAULT_IDLE_WAITERS`], 2) are idle, or closes it. Idle ones count
+//!   toward `max_waiters`.
 //!
-//! Each key always uses the same shared session, so a session's death loses
+//! When all `max_waiters` are in use, a further [`Locker::lock`] on a held
+//! key waits by polling instead, without a connection of its own: repeated
+//! `try_lock` on the key's shared session with jittered backoff (5 ms
+//! growing to 200 ms, as [`WaitPolicy::default`](crate::WaitPolicy)),
+//! bounded by its timeout. It acquires up to about 200 ms after a release
+//! rather than at once, and stays polling even if a waiter connection frees
+//! up meanwhile. Contention, timeouts and outages are reported exactly as
+//! for a native wait.
+//!
+//! The bound counts the sessions this client holds open; the server may
+//! list one it has just closed in `pg_stat_activity` for a moment longer,
+//! and a cancelled wait also sends Postgres' cancel request over a
+//! short-lived connection of its own, which is not a session. Each
+//! key always uses the same shared session, so a session's death loses
 //! about a quarter of the held locks, not all. Sessions are opened lazily
 //! (the first by `connect`, to fail fast on a wrong password) and their
 //! `application_name` is `distlock` unless the URL names one.
@@ -148,6 +168,7 @@
 //! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
 //! | `sessions` | shared sessions | 4 |
 //! | `idle_waiters` | idle wait connections kept | 2 |
+//! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
 //! | `query_timeout` | seconds any statement may go unanswered | 10 |
 //! | `server_keepalives` | `off` leaves the server's TCP keepalive alone | `on` |
 //! | `tcp_user_timeout` | milliseconds, as in libpq | 5000 |
@@ -182,7 +203,7 @@ mod xact;
 
 pub use config::{
     PostgresLockerBuilder, TcpKeepalive, DEFAULT_APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_WAITERS, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
+    DEFAULT_IDLE_WAITERS, DEFAULT_MAX_WAITERS, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
 };
 pub use fencing::DEFAULT_TABLE as DEFAULT_FENCING_TABLE;
 pub use keys::advisory_key;
@@ -327,6 +348,7 @@ impl fmt::Debug for PostgresLocker {
             .field("namespace", &settings.namespace)
             .field("fencing", &self.inner.fencing())
             .field("sessions", &settings.sessions)
+            .field("max_waiters", &settings.max_waiters)
             .field("held", &self.held_count())
             .finish_non_exhaustive()
     }
@@ -359,7 +381,8 @@ impl Locker for PostgresLocker {
             .await
     }
 
-    /// Waits on the server, not by polling (see the [module docs](self)).
+    /// Waits on the server, not by polling, unless `max_waiters` waiter
+    /// connections are in use (see the [module docs](self#connections)).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         validate::acquire(key, ttl)?;
         self.inner

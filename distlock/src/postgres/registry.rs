@@ -219,7 +219,13 @@ mod tests {
     async fn a_grant_and_release_by_a_waiter_keep_an_attempts_reservation() {
         let server = test_servers::PostgresServer::start();
         let locker = PostgresLocker::connect(&server.url()).await.unwrap();
-        let waiter_session = locker.inner.pool.waiter().await.unwrap();
+        let waiter_session = locker
+            .inner
+            .pool
+            .waiter()
+            .await
+            .unwrap()
+            .expect("a free permit");
         let registry = Registry::default();
 
         let attempt = registry.reserve(7).expect("free key");

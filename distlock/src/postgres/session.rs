@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage, Statement};
 
 use super::config::{Settings, TcpKeepalive};
@@ -37,6 +37,12 @@ pub(super) struct Session {
     client: Client,
     statements: Statements,
     liveness: Arc<Liveness>,
+    /// A waiter connection's place under `max_waiters`, taken before it was
+    /// opened and returned when this value is dropped, which is also what
+    /// closes the connection (with the client). Tying it to the value rather
+    /// than to each way a wait or a hold can end (timeout, cancellation,
+    /// release, dropped lease, dead session) means no path can leak it.
+    _waiter_permit: Option<OwnedSemaphorePermit>,
 }
 
 impl fmt::Debug for Session {
@@ -68,13 +74,15 @@ impl Session {
     /// Connects, starts the driver task, creates the fencing table if asked
     /// to (`ensure_table`: the statements name it, so it must exist before
     /// they are prepared), then sets the server-side keepalive and prepares
-    /// the statements (pipelined: about one round trip).
+    /// the statements (pipelined: about one round trip). `waiter_permit` is
+    /// held for the session's lifetime (returned at once if opening fails).
     pub(super) async fn open(
         settings: &Settings,
         sql: &Sql,
         ensure_table: Option<&FencingTable>,
         id: u64,
         role: Role,
+        waiter_permit: Option<OwnedSemaphorePermit>,
         on_closed: OnClosed,
     ) -> Result<Arc<Session>> {
         let connect_within = settings
@@ -166,6 +174,7 @@ impl Session {
             client,
             statements,
             liveness,
+            _waiter_permit: waiter_permit,
         }))
     }
 
