@@ -113,9 +113,14 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     crate::validate::acquire(key, ttl)?;
     let started = Instant::now();
     let deadline = started + timeout;
-    // Subscribe before the first attempt: a release between a failed attempt
-    // and a later subscription would otherwise be missed (Redisson's lost
-    // wake-ups).
+    // Most locks are free: take it without paying for a subscription.
+    if let Some(lease) = locker.try_lock(key, ttl).await? {
+        return Ok(lease);
+    }
+    // Held: subscribe, then try again before every wait. A release between a
+    // failed attempt and the subscription is then caught by the next attempt
+    // rather than missed (Redisson's lost wake-ups came from waiting on a
+    // subscription made after the last attempt).
     let mut releases = locker.watch_releases(key).await?;
     let mut delay = policy.initial_delay;
     loop {
@@ -269,6 +274,50 @@ mod tests {
         releases.notify("k");
         let woke = tokio::time::timeout(Duration::from_secs(1), watch.next()).await;
         assert_eq!(woke, Ok(true));
+    }
+
+    /// Counts subscriptions of a memory locker.
+    #[derive(Debug, Default)]
+    struct Counting {
+        inner: crate::memory::MemoryLocker,
+        subscriptions: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Locker for Counting {
+        fn backend(&self) -> &'static str {
+            "counting"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+            self.inner.try_lock(key, ttl).await
+        }
+        async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+            self.inner.unlock(key, owner).await
+        }
+        async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+            self.subscriptions
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.watch_releases(key).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_free_lock_is_taken_without_subscribing_and_a_held_one_subscribes_once() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let locker = Counting::default();
+        let ttl = Duration::from_secs(30);
+        let held = locker.lock("k", ttl, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(locker.subscriptions.load(SeqCst), 0);
+        let releaser = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            held.release().await.unwrap();
+        };
+        let (waited, ()) = tokio::join!(locker.lock("k", ttl, Duration::from_secs(5)), releaser);
+        waited.expect("acquired after the release");
+        assert_eq!(locker.subscriptions.load(SeqCst), 1);
     }
 
     #[test]
