@@ -624,6 +624,10 @@ pub async fn waiter_wakes_promptly_on_release(h: &Harness) {
         let (lease, acquired_at) = waiter.await.expect("waiter task");
         let lease = lease.expect("the waiter acquires");
         let latency = acquired_at - released_at;
+        eprintln!(
+            "{}: round {round}: waiter acquired {latency:?} after the release",
+            a.backend()
+        );
         assert!(latency < bound, "round {round}: acquired {latency:?} after the release (bound {bound:?}, native wake-up: {native})");
         lease.release().await.expect("release");
     }
