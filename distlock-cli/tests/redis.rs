@@ -124,3 +124,59 @@ fn a_wrong_password_exits_69_naming_authentication_and_hiding_the_password() {
         "password leaked: {stderr}"
     );
 }
+
+#[test]
+fn a_dead_server_stops_the_command_once_the_lease_expires() {
+    let mut server = RedisServer::start();
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &server.url(),
+            "--key",
+            "doomed",
+            "--ttl",
+            "1500ms",
+            "--kill-after",
+            "1s",
+            "--",
+        ])
+        .args(["sleep", "60"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while server.cli(&["EXISTS", "lock:{doomed}"]) != "1" {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the lock was never taken"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.kill();
+    let killed_at = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "the command ran on without the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The keepalive cannot refresh; the lease runs out at most one ttl after
+    // the last refresh, and the command is stopped then.
+    assert_eq!(status.code(), Some(76));
+    assert!(
+        killed_at.elapsed() <= Duration::from_millis(1500 + 1000),
+        "stopped after {:?}",
+        killed_at.elapsed()
+    );
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the ttl ran out before a refresh succeeded"),
+        "{stderr}"
+    );
+}
