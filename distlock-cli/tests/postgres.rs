@@ -1,7 +1,7 @@
 //! `distlock run` against a real PostgreSQL.
 #![cfg(feature = "postgres")]
 
-use std::process::{Child, Command};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use test_servers::PostgresServer;
@@ -26,6 +26,14 @@ fn run(url: &str, key: &str, command: &[&str]) -> Child {
         .args(command)
         .spawn()
         .expect("spawn distlock")
+}
+
+/// `distlock run --key KEY -- true`, waited for.
+fn try_once(url: &str, key: &str) -> Output {
+    Command::new(BIN)
+        .args(["run", "--url", url, "--key", key, "--", "true"])
+        .output()
+        .expect("run distlock")
 }
 
 #[test]
@@ -89,18 +97,7 @@ fn a_sigkilled_holder_frees_its_lock_within_a_second_or_two() {
         || server.advisory_locks().len() == 1,
     );
 
-    let contender = Command::new(BIN)
-        .args([
-            "run",
-            "--url",
-            &server.url(),
-            "--key",
-            "pg-crash",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    let contender = try_once(&server.url(), "pg-crash");
     assert_eq!(
         contender.status.code(),
         Some(75),
@@ -115,18 +112,7 @@ fn a_sigkilled_holder_frees_its_lock_within_a_second_or_two() {
         || server.advisory_locks().is_empty(),
     );
     eprintln!("advisory lock gone {freed_after:?} after SIGKILL");
-    let next = Command::new(BIN)
-        .args([
-            "run",
-            "--url",
-            &server.url(),
-            "--key",
-            "pg-crash",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    let next = try_once(&server.url(), "pg-crash");
     assert_eq!(
         next.status.code(),
         Some(0),
