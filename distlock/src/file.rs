@@ -42,7 +42,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sha2::{Digest, Sha256};
 
 use crate::wait::LocalReleases;
 use crate::{
@@ -353,9 +352,7 @@ fn file_name(key: &str) -> String {
     if plain {
         format!("k-{key}.lock")
     } else {
-        let digest = Sha256::digest(key.as_bytes());
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("h-{hex}.lock")
+        format!("h-{}.lock", crate::digest::sha256_hex128(key.as_bytes()))
     }
 }
 

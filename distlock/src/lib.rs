@@ -71,6 +71,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 mod breaker;
+mod digest;
 mod error;
 pub mod file;
 mod keepalive;
