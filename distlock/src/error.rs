@@ -92,6 +92,35 @@ pub enum Error {
         reason: String,
     },
 
+    /// The lock was lost while the guarded work ran ([`crate::with_lock`],
+    /// [`crate::WithLock::run`]): the work was stopped (dropped) before it
+    /// finished, because the lease could no longer be relied on. Also
+    /// returned by [`crate::Lease::refresh`] on a lease already known lost.
+    #[error("lock {key:?} lost: {reason}")]
+    Lost {
+        /// The key as the caller named it.
+        key: String,
+        /// Why the lease was lost.
+        reason: crate::LostReason,
+    },
+
+    /// A call to the backend did not finish within its time bound (a
+    /// release past its release timeout, a statement past the query
+    /// timeout, an acquire past its deadline plus [`crate::DEADLINE_GRACE`]).
+    /// The call was abandoned; what it did on the server is unknown (an
+    /// abandoned acquire is undone in the background). The seed's
+    /// "deadline exceeded" classification: match it to tell a slow backend
+    /// from a refusing one.
+    #[error("{backend} backend did not finish {operation} within {after:?}")]
+    DeadlineExceeded {
+        /// Backend name.
+        backend: &'static str,
+        /// The operation that was abandoned.
+        operation: &'static str,
+        /// The bound it ran under.
+        after: Duration,
+    },
+
     /// The backend or the transport to it failed. The outcome of the operation
     /// is unknown to the caller only where the backend docs say so (for
     /// example a Redis acquire whose reply timed out).
@@ -135,11 +164,15 @@ impl Error {
         matches!(self, Error::NotAcquired { .. } | Error::Timeout { .. })
     }
 
-    /// True when the backend could not be reached or failed
-    /// ([`Error::Backend`] or [`Error::Unavailable`]): the state of the lock is
-    /// unknown and a later retry may succeed.
+    /// True when the backend could not be reached, failed or did not answer
+    /// in time ([`Error::Backend`], [`Error::DeadlineExceeded`] or
+    /// [`Error::Unavailable`]): the state of the lock is unknown and a later
+    /// retry may succeed.
     pub fn is_outage(&self) -> bool {
-        matches!(self, Error::Backend { .. } | Error::Unavailable { .. })
+        matches!(
+            self,
+            Error::Backend { .. } | Error::DeadlineExceeded { .. } | Error::Unavailable { .. }
+        )
     }
 
     /// A short, stable, low-cardinality name for the kind of error, used as a
@@ -152,6 +185,8 @@ impl Error {
             Error::Unavailable { .. } => "unavailable",
             Error::InvalidInput { .. } => "invalid_input",
             Error::Unsupported { .. } => "unsupported",
+            Error::Lost { .. } => "lost",
+            Error::DeadlineExceeded { .. } => "deadline_exceeded",
             Error::Backend { .. } => "backend_error",
         }
     }
@@ -167,6 +202,10 @@ impl Error {
                 waited,
             },
             Error::NotHeld { key } => Error::NotHeld { key: f(key) },
+            Error::Lost { key, reason } => Error::Lost {
+                key: f(key),
+                reason,
+            },
             other => other,
         }
     }

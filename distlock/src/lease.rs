@@ -17,6 +17,25 @@ use crate::{Error, Locker, Result};
 /// [`Lease::set_release_timeout`] says otherwise.
 pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The safety margin a holder keeps between stopping its work and the end of
+/// its lease's validity ([`Lease::valid_until`]): ttl/100 + 100 ms.
+///
+/// The holder measures validity on its own clock, the server expires the lock
+/// on its clock; the two run at slightly different rates. Redlock's algorithm
+/// allows ttl × 1 % + 2 ms for that drift
+/// (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>);
+/// the extra 100 ms covers delivering a signal and the kernel tearing a
+/// process down. `distlock run` delivers SIGKILL this long before the lease
+/// could lapse.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(distlock::drift_margin(Duration::from_secs(30)), Duration::from_millis(400));
+/// ```
+pub fn drift_margin(ttl: Duration) -> Duration {
+    (ttl / 100).saturating_add(Duration::from_millis(100))
+}
+
 /// Why a lease stopped being held. Delivered by [`LostSignal`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -85,9 +104,21 @@ pub(crate) type StatusSender = Arc<Shared>;
 pub struct LostNotifier(StatusSender);
 
 impl LostNotifier {
-    /// Marks the lease lost with `reason`, waking every [`LostSignal`].
+    /// Marks the lease lost with `reason`, waking every [`LostSignal`]. The
+    /// lock may be someone else's at once: the lease's
+    /// [`valid_until`](Lease::valid_until) becomes now.
     pub fn notify(&self, reason: LostReason) {
-        mark_lost(&self.0, reason);
+        mark_lost_with_grace(&self.0, reason, Duration::ZERO);
+    }
+
+    /// Marks the lease lost with `reason`, where the backend knows the lock
+    /// cannot be granted to anyone else for `grace` yet (Postgres: the holder
+    /// detects a dead connection before the server does). The lease's
+    /// [`valid_until`](Lease::valid_until) becomes now + `grace` (or stays
+    /// earlier), so a holder such as `distlock run` can finish stopping its
+    /// work within it.
+    pub fn notify_with_grace(&self, reason: LostReason, grace: Duration) {
+        mark_lost_with_grace(&self.0, reason, grace);
     }
 }
 
@@ -97,12 +128,33 @@ impl fmt::Debug for LostNotifier {
     }
 }
 
+/// Ends the lease with `reason` without touching its validity (a release, or
+/// a max hold: the lock is still held until released or expired).
 pub(crate) fn mark_lost(shared: &StatusSender, reason: LostReason) {
+    mark_ended(shared, reason, None);
+}
+
+/// Ends the lease with `reason`: a loss, after which the lock stays ours for
+/// at most `grace` more.
+pub(crate) fn mark_lost_with_grace(shared: &StatusSender, reason: LostReason, grace: Duration) {
+    mark_ended(shared, reason, Some(grace));
+}
+
+fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>) {
+    let now = Instant::now();
     let ended = shared.status.send_if_modified(|s| {
         if s.lost.is_some() {
             return false;
         }
         s.lost = Some(reason);
+        if let Some(grace) = grace {
+            let limit = crate::deadline::checked_deadline(now, grace);
+            s.valid_until = match (s.valid_until, limit) {
+                (Some(until), Some(limit)) => Some(until.min(limit)),
+                (until, None) => until,
+                (None, limit) => limit,
+            };
+        }
         true
     });
     if ended {

@@ -71,6 +71,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 mod breaker;
+mod deadline;
 mod digest;
 mod error;
 pub mod file;
@@ -95,11 +96,12 @@ pub mod testkit;
 mod trace;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use deadline::DEADLINE_GRACE;
 pub use error::{BoxError, Error, Result};
 pub use keepalive::KeepAlive;
 pub use lease::{
-    new_owner_token, Lease, LeaseInfo, LeaseParts, LostNotifier, LostReason, LostSignal,
-    DEFAULT_RELEASE_TIMEOUT,
+    drift_margin, new_owner_token, Lease, LeaseInfo, LeaseParts, LostNotifier, LostReason,
+    LostSignal, DEFAULT_RELEASE_TIMEOUT,
 };
 pub use metrics::{describe_metrics, Metrics};
 pub use parse::{connect, SUPPORTED_SCHEMES};
