@@ -24,6 +24,12 @@
 //!   deleted or replaced (which would let another process lock a new file).
 //! - **Waiting**: waiters in the same process are woken by a release; across
 //!   processes they poll.
+//! - **Directory safety**: a lock file another local user can replace is a
+//!   lock that user can break. Directories the locker creates are mode 0700;
+//!   a directory (or its parent) owned by another user, or writable by every
+//!   user (a sticky parent such as `/tmp` excepted), is refused; lock files
+//!   are opened with `O_NOFOLLOW` and must be regular files, so a planted
+//!   symlink is an error, never followed.
 //! - **Not guaranteed**: anything on network filesystems (NFS, SMB), where
 //!   `flock` may be emulated or local to one client. Lock files are never
 //!   deleted (deleting a lock file races with a process opening it); one small
@@ -36,7 +42,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -108,17 +114,31 @@ impl FileLockerBuilder {
         self
     }
 
-    /// Creates the directory if missing and returns the locker.
+    /// Creates the directory if missing (mode 0700: only this user can plant
+    /// or replace lock files in it), checks it is safe, and returns the
+    /// locker.
     ///
-    /// Fails with [`Error::Backend`] if the directory cannot be created.
+    /// # Errors
+    ///
+    /// [`Error::Backend`] if the directory cannot be created or inspected;
+    /// [`Error::InvalidInput`] (`what = "lock directory"`) if it, or the
+    /// directory it is in, belongs to another user (root excepted) or is
+    /// writable by every user (a sticky parent such as `/tmp` excepted):
+    /// another local user could then replace lock files or plant symlinks,
+    /// taking locks from under their holders.
     pub fn build(self) -> Result<FileLocker> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| {
-            Error::backend(
-                BACKEND,
-                "create the lock directory",
-                with_path(e, &self.dir),
-            )
-        })?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|e| {
+                Error::backend(
+                    BACKEND,
+                    "create the lock directory",
+                    with_path(e, &self.dir),
+                )
+            })?;
+        check_directory(&self.dir)?;
         Ok(FileLocker {
             inner: Arc::new(Inner {
                 dir: self.dir,
@@ -161,20 +181,17 @@ impl FileLocker {
     }
 
     /// The per-user default directory: `$XDG_STATE_HOME/distlock/locks`, else
-    /// `$HOME/.local/state/distlock/locks`, else `/tmp/distlock-<uid>/locks`.
-    /// A state directory, not a runtime one, so fencing counters survive a
-    /// reboot.
+    /// `$HOME/.local/state/distlock/locks`, else
+    /// `/var/tmp/distlock-<uid>/locks`. A state directory, never one that a
+    /// reboot empties (`/tmp`, `$XDG_RUNTIME_DIR`): the fencing counters in
+    /// the lock files must survive a reboot, or tokens would start again from
+    /// 1. `/var/tmp` is kept across reboots on FHS systems; where it is not,
+    /// set `XDG_STATE_HOME` or name a directory.
     pub fn default_dir() -> PathBuf {
         let non_empty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-        if let Some(state) = non_empty("XDG_STATE_HOME") {
-            return PathBuf::from(state).join("distlock/locks");
-        }
-        if let Some(home) = non_empty("HOME") {
-            return PathBuf::from(home).join(".local/state/distlock/locks");
-        }
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
-        PathBuf::from(format!("/tmp/distlock-{uid}/locks"))
+        default_dir_from(non_empty("XDG_STATE_HOME"), non_empty("HOME"), uid)
     }
 
     /// The directory holding the lock files.
@@ -214,7 +231,7 @@ impl FileLocker {
         let not_held = || Error::NotHeld {
             key: key.to_owned(),
         };
-        let file = match File::open(&path) {
+        let file = match open_lock_file(&path, false) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_held()),
             Err(e) => return Err(Error::backend(BACKEND, "release", with_path(e, &path))),
@@ -259,14 +276,7 @@ impl Locker for FileLocker {
         validate::acquire(key, ttl)?;
         let path = self.path_for(key);
         let io_error = |e| Error::backend(BACKEND, "acquire", with_path(e, &path));
-        // std opens with O_CLOEXEC: a child process never inherits the lock.
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_error)?;
+        let file = open_lock_file(&path, true).map_err(io_error)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Ok(None),
@@ -340,6 +350,99 @@ impl Locker for FileLocker {
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         Ok(Some(self.inner.releases.subscribe(key)))
     }
+}
+
+/// [`FileLocker::default_dir`] for the given environment.
+fn default_dir_from(
+    xdg_state_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    uid: libc::uid_t,
+) -> PathBuf {
+    if let Some(state) = xdg_state_home {
+        return PathBuf::from(state).join("distlock/locks");
+    }
+    if let Some(home) = home {
+        return PathBuf::from(home).join(".local/state/distlock/locks");
+    }
+    PathBuf::from(format!("/var/tmp/distlock-{uid}/locks"))
+}
+
+/// Refuses a lock directory another local user could tamper with: one owned
+/// by someone other than this user or root, or writable by everybody; and the
+/// same for the directory holding it, where a world-writable one is accepted
+/// only with the sticky bit (`/tmp`), which stops others renaming our entries.
+fn check_directory(dir: &Path) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let inspect = |path: &Path| {
+        std::fs::metadata(path)
+            .map_err(|e| Error::backend(BACKEND, "inspect the lock directory", with_path(e, path)))
+    };
+    let unsafe_because = |path: &Path, meta: &std::fs::Metadata, is_parent: bool| {
+        let mode = meta.mode();
+        let world_writable = mode & 0o002 != 0;
+        let sticky = mode & 0o1000 != 0;
+        if meta.uid() != me && meta.uid() != 0 {
+            Some(format!(
+                "{} belongs to uid {}, not to this user (uid {me}) or root",
+                path.display(),
+                meta.uid()
+            ))
+        } else if world_writable && !(is_parent && sticky) {
+            Some(format!("{} is writable by every user", path.display()))
+        } else {
+            None
+        }
+    };
+    let canonical = std::fs::canonicalize(dir)
+        .map_err(|e| Error::backend(BACKEND, "inspect the lock directory", with_path(e, dir)))?;
+    let mut checks = vec![(canonical.as_path(), false)];
+    if let Some(parent) = canonical.parent() {
+        checks.push((parent, true));
+    }
+    for (path, is_parent) in checks {
+        if let Some(reason) = unsafe_because(path, &inspect(path)?, is_parent) {
+            return Err(Error::invalid(
+                "lock directory",
+                format!(
+                    "{reason}: another local user could replace lock files or plant symlinks there \
+                     and take locks from their holders; use a directory only you (or root) can write"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Opens (creating if missing) the lock file at `path` for reading and
+/// writing, refusing to follow a symlink planted in its place (`O_NOFOLLOW`)
+/// or to use anything but a regular file. std opens with `O_CLOEXEC`: a child
+/// process never inherits the lock.
+fn open_lock_file(path: &Path, create: bool) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(create)
+        .create(create)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::new(
+                    e.kind(),
+                    "the lock file is a symbolic link; refusing to follow it (remove it if you did not put it there)",
+                )
+            } else {
+                e
+            }
+        })?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the lock file is not a regular file",
+        ));
+    }
+    Ok(file)
 }
 
 /// The lock file name for `key` (see the module docs).
@@ -462,5 +565,74 @@ mod tests {
         let file = File::open(&path).unwrap();
         let err = read_record(&file, &path).unwrap_err().to_string();
         assert!(err.contains("does not hold a distlock record"), "{err}");
+    }
+
+    #[test]
+    fn the_default_directory_survives_reboots() {
+        assert_eq!(
+            default_dir_from(Some("/st".into()), Some("/home/u".into()), 7),
+            PathBuf::from("/st/distlock/locks")
+        );
+        assert_eq!(
+            default_dir_from(None, Some("/home/u".into()), 7),
+            PathBuf::from("/home/u/.local/state/distlock/locks")
+        );
+        assert_eq!(
+            default_dir_from(None, None, 7),
+            PathBuf::from("/var/tmp/distlock-7/locks"),
+            "not /tmp, which a reboot empties (and fencing counters with it)"
+        );
+    }
+
+    #[test]
+    fn created_directories_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("a/b/locks");
+        FileLocker::new(&locks).unwrap();
+        for path in [dir.path().join("a"), dir.path().join("a/b"), locks] {
+            let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+            assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", path.display());
+        }
+    }
+
+    #[test]
+    fn a_directory_every_user_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = FileLocker::new(&open).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput { what: "lock directory", reason } if reason.contains("writable by every user")),
+            "{err}"
+        );
+        // Inside a world-writable parent without the sticky bit, too.
+        let inner = open.join("locks");
+        std::fs::create_dir(&inner).unwrap();
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let err = FileLocker::new(&inner).unwrap_err();
+        assert!(err.to_string().contains("writable by every user"), "{err}");
+        // A sticky parent (as /tmp) is fine.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        FileLocker::new(&inner).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_symlink_planted_as_a_lock_file_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let locker = FileLocker::new(dir.path().join("locks")).unwrap();
+        let target = dir.path().join("victim");
+        std::fs::write(&target, "precious\n").unwrap();
+        std::os::unix::fs::symlink(&target, locker.path_for("k")).unwrap();
+        let err = locker
+            .try_lock("k", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Backend { .. }) && err.to_string().contains("symbolic link"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious\n");
     }
 }

@@ -292,4 +292,34 @@ mod tests {
         assert_eq!(lease.lost_signal().reason(), None, "still renewed");
         lease.release().await.unwrap();
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// Any interval and max hold, the largest included: the keepalive
+        /// task renews or stops, it never panics (a panic would silently end
+        /// renewal).
+        #[test]
+        fn extreme_keepalive_settings_never_panic(
+            interval in crate::test_support::any_duration(),
+            max_hold in crate::test_support::any_duration(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let flaky = Flaky::default();
+                let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+                lease
+                    .keep_alive(KeepAlive::default().interval(interval).max_hold(max_hold))
+                    .unwrap();
+                tokio::time::sleep(TTL * 3).await;
+                let task = lease.take_keepalive_for_test().expect("started");
+                if task.is_finished() {
+                    task.await.expect("the keepalive task ended without panicking");
+                }
+            });
+        }
+    }
 }

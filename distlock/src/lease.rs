@@ -648,6 +648,12 @@ impl Lease {
         self
     }
 
+    /// The keepalive task's handle, for tests that check how it ended.
+    #[cfg(test)]
+    pub(crate) fn take_keepalive_for_test(&mut self) -> Option<JoinHandle<()>> {
+        self.keepalive.take()
+    }
+
     fn stop_keepalive(&mut self) {
         if let Some(task) = self.keepalive.take() {
             task.abort();

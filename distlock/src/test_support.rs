@@ -50,3 +50,17 @@ impl Locker for Flaky {
         self.inner.refresh(key, owner, ttl).await
     }
 }
+
+/// Any duration a caller can pass, the largest included: property tests
+/// check that such input is an answer or an error, never a panic
+/// (`Instant + Duration` overflowed once).
+pub(crate) fn any_duration() -> impl proptest::strategy::Strategy<Value = Duration> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::MAX),
+        Just(Duration::from_secs(u64::MAX)),
+        (0u64..5_000).prop_map(Duration::from_millis),
+        (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+    ]
+}

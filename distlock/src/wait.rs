@@ -20,7 +20,7 @@ use crate::{Capabilities, Error, Lease, Locker, Result, DEADLINE_GRACE};
 /// How [`Locker::lock`] polls between attempts.
 ///
 /// Delays grow from `initial_delay` by `multiplier` up to `max_delay`; each
-/// sleep is drawn uniformly from the upper half of the current delay (jitter,
+/// sleep (at least 1 ms) is drawn uniformly from the upper half of the current delay (jitter,
 /// so waiters that missed the same release do not retry in lockstep) and never
 /// passes the deadline. Where the backend notifies releases, a notification
 /// cuts the sleep short, so polling only matters for locks freed by expiry or
@@ -178,7 +178,10 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
         if deadline.is_some_and(|deadline| now >= deadline) {
             return Err(timed_out(now));
         }
-        let jittered = rand::rng().random_range(delay / 2..=delay);
+        // At least 1 ms: a zero delay would spin on the backend.
+        let jittered = rand::rng()
+            .random_range(delay / 2..=delay)
+            .max(Duration::from_millis(1));
         let wake = match (checked_deadline(now, jittered), deadline) {
             (Some(wake), Some(deadline)) => Some(wake.min(deadline)),
             (wake, deadline) => wake.or(deadline),
@@ -373,5 +376,103 @@ mod tests {
         drop(releases.subscribe("k"));
         releases.notify("k");
         assert!(releases.channels.lock().unwrap().is_empty());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn extreme_ttls_and_timeouts_never_panic(
+            ttl in crate::test_support::any_duration(),
+            timeout in crate::test_support::any_duration(),
+            initial in crate::test_support::any_duration(),
+            max in crate::test_support::any_duration(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let locker = crate::memory::MemoryLocker::new();
+                let policy = WaitPolicy::default().initial_delay(initial).max_delay(max);
+                let waiting = Waiting::new(locker.clone(), policy);
+                // Free key: granted, or ttl rejected as invalid input.
+                let free = locker.lock("free", ttl, timeout).await;
+                assert!(free.is_ok() || matches!(free, Err(Error::InvalidInput { what: "ttl", .. })), "{free:?}");
+                let _ = locker.try_lock("other", ttl).await;
+                // Held key: waits (bounded here by a minute of virtual time) or times out.
+                let _held = locker.try_lock("held", Duration::from_secs(3600)).await.unwrap();
+                let wait = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    waiting.lock("held", Duration::from_secs(1), timeout),
+                )
+                .await;
+                if let Ok(outcome) = wait {
+                    assert!(matches!(outcome, Err(Error::NotAcquired { .. } | Error::Timeout { .. })), "{outcome:?}");
+                }
+            });
+        }
+
+        #[test]
+        fn backoff_multipliers_are_numbers_of_at_least_one(m in proptest::num::f64::ANY) {
+            let policy = WaitPolicy::default().max_delay(Duration::MAX).multiplier(m);
+            match policy {
+                Ok(policy) => {
+                    assert!(m.is_finite() && m >= 1.0);
+                    let mut delay = Duration::from_secs(u64::MAX / 2);
+                    for _ in 0..4 {
+                        delay = policy.next_delay(delay);
+                    }
+                }
+                Err(error) => {
+                    assert!(!(m.is_finite() && m >= 1.0), "{m} refused: {error}");
+                    assert!(matches!(error, Error::InvalidInput { what: "wait policy", .. }));
+                }
+            }
+        }
+    }
+
+    /// A backend that never answers cannot hold `lock` past its timeout
+    /// plus the grace.
+    #[derive(Debug)]
+    struct Silent;
+
+    #[async_trait]
+    impl Locker for Silent {
+        fn backend(&self) -> &'static str {
+            "silent"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        async fn try_lock(&self, _key: &str, _ttl: Duration) -> Result<Option<Lease>> {
+            std::future::pending().await
+        }
+        async fn unlock(&self, _key: &str, _owner: &str) -> Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lock_returns_within_its_timeout_plus_the_grace_whatever_the_backend_does() {
+        for timeout in [Duration::ZERO, Duration::from_secs(3)] {
+            let started = Instant::now();
+            let err = Silent
+                .lock("k", Duration::from_secs(10), timeout)
+                .await
+                .unwrap_err();
+            assert_eq!(started.elapsed(), timeout + DEADLINE_GRACE);
+            assert!(
+                matches!(
+                    err,
+                    Error::DeadlineExceeded {
+                        backend: "silent",
+                        operation: "acquire",
+                        ..
+                    }
+                ),
+                "an unanswered attempt is an outage, not contention: {err}"
+            );
+        }
     }
 }
