@@ -184,9 +184,9 @@ impl FileLocker {
     /// `$HOME/.local/state/distlock/locks`, else
     /// `/var/tmp/distlock-<uid>/locks`. A state directory, never one that a
     /// reboot empties (`/tmp`, `$XDG_RUNTIME_DIR`): the fencing counters in
-    /// the lock files must survive a reboot, or tokens would start again from
-    /// 1. `/var/tmp` is kept across reboots on FHS systems; where it is not,
-    /// set `XDG_STATE_HOME` or name a directory.
+    /// the lock files must survive a reboot, or tokens would start again
+    /// from one. `/var/tmp` is kept across reboots on FHS systems; where it
+    /// is not, set `XDG_STATE_HOME` or name a directory.
     pub fn default_dir() -> PathBuf {
         let non_empty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
         // SAFETY: getuid has no preconditions and cannot fail.
