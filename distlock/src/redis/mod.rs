@@ -100,6 +100,7 @@
 //! [`ConnectionManager`]: redis::aio::ConnectionManager
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,6 +109,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ProtocolVersion;
 use tokio::time::Instant;
 
+use crate::deadline::bounded;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
     Result, DEFAULT_RELEASE_TIMEOUT,
@@ -152,6 +154,8 @@ pub struct RedisLocker {
 
 struct Inner {
     connection: ConnectionManager,
+    /// [`operation_bound`] of the config: no call takes longer.
+    operation_bound: Duration,
     keys: KeySpace,
     /// Where errors say they happened.
     target: Target,
@@ -204,12 +208,17 @@ impl RedisLocker {
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
         };
-        let connection = ConnectionManager::new_with_config(command_client, manager_config)
-            .await
-            .map_err(|e| target.error("connect", &e, false))?;
+        let operation_bound = operation_bound(config.connect_timeout, config.response_timeout);
+        let connection = bounded(BACKEND, "connect", operation_bound, async {
+            ConnectionManager::new_with_config(command_client, manager_config)
+                .await
+                .map_err(|e| target.error("connect", e, false))
+        })
+        .await?;
         Ok(RedisLocker {
             inner: Arc::new(Inner {
                 connection,
+                operation_bound,
                 keys: KeySpace::new(config.key_prefix),
                 target,
                 releases: ReleaseHub::new(
@@ -260,11 +269,14 @@ impl RedisLocker {
     /// can set one) reports [`Duration::MAX`].
     pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>> {
         validate::key(key)?;
-        let millis: i64 = redis::cmd("PTTL")
-            .arg(self.backend_key(key))
-            .query_async(&mut self.connection())
-            .await
-            .map_err(|e| self.backend_error("remaining_ttl", &e))?;
+        let millis: i64 = self
+            .bounded("remaining_ttl", async {
+                redis::cmd("PTTL")
+                    .arg(self.backend_key(key))
+                    .query_async(&mut self.connection())
+                    .await
+            })
+            .await?;
         Ok(match millis {
             -1 => Some(Duration::MAX),
             millis => u64::try_from(millis).ok().map(Duration::from_millis),
@@ -275,43 +287,90 @@ impl RedisLocker {
         self.inner.connection.clone()
     }
 
-    /// The error for a failed release, refresh or query (see
-    /// [`Target::error`]; acquires add what they know about their outcome).
-    fn backend_error(&self, operation: &'static str, err: &redis::RedisError) -> Error {
-        self.inner.target.error(operation, err, false)
+    /// Runs one Redis call under the locker's [`operation_bound`]: its
+    /// redis-rs error becomes [`Error::Backend`] (see [`Target::error`]), its
+    /// timeout [`Error::DeadlineExceeded`].
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        bounded(BACKEND, operation, self.inner.operation_bound, async {
+            call.await
+                .map_err(|e| self.inner.target.error(operation, e, false))
+        })
+        .await
     }
 
-    /// One run of the acquire script with a fresh owner token. An attempt whose
-    /// outcome is unknown is undone in the background before its error is
-    /// returned.
-    async fn attempt_acquire(&self, key: &str, ttl: Duration) -> redis::RedisResult<Option<Lease>> {
-        let owner = new_owner_token();
-        let sent_at = Instant::now();
-        let granted: redis::RedisResult<u64> = ACQUIRE_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .key(self.inner.keys.fence_key(key))
-            .arg(&owner)
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await;
+    /// One try: the acquire script, and once more with the same owner token
+    /// if the connection was found broken. Not bounded by itself (see
+    /// [`Locker::try_lock`]); every exit that leaves the outcome unknown,
+    /// including being dropped, undoes the attempt by its token.
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        // Armed from here on: the request may be on the wire at any await below.
+        let pending = PendingAcquire {
+            locker: self,
+            key,
+            owner: Some(new_owner_token()),
+            ttl,
+        };
+        let owner = pending.owner();
+        let mut sent_at = Instant::now();
+        let mut granted = self.run_acquire_script(key, owner, ttl).await;
+        let mut retried = false;
+        if let Err(err) = &granted {
+            // The connection was found broken (a restart, a failover or a
+            // reset closed it) and is being replaced: one more attempt, on the
+            // new connection, with the same token. If the first one took
+            // effect, the script recognises its own token and returns that
+            // grant (see `scripts::ACQUIRE`). Refusals are not retried: the
+            // server is down, and a retry would only double the wait.
+            if err.is_connection_dropped() && !err.is_connection_refusal() {
+                retried = true;
+                sent_at = Instant::now();
+                granted = self.run_acquire_script(key, owner, ttl).await;
+            }
+        }
         let fencing_token = match granted {
-            Ok(0) => return Ok(None),
+            // Held by another token: ours is not in the key, nothing to undo.
+            Ok(0) => {
+                pending.settle();
+                return Ok(None);
+            }
             Ok(token) => token,
             Err(err) => {
-                if errors::outcome(&err) == Outcome::Unknown {
-                    self.release_in_background(key, owner, ttl);
+                let outcome_unknown = retried || errors::outcome(&err) == Outcome::Unknown;
+                if !outcome_unknown {
+                    pending.settle();
                 }
-                return Err(err);
+                // Dropping `pending` still armed releases the lock by its
+                // token in the background, in case the acquire took effect.
+                return Err(self.inner.target.error("acquire", err, outcome_unknown));
             }
         };
         let parts = LeaseParts {
             key: key.to_owned(),
-            owner,
+            owner: pending.settle(),
             fencing_token: Some(fencing_token),
             ttl,
             valid_until: Some(sent_at + ttl),
         };
         Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
+    }
+
+    async fn run_acquire_script(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> redis::RedisResult<u64> {
+        ACQUIRE_SCRIPT
+            .key(self.inner.keys.lock_key(key))
+            .key(self.inner.keys.fence_key(key))
+            .arg(owner)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.connection())
+            .await
     }
 
     /// Undoes an acquire whose outcome is unknown: deletes the lock if (and
@@ -323,7 +382,19 @@ impl RedisLocker {
         let this = self.clone();
         let key = key.to_owned();
         let give_up_at = Instant::now() + ttl.min(DEFAULT_RELEASE_TIMEOUT);
-        tokio::spawn(async move {
+        // Dropped outside a runtime (a future dropped on a plain thread, or
+        // while the runtime shuts down): nothing can run the release, and the
+        // key expires at its ttl.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                component = "distlock",
+                backend = BACKEND,
+                key,
+                "no runtime to release an abandoned acquire on; it expires at its ttl"
+            );
+            return;
+        };
+        runtime.spawn(async move {
             let mut delay = RECONNECT_MIN_DELAY;
             loop {
                 match this.unlock(&key, &owner).await {
@@ -359,6 +430,47 @@ fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
+/// The bound on every call of a locker (acquire with its retry, release,
+/// refresh, `remaining_ttl`, connect): one connection attempt plus one reply.
+/// Past it the call is abandoned with [`Error::DeadlineExceeded`]. Without it
+/// a call during an outage waited for every reconnect attempt of the
+/// connection manager (each up to the connect timeout), several seconds.
+fn operation_bound(connect_timeout: Duration, response_timeout: Duration) -> Duration {
+    connect_timeout.saturating_add(response_timeout)
+}
+
+/// An acquire that may have taken effect on the server: armed while its
+/// outcome is unknown, it releases the lock by its owner token when dropped
+/// (the caller cancelled, the bound elapsed, or the reply was lost), so an
+/// unknown outcome never leaves a lock under a token nobody knows until its
+/// ttl. [`settle`](Self::settle) disarms it on a definite answer.
+struct PendingAcquire<'a> {
+    locker: &'a RedisLocker,
+    key: &'a str,
+    /// `None` once settled.
+    owner: Option<String>,
+    ttl: Duration,
+}
+
+impl PendingAcquire<'_> {
+    fn owner(&self) -> &str {
+        self.owner.as_deref().unwrap_or_default()
+    }
+
+    /// The answer is definite: nothing to undo. Returns the owner token.
+    fn settle(mut self) -> String {
+        self.owner.take().unwrap_or_default()
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            self.locker.release_in_background(self.key, owner, self.ttl);
+        }
+    }
+}
+
 #[async_trait]
 impl Locker for RedisLocker {
     fn backend(&self) -> &'static str {
@@ -379,34 +491,37 @@ impl Locker for RedisLocker {
         RedisLocker::backend_key(self, key)
     }
 
+    /// One attempt, bounded by [`operation_bound`] (retry included).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future after the request may have been sent
+    /// releases the lock by its owner token in the background (failing that,
+    /// it expires at its ttl), as does an attempt abandoned at its bound
+    /// ([`Error::DeadlineExceeded`]) or whose reply was lost.
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        let granted = match self.attempt_acquire(key, ttl).await {
-            // The connection was found broken (a restart or failover closed it)
-            // and is being replaced: one more attempt, on the new connection.
-            // Safe: it uses a new owner token, and the first one is released in
-            // the background in case it took effect. Refusals are not retried:
-            // the server is down, and a retry would only double the wait.
-            Err(err) if err.is_connection_dropped() && !err.is_connection_refusal() => {
-                self.attempt_acquire(key, ttl).await
-            }
-            other => other,
-        };
-        granted.map_err(|err| {
-            let outcome_unknown = errors::outcome(&err) == Outcome::Unknown;
-            self.inner.target.error("acquire", &err, outcome_unknown)
-        })
+        bounded(
+            BACKEND,
+            "acquire",
+            self.inner.operation_bound,
+            self.acquire(key, ttl),
+        )
+        .await
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        let released: u8 = RELEASE_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .arg(owner)
-            .arg(self.inner.keys.release_channel(key))
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| self.backend_error("release", &e))?;
+        let released: u8 = self
+            .bounded("release", async {
+                RELEASE_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .arg(owner)
+                    .arg(self.inner.keys.release_channel(key))
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
         match released {
             1 => Ok(()),
             _ => Err(Error::NotHeld {
@@ -417,13 +532,16 @@ impl Locker for RedisLocker {
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let refreshed: u8 = REFRESH_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .arg(owner)
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| self.backend_error("refresh", &e))?;
+        let refreshed: u8 = self
+            .bounded("refresh", async {
+                REFRESH_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .arg(owner)
+                    .arg(ttl_millis(ttl))
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
         match refreshed {
             1 => Ok(()),
             _ => Err(Error::NotHeld {
