@@ -50,25 +50,45 @@
 //! - **Fencing**: the per-key counter increases with every grant on this
 //!   server. It is never deleted (one small key per lock name ever used).
 //! - **Contention vs outage**: a held key is `Ok(None)` (contention); a server
-//!   that cannot be reached or fails is [`Error::Backend`], never contention.
-//!   **An acquire whose reply is lost** (timeout, connection broken after the
-//!   request was sent) may have succeeded: it is reported as
-//!   [`Error::Backend`] and released by its owner token in the background;
-//!   if that fails too, the key expires at its ttl.
+//!   that cannot be reached or fails is [`Error::Backend`], one that does not
+//!   answer within the operation bound (below) is [`Error::DeadlineExceeded`]:
+//!   both outages, never contention.
+//!   **An acquire whose outcome is unknown** (reply timed out, connection
+//!   broken after the request was sent, the call abandoned at its bound, or
+//!   its future dropped by the caller) may have succeeded: it is reported as
+//!   an outage (or not at all, when dropped) and released by its owner token
+//!   in the background; if that fails too, the key expires at its ttl.
 //! - **Connections**: commands share one multiplexed connection that
 //!   reconnects on its own (redis-rs [`ConnectionManager`], RESP3, so a
 //!   dropped connection is noticed and re-established in the background even
 //!   while idle). An acquire that finds the connection broken (the server
-//!   restarted) is tried once more, with a new owner token, on the new
-//!   connection; a release or refresh that finds it broken fails, and the next
-//!   call uses the new connection. During an outage, reconnecting is retried
-//!   for about 0.35–0.7 s before a call fails. Each connection attempt is
+//!   restarted, the connection was reset) is tried once more on the new
+//!   connection **with the same owner token**; the acquire script recognises
+//!   its own token, so if the first attempt took effect the retry returns
+//!   that grant and its fencing token instead of reporting contention on its
+//!   own orphan. A release or refresh that finds the connection broken fails,
+//!   and the next call uses the new connection. Each connection attempt is
 //!   bounded by [`Config::connect_timeout`], each reply by
-//!   [`Config::response_timeout`]. Requires Redis 6 or newer (`HELLO 3`).
+//!   [`Config::response_timeout`]. **Every call** (an acquire with its retry,
+//!   a release, a refresh, [`RedisLocker::remaining_ttl`], connecting) **is
+//!   bounded by `connect_timeout + response_timeout`** (1.5 s by default):
+//!   past it the call is abandoned with [`Error::DeadlineExceeded`]. Without
+//!   that bound a call against a server that accepts connections but never
+//!   answers waited for every reconnect attempt, several seconds. A refused
+//!   connection fails sooner: reconnecting is retried for about 0.35–0.7 s.
+//!   Requires Redis 6 or newer (`HELLO 3`).
+//! - **Cancel safety**: dropping a [`Locker::try_lock`] future is safe: an
+//!   acquire already sent is released by its token in the background (see
+//!   above). Dropping a release or refresh future leaves the lock as it was,
+//!   or as the command left it.
 //! - **Waiting**: [`Locker::lock`] polls with backoff and is woken at once by
 //!   the release script's `PUBLISH`. All waiters of one locker share one
-//!   subscriber connection, opened on first use; if it dies, waiters poll and
-//!   the next waiter reconnects it. A lock freed by *expiry* publishes nothing
+//!   subscriber connection, opened on first use (each waiter waits at most
+//!   the connect timeout for it, never for another waiter's attempt). While
+//!   waiters listen it is `PING`ed every response timeout; a connection that
+//!   dies, or stops answering (half-open, partitioned), is closed within
+//!   about twice the response timeout: waiters then poll and the next waiter
+//!   reconnects. A lock freed by *expiry* publishes nothing
 //!   and is found by polling. A user whose ACL forbids the channel can still
 //!   lock and release (the publish is best-effort); its waiters poll. Cost:
 //!   the first waiter of a key (per locker) subscribes before its first
@@ -136,7 +156,8 @@ const BACKEND: &str = "redis";
 /// How often the connection manager retries a broken connection before the
 /// waiting command fails (it retries again on the next command). With the
 /// delays below, restarts shorter than about 0.35 s are bridged, and a command
-/// during an outage fails within about 0.7 s plus the connect attempts.
+/// during an outage fails within about 0.7 s plus the connect attempts, or at
+/// the operation bound (`operation_bound`), whichever comes first.
 const RECONNECT_RETRIES: usize = 3;
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(400);
@@ -173,11 +194,13 @@ impl fmt::Debug for RedisLocker {
 
 impl RedisLocker {
     /// Connects to the server `config` names, failing if it cannot be reached
-    /// or rejects the credentials (one attempt plus the reconnect retries).
+    /// or rejects the credentials (one attempt plus the reconnect retries,
+    /// all within `connect_timeout + response_timeout`).
     ///
     /// [`Error::InvalidInput`] for a config that names no server or more than
-    /// one, [`Error::Backend`] if connecting fails; an authentication failure
-    /// says so.
+    /// one, [`Error::Backend`] if connecting fails (an authentication failure
+    /// says so), [`Error::DeadlineExceeded`] if it does not finish within the
+    /// bound.
     ///
     /// ```no_run
     /// use distlock::redis::{Config, RedisLocker};
@@ -266,7 +289,8 @@ impl RedisLocker {
 
     /// How long `key`'s lock has left on the server's clock (`PTTL`), or
     /// `None` if it is not held. A key without expiry (only a foreign client
-    /// can set one) reports [`Duration::MAX`].
+    /// can set one) reports [`Duration::MAX`]. Bounded like every call (see
+    /// the module docs' "Connections"); read-only, so safe to cancel.
     pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>> {
         validate::key(key)?;
         let millis: i64 = self
@@ -491,7 +515,8 @@ impl Locker for RedisLocker {
         RedisLocker::backend_key(self, key)
     }
 
-    /// One attempt, bounded by [`operation_bound`] (retry included).
+    /// One attempt, bounded by `connect_timeout + response_timeout` (retry
+    /// included; see the [module docs](self), "Connections").
     ///
     /// # Cancel safety
     ///
