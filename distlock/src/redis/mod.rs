@@ -71,11 +71,14 @@
 //!   bounded by [`Config::connect_timeout`], each reply by
 //!   [`Config::response_timeout`]. **Every call** (an acquire with its retry,
 //!   a release, a refresh, [`RedisLocker::remaining_ttl`], connecting) **is
-//!   bounded by `connect_timeout + response_timeout`** (1.5 s by default):
-//!   past it the call is abandoned with [`Error::DeadlineExceeded`]. Without
-//!   that bound a call against a server that accepts connections but never
-//!   answers waited for every reconnect attempt, several seconds. A refused
-//!   connection fails sooner: reconnecting is retried for about 0.35–0.7 s.
+//!   bounded by `connect_timeout + response_timeout + 0.7 s`** (one
+//!   connection attempt, one reply and the pauses of one reconnect cycle;
+//!   2.2 s by default; [`RedisLocker::operation_bound`]): past it the call
+//!   is abandoned with [`Error::DeadlineExceeded`]. Without that bound a call
+//!   against a server that accepts connections but never answers waited for
+//!   every reconnect attempt, twice for an acquire, several seconds. A
+//!   refused connection fails sooner, as [`Error::Backend`]: reconnecting is
+//!   retried for about 0.35–0.7 s.
 //!   Requires Redis 6 or newer (`HELLO 3`).
 //! - **Cancel safety**: dropping a [`Locker::try_lock`] future is safe: an
 //!   acquire already sent is released by its token in the background (see
@@ -157,10 +160,16 @@ const BACKEND: &str = "redis";
 /// waiting command fails (it retries again on the next command). With the
 /// delays below, restarts shorter than about 0.35 s are bridged, and a command
 /// during an outage fails within about 0.7 s plus the connect attempts, or at
-/// the operation bound (`operation_bound`), whichever comes first.
+/// the operation bound ([`RedisLocker::operation_bound`]), whichever comes
+/// first.
 const RECONNECT_RETRIES: usize = 3;
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(400);
+/// The longest the connection manager sleeps between the attempts of one
+/// reconnect cycle: 50 + 100 + 200 ms, each up to doubled by its jitter
+/// (redis-rs builds a jittered exponential backoff; see
+/// `ConnectionManager::new_lazy_with_config` in redis-rs 1.x).
+const RECONNECT_PAUSES: Duration = Duration::from_millis(700);
 
 /// The Redis backend. Cheap to clone; clones share the connection.
 ///
@@ -175,7 +184,7 @@ pub struct RedisLocker {
 
 struct Inner {
     connection: ConnectionManager,
-    /// [`operation_bound`] of the config: no call takes longer.
+    /// [`RedisLocker::operation_bound`]: no call takes longer.
     operation_bound: Duration,
     keys: KeySpace,
     /// Where errors say they happened.
@@ -282,6 +291,15 @@ impl RedisLocker {
         self.inner.keys.release_channel(key)
     }
 
+    /// The bound on every call of this locker: `connect_timeout +
+    /// response_timeout + 0.7 s` (the pauses of one reconnect cycle), 2.2 s
+    /// with the default timeouts. A call still running at the bound is
+    /// abandoned with [`Error::DeadlineExceeded`] (an acquire is then undone
+    /// by its owner token in the background).
+    pub fn operation_bound(&self) -> Duration {
+        self.inner.operation_bound
+    }
+
     /// The prefix of every key this locker writes.
     pub fn key_prefix(&self) -> &str {
         self.inner.keys.prefix()
@@ -311,7 +329,7 @@ impl RedisLocker {
         self.inner.connection.clone()
     }
 
-    /// Runs one Redis call under the locker's [`operation_bound`]: its
+    /// Runs one Redis call under [`RedisLocker::operation_bound`]: its
     /// redis-rs error becomes [`Error::Backend`] (see [`Target::error`]), its
     /// timeout [`Error::DeadlineExceeded`].
     async fn bounded<T>(
@@ -455,12 +473,18 @@ fn ttl_millis(ttl: Duration) -> u64 {
 }
 
 /// The bound on every call of a locker (acquire with its retry, release,
-/// refresh, `remaining_ttl`, connect): one connection attempt plus one reply.
-/// Past it the call is abandoned with [`Error::DeadlineExceeded`]. Without it
-/// a call during an outage waited for every reconnect attempt of the
-/// connection manager (each up to the connect timeout), several seconds.
+/// refresh, `remaining_ttl`, connect): one connection attempt, one reply, and
+/// the pauses of one reconnect cycle ([`RECONNECT_PAUSES`]), so a server that
+/// refuses connections is still reported as refusing ([`Error::Backend`])
+/// rather than cut short. Past it the call is abandoned with
+/// [`Error::DeadlineExceeded`]. Without it a call against a server that
+/// accepts connections but never answers waited for every reconnect attempt
+/// of the connection manager (each up to the connect timeout), twice when the
+/// acquire was retried: several seconds.
 fn operation_bound(connect_timeout: Duration, response_timeout: Duration) -> Duration {
-    connect_timeout.saturating_add(response_timeout)
+    connect_timeout
+        .saturating_add(response_timeout)
+        .saturating_add(RECONNECT_PAUSES)
 }
 
 /// An acquire that may have taken effect on the server: armed while its
@@ -515,7 +539,7 @@ impl Locker for RedisLocker {
         RedisLocker::backend_key(self, key)
     }
 
-    /// One attempt, bounded by `connect_timeout + response_timeout` (retry
+    /// One attempt, bounded by [`RedisLocker::operation_bound`] (retry
     /// included; see the [module docs](self), "Connections").
     ///
     /// # Cancel safety
@@ -611,5 +635,22 @@ mod tests {
         assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
         assert_eq!(ttl_millis(Duration::from_secs(30)), 30_000);
         assert_eq!(ttl_millis(validate::MAX_TTL), 365 * 24 * 3600 * 1000);
+    }
+
+    #[test]
+    fn the_reconnect_pauses_cover_one_jittered_backoff_cycle() {
+        let mut delay = RECONNECT_MIN_DELAY;
+        let mut longest = Duration::ZERO;
+        for _ in 0..RECONNECT_RETRIES {
+            // Each pause is at most twice its nominal delay (jitter).
+            longest += 2 * delay;
+            delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+        }
+        assert_eq!(longest, RECONNECT_PAUSES);
+        assert_eq!(
+            operation_bound(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
+            Duration::from_millis(2200)
+        );
+        assert_eq!(operation_bound(Duration::MAX, Duration::MAX), Duration::MAX);
     }
 }
