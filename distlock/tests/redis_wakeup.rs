@@ -171,10 +171,9 @@ async fn connect_through_proxy(
 ) -> (RedisLocker, FaultProxy) {
     let proxy = FaultProxy::start(server.port());
     let config = Config {
-        addresses: vec![format!("127.0.0.1:{}", proxy.port())],
         connect_timeout,
         response_timeout,
-        ..Config::from_url(&server.url()).unwrap()
+        ..Config::from_url(&proxy.proxied_url(&server.url())).unwrap()
     };
     let locker = RedisLocker::connect(config)
         .await

@@ -37,6 +37,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct FaultProxy {
     port: u16,
+    upstream: u16,
     shared: Arc<Shared>,
 }
 
@@ -81,7 +82,11 @@ impl FaultProxy {
             .name(format!("fault-proxy-{port}"))
             .spawn(move || accept_loop(listener, upstream, &acceptor))
             .expect("start the fault proxy");
-        FaultProxy { port, shared }
+        FaultProxy {
+            port,
+            upstream,
+            shared,
+        }
     }
 
     /// The port clients connect to (127.0.0.1).
@@ -89,11 +94,12 @@ impl FaultProxy {
         self.port
     }
 
-    /// `url` with its port replaced by the proxy's: `redis://127.0.0.1:6379/0`
-    /// becomes `redis://127.0.0.1:<port()>/0`.
+    /// `url` (naming the upstream server as `127.0.0.1:<upstream>`) with the
+    /// proxy's port instead: `redis://127.0.0.1:6379/0` becomes
+    /// `redis://127.0.0.1:<port()>/0`. Panics if `url` does not name it.
     #[must_use]
-    pub fn rewrite_url(&self, url: &str, upstream: u16) -> String {
-        let from = format!("127.0.0.1:{upstream}");
+    pub fn proxied_url(&self, url: &str) -> String {
+        let from = format!("127.0.0.1:{}", self.upstream);
         assert!(url.contains(&from), "{url} does not name {from}");
         url.replacen(&from, &format!("127.0.0.1:{}", self.port), 1)
     }
