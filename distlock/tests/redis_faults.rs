@@ -1,13 +1,14 @@
 //! The Redis backend under faults: forgotten scripts, restarts, a dead or
-//! frozen server, and keys written by other clients. Each test owns its
-//! redis-server, since most of them break it.
+//! frozen server, lost replies, cancelled and blackholed acquires (through
+//! test-servers' [`FaultProxy`]), and keys written by other clients. Each test
+//! owns its redis-server, since most of them break it.
 #![cfg(feature = "redis")]
 
 use std::time::Duration;
 
 use distlock::redis::{Config, RedisLocker};
 use distlock::{Error, Locker};
-use test_servers::{RedisOptions, RedisServer};
+use test_servers::{FaultProxy, RedisOptions, RedisServer};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -18,7 +19,7 @@ async fn connect(server: &RedisServer) -> RedisLocker {
         .expect("connect to the test redis-server")
 }
 
-/// Retries `attempt` while it fails with a backend error (the connection
+/// Retries `attempt` while it fails with an outage (the connection
 /// recovering after a restart), for up to 5 s; anything else is returned.
 async fn once_reconnected<T, F, Fut>(mut attempt: F) -> distlock::Result<T>
 where
@@ -28,7 +29,7 @@ where
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match attempt().await {
-            Err(Error::Backend { .. }) if Instant::now() < deadline => {
+            Err(err) if err.is_outage() && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             other => return other,
@@ -234,4 +235,217 @@ async fn an_acquire_whose_reply_times_out_is_an_error_and_is_undone() {
         .unwrap()
         .expect("free again");
     lease.release().await.unwrap();
+}
+
+/// A locker whose every connection (commands and subscriber) goes through a
+/// fresh [`FaultProxy`] in front of `server`, with its scripts loaded (so a
+/// fault hits the acquire itself, not a `NOSCRIPT` round trip).
+async fn connect_through_proxy(server: &RedisServer, config: Config) -> (RedisLocker, FaultProxy) {
+    let proxy = FaultProxy::start(server.port());
+    let config = Config {
+        addresses: vec![format!("127.0.0.1:{}", proxy.port())],
+        ..config
+    };
+    let locker = RedisLocker::connect(config)
+        .await
+        .expect("connect through the proxy");
+    let warm = locker.try_lock("warm-up", TTL).await.unwrap().unwrap();
+    warm.release().await.unwrap();
+    (locker, proxy)
+}
+
+fn default_config(server: &RedisServer) -> Config {
+    Config::from_url(&server.url()).unwrap()
+}
+
+/// Polls until `key`'s lock is gone from the server, for up to `within`.
+async fn until_free(server: &RedisServer, key: &str, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    let lock_key = format!("lock:{{{key}}}");
+    while server.cli(&["EXISTS", &lock_key]) != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still locked after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_reply_is_cut_off_is_retried_and_granted_not_contention() {
+    let server = RedisServer::start();
+    let (locker, proxy) = connect_through_proxy(&server, default_config(&server)).await;
+    // The server runs the SET, the connection is reset before its reply.
+    proxy.cut_after_next_request();
+    let lease = locker
+        .try_lock("k", TTL)
+        .await
+        .expect("the retry on the new connection succeeds")
+        .expect("the retry recognises its own grant: nobody else holds k");
+    assert_eq!(
+        server.cli(&["GET", "lock:{k}"]),
+        lease.owner(),
+        "the key holds the lease's token"
+    );
+    assert_eq!(
+        lease.fencing_token(),
+        Some(1),
+        "the retry reports the first attempt's grant, not a second one"
+    );
+    assert_eq!(server.cli(&["GET", "lock:{k}:fence"]), "1");
+    let pttl: u64 = server.cli(&["PTTL", "lock:{k}"]).parse().unwrap();
+    assert!(pttl > 29_000, "the retry re-armed the ttl: PTTL {pttl}");
+    // Nothing in the background deletes the lock from under the holder.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(server.cli(&["GET", "lock:{k}"]), lease.owner());
+    lease.release().await.expect("the holder releases");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_dropped_mid_flight_is_undone_by_its_token() {
+    let server = RedisServer::start();
+    let (locker, proxy) = connect_through_proxy(&server, default_config(&server)).await;
+    // Requests reach the server at once; replies take 300 ms (less than the
+    // 500 ms response timeout, so only the caller's cancellation interferes).
+    proxy.delay_replies(Duration::from_millis(300));
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(50), locker.try_lock("k", TTL)).await;
+    assert!(
+        cancelled.is_err(),
+        "the reply is delayed, so the caller gave up first"
+    );
+    // The acquire ran (the fence counter moved) and is released by its token
+    // long before its 30 s ttl.
+    until_free(
+        &server,
+        "k",
+        Duration::from_secs(3),
+        "the cancelled acquire",
+    )
+    .await;
+    assert_eq!(server.cli(&["GET", "lock:{k}:fence"]), "1");
+    proxy.restore();
+    let lease = locker
+        .try_lock("k", TTL)
+        .await
+        .unwrap()
+        .expect("free again");
+    assert_eq!(lease.fencing_token(), Some(2));
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_against_a_blackholed_server_are_bounded_outages() {
+    let server = RedisServer::start();
+    let (locker, proxy) = connect_through_proxy(&server, default_config(&server)).await;
+    let held = locker.try_lock("held", TTL).await.unwrap().unwrap();
+    let owner = held.owner().to_owned();
+    std::mem::forget(held);
+    // The connection is reset and every reconnect hangs: accepted, unanswered.
+    proxy.blackhole();
+    proxy.cut_all();
+    let bound = locker.operation_bound();
+    assert_eq!(
+        bound,
+        distlock::redis::DEFAULT_CONNECT_TIMEOUT
+            + distlock::redis::DEFAULT_RESPONSE_TIMEOUT
+            + Duration::from_millis(700),
+        "the documented bound"
+    );
+    let slack = Duration::from_millis(500);
+
+    let started = Instant::now();
+    let result = locker.try_lock("k", TTL).await;
+    let elapsed = started.elapsed();
+    match result {
+        Err(
+            ref err @ Error::DeadlineExceeded {
+                backend: "redis",
+                operation: "acquire",
+                after,
+            },
+        ) => {
+            assert_eq!(after, bound);
+            assert!(err.is_outage() && !err.is_contention(), "{err}");
+        }
+        other => panic!("a blackholed acquire must exceed its deadline, got {other:?}"),
+    }
+    eprintln!("try_lock against a blackholed server returned after {elapsed:?}");
+    assert!(
+        elapsed < bound + slack,
+        "try_lock returned after {elapsed:?}"
+    );
+
+    // Release and refresh are bounded the same way. They end either at the
+    // bound or, if the connection manager's reconnect cycle gives up first,
+    // with its timeout error: an outage either way, never NotHeld.
+    let started = Instant::now();
+    let released = locker.unlock("held", &owner).await;
+    let release_took = started.elapsed();
+    let started = Instant::now();
+    let refreshed = locker.refresh("held", &owner, TTL).await;
+    let refresh_took = started.elapsed();
+    for (operation, result, took) in [
+        ("release", released, release_took),
+        ("refresh", refreshed, refresh_took),
+    ] {
+        match result {
+            Err(err @ (Error::DeadlineExceeded { .. } | Error::Backend { .. })) => {
+                assert!(
+                    err.is_outage() && !err.is_contention(),
+                    "{operation}: {err}"
+                )
+            }
+            other => panic!("{operation} against a blackhole: expected an outage, got {other:?}"),
+        }
+        assert!(took < bound + slack, "{operation} returned after {took:?}");
+    }
+
+    proxy.restore();
+    let lease = once_reconnected(|| locker.try_lock("k", TTL))
+        .await
+        .expect("the connection recovers once the server answers")
+        .expect("k is free: the abandoned acquire never ran or was undone");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_abandoned_at_its_deadline_is_undone_by_its_token() {
+    let server = RedisServer::start();
+    // bound = 0.3 s + 1.2 s + 0.7 s = 2.2 s. With the script cache flushed,
+    // the acquire is EVALSHA (NOSCRIPT), SCRIPT LOAD, EVALSHA: with replies
+    // delayed 0.9 s, the script runs at about 1.8 s and its reply would
+    // arrive at 2.7 s, past the bound; each reply comes within the 1.2 s
+    // response timeout.
+    let config = Config {
+        connect_timeout: Duration::from_millis(300),
+        response_timeout: Duration::from_millis(1200),
+        ..default_config(&server)
+    };
+    let (locker, proxy) = connect_through_proxy(&server, config).await;
+    server.cli(&["SCRIPT", "FLUSH"]);
+    assert_eq!(locker.operation_bound(), Duration::from_millis(2200));
+    proxy.delay_replies(Duration::from_millis(900));
+    match locker.try_lock("k", TTL).await {
+        Err(Error::DeadlineExceeded { after, .. }) => {
+            assert_eq!(after, Duration::from_millis(2200))
+        }
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    // The script did run; the abandoned acquire is released by its token.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while server.cli(&["GET", "lock:{k}:fence"]) != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "the acquire never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_free(
+        &server,
+        "k",
+        Duration::from_secs(4),
+        "the abandoned acquire",
+    )
+    .await;
 }

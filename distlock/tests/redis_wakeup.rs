@@ -1,13 +1,14 @@
 //! Release notifications on Redis: one shared subscriber connection per
-//! locker, subscriptions following the waiters, and waiters that keep going
-//! (by polling) when that connection dies.
+//! locker, subscriptions following the waiters, waiters that keep going
+//! (by polling) when that connection dies, and a silent connection (through
+//! test-servers' [`FaultProxy`]) found dead by its PING.
 #![cfg(feature = "redis")]
 
 use std::time::Duration;
 
-use distlock::redis::RedisLocker;
+use distlock::redis::{Config, RedisLocker};
 use distlock::{Lease, Locker};
-use test_servers::RedisServer;
+use test_servers::{FaultProxy, RedisServer};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -160,4 +161,94 @@ async fn a_waiter_rides_out_a_server_restart_and_wake_ups_resume() {
     let latency = acquired_at - released_at;
     assert!(latency < PROMPT, "woken {latency:?} after the release");
     next_lease.release().await.unwrap();
+}
+
+/// A locker connected through a fresh [`FaultProxy`] in front of `server`.
+async fn connect_through_proxy(
+    server: &RedisServer,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> (RedisLocker, FaultProxy) {
+    let proxy = FaultProxy::start(server.port());
+    let config = Config {
+        connect_timeout,
+        response_timeout,
+        ..Config::from_url(&proxy.proxied_url(&server.url())).unwrap()
+    };
+    let locker = RedisLocker::connect(config)
+        .await
+        .expect("connect through the proxy");
+    (locker, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_subscriber_connection_is_found_dead_and_replaced() {
+    let server = RedisServer::start();
+    let response_timeout = Duration::from_millis(300);
+    let (waiters, proxy) =
+        connect_through_proxy(&server, Duration::from_secs(1), response_timeout).await;
+    let holder = connect(&server).await;
+    let mut watch = waiters
+        .watch_releases("k")
+        .await
+        .unwrap()
+        .expect("subscribed through the proxy");
+
+    // A half-open connection: nothing comes back, nothing is reset.
+    proxy.blackhole();
+    let blackholed_at = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(3), watch.next())
+        .await
+        .expect("the silent subscriber connection is detected dead");
+    let detected_after = blackholed_at.elapsed();
+    assert!(!ended, "the stream ends rather than yielding a release");
+    eprintln!("silent subscriber connection detected dead after {detected_after:?}");
+    assert!(
+        detected_after < 2 * response_timeout + Duration::from_millis(300),
+        "detected after {detected_after:?}, PINGed every {response_timeout:?}"
+    );
+
+    // Reachable again: the next waiter subscribes on a new connection and
+    // hears the next release (a stream yields only on a message).
+    proxy.restore();
+    let mut fresh = waiters
+        .watch_releases("k")
+        .await
+        .unwrap()
+        .expect("a new subscriber connection");
+    let lease = holder.try_lock("k", TTL).await.unwrap().unwrap();
+    lease.release().await.unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(2), fresh.next())
+        .await
+        .expect("the release is published to the new subscriber connection");
+    assert!(woke, "a release event, not the end of the stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_subscriber_connect_holds_up_no_other_waiter_past_its_own_bound() {
+    let server = RedisServer::start();
+    let connect_timeout = Duration::from_secs(2);
+    let (waiters, proxy) =
+        connect_through_proxy(&server, connect_timeout, Duration::from_millis(300)).await;
+    // No subscriber connection yet; every connect attempt now hangs.
+    proxy.blackhole();
+    let first = {
+        let waiters = waiters.clone();
+        tokio::spawn(async move { waiters.watch_releases("a").await })
+    };
+    tokio::time::sleep(connect_timeout / 2).await;
+    let started = Instant::now();
+    let second = waiters.watch_releases("b").await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(second, Ok(None)),
+        "a waiter that cannot subscribe polls: {second:?}"
+    );
+    // Its own connect attempt is bounded by the connect timeout; it must not
+    // also wait out the first waiter's attempt.
+    assert!(
+        waited < connect_timeout + Duration::from_millis(500),
+        "the second waiter waited {waited:?} (connect timeout {connect_timeout:?})"
+    );
+    assert!(matches!(first.await.unwrap(), Ok(None)));
 }

@@ -13,9 +13,11 @@ use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 mod postgres;
+mod proxy;
 mod redis;
 
 pub use postgres::{PostgresOptions, PostgresServer};
+pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer};
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

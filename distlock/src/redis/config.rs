@@ -81,11 +81,14 @@ pub struct Config {
     pub tls: bool,
     /// Bound on establishing one connection (TCP, TLS, `HELLO`/`AUTH`).
     /// Default [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
+    /// `connect_timeout + response_timeout + 0.7 s` bounds every call of the
+    /// locker (see the [module docs](super), "Connections").
     #[serde(alias = "connect_timeout", with = "duration_text")]
     pub connect_timeout: Duration,
     /// Bound on the answer to one command. Default
     /// [`DEFAULT_RESPONSE_TIMEOUT`]. An acquire whose answer times out may
-    /// have succeeded (see the [module docs](super)).
+    /// have succeeded (see the [module docs](super)). Also the `PING` period
+    /// of the subscriber connection while waiters listen.
     #[serde(alias = "response_timeout", with = "duration_text")]
     pub response_timeout: Duration,
 }

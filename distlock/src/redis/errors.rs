@@ -1,6 +1,7 @@
 //! Turning redis-rs errors into [`Error`]s that say what happened, where, and
 //! what the caller can conclude about the lock.
 
+use std::fmt;
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError};
@@ -56,7 +57,8 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// Builds the [`Error::Backend`] for `operation`.
+    /// Builds the [`Error::Backend`] for `operation`, with `err` as its
+    /// source.
     ///
     /// The message names authentication failures and timeouts plainly, and
     /// says when an acquire's outcome is unknown and it is being undone in the
@@ -64,13 +66,15 @@ impl Target {
     pub(crate) fn error(
         &self,
         operation: &'static str,
-        err: &RedisError,
+        err: RedisError,
         acquire_outcome_unknown: bool,
     ) -> Error {
         let endpoint = &self.endpoint;
+        // The message still spells out the redis-rs error (callers print the
+        // top-level message only); it is also kept whole as the `source`.
         let mut message = if err.code() == Some("NOAUTH") {
             format!("authentication failed at {endpoint}: the server requires a password ({err})")
-        } else if is_authentication_failure(err) {
+        } else if is_authentication_failure(&err) {
             format!(
                 "authentication failed at {endpoint}: the server rejected the user name or password ({err})"
             )
@@ -88,6 +92,34 @@ impl Target {
                  in the background (failing that, it expires at its ttl)",
             );
         }
-        Error::backend(BACKEND, operation, message)
+        Error::backend(
+            BACKEND,
+            operation,
+            Failure {
+                message,
+                source: err,
+            },
+        )
+    }
+}
+
+/// A failed Redis call: what it means for the caller, with the redis-rs
+/// error kept as the source (its kind, server code and I/O error stay
+/// inspectable through [`std::error::Error::source`]).
+#[derive(Debug)]
+pub(crate) struct Failure {
+    message: String,
+    source: RedisError,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
     }
 }

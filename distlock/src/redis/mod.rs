@@ -50,25 +50,48 @@
 //! - **Fencing**: the per-key counter increases with every grant on this
 //!   server. It is never deleted (one small key per lock name ever used).
 //! - **Contention vs outage**: a held key is `Ok(None)` (contention); a server
-//!   that cannot be reached or fails is [`Error::Backend`], never contention.
-//!   **An acquire whose reply is lost** (timeout, connection broken after the
-//!   request was sent) may have succeeded: it is reported as
-//!   [`Error::Backend`] and released by its owner token in the background;
-//!   if that fails too, the key expires at its ttl.
+//!   that cannot be reached or fails is [`Error::Backend`], one that does not
+//!   answer within the operation bound (below) is [`Error::DeadlineExceeded`]:
+//!   both outages, never contention.
+//!   **An acquire whose outcome is unknown** (reply timed out, connection
+//!   broken after the request was sent, the call abandoned at its bound, or
+//!   its future dropped by the caller) may have succeeded: it is reported as
+//!   an outage (or not at all, when dropped) and released by its owner token
+//!   in the background; if that fails too, the key expires at its ttl.
 //! - **Connections**: commands share one multiplexed connection that
 //!   reconnects on its own (redis-rs [`ConnectionManager`], RESP3, so a
 //!   dropped connection is noticed and re-established in the background even
 //!   while idle). An acquire that finds the connection broken (the server
-//!   restarted) is tried once more, with a new owner token, on the new
-//!   connection; a release or refresh that finds it broken fails, and the next
-//!   call uses the new connection. During an outage, reconnecting is retried
-//!   for about 0.35–0.7 s before a call fails. Each connection attempt is
+//!   restarted, the connection was reset) is tried once more on the new
+//!   connection **with the same owner token**; the acquire script recognises
+//!   its own token, so if the first attempt took effect the retry returns
+//!   that grant and its fencing token instead of reporting contention on its
+//!   own orphan. A release or refresh that finds the connection broken fails,
+//!   and the next call uses the new connection. Each connection attempt is
 //!   bounded by [`Config::connect_timeout`], each reply by
-//!   [`Config::response_timeout`]. Requires Redis 6 or newer (`HELLO 3`).
+//!   [`Config::response_timeout`]. **Every call** (an acquire with its retry,
+//!   a release, a refresh, [`RedisLocker::remaining_ttl`], connecting) **is
+//!   bounded by `connect_timeout + response_timeout + 0.7 s`** (one
+//!   connection attempt, one reply and the pauses of one reconnect cycle;
+//!   2.2 s by default; [`RedisLocker::operation_bound`]): past it the call
+//!   is abandoned with [`Error::DeadlineExceeded`]. Without that bound a call
+//!   against a server that accepts connections but never answers waited for
+//!   every reconnect attempt, twice for an acquire, several seconds. A
+//!   refused connection fails sooner, as [`Error::Backend`]: reconnecting is
+//!   retried for about 0.35–0.7 s.
+//!   Requires Redis 6 or newer (`HELLO 3`).
+//! - **Cancel safety**: dropping a [`Locker::try_lock`] future is safe: an
+//!   acquire already sent is released by its token in the background (see
+//!   above). Dropping a release or refresh future leaves the lock as it was,
+//!   or as the command left it.
 //! - **Waiting**: [`Locker::lock`] polls with backoff and is woken at once by
 //!   the release script's `PUBLISH`. All waiters of one locker share one
-//!   subscriber connection, opened on first use; if it dies, waiters poll and
-//!   the next waiter reconnects it. A lock freed by *expiry* publishes nothing
+//!   subscriber connection, opened on first use (each waiter waits at most
+//!   the connect timeout for it, never for another waiter's attempt). While
+//!   waiters listen it is `PING`ed every response timeout; a connection that
+//!   dies, or stops answering (half-open, partitioned), is closed within
+//!   about twice the response timeout: waiters then poll and the next waiter
+//!   reconnects. A lock freed by *expiry* publishes nothing
 //!   and is found by polling. A user whose ACL forbids the channel can still
 //!   lock and release (the publish is best-effort); its waiters poll. Cost:
 //!   the first waiter of a key (per locker) subscribes before its first
@@ -100,6 +123,7 @@
 //! [`ConnectionManager`]: redis::aio::ConnectionManager
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,6 +132,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::ProtocolVersion;
 use tokio::time::Instant;
 
+use crate::deadline::bounded;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
     Result, DEFAULT_RELEASE_TIMEOUT,
@@ -134,10 +159,17 @@ const BACKEND: &str = "redis";
 /// How often the connection manager retries a broken connection before the
 /// waiting command fails (it retries again on the next command). With the
 /// delays below, restarts shorter than about 0.35 s are bridged, and a command
-/// during an outage fails within about 0.7 s plus the connect attempts.
+/// during an outage fails within about 0.7 s plus the connect attempts, or at
+/// the operation bound ([`RedisLocker::operation_bound`]), whichever comes
+/// first.
 const RECONNECT_RETRIES: usize = 3;
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(400);
+/// The longest the connection manager sleeps between the attempts of one
+/// reconnect cycle: 50 + 100 + 200 ms, each up to doubled by its jitter
+/// (redis-rs builds a jittered exponential backoff; see
+/// `ConnectionManager::new_lazy_with_config` in redis-rs 1.x).
+const RECONNECT_PAUSES: Duration = Duration::from_millis(700);
 
 /// The Redis backend. Cheap to clone; clones share the connection.
 ///
@@ -152,6 +184,8 @@ pub struct RedisLocker {
 
 struct Inner {
     connection: ConnectionManager,
+    /// [`RedisLocker::operation_bound`]: no call takes longer.
+    operation_bound: Duration,
     keys: KeySpace,
     /// Where errors say they happened.
     target: Target,
@@ -169,11 +203,13 @@ impl fmt::Debug for RedisLocker {
 
 impl RedisLocker {
     /// Connects to the server `config` names, failing if it cannot be reached
-    /// or rejects the credentials (one attempt plus the reconnect retries).
+    /// or rejects the credentials (one attempt plus the reconnect retries,
+    /// all within `connect_timeout + response_timeout`).
     ///
     /// [`Error::InvalidInput`] for a config that names no server or more than
-    /// one, [`Error::Backend`] if connecting fails; an authentication failure
-    /// says so.
+    /// one, [`Error::Backend`] if connecting fails (an authentication failure
+    /// says so), [`Error::DeadlineExceeded`] if it does not finish within the
+    /// bound.
     ///
     /// ```no_run
     /// use distlock::redis::{Config, RedisLocker};
@@ -204,12 +240,17 @@ impl RedisLocker {
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
         };
-        let connection = ConnectionManager::new_with_config(command_client, manager_config)
-            .await
-            .map_err(|e| target.error("connect", &e, false))?;
+        let operation_bound = operation_bound(config.connect_timeout, config.response_timeout);
+        let connection = bounded(BACKEND, "connect", operation_bound, async {
+            ConnectionManager::new_with_config(command_client, manager_config)
+                .await
+                .map_err(|e| target.error("connect", e, false))
+        })
+        .await?;
         Ok(RedisLocker {
             inner: Arc::new(Inner {
                 connection,
+                operation_bound,
                 keys: KeySpace::new(config.key_prefix),
                 target,
                 releases: ReleaseHub::new(
@@ -250,6 +291,15 @@ impl RedisLocker {
         self.inner.keys.release_channel(key)
     }
 
+    /// The bound on every call of this locker: `connect_timeout +
+    /// response_timeout + 0.7 s` (the pauses of one reconnect cycle), 2.2 s
+    /// with the default timeouts. A call still running at the bound is
+    /// abandoned with [`Error::DeadlineExceeded`] (an acquire is then undone
+    /// by its owner token in the background).
+    pub fn operation_bound(&self) -> Duration {
+        self.inner.operation_bound
+    }
+
     /// The prefix of every key this locker writes.
     pub fn key_prefix(&self) -> &str {
         self.inner.keys.prefix()
@@ -257,14 +307,18 @@ impl RedisLocker {
 
     /// How long `key`'s lock has left on the server's clock (`PTTL`), or
     /// `None` if it is not held. A key without expiry (only a foreign client
-    /// can set one) reports [`Duration::MAX`].
+    /// can set one) reports [`Duration::MAX`]. Bounded like every call (see
+    /// the module docs' "Connections"); read-only, so safe to cancel.
     pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>> {
         validate::key(key)?;
-        let millis: i64 = redis::cmd("PTTL")
-            .arg(self.backend_key(key))
-            .query_async(&mut self.connection())
-            .await
-            .map_err(|e| self.backend_error("remaining_ttl", &e))?;
+        let millis: i64 = self
+            .bounded("remaining_ttl", async {
+                redis::cmd("PTTL")
+                    .arg(self.backend_key(key))
+                    .query_async(&mut self.connection())
+                    .await
+            })
+            .await?;
         Ok(match millis {
             -1 => Some(Duration::MAX),
             millis => u64::try_from(millis).ok().map(Duration::from_millis),
@@ -275,43 +329,90 @@ impl RedisLocker {
         self.inner.connection.clone()
     }
 
-    /// The error for a failed release, refresh or query (see
-    /// [`Target::error`]; acquires add what they know about their outcome).
-    fn backend_error(&self, operation: &'static str, err: &redis::RedisError) -> Error {
-        self.inner.target.error(operation, err, false)
+    /// Runs one Redis call under [`RedisLocker::operation_bound`]: its
+    /// redis-rs error becomes [`Error::Backend`] (see [`Target::error`]), its
+    /// timeout [`Error::DeadlineExceeded`].
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        bounded(BACKEND, operation, self.inner.operation_bound, async {
+            call.await
+                .map_err(|e| self.inner.target.error(operation, e, false))
+        })
+        .await
     }
 
-    /// One run of the acquire script with a fresh owner token. An attempt whose
-    /// outcome is unknown is undone in the background before its error is
-    /// returned.
-    async fn attempt_acquire(&self, key: &str, ttl: Duration) -> redis::RedisResult<Option<Lease>> {
-        let owner = new_owner_token();
-        let sent_at = Instant::now();
-        let granted: redis::RedisResult<u64> = ACQUIRE_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .key(self.inner.keys.fence_key(key))
-            .arg(&owner)
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await;
+    /// One try: the acquire script, and once more with the same owner token
+    /// if the connection was found broken. Not bounded by itself (see
+    /// [`Locker::try_lock`]); every exit that leaves the outcome unknown,
+    /// including being dropped, undoes the attempt by its token.
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        // Armed from here on: the request may be on the wire at any await below.
+        let pending = PendingAcquire {
+            locker: self,
+            key,
+            owner: Some(new_owner_token()),
+            ttl,
+        };
+        let owner = pending.owner();
+        let mut sent_at = Instant::now();
+        let mut granted = self.run_acquire_script(key, owner, ttl).await;
+        let mut retried = false;
+        if let Err(err) = &granted {
+            // The connection was found broken (a restart, a failover or a
+            // reset closed it) and is being replaced: one more attempt, on the
+            // new connection, with the same token. If the first one took
+            // effect, the script recognises its own token and returns that
+            // grant (see `scripts::ACQUIRE`). Refusals are not retried: the
+            // server is down, and a retry would only double the wait.
+            if err.is_connection_dropped() && !err.is_connection_refusal() {
+                retried = true;
+                sent_at = Instant::now();
+                granted = self.run_acquire_script(key, owner, ttl).await;
+            }
+        }
         let fencing_token = match granted {
-            Ok(0) => return Ok(None),
+            // Held by another token: ours is not in the key, nothing to undo.
+            Ok(0) => {
+                pending.settle();
+                return Ok(None);
+            }
             Ok(token) => token,
             Err(err) => {
-                if errors::outcome(&err) == Outcome::Unknown {
-                    self.release_in_background(key, owner, ttl);
+                let outcome_unknown = retried || errors::outcome(&err) == Outcome::Unknown;
+                if !outcome_unknown {
+                    pending.settle();
                 }
-                return Err(err);
+                // Dropping `pending` still armed releases the lock by its
+                // token in the background, in case the acquire took effect.
+                return Err(self.inner.target.error("acquire", err, outcome_unknown));
             }
         };
         let parts = LeaseParts {
             key: key.to_owned(),
-            owner,
+            owner: pending.settle(),
             fencing_token: Some(fencing_token),
             ttl,
             valid_until: Some(sent_at + ttl),
         };
         Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
+    }
+
+    async fn run_acquire_script(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> redis::RedisResult<u64> {
+        ACQUIRE_SCRIPT
+            .key(self.inner.keys.lock_key(key))
+            .key(self.inner.keys.fence_key(key))
+            .arg(owner)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.connection())
+            .await
     }
 
     /// Undoes an acquire whose outcome is unknown: deletes the lock if (and
@@ -323,7 +424,19 @@ impl RedisLocker {
         let this = self.clone();
         let key = key.to_owned();
         let give_up_at = Instant::now() + ttl.min(DEFAULT_RELEASE_TIMEOUT);
-        tokio::spawn(async move {
+        // Dropped outside a runtime (a future dropped on a plain thread, or
+        // while the runtime shuts down): nothing can run the release, and the
+        // key expires at its ttl.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                component = "distlock",
+                backend = BACKEND,
+                key,
+                "no runtime to release an abandoned acquire on; it expires at its ttl"
+            );
+            return;
+        };
+        runtime.spawn(async move {
             let mut delay = RECONNECT_MIN_DELAY;
             loop {
                 match this.unlock(&key, &owner).await {
@@ -359,6 +472,53 @@ fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
+/// The bound on every call of a locker (acquire with its retry, release,
+/// refresh, `remaining_ttl`, connect): one connection attempt, one reply, and
+/// the pauses of one reconnect cycle ([`RECONNECT_PAUSES`]), so a server that
+/// refuses connections is still reported as refusing ([`Error::Backend`])
+/// rather than cut short. Past it the call is abandoned with
+/// [`Error::DeadlineExceeded`]. Without it a call against a server that
+/// accepts connections but never answers waited for every reconnect attempt
+/// of the connection manager (each up to the connect timeout), twice when the
+/// acquire was retried: several seconds.
+fn operation_bound(connect_timeout: Duration, response_timeout: Duration) -> Duration {
+    connect_timeout
+        .saturating_add(response_timeout)
+        .saturating_add(RECONNECT_PAUSES)
+}
+
+/// An acquire that may have taken effect on the server: armed while its
+/// outcome is unknown, it releases the lock by its owner token when dropped
+/// (the caller cancelled, the bound elapsed, or the reply was lost), so an
+/// unknown outcome never leaves a lock under a token nobody knows until its
+/// ttl. [`settle`](Self::settle) disarms it on a definite answer.
+struct PendingAcquire<'a> {
+    locker: &'a RedisLocker,
+    key: &'a str,
+    /// `None` once settled.
+    owner: Option<String>,
+    ttl: Duration,
+}
+
+impl PendingAcquire<'_> {
+    fn owner(&self) -> &str {
+        self.owner.as_deref().unwrap_or_default()
+    }
+
+    /// The answer is definite: nothing to undo. Returns the owner token.
+    fn settle(mut self) -> String {
+        self.owner.take().unwrap_or_default()
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            self.locker.release_in_background(self.key, owner, self.ttl);
+        }
+    }
+}
+
 #[async_trait]
 impl Locker for RedisLocker {
     fn backend(&self) -> &'static str {
@@ -379,34 +539,38 @@ impl Locker for RedisLocker {
         RedisLocker::backend_key(self, key)
     }
 
+    /// One attempt, bounded by [`RedisLocker::operation_bound`] (retry
+    /// included; see the [module docs](self), "Connections").
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future after the request may have been sent
+    /// releases the lock by its owner token in the background (failing that,
+    /// it expires at its ttl), as does an attempt abandoned at its bound
+    /// ([`Error::DeadlineExceeded`]) or whose reply was lost.
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        let granted = match self.attempt_acquire(key, ttl).await {
-            // The connection was found broken (a restart or failover closed it)
-            // and is being replaced: one more attempt, on the new connection.
-            // Safe: it uses a new owner token, and the first one is released in
-            // the background in case it took effect. Refusals are not retried:
-            // the server is down, and a retry would only double the wait.
-            Err(err) if err.is_connection_dropped() && !err.is_connection_refusal() => {
-                self.attempt_acquire(key, ttl).await
-            }
-            other => other,
-        };
-        granted.map_err(|err| {
-            let outcome_unknown = errors::outcome(&err) == Outcome::Unknown;
-            self.inner.target.error("acquire", &err, outcome_unknown)
-        })
+        bounded(
+            BACKEND,
+            "acquire",
+            self.inner.operation_bound,
+            self.acquire(key, ttl),
+        )
+        .await
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        let released: u8 = RELEASE_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .arg(owner)
-            .arg(self.inner.keys.release_channel(key))
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| self.backend_error("release", &e))?;
+        let released: u8 = self
+            .bounded("release", async {
+                RELEASE_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .arg(owner)
+                    .arg(self.inner.keys.release_channel(key))
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
         match released {
             1 => Ok(()),
             _ => Err(Error::NotHeld {
@@ -417,13 +581,16 @@ impl Locker for RedisLocker {
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let refreshed: u8 = REFRESH_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .arg(owner)
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| self.backend_error("refresh", &e))?;
+        let refreshed: u8 = self
+            .bounded("refresh", async {
+                REFRESH_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .arg(owner)
+                    .arg(ttl_millis(ttl))
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
         match refreshed {
             1 => Ok(()),
             _ => Err(Error::NotHeld {
@@ -468,5 +635,22 @@ mod tests {
         assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
         assert_eq!(ttl_millis(Duration::from_secs(30)), 30_000);
         assert_eq!(ttl_millis(validate::MAX_TTL), 365 * 24 * 3600 * 1000);
+    }
+
+    #[test]
+    fn the_reconnect_pauses_cover_one_jittered_backoff_cycle() {
+        let mut delay = RECONNECT_MIN_DELAY;
+        let mut longest = Duration::ZERO;
+        for _ in 0..RECONNECT_RETRIES {
+            // Each pause is at most twice its nominal delay (jitter).
+            longest += 2 * delay;
+            delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+        }
+        assert_eq!(longest, RECONNECT_PAUSES);
+        assert_eq!(
+            operation_bound(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
+            Duration::from_millis(2200)
+        );
+        assert_eq!(operation_bound(Duration::MAX, Duration::MAX), Duration::MAX);
     }
 }

@@ -14,7 +14,17 @@
 //! - when the last waiter of a channel leaves, the session task unsubscribes;
 //! - when the connection dies (server restart, network), every waiter's stream
 //!   ends, so the waiting loop falls back to polling; the next waiter opens a
-//!   new connection.
+//!   new connection;
+//! - a connection that goes silent without breaking (a half-open connection,
+//!   a partition, a failover behind a proxy) is found by a `PING` every
+//!   response timeout (at most every 10 s) while any channel has waiters: no answer within the
+//!   response timeout closes it as if it had died, so it is detected within
+//!   about twice the response timeout instead of never;
+//! - connecting happens outside the hub's lock, each attempt bounded by the
+//!   connect timeout: a waiter waits for its own attempt, never for another
+//!   waiter's. While no connection is live, concurrent waiters each try one;
+//!   the first to succeed is installed and shared, the others use it and
+//!   close their own.
 //!
 //! Subscribe and unsubscribe are serialised per connection (`control`), which
 //! keeps the channel table and the server's subscriptions in step: an entry
@@ -33,13 +43,19 @@ use tokio::task::AbortHandle;
 
 use crate::ReleaseWatch;
 
+/// The longest pause between PINGs of a subscriber connection with waiters
+/// (the pause is the response timeout, capped here: tokio's interval cannot
+/// take an unbounded period).
+const MAX_PING_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Lazily connects, and reconnects after a failure, the one subscriber
 /// connection of a locker.
 pub(crate) struct ReleaseHub {
     client: redis::Client,
     connect_timeout: Duration,
     response_timeout: Duration,
-    current: tokio::sync::Mutex<Option<Live>>,
+    /// Held only to read or install the live session, never across an await.
+    current: Mutex<Option<Live>>,
 }
 
 struct Live {
@@ -58,7 +74,7 @@ impl ReleaseHub {
             client,
             connect_timeout,
             response_timeout,
-            current: tokio::sync::Mutex::new(None),
+            current: Mutex::new(None),
         }
     }
 
@@ -70,15 +86,22 @@ impl ReleaseHub {
     }
 
     /// The live session, connecting a new one if there is none or the last
-    /// one died. Concurrent callers wait for the same connection attempt.
+    /// one died. Waits at most the connect timeout.
     async fn session(&self) -> RedisResult<Arc<Session>> {
-        let mut current = self.current.lock().await;
-        if let Some(live) = current.as_ref().filter(|live| !live.session.is_closed()) {
-            return Ok(live.session.clone());
+        if let Some(session) = self.live() {
+            return Ok(session);
         }
+        // Outside the lock: a hanging connect (a blackholed server) must not
+        // hold up waiters that could use a connection someone else opens, nor
+        // make them wait for more than their own bound.
         let pubsub = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
             .await
             .map_err(|_| timed_out("connecting the subscriber connection"))??;
+        let mut current = lock(&self.current);
+        if let Some(live) = current.as_ref().filter(|live| !live.session.is_closed()) {
+            // Another waiter connected first: use its connection, drop ours.
+            return Ok(live.session.clone());
+        }
         let (sink, messages) = pubsub.split();
         let (idle_sender, idle_channels) = mpsc::unbounded_channel();
         let session = Arc::new(Session {
@@ -100,17 +123,37 @@ impl ReleaseHub {
             backend = super::BACKEND,
             "subscriber connection opened"
         );
-        *current = Some(Live {
+        if let Some(dead) = current.replace(Live {
             session: session.clone(),
             task,
-        });
+        }) {
+            dead.task.abort();
+        }
         Ok(session)
     }
+
+    fn live(&self) -> Option<Arc<Session>> {
+        lock(&self.current)
+            .as_ref()
+            .filter(|live| !live.session.is_closed())
+            .map(|live| live.session.clone())
+    }
+}
+
+/// A std mutex guard, recovering from poisoning: the guarded state is
+/// updated in single assignments, so a panic elsewhere cannot leave it torn.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Drop for ReleaseHub {
     fn drop(&mut self) {
-        if let Some(live) = self.current.get_mut().take() {
+        if let Some(live) = self
+            .current
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             live.task.abort();
         }
     }
@@ -143,11 +186,25 @@ struct Channel {
 
 impl Session {
     fn channels(&self) -> MutexGuard<'_, Channels> {
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.channels)
     }
 
     fn is_closed(&self) -> bool {
         self.channels().closed
+    }
+
+    /// True while some waiter listens: only then is liveness worth a PING.
+    fn has_waiters(&self) -> bool {
+        !self.channels().by_name.is_empty()
+    }
+
+    /// PINGs the server: an error if no answer comes within `response_timeout`
+    /// (RESP2 allows `PING` in subscribe mode; the answer is `["pong", ""]`).
+    async fn ping(&self, response_timeout: Duration) -> RedisResult<()> {
+        let mut sink = self.sink.clone();
+        let answered = tokio::time::timeout(response_timeout, sink.ping::<redis::Value>()).await;
+        answered.map_err(|_| timed_out("PING on the subscriber connection"))??;
+        Ok(())
     }
 
     async fn join(
@@ -280,8 +337,10 @@ impl Drop for CloseOnExit {
     }
 }
 
-/// Reads the connection's messages and wakes their channels' waiters, and
-/// unsubscribes channels whose waiters all left, until the connection ends.
+/// Reads the connection's messages and wakes their channels' waiters,
+/// unsubscribes channels whose waiters all left, and PINGs the server every
+/// `response_timeout` while anyone waits, until the connection ends or stops
+/// answering.
 async fn run_session(
     session: Arc<Session>,
     mut messages: PubSubStream,
@@ -289,6 +348,12 @@ async fn run_session(
     response_timeout: Duration,
 ) {
     let _close = CloseOnExit(session.clone());
+    // A closed connection ends `messages`; a silent one ends nothing, so the
+    // heartbeat is what finds it (else waiters poll slowly forever).
+    let period = response_timeout.min(MAX_PING_INTERVAL);
+    let now = tokio::time::Instant::now();
+    let mut heartbeat = tokio::time::interval_at(now.checked_add(period).unwrap_or(now), period);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             message = messages.next() => match message {
@@ -303,6 +368,18 @@ async fn run_session(
                 if let Err(error) = session.unsubscribe_if_idle(channel, response_timeout).await {
                     tracing::debug!(component = "distlock", backend = super::BACKEND, %error,
                         "unsubscribing failed; dropping the subscriber connection");
+                    return;
+                }
+            }
+            // Not a select guard: one is evaluated only when the select
+            // starts, and this one waits long before the first waiter joins.
+            _ = heartbeat.tick() => {
+                if !session.has_waiters() {
+                    continue;
+                }
+                if let Err(error) = session.ping(response_timeout).await {
+                    tracing::debug!(component = "distlock", backend = super::BACKEND, %error,
+                        "the subscriber connection stopped answering; waiters fall back to polling");
                     return;
                 }
             }

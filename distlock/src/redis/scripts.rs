@@ -12,13 +12,31 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token, `ARGV[2]`
-/// ttl in milliseconds. Returns the new fencing token (at least 1), or 0 if
-/// the lock is held (contention).
+/// ttl in milliseconds. Returns the fencing token of the grant (at least 1),
+/// or 0 if the lock is held by another token (contention).
 ///
-/// The counter is bumped only on success, in the same atomic step as the
+/// The counter is bumped only on a new grant, in the same atomic step as the
 /// `SET`, so every grant gets a token greater than every earlier grant's.
+///
+/// **Idempotent per owner token.** An acquire whose reply was lost (the
+/// connection broke after the request was sent) is retried with the *same*
+/// token. If the first run took effect, the key already holds our token: the
+/// script then re-arms its ttl and returns the counter's current value, which
+/// is our grant's token, because the counter moves only when a `SET NX`
+/// succeeds, and none can succeed while our token stays in the key. Without
+/// this the retry would find its own orphan and report contention while
+/// nobody else holds the lock. (A counter deleted by a foreign client is
+/// started again by `INCR`.)
 const ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return redis.call('INCR', KEYS[2])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local fence = tonumber(redis.call('GET', KEYS[2]))
+    if fence then
+        return fence
+    end
     return redis.call('INCR', KEYS[2])
 end
 return 0
