@@ -674,4 +674,45 @@ mod tests {
         ));
         assert_eq!(recorded, "1|t");
     }
+
+    /// A wait's own `lock_timeout` ends with the wait, won or timed out: the
+    /// session is back under the session's bound (so a counter bump after a
+    /// racing grant is not held to the wait's last few milliseconds), and
+    /// the server-side timeouts stay off.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_leaves_the_session_settings_as_it_found_them() {
+        let server = test_servers::PostgresServer::start();
+        server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
+        let locker = PostgresLocker::connect(&server.url()).await.unwrap();
+        let inner = &locker.inner;
+        let session = inner.pool.waiter().await.unwrap().expect("a free permit");
+        let show = |name: &'static str| {
+            let session = session.clone();
+            async move {
+                let rows = session.query(&format!("SHOW {name}"), &[]).await.unwrap();
+                rows[0].get::<_, String>(0)
+            }
+        };
+        assert_eq!(show("statement_timeout").await, "0");
+        assert_eq!(show("idle_session_timeout").await, "0");
+        assert_eq!(show("lock_timeout").await, "5s");
+        let digest = owner_digest("owner");
+        let session_ms = inner.settings.session_lock_timeout_ms();
+
+        let won = inner.sql.wait(-77, 250, session_ms, &digest);
+        assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
+        assert_eq!(show("lock_timeout").await, "5s", "after a won wait");
+
+        let other = inner.pool.waiter().await.unwrap().expect("a free permit");
+        other
+            .query("SELECT pg_advisory_lock(-78)", &[])
+            .await
+            .unwrap();
+        let timed_out = inner.sql.wait(-78, 50, session_ms, &digest);
+        match session.wait(&timed_out, true).await {
+            Err(WaitError::Postgres(e)) => assert!(is_lock_timeout(&e), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(show("lock_timeout").await, "5s", "after a lock timeout");
+    }
 }

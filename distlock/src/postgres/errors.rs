@@ -96,10 +96,13 @@ pub(super) fn is_lock_timeout(error: &tokio_postgres::Error) -> bool {
 
 /// True when a `CREATE TABLE IF NOT EXISTS` lost a race with another session
 /// creating the same table (Postgres reports the loser's insert into its
-/// catalog as a unique violation, or as a duplicate table).
+/// catalog as a unique violation, a duplicate table, or, when the row type
+/// collides first, `type "…" already exists`: a duplicate object).
 pub(super) fn is_concurrent_create(error: &tokio_postgres::Error) -> bool {
     matches!(
         error.code(),
-        Some(code) if *code == SqlState::UNIQUE_VIOLATION || *code == SqlState::DUPLICATE_TABLE
+        Some(code) if *code == SqlState::UNIQUE_VIOLATION
+            || *code == SqlState::DUPLICATE_TABLE
+            || *code == SqlState::DUPLICATE_OBJECT
     )
 }
