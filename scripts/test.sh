@@ -12,6 +12,8 @@ command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || packages+=(redis-tools)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)
 command -v openssl >/dev/null 2>&1 || packages+=(openssl)  # certificates for the TLS tests
+command -v nft >/dev/null 2>&1 || packages+=(nftables)  # network partitions in the Postgres partition tests
+command -v ip >/dev/null 2>&1 || packages+=(iproute2)
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

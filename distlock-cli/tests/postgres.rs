@@ -1,10 +1,12 @@
 //! `distlock run` against a real PostgreSQL.
 #![cfg(feature = "postgres")]
 
-use std::process::{Child, Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use test_servers::PostgresServer;
+use test_servers::{netns, PostgresServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
@@ -145,5 +147,149 @@ fn a_wrong_password_exits_69_without_printing_it() {
     assert!(
         !stderr.contains("wrong-secret"),
         "password leaked: {stderr}"
+    );
+}
+
+/// `(pgid, state)` of process `pid` from `/proc/PID/stat`, if it exists.
+fn pgid_and_state(pid: u32) -> Option<(u32, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid pgrp ...`; comm may contain spaces.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let pgid = fields.nth(1)?.parse().ok()?;
+    Some((pgid, state))
+}
+
+/// Live (not zombie) processes of process group `pgid` that run with
+/// `DISTLOCK_KEY=key` in their environment: a command under `distlock run
+/// --key key` and everything it started, whether or not it has a process
+/// group of its own (if not, it shares this test's, full of other processes).
+fn alive_commands(pgid: u32, key: &str) -> Vec<u32> {
+    let marker = format!("DISTLOCK_KEY={key}");
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pgid_and_state(pid).is_some_and(|(g, state)| g == pgid && state != 'Z'))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == marker.as_bytes()))
+        })
+        .collect()
+}
+
+/// The (server pid, client port) of the one session holding an advisory lock.
+fn holder_session(server: &PostgresServer) -> (i32, u16) {
+    let row = server.psql(
+        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted",
+    );
+    let (pid, port) = row.split_once('|').expect("one holder: pid|port");
+    (pid.parse().expect("pid"), port.parse().expect("port"))
+}
+
+/// A real partition of a `distlock run` holder (nftables drops its
+/// connection's segments in a private network namespace): its lost signal
+/// carries the grace the keepalives leave (6 s by default), and `distlock
+/// run` must have killed a TERM-ignoring command's whole process group
+/// before the server frees the lock for the next client. Needs root and
+/// `nft`.
+#[test]
+fn a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock() {
+    const NAME: &str =
+        "a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock";
+    if !netns::inside(NAME) {
+        return netns::rerun_inside(NAME);
+    }
+    let server = PostgresServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("cmd.pid");
+    let script = format!(
+        "echo $$ > {}; trap '' TERM; while :; do sleep 0.1; done",
+        pid_file.display()
+    );
+    let mut holder = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--key",
+            "pg-partition",
+            "--ttl",
+            "30s",
+        ])
+        .args(["--kill-after", "10s", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn distlock");
+    let (lines, stderr) = mpsc::channel();
+    let reader = BufReader::new(holder.stderr.take().expect("stderr"));
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            eprintln!("holder: {line}");
+            let _ = lines.send((Instant::now(), line));
+        }
+    });
+    wait_until("CMD runs under the lock", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|s| s.ends_with('\n'))
+            && server.advisory_locks().len() == 1
+    });
+    let cmd: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (cmd_group, _) = pgid_and_state(cmd).expect("CMD runs");
+    let (server_pid, port) = holder_session(&server);
+    // Let both ends' keepalive timers reach their steady state.
+    std::thread::sleep(Duration::from_secs(3));
+
+    let cut = Instant::now();
+    netns::cut_port(port);
+    let (mut cmd_dead, mut freed) = (None, None);
+    while cmd_dead.is_none() || freed.is_none() {
+        assert!(
+            cut.elapsed() < Duration::from_secs(60),
+            "cmd dead {cmd_dead:?}, freed {freed:?}"
+        );
+        if cmd_dead.is_none() && alive_commands(cmd_group, "pg-partition").is_empty() {
+            cmd_dead = Some(cut.elapsed());
+        }
+        if freed.is_none()
+            && !server
+                .advisory_locks()
+                .iter()
+                .any(|(pid, _)| *pid == server_pid)
+        {
+            freed = Some(cut.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (cmd_dead, freed) = (cmd_dead.unwrap(), freed.unwrap());
+    let told = stderr
+        .try_iter()
+        .find(|(_, line)| line.contains("lost"))
+        .map(|(at, _)| at - cut);
+    eprintln!(
+        "cut → holder told {told:?} → CMD's group dead {cmd_dead:?} → server frees {freed:?}"
+    );
+    // The next client can be granted the lock from `freed` on.
+    let next = try_once(&url, "pg-partition");
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+    assert!(
+        cmd_dead < freed,
+        "CMD's process group outlived the lock: dead {cmd_dead:?} after the cut, the server freed \
+         the lock {freed:?} after it"
+    );
+    assert_eq!(
+        holder.wait().unwrap().code(),
+        Some(76),
+        "exit code for a lost lock"
     );
 }

@@ -12,6 +12,7 @@ use std::process::{Child, Command};
 use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+pub mod netns;
 mod postgres;
 mod proxy;
 mod redis;

@@ -332,12 +332,23 @@ impl PostgresServer {
 
     /// Freezes the postmaster and every backend (SIGSTOP): connections stay
     /// open, nothing answers.
+    ///
+    /// Each backend calls `setsid()` as it starts (`InitPostmasterChild`,
+    /// postgres `src/backend/utils/init/miscinit.c`), so it is not in the
+    /// postmaster's process group: the postmaster is stopped first (it forks
+    /// no one while stopped), then each of its children by pid.
     pub fn pause(&self) {
         signal_group(self.pid(), libc::SIGSTOP);
+        for child in children_of(self.pid()) {
+            signal_pid(child, libc::SIGSTOP);
+        }
     }
 
-    /// Thaws a paused server (SIGCONT).
+    /// Thaws a paused server (SIGCONT), its backends first.
     pub fn resume(&self) {
+        for child in children_of(self.pid()) {
+            signal_pid(child, libc::SIGCONT);
+        }
         signal_group(self.pid(), libc::SIGCONT);
     }
 
@@ -353,17 +364,27 @@ impl PostgresServer {
     /// Like [`psql`](Self::psql), but returns psql's output whether or not
     /// the statement succeeded.
     pub fn try_psql(&self, sql: &str) -> Output {
+        let mut command = self.psql_command();
+        command
+            .args(["-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("run psql")
+    }
+
+    /// `psql` connected to this server as the superuser over TCP (no
+    /// `.psqlrc`), for a test to add arguments to: an interactive session
+    /// fed through stdin keeps a transaction open for as long as it likes.
+    pub fn psql_command(&self) -> Command {
         let mut command = Command::new(self.bin.join("psql"));
         command
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", SUPERUSER, "-d", "postgres"])
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .args(["-U", SUPERUSER, "-d", "postgres", "-X"])
             .env("PGCONNECT_TIMEOUT", "10")
             .env("PGSSLMODE", "disable");
         if let Some(password) = &self.options.password {
             command.env("PGPASSWORD", password);
         }
-        command.output().expect("run psql")
+        command
     }
 
     /// Advisory locks currently granted, as `(pid, 64-bit key)` pairs, from
@@ -499,6 +520,38 @@ fn wait_until_ready(
     }
 }
 
+/// The processes whose parent is `parent`, from `/proc/*/stat`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may contain spaces and parens.
+            let after_comm = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = after_comm.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+/// Signals one process; one that is already gone is fine.
+fn signal_pid(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    if rc != 0 {
+        let error = std::io::Error::last_os_error();
+        assert_eq!(
+            error.raw_os_error(),
+            Some(libc::ESRCH),
+            "kill({pid}, {signal}) failed: {error}"
+        );
+    }
+}
+
 fn signal_group(pid: u32, signal: libc::c_int) {
     // SAFETY: killpg has no memory-safety preconditions. The server leads its
     // own process group (spawned with process_group(0)), so its pid is the
@@ -517,6 +570,8 @@ fn signal_group(pid: u32, signal: libc::c_int) {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{BufRead, BufReader, Write};
+
     use super::*;
 
     #[test]
@@ -526,8 +581,35 @@ mod tests {
         server.psql("CREATE TABLE survives (x int); INSERT INTO survives VALUES (7)");
         server.restart();
         assert_eq!(server.psql("SELECT x FROM survives"), "7");
+        // Backends are paused too, not only the postmaster: a session
+        // opened before the pause gets no answer until the resume.
+        let mut session = server
+            .psql_command()
+            .args(["-A", "-t"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = session.stdin.take().unwrap();
+        let stdout = BufReader::new(session.stdout.take().unwrap());
+        let (lines, answers) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let _ = lines.send(line.unwrap());
+            }
+        });
+        writeln!(stdin, "SELECT 1;").unwrap();
+        assert_eq!(answers.recv_timeout(Duration::from_secs(5)).unwrap(), "1");
         server.pause();
+        writeln!(stdin, "SELECT 2;").unwrap();
+        assert!(
+            answers.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a paused backend answered"
+        );
         server.resume();
+        assert_eq!(answers.recv_timeout(Duration::from_secs(5)).unwrap(), "2");
+        drop(stdin);
+        session.wait().unwrap();
         assert!(server.advisory_locks().is_empty());
     }
 

@@ -6,10 +6,16 @@
 //! dropped the future, the server was too slow, the statement failed after
 //! the lock was taken) may still hold the lock on the server, where nobody
 //! would ever release it. sqlx's `PgAdvisoryLock::try_acquire` has exactly
-//! this hole (FIELD-NOTES). Here a guard notices, and releases the lock if
-//! it was taken — on the same connection, behind the attempt, so the server
-//! runs the two in order — or closes the connection when that is the only
-//! way to be sure.
+//! this hole (its docs say it is not cancel-safe:
+//! <https://docs.rs/sqlx/latest/sqlx/postgres/struct.PgAdvisoryLock.html>).
+//! Here a guard notices, and releases the lock if it was taken — on the same
+//! connection, behind the attempt, so the server runs the two in order — or
+//! closes the connection when that is the only way to be sure.
+//!
+//! That is also what makes the whole of [`Locker::lock`] safe to bound by
+//! its caller's deadline: whatever step is abandoned (the attempt on the
+//! shared session, opening a waiter connection, the wait, the check after a
+//! lock timeout), its guard undoes what the server may have done.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,26 +24,68 @@ use tokio::time::Instant;
 
 use super::errors::{self, is_lock_timeout, BACKEND};
 use super::keys::{owner_digest, LockKey};
-use super::registry::{Held, Registry, SessionClosed, Ticket};
+use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
 use super::session::{Session, WaitError};
 use super::Inner;
+use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
+/// What one attempt on the shared session found.
+enum Tried {
+    Granted(Lease),
+    /// Held elsewhere, or by (or for) another caller of this locker.
+    Contended,
+    /// An abandoned attempt on this key is still being cleaned up.
+    CleaningUp,
+}
+
 impl Inner {
     /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
-    /// caller of this locker).
+    /// caller of this locker), an error while an abandoned attempt on the
+    /// key is still being cleaned up (see [`Inner::cleanup_pending`]).
     pub(super) async fn try_acquire(
         &self,
         key: LockKey<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Option<Lease>> {
-        let Some(ticket) = self.registry.reserve(key.id) else {
-            return Ok(None);
+        match self.try_once(key, ttl, lease_locker).await? {
+            Tried::Granted(lease) => Ok(Some(lease)),
+            Tried::Contended => Ok(None),
+            Tried::CleaningUp => Err(self.cleanup_pending(key, "acquire")),
+        }
+    }
+
+    /// The answer while an abandoned attempt's cleanup holds the key's
+    /// reservation: the server may hold the lock for nobody (the attempt
+    /// took it, its answer never arrived) until the cleanup releases it, so
+    /// neither "held elsewhere" nor "not held" would be true.
+    pub(super) fn cleanup_pending(&self, key: LockKey<'_>, operation: &'static str) -> Error {
+        Error::backend(
+            BACKEND,
+            operation,
+            format!(
+                "an earlier attempt on {:?} is still being cleaned up (its answer from {} never arrived, \
+                 so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
+                key.name, self.settings.target, self.settings.query_timeout
+            ),
+        )
+    }
+
+    async fn try_once(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Tried> {
+        let ticket = match self.registry.reserve(key.id) {
+            Ok(ticket) => ticket,
+            Err(Busy::Contended) => return Ok(Tried::Contended),
+            Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
         };
         let mut attempt = Attempt {
             registry: self.registry.clone(),
@@ -54,37 +102,30 @@ impl Inner {
             String::new()
         };
         attempt.sent_on = Some(session.clone());
-        let answer = tokio::time::timeout(
+        // On an error or no answer, `attempt` cleans up as it drops.
+        let context = || format!("try {:?} on {}", key.name, self.settings.target);
+        let answer = errors::within(
+            "acquire",
             self.settings.query_timeout,
+            context,
             session.try_lock(key.id, &digest, self.fencing()),
         )
-        .await;
-        match answer {
-            Ok(Ok(Some(token))) => {
-                let lease = self.record_grant(key, ttl, owner, token, session, lease_locker)?;
-                attempt.finish();
-                Ok(Some(lease))
+        .await?;
+        let tried = match answer {
+            Some(token) => {
+                Tried::Granted(self.record_grant(key, ttl, owner, token, session, lease_locker)?)
             }
-            Ok(Ok(None)) => {
-                attempt.finish();
-                Ok(None)
-            }
-            // `attempt` cleans up as it drops.
-            Ok(Err(e)) => Err(errors::backend(
-                "acquire",
-                format!("try {:?} on {}", key.name, self.settings.target),
-                e,
-            )),
-            Err(_) => Err(errors::no_answer(
-                "acquire",
-                &format!("try {:?} on {}", key.name, self.settings.target),
-                self.settings.query_timeout,
-            )),
-        }
+            None => Tried::Contended,
+        };
+        attempt.finish();
+        Ok(tried)
     }
 
     /// Waits on the server for up to `timeout` (which is not zero), or polls
-    /// if no waiter connection is free.
+    /// if no waiter connection is free. Returns within `timeout` +
+    /// [`DEADLINE_GRACE`] whatever the server does: past that, the call is
+    /// abandoned (its guards undo whatever the server did) with
+    /// [`Error::DeadlineExceeded`].
     ///
     /// `lease_locker` must be the locker (string or raw keys) whose
     /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
@@ -97,15 +138,41 @@ impl Inner {
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
         let started = Instant::now();
-        let deadline = started + timeout;
+        // `None` for a timeout too long for an Instant: no deadline at all.
+        let deadline = checked_deadline(started, timeout);
+        bounded(
+            BACKEND,
+            "acquire",
+            timeout.saturating_add(DEADLINE_GRACE),
+            self.wait_steps(key, ttl, started, deadline, lease_locker),
+        )
+        .await
+    }
+
+    async fn wait_steps(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        started: Instant,
+        deadline: Option<Instant>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let remaining = || {
+            deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            })
+        };
         // Most locks are free: one round trip on a shared session, and the
         // lock lives there rather than on a connection of its own.
-        if let Some(lease) = self.try_acquire(key, ttl, lease_locker.clone()).await? {
-            return Ok(lease);
+        match self.try_once(key, ttl, lease_locker.clone()).await? {
+            Tried::Granted(lease) => return Ok(lease),
+            // A pending cleanup may hold the key on its shared session; the
+            // server orders a native wait after it, like after any holder.
+            Tried::Contended | Tried::CleaningUp => {}
         }
         let Some(session) = self.pool.waiter().await? else {
             return self
-                .poll_acquire(key, ttl, started, deadline, lease_locker)
+                .poll_acquire(key, ttl, started, remaining(), lease_locker)
                 .await;
         };
         let owner = new_owner_token();
@@ -115,20 +182,29 @@ impl Inner {
             tls: self.settings.tls.clone(),
         };
         let token = loop {
-            let lock_timeout_ms =
-                lock_timeout_ms(deadline.saturating_duration_since(Instant::now()));
-            let sql = self.sql.wait(key.id, lock_timeout_ms, &digest);
+            let lock_timeout_ms = lock_timeout_ms(remaining());
+            let sql = self.sql.wait(
+                key.id,
+                lock_timeout_ms,
+                self.settings.session_lock_timeout_ms(),
+                &digest,
+            );
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
-            let bound = Duration::from_millis(lock_timeout_ms) + self.settings.query_timeout;
+            let bound =
+                Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
             let context = || format!("wait for {:?} on {}", key.name, self.settings.target);
-            match tokio::time::timeout(bound, session.wait(&sql, self.fencing())).await {
-                Ok(Ok(token)) => break token,
-                Ok(Err(WaitError::Postgres(e))) if is_lock_timeout(&e) => {
+            let waited = bounded(BACKEND, "acquire", bound, async {
+                Ok(session.wait(&sql, self.fencing()).await)
+            })
+            .await?;
+            match waited {
+                Ok(token) => break token,
+                Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
                     if let Some(token) = self.granted_anyway(&session, key, &digest).await? {
                         break token;
                     }
-                    if Instant::now() >= deadline {
+                    if remaining().is_zero() {
                         wait.disarm();
                         self.pool.recycle(session);
                         return Err(Error::Timeout {
@@ -140,8 +216,7 @@ impl Inner {
                 }
                 // `wait` closes the connection as it drops: whatever the
                 // failed statement left behind goes with it.
-                Ok(Err(e)) => return Err(e.into_error(context())),
-                Err(_) => return Err(errors::no_answer("acquire", &context(), bound)),
+                Err(e) => return Err(e.into_error(context())),
             }
         };
         wait.disarm();
@@ -158,14 +233,13 @@ impl Inner {
         key: LockKey<'_>,
         ttl: Duration,
         started: Instant,
-        deadline: Instant,
+        remaining: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
         let timed_out = || Error::Timeout {
             key: key.name.to_owned(),
             waited: started.elapsed(),
         };
-        let remaining = deadline.saturating_duration_since(Instant::now());
         // A zero timeout means "one attempt, contention is NotAcquired" to
         // the loop; here the caller's (non-zero) timeout has simply run out.
         if remaining.is_zero() {
@@ -188,10 +262,11 @@ impl Inner {
 
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
     /// grant it as the timeout fires, and then reports the timeout with the
-    /// lock held (FIELD-NOTES). A lock granted that way is kept: its counter
-    /// is bumped now (the statement that would have done it was aborted)
-    /// and the caller gets it, a hair late, rather than a `Timeout` that
-    /// leaves it stranded.
+    /// lock held (checked here; the wait and the timeout race in
+    /// `ProcSleep`, postgres `src/backend/storage/lmgr/proc.c`). A lock
+    /// granted that way is kept: its counter is bumped now (the statement
+    /// that would have done it was aborted) and the caller gets it, a hair
+    /// late, rather than a `Timeout` that leaves it stranded.
     async fn granted_anyway(
         &self,
         session: &Session,
@@ -205,12 +280,7 @@ impl Inner {
                 key.name, self.settings.target
             )
         };
-        let held = match tokio::time::timeout(query_timeout, session.holds(key.id)).await {
-            Ok(Ok(held)) => held,
-            Ok(Err(e)) => return Err(errors::backend("acquire", context(), e)),
-            Err(_) => return Err(errors::no_answer("acquire", &context(), query_timeout)),
-        };
-        if !held {
+        if !errors::within("acquire", query_timeout, context, session.holds(key.id)).await? {
             return Ok(None);
         }
         tracing::debug!(
@@ -219,11 +289,10 @@ impl Inner {
             key = key.name,
             "lock granted as its lock timeout fired; keeping it"
         );
-        match tokio::time::timeout(query_timeout, session.grant_token(key.id, digest)).await {
-            Ok(Ok(token)) => Ok(Some(token)),
-            Ok(Err(e)) => Err(errors::backend("acquire", context(), e)),
-            Err(_) => Err(errors::no_answer("acquire", &context(), query_timeout)),
-        }
+        let token = session.grant_token(key.id, digest);
+        errors::within("acquire", query_timeout, context, token)
+            .await
+            .map(Some)
     }
 
     /// Turns a grant on `session` into a lease and records it.
@@ -322,24 +391,28 @@ impl Drop for Attempt {
         };
         // The key stays reserved until the cleanup is done, so no other
         // attempt of this locker can take it on this session meanwhile (the
-        // cleanup would then release *that* lock).
+        // cleanup would then release *that* lock); marked as cleaning up, so
+        // callers asking meanwhile are told the truth (unknown), not
+        // "contention" or "not held".
         let (registry, ticket, query_timeout) =
             (self.registry.clone(), self.ticket, self.query_timeout);
+        registry.cleaning_up(ticket);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             session.close();
             registry.release(ticket);
             return;
         };
         runtime.spawn(async move {
-            match tokio::time::timeout(query_timeout, session.unlock_if_held(ticket.key)).await {
-                Ok(Ok(true)) => tracing::debug!(
+            let unlock = session.unlock_if_held(ticket.key);
+            match errors::within("acquire", query_timeout, String::new, unlock).await {
+                Ok(true) => tracing::debug!(
                     component = "distlock",
                     backend = BACKEND,
                     advisory_key = ticket.key,
                     "released a lock whose attempt was abandoned"
                 ),
-                Ok(Ok(false)) => {}
-                Ok(Err(_)) | Err(_) => {
+                Ok(false) => {}
+                Err(_) => {
                     tracing::warn!(
                         component = "distlock",
                         backend = BACKEND,
@@ -600,5 +673,46 @@ mod tests {
             "SELECT token, owner_digest = '{digest}' FROM distlock_fencing WHERE lock_key = -4242"
         ));
         assert_eq!(recorded, "1|t");
+    }
+
+    /// A wait's own `lock_timeout` ends with the wait, won or timed out: the
+    /// session is back under the session's bound (so a counter bump after a
+    /// racing grant is not held to the wait's last few milliseconds), and
+    /// the server-side timeouts stay off.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_leaves_the_session_settings_as_it_found_them() {
+        let server = test_servers::PostgresServer::start();
+        server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
+        let locker = PostgresLocker::connect(&server.url()).await.unwrap();
+        let inner = &locker.inner;
+        let session = inner.pool.waiter().await.unwrap().expect("a free permit");
+        let show = |name: &'static str| {
+            let session = session.clone();
+            async move {
+                let rows = session.query(&format!("SHOW {name}"), &[]).await.unwrap();
+                rows[0].get::<_, String>(0)
+            }
+        };
+        assert_eq!(show("statement_timeout").await, "0");
+        assert_eq!(show("idle_session_timeout").await, "0");
+        assert_eq!(show("lock_timeout").await, "5s");
+        let digest = owner_digest("owner");
+        let session_ms = inner.settings.session_lock_timeout_ms();
+
+        let won = inner.sql.wait(-77, 250, session_ms, &digest);
+        assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
+        assert_eq!(show("lock_timeout").await, "5s", "after a won wait");
+
+        let other = inner.pool.waiter().await.unwrap().expect("a free permit");
+        other
+            .query("SELECT pg_advisory_lock(-78)", &[])
+            .await
+            .unwrap();
+        let timed_out = inner.sql.wait(-78, 50, session_ms, &digest);
+        match session.wait(&timed_out, true).await {
+            Err(WaitError::Postgres(e)) => assert!(is_lock_timeout(&e), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(show("lock_timeout").await, "5s", "after a lock timeout");
     }
 }

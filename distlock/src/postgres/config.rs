@@ -47,28 +47,65 @@ pub struct TcpKeepalive {
 }
 
 impl TcpKeepalive {
-    /// This client's side: idle 2 s, every 1 s, 3 probes (about 5 s), user
-    /// timeout 5 s. Shorter than the server's, so a partitioned holder
-    /// learns it lost the lock before the server frees it for others.
+    /// This client's side: idle 1 s, every 1 s, 3 probes, user timeout 4 s:
+    /// a silent server is declared dead at most 4 s after the last segment
+    /// heard from it ([`latest_detection`](Self::latest_detection)).
+    ///
+    /// Chosen against [`SERVER`](Self::SERVER) so that a partitioned holder
+    /// learns it lost its session 6 s before the server can free its locks
+    /// (see [`PostgresLocker`](super::PostgresLocker)'s "Lost locks").
     pub const CLIENT: TcpKeepalive = TcpKeepalive {
-        idle: Duration::from_secs(2),
+        idle: Duration::from_secs(1),
         interval: Duration::from_secs(1),
         retries: 3,
-        user_timeout: Duration::from_secs(5),
+        user_timeout: Duration::from_secs(4),
     };
 
-    /// The server's side, set per session: idle 5 s, every 2 s, 3 probes
-    /// (about 11 s), user timeout 10 s.
+    /// The server's side, set per session: idle 2 s, every 2 s, 5 probes,
+    /// user timeout 12 s: a vanished holder's locks are freed 12 s after the
+    /// server last heard from it, which is at most 2 s before the holder
+    /// went silent (the server's own probes are answered until then), so
+    /// 10 to 12 s after.
     pub const SERVER: TcpKeepalive = TcpKeepalive {
-        idle: Duration::from_secs(5),
+        idle: Duration::from_secs(2),
         interval: Duration::from_secs(2),
-        retries: 3,
-        user_timeout: Duration::from_secs(10),
+        retries: 5,
+        user_timeout: Duration::from_secs(12),
     };
 
-    /// About how long a silent peer takes to be declared dead.
+    /// About how long a silent peer takes to be declared dead: the later of
+    /// the two ways ([`latest_detection`](Self::latest_detection), ignoring
+    /// a zero `user_timeout`).
     pub fn detection_time(&self) -> Duration {
-        (self.idle + self.interval * self.retries).max(self.user_timeout)
+        self.probes_time().max(self.user_timeout)
+    }
+
+    /// `idle + interval × retries`: when unanswered keepalive probes give
+    /// up, counted from the last segment heard from the peer.
+    fn probes_time(&self) -> Duration {
+        self.idle
+            .saturating_add(self.interval.saturating_mul(self.retries))
+    }
+
+    /// The soonest this side can declare a silent peer dead:
+    /// `min(user_timeout, idle + interval × retries)` (Linux's
+    /// `TCP_USER_TIMEOUT` also cuts keepalive probing short, tcp(7)). A zero
+    /// `user_timeout` means the kernel default (none): probes only.
+    pub fn earliest_detection(&self) -> Duration {
+        if self.user_timeout.is_zero() {
+            return self.probes_time();
+        }
+        self.probes_time().min(self.user_timeout)
+    }
+
+    /// The latest this side declares a silent peer dead, whether it was
+    /// idle (probes) or sending (`user_timeout`):
+    /// `max(user_timeout, idle + interval × retries)`. `None` with a zero
+    /// `user_timeout`: unacknowledged data is then retransmitted for the
+    /// kernel's `tcp_retries2` (about 15 minutes), which is no bound to
+    /// build on.
+    pub fn latest_detection(&self) -> Option<Duration> {
+        (!self.user_timeout.is_zero()).then(|| self.probes_time().max(self.user_timeout))
     }
 }
 
@@ -419,7 +456,23 @@ impl PostgresLockerBuilder {
         };
         let tls = Tls::new(self.ssl_mode, &self.root_certs)?;
         self.apply_connection_defaults();
+        let defaults = self.client_keepalive;
+        // What the connections will really use: the URL may have set some.
+        let client_keepalive = TcpKeepalive {
+            idle: self.pg.get_keepalives_idle(),
+            interval: self
+                .pg
+                .get_keepalives_interval()
+                .unwrap_or(defaults.interval),
+            retries: self.pg.get_keepalives_retries().unwrap_or(defaults.retries),
+            user_timeout: self
+                .pg
+                .get_tcp_user_timeout()
+                .copied()
+                .unwrap_or(defaults.user_timeout),
+        };
         Ok(Settings {
+            client_keepalive,
             target: describe_target(&self.pg),
             pg: self.pg,
             tls,
@@ -480,7 +533,55 @@ pub(super) struct Settings {
     pub(super) idle_waiters: usize,
     pub(super) max_waiters: usize,
     pub(super) query_timeout: Duration,
+    /// The keepalive every connection of this locker really uses.
+    pub(super) client_keepalive: TcpKeepalive,
     pub(super) server_keepalive: Option<TcpKeepalive>,
+}
+
+impl Settings {
+    /// The `lock_timeout` of every session (shared and waiter, outside a
+    /// wait's own): half the query timeout, so a statement blocked on a
+    /// heavyweight lock (another client's `SELECT … FOR UPDATE` of a fencing
+    /// row, an `ALTER TABLE` of the table) fails on the server, and so
+    /// releases the session for the locks pipelined behind it, before the
+    /// client gives up on it. At least 1 ms (0 would mean none).
+    pub(super) fn session_lock_timeout_ms(&self) -> u64 {
+        let half = self.query_timeout.as_millis() / 2;
+        u64::try_from(half)
+            .unwrap_or(u64::MAX)
+            .clamp(1, i32::MAX as u64)
+    }
+
+    /// How long a lock is still ours on the server after a session died
+    /// because this client's keepalive or user timeout gave up on a silent
+    /// server (a partition at instant `c`), counted from that detection `d`:
+    ///
+    /// - the client heard from the server at most `client.latest_detection()`
+    ///   before `d`, and not after `c`, so `c ≥ d − client.latest_detection()`;
+    /// - the server frees the lock `server.earliest_detection()` or more after
+    ///   it last heard from the client, which is no earlier than
+    ///   `c − server.idle`: an idle server probes after `idle`, and the
+    ///   client's answer is the last segment that counts (the client's own
+    ///   probes are out of window and do not reset the server's timer);
+    ///
+    /// so the server frees it no earlier than `d + server.earliest_detection()
+    /// − server.idle − client.latest_detection()`: that difference is the
+    /// grace. Zero when the server's keepalive is left alone
+    /// (`server_keepalives=off`: unknown) or the client's is unbounded.
+    /// Each side's timers count from the last segment it heard; none of this
+    /// holds for a holder paused through them (fencing tokens are the remedy).
+    pub(super) fn partition_grace(&self) -> Duration {
+        match (
+            self.server_keepalive,
+            self.client_keepalive.latest_detection(),
+        ) {
+            (Some(server), Some(client_latest)) => server
+                .earliest_detection()
+                .saturating_sub(server.idle)
+                .saturating_sub(client_latest),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// `postgres://user@host:port,host2:port/dbname`: where a config points,
@@ -647,14 +748,44 @@ mod tests {
     }
 
     #[test]
+    fn the_default_keepalives_leave_a_partition_grace_of_six_seconds() {
+        assert_eq!(
+            TcpKeepalive::CLIENT.latest_detection(),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(
+            TcpKeepalive::SERVER.earliest_detection(),
+            Duration::from_secs(12)
+        );
+        let s = settings("postgres://u@h/d").unwrap();
+        assert_eq!(s.client_keepalive, TcpKeepalive::CLIENT);
+        assert_eq!(s.partition_grace(), Duration::from_secs(6));
+        assert_eq!(s.session_lock_timeout_ms(), 5000);
+        // Unknown server side, an unbounded client side, or a client slower
+        // than the server: no grace.
+        for url in [
+            "postgres://u@h/d?server_keepalives=off",
+            "postgres://u@h/d?tcp_user_timeout=0",
+            "postgres://u@h/d?keepalives_idle=30",
+            "postgres://u@h/d?tcp_user_timeout=20000",
+        ] {
+            assert_eq!(
+                settings(url).unwrap().partition_grace(),
+                Duration::ZERO,
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
     fn keepalive_detection_time() {
         assert_eq!(
             TcpKeepalive::CLIENT.detection_time(),
-            Duration::from_secs(5)
+            Duration::from_secs(4)
         );
         assert_eq!(
             TcpKeepalive::SERVER.detection_time(),
-            Duration::from_secs(11)
+            Duration::from_secs(12)
         );
     }
 }

@@ -6,10 +6,12 @@
 //! carries the server's severity, SQLSTATE and message in its own text.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
+use crate::deadline::bounded;
 use crate::Error;
 
 pub(super) const BACKEND: &str = "postgres";
@@ -71,13 +73,20 @@ pub(super) fn backend(
     )
 }
 
-/// [`Error::Backend`] for a server that did not answer within `waited`.
-pub(super) fn no_answer(operation: &'static str, what: &str, waited: Duration) -> Error {
-    Error::backend(
-        BACKEND,
-        operation,
-        format!("{what}: no answer from the server within {waited:?}"),
-    )
+/// Runs one statement (or a few pipelined ones) of `operation`, bounded by
+/// `limit`: a failure becomes [`Error::Backend`] naming `context()`, no
+/// answer within `limit` becomes [`Error::DeadlineExceeded`]. Dropping
+/// `call` must be safe at any await point: the callers' guards make it so.
+pub(super) async fn within<T>(
+    operation: &'static str,
+    limit: Duration,
+    context: impl FnOnce() -> String,
+    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> crate::Result<T> {
+    bounded(BACKEND, operation, limit, async {
+        call.await.map_err(|e| backend(operation, context(), e))
+    })
+    .await
 }
 
 /// True for `lock_timeout` expiring (SQLSTATE 55P03, lock_not_available).
@@ -87,10 +96,13 @@ pub(super) fn is_lock_timeout(error: &tokio_postgres::Error) -> bool {
 
 /// True when a `CREATE TABLE IF NOT EXISTS` lost a race with another session
 /// creating the same table (Postgres reports the loser's insert into its
-/// catalog as a unique violation, or as a duplicate table).
+/// catalog as a unique violation, a duplicate table, or, when the row type
+/// collides first, `type "…" already exists`: a duplicate object).
 pub(super) fn is_concurrent_create(error: &tokio_postgres::Error) -> bool {
     matches!(
         error.code(),
-        Some(code) if *code == SqlState::UNIQUE_VIOLATION || *code == SqlState::DUPLICATE_TABLE
+        Some(code) if *code == SqlState::UNIQUE_VIOLATION
+            || *code == SqlState::DUPLICATE_TABLE
+            || *code == SqlState::DUPLICATE_OBJECT
     )
 }

@@ -220,14 +220,26 @@ impl Sql {
 
     /// The native wait, as one simple-protocol message: its statements run
     /// in one implicit transaction that stops at the first error, so the
-    /// counter is bumped only if the lock was granted. Every inlined value is
-    /// generated here (integers, hex digits, a quoted identifier), never
-    /// caller text; the key is a quoted literal so that `i64::MIN` (whose
-    /// digits alone overflow bigint before negation) parses.
-    pub(super) fn wait(&self, key: i64, lock_timeout_ms: u64, owner_digest: &str) -> String {
+    /// counter is bumped only if the lock was granted. The wait runs under
+    /// `lock_timeout_ms`; the session's own `session_lock_timeout_ms` is
+    /// restored right after it, so the counter bump (and everything the
+    /// session runs later) is under the session's bound, not the wait's
+    /// remainder. On an error the implicit transaction rolls back, and with
+    /// it both `SET`s. Every inlined value is generated here (integers, hex
+    /// digits, a quoted identifier), never caller text; the key is a quoted
+    /// literal so that `i64::MIN` (whose digits alone overflow bigint before
+    /// negation) parses.
+    pub(super) fn wait(
+        &self,
+        key: i64,
+        lock_timeout_ms: u64,
+        session_lock_timeout_ms: u64,
+        owner_digest: &str,
+    ) -> String {
         debug_assert!(owner_digest.bytes().all(|b| b.is_ascii_hexdigit()));
         let mut sql = format!(
-            "SET lock_timeout = {lock_timeout_ms}; SELECT pg_advisory_lock('{key}'::int8);"
+            "SET lock_timeout = {lock_timeout_ms}; SELECT pg_advisory_lock('{key}'::int8); \
+             SET lock_timeout = {session_lock_timeout_ms};"
         );
         if let Some(table) = &self.table {
             sql.push_str(&format!(
@@ -270,15 +282,17 @@ mod tests {
         let sql = Sql::new(None);
         assert!(!sql.fencing());
         assert!(sql.grant_token().is_none());
-        assert!(!sql.wait(7, 100, "ab").contains("INSERT"));
+        assert!(!sql.wait(7, 100, 5000, "ab").contains("INSERT"));
         assert!(!sql.try_lock.contains("INSERT"));
     }
 
     #[test]
     fn the_wait_inlines_only_generated_values() {
         let sql = Sql::new(Some(&FencingTable::default()));
-        let text = sql.wait(-5, 250, "00ff");
-        assert!(text.starts_with("SET lock_timeout = 250; SELECT pg_advisory_lock('-5'::int8);"));
+        let text = sql.wait(-5, 250, 5000, "00ff");
+        assert!(text.starts_with(
+            "SET lock_timeout = 250; SELECT pg_advisory_lock('-5'::int8); SET lock_timeout = 5000;"
+        ));
         assert!(text.contains("VALUES ('-5'::int8, 1, '00ff')"));
     }
 }

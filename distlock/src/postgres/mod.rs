@@ -28,7 +28,9 @@
 //! transaction mode.** Such a pooler hands each transaction to whichever
 //! server session is free, so two clients can share one session, and advisory
 //! locks are re-entrant within a session: a second client got
-//! `pg_try_advisory_lock = true` for a key another client held (FIELD-NOTES).
+//! `pg_try_advisory_lock = true` for a key another client held (PgBouncer's
+//! docs list advisory locks among the session features transaction pooling
+//! breaks: <https://www.pgbouncer.org/features.html>).
 //! Both then run the "exclusive" section. Connect to Postgres directly, or
 //! through a pooler in *session* mode, or use the transaction-scoped
 //! functions [`try_lock_xact`] and [`lock_xact`] inside your own transaction.
@@ -45,15 +47,35 @@
 //!     closes the socket, the server sees it at once, and the lock is free
 //!     within milliseconds;
 //!   - the holder's host dies or is cut off: the server notices through TCP
-//!     keepalive, which distlock sets per session to about 11 s
-//!     ([`TcpKeepalive::SERVER`]) instead of the usual 2 hours;
+//!     keepalive, which distlock sets per session ([`TcpKeepalive::SERVER`])
+//!     instead of the usual 2 hours: the lock is freed 10 to 12 s after the
+//!     holder went silent, never sooner;
 //!   - `pg_terminate_backend` of the session: at once.
 //! - **Lost locks.** When a session ends, every lease on it fires
-//!   [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost). A
-//!   partitioned holder learns it after about 5 s ([`TcpKeepalive::CLIENT`]),
-//!   before the server frees the lock (about 11 s). That margin is not a
-//!   guarantee (a holder may be paused through it), which is what fencing
-//!   tokens are for.
+//!   [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost), and
+//!   its [`Lease::valid_until`] says until when the lock may still be
+//!   treated as held:
+//!   - a partition (the client's keepalive or user timeout gave up on a
+//!     silent server): the holder learns it at most 4 s after the cut
+//!     ([`TcpKeepalive::CLIENT`]) and the server frees the lock no earlier
+//!     than 10 s after it, so the lease stays valid for a grace of
+//!     `server.earliest_detection() − server.idle −
+//!     client.latest_detection()` = 12 − 2 − 4 = **6 s** after the lost
+//!     signal (with the default keepalives; see
+//!     [`TcpKeepalive::earliest_detection`] and
+//!     [`TcpKeepalive::latest_detection`]). `distlock run` SIGKILLs its
+//!     command by `valid_until − drift_margin(ttl)`: within 6 s of the
+//!     signal, minus the margin, before the server can grant the lock to
+//!     anyone else;
+//!   - the server closed or reset the connection (`pg_terminate_backend`,
+//!     a restart), distlock closed it, or the server's keepalive is left
+//!     alone (`server_keepalives=off`) or the client's is unbounded
+//!     (`tcp_user_timeout=0`): no grace, `valid_until` is the instant of the
+//!     signal, since the lock may already be free.
+//!
+//!   Those bounds count from the last segment each side heard, on the
+//!   kernels' timers: a holder paused (or a clock stopped) through them
+//!   gets no such promise, which is what fencing tokens are for.
 //! - **Fencing.** Each grant bumps a counter row of the key in the statement
 //!   that takes the lock, while the lock is held, in a committed transaction
 //!   (see [Fencing table](#fencing-table)): tokens strictly increase across
@@ -82,6 +104,30 @@
 //!   runtime. A lease dropped outside a runtime stays held until its session
 //!   closes (when the locker and all its leases are gone, or the process
 //!   exits).
+//! - **Every call is bounded.** [`Locker::lock`] returns within its
+//!   `timeout` + [`DEADLINE_GRACE`](crate::DEADLINE_GRACE) whatever the
+//!   server does (a paused or vanished server is
+//!   [`Error::DeadlineExceeded`], never [`Error::Timeout`]); whatever step
+//!   it abandons is undone as if the call had been cancelled.
+//!   [`Locker::try_lock`], [`Locker::unlock`] and [`Locker::refresh`] wait
+//!   at most `query_timeout` for their statement (opening a session first
+//!   is bounded by `connect_timeout` per host plus `query_timeout`).
+//! - **Server-side timeouts.** Every session turns `statement_timeout`,
+//!   `idle_session_timeout` and `idle_in_transaction_session_timeout` off
+//!   (where the server has them), whatever the role or database sets: they
+//!   would end a native wait with an error, or end an idle session and free
+//!   its locks under their holders. Every session runs with a
+//!   `lock_timeout` of half the query timeout, so a fencing-row update
+//!   blocked by another client (a `SELECT … FOR UPDATE` on
+//!   `distlock_fencing`, an `ALTER TABLE`) fails that one attempt with
+//!   [`Error::Backend`] (and releases its lock) instead of stalling every
+//!   lock on its shared session.
+//! - **Abandoned attempts.** A [`Locker::try_lock`] dropped (or timed out)
+//!   after its statement was sent may have taken the lock; it is released
+//!   in the background, one round trip later. Until then, `try_lock` and
+//!   [`Locker::unlock`] of that key through the same locker are
+//!   [`Error::Backend`] ("still being cleaned up"): whether it is free is
+//!   not known yet. [`Locker::lock`] waits through it.
 //! - **Not guaranteed**: anything across a failover. Advisory locks are not
 //!   replicated; a promoted standby starts with none. Sessions are opened
 //!   with `target_session_attrs=read-write` (unless the URL says otherwise)
@@ -171,7 +217,7 @@
 //! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
 //! | `query_timeout` | seconds any statement may go unanswered | 10 |
 //! | `server_keepalives` | `off` leaves the server's TCP keepalive alone | `on` |
-//! | `tcp_user_timeout` | milliseconds, as in libpq | 5000 |
+//! | `tcp_user_timeout` | milliseconds, as in libpq | 4000 |
 //! | `sslmode` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` | `prefer` |
 //! | `sslrootcert` | CA file (PEM), or `system` | `system` |
 //!
@@ -279,9 +325,9 @@ impl PostgresLocker {
         let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
         let registry = Arc::new(Registry::default());
         let weak = Arc::downgrade(&registry);
-        let on_closed: OnClosed = Arc::new(move |session_id, why| {
+        let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
             if let Some(registry) = weak.upgrade() {
-                registry.session_closed(session_id, why);
+                registry.session_closed(session_id, why, grace);
             }
         });
         let inner = Arc::new(Inner {

@@ -4,7 +4,8 @@
 //! This is deliberately not a general-purpose pool: a connection carrying a
 //! lock is never handed to anyone else, never reset (deadpool's `Clean`
 //! recycling runs `pg_advisory_unlock_all()`, its `Fast` recycling hands a
-//! lock-holding connection to the next user; FIELD-NOTES), and never closed
+//! lock-holding connection to the next user; see deadpool-postgres'
+//! `RecyclingMethod` docs), and never closed
 //! while it carries a lock, except to give up every lock on it at once.
 //!
 //! - Shared sessions: `sessions` slots, opened lazily; a key always maps to

@@ -9,10 +9,34 @@
 //!
 //! Entries are keyed by the 64-bit advisory key, not the caller's string: two
 //! strings that hash alike are one lock on the server, and so here.
+//!
+//! # Invariants
+//!
+//! - **Who owns a reservation.** [`Registry::reserve`] hands out one
+//!   [`Ticket`] per key at a time, and only the attempt on the key's shared
+//!   session that got it (the `Attempt` guard in `acquire.rs`) may end it.
+//!   Nothing else clears `Entry::attempt`: not a grant, not a release, not a
+//!   session's death.
+//! - **When a ticket ends.** Once the attempt's outcome is recorded (granted
+//!   and entered as `held`, or refused), or, for an attempt abandoned after
+//!   its statement may have reached the server, once its cleanup
+//!   (`unlock_if_held` behind it on the same session, or closing that
+//!   session) is done. Between abandonment and the end of the cleanup the
+//!   reservation is marked [`Reservation::CleaningUp`]: the server may hold
+//!   the key for nobody, so this locker cannot say whether it is free or
+//!   held elsewhere, and says so (an error) instead of answering
+//!   "contention" or "not held" ([`Registry::state`]).
+//! - **Why native waits skip reservation.** A native wait runs on a
+//!   connection of its own, so its `pg_advisory_lock` is never re-entrant
+//!   with a hold on a shared session: the server orders it against every
+//!   other session, this locker's included, and grants it only once the key
+//!   is free there. Only its grant is recorded (`held`), beside whatever
+//!   reservation an attempt on the shared session has.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use super::session::Session;
 use crate::{LostNotifier, LostReason};
@@ -32,13 +56,24 @@ pub(super) struct Registry {
 #[derive(Debug, Default)]
 struct Entry {
     /// The ticket of the attempt in flight (or being cleaned up).
-    attempt: Option<u64>,
+    attempt: Option<(u64, Reservation)>,
     held: Option<Held>,
 }
 
 impl Entry {
     fn is_empty(&self) -> bool {
         self.attempt.is_none() && self.held.is_none()
+    }
+
+    /// A hold wins over a pending cleanup: the key is then held here (the
+    /// server granted it to that session alone, so the abandoned attempt
+    /// cannot hold it too), and "contention" is the truth.
+    fn busy(&self) -> Option<Busy> {
+        match (self.attempt, &self.held) {
+            (_, Some(_)) | (Some((_, Reservation::InFlight)), None) => Some(Busy::Contended),
+            (Some((_, Reservation::CleaningUp)), None) => Some(Busy::CleaningUp),
+            (None, None) => None,
+        }
     }
 }
 
@@ -58,6 +93,27 @@ pub(super) struct Ticket {
     id: u64,
 }
 
+/// What a reservation's attempt is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reservation {
+    /// Sent, or about to be; its caller is waiting for the answer.
+    InFlight,
+    /// Abandoned after it may have reached the server; its cleanup (release
+    /// if taken, or close the session) is not done yet.
+    CleaningUp,
+}
+
+/// Why a key cannot be reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Busy {
+    /// This locker holds the key, or another caller's attempt is in flight:
+    /// contention, as from any other client.
+    Contended,
+    /// An abandoned attempt's cleanup is pending: whether the key is held
+    /// (and by whom) is unknown until it ends.
+    CleaningUp,
+}
+
 /// Why a granted lock could not be recorded.
 #[derive(Debug)]
 pub(super) struct SessionClosed;
@@ -67,27 +123,46 @@ impl Registry {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reserves `key` for one attempt, or `None` if this locker already holds
-    /// it or has an attempt in flight (contention, answered locally).
-    pub(super) fn reserve(&self, key: i64) -> Option<Ticket> {
+    /// Reserves `key` for one attempt, or says why not: this locker holds it
+    /// or another attempt is in flight ([`Busy::Contended`], answered
+    /// locally), or an abandoned attempt is still being cleaned up
+    /// ([`Busy::CleaningUp`]).
+    pub(super) fn reserve(&self, key: i64) -> Result<Ticket, Busy> {
         let mut entries = self.entries();
         let entry = entries.entry(key).or_default();
-        if !entry.is_empty() {
-            return None;
+        if let Some(busy) = entry.busy() {
+            return Err(busy);
         }
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        entry.attempt = Some(id);
-        Some(Ticket { key, id })
+        entry.attempt = Some((id, Reservation::InFlight));
+        Ok(Ticket { key, id })
+    }
+
+    /// Marks `ticket`'s attempt abandoned: its reservation stays until
+    /// [`release`](Self::release), after the cleanup.
+    pub(super) fn cleaning_up(&self, ticket: Ticket) {
+        self.update(ticket.key, |entry| {
+            if let Some((id, state)) = entry.attempt.as_mut() {
+                if *id == ticket.id {
+                    *state = Reservation::CleaningUp;
+                }
+            }
+        });
     }
 
     /// Ends a reservation, once its attempt's outcome is recorded (or its
     /// cleanup is done).
     pub(super) fn release(&self, ticket: Ticket) {
         self.update(ticket.key, |entry| {
-            if entry.attempt == Some(ticket.id) {
+            if entry.attempt.is_some_and(|(id, _)| id == ticket.id) {
                 entry.attempt = None;
             }
         });
+    }
+
+    /// Why `key` cannot be reserved right now, if it cannot.
+    pub(super) fn state(&self, key: i64) -> Option<Busy> {
+        self.entries().get(&key).and_then(Entry::busy)
     }
 
     /// Records a granted lock. A reservation of the key stays in place.
@@ -138,14 +213,10 @@ impl Registry {
         (held.owner == owner).then(|| held.session.clone())
     }
 
-    /// True if this locker holds `key` or has an attempt in flight for it.
-    pub(super) fn is_busy(&self, key: i64) -> bool {
-        self.entries().contains_key(&key)
-    }
-
     /// Forgets every lock held on session `session_id`, which is gone, and
-    /// fires their lost signals.
-    pub(super) fn session_closed(&self, session_id: u64, why: &str) {
+    /// fires their lost signals, each with `grace`: how long the server may
+    /// still hold those locks (see `Settings::partition_grace`).
+    pub(super) fn session_closed(&self, session_id: u64, why: &str, grace: Duration) {
         let mut lost = Vec::new();
         self.entries().retain(|_, entry| {
             if entry
@@ -163,12 +234,13 @@ impl Registry {
                 backend = "postgres",
                 leases = lost.len(),
                 why,
-                "a session holding locks ended; the server has released them"
+                grace_ms = grace.as_millis() as u64,
+                "a session holding locks ended; the server has released them, or will within the grace"
             );
         }
         // Fired outside the map's lock: a lost signal may run callbacks.
         for notifier in lost {
-            notifier.notify(LostReason::ConnectionLost);
+            notifier.notify_with_grace(LostReason::ConnectionLost, grace);
         }
     }
 
@@ -236,16 +308,20 @@ mod tests {
             lost: lease.lost_notifier(),
         };
         registry.grant(7, held).unwrap();
-        assert!(registry.reserve(7).is_none(), "held");
+        assert_eq!(registry.reserve(7), Err(Busy::Contended), "held");
         assert!(registry.take(7, "waiter").is_some());
-        assert!(
-            registry.reserve(7).is_none(),
+        assert_eq!(
+            registry.reserve(7),
+            Err(Busy::Contended),
             "the first attempt is still in flight"
         );
-        assert!(registry.is_busy(7));
+        // Abandoned: its cleanup keeps the reservation, and says so.
+        registry.cleaning_up(attempt);
+        assert_eq!(registry.state(7), Some(Busy::CleaningUp));
+        assert_eq!(registry.reserve(7), Err(Busy::CleaningUp));
         registry.release(attempt);
-        assert!(!registry.is_busy(7), "an empty entry is dropped");
-        assert!(registry.reserve(7).is_some());
+        assert_eq!(registry.state(7), None, "an empty entry is dropped");
+        assert!(registry.reserve(7).is_ok());
 
         // A session's death loses its leases and forgets them.
         let lease = lease_for(&locker);
@@ -255,7 +331,7 @@ mod tests {
             lost: lease.lost_notifier(),
         };
         registry.grant(8, held).unwrap();
-        registry.session_closed(waiter_session.id, "test");
+        registry.session_closed(waiter_session.id, "test", Duration::ZERO);
         assert_eq!(
             lease.lost_signal().reason(),
             Some(LostReason::ConnectionLost)

@@ -2,6 +2,7 @@
 
 use super::errors::{self, BACKEND};
 use super::keys::{owner_digest, LockKey};
+use super::registry::Busy;
 use super::session::Role;
 use super::Inner;
 use crate::{Error, LostReason, Result};
@@ -24,24 +25,19 @@ impl Inner {
                 key.name, self.settings.target
             )
         };
-        match tokio::time::timeout(query_timeout, held.session.unlock(key.id)).await {
-            Ok(Ok(true)) => {
-                if held.session.role == Role::Waiter {
-                    self.pool.recycle(held.session);
-                }
-                Ok(())
+        let unlock = held.session.unlock(key.id);
+        if errors::within("release", query_timeout, context, unlock).await? {
+            if held.session.role == Role::Waiter {
+                self.pool.recycle(held.session);
             }
-            Ok(Ok(false)) => {
-                // Only the session itself can release its lock, and it did
-                // not: something ran `pg_advisory_unlock_all()` on it?
-                held.lost.notify(LostReason::NotHeld);
-                Err(Error::NotHeld {
-                    key: key.name.to_owned(),
-                })
-            }
-            Ok(Err(e)) => Err(errors::backend("release", context(), e)),
-            Err(_) => Err(errors::no_answer("release", &context(), query_timeout)),
+            return Ok(());
         }
+        // Only the session itself can release its lock, and it did not:
+        // something ran `pg_advisory_unlock_all()` on it?
+        held.lost.notify(LostReason::NotHeld);
+        Err(Error::NotHeld {
+            key: key.name.to_owned(),
+        })
     }
 
     /// A release of a lock this locker does not hold. It cannot release it
@@ -52,9 +48,13 @@ impl Inner {
         let not_held = || Error::NotHeld {
             key: key.name.to_owned(),
         };
-        if self.registry.is_busy(key.id) {
+        match self.registry.state(key.id) {
             // Held (or being taken) here, under another owner.
-            return Err(not_held());
+            Some(Busy::Contended) => return Err(not_held()),
+            // Held for nobody here, perhaps; or free, or held elsewhere: the
+            // server cannot be asked until the cleanup is done.
+            Some(Busy::CleaningUp) => return Err(self.cleanup_pending(key, "release")),
+            None => {}
         }
         let session = self.pool.shared(key.id).await?;
         let digest = owner_digest(owner);
@@ -72,20 +72,14 @@ impl Inner {
                 key.name, self.settings.target
             )
         };
-        let rows = match tokio::time::timeout(query_timeout, lookup).await {
-            Ok(Ok(rows)) => rows,
-            Ok(Err(e)) => return Err(errors::backend("release", context(), e)),
-            Err(_) => return Err(errors::no_answer("release", &context(), query_timeout)),
-        };
+        let rows = errors::within("release", query_timeout, context, lookup).await?;
         let Some(row) = rows.first() else {
             return Err(not_held());
         };
-        let pid: i32 = row
-            .try_get(0)
-            .map_err(|e| errors::backend("release", context(), e))?;
-        let same_owner: Option<bool> = row
-            .try_get(1)
-            .map_err(|e| errors::backend("release", context(), e))?;
+        let columns =
+            || Ok::<_, tokio_postgres::Error>((row.try_get::<_, i32>(0)?, row.try_get(1)?));
+        let (pid, same_owner): (i32, Option<bool>) =
+            columns().map_err(|e| errors::backend("release", context(), e))?;
         let reason = match same_owner {
             Some(false) => return Err(not_held()),
             Some(true) => format!(
@@ -118,16 +112,12 @@ impl Inner {
         };
         let query_timeout = self.settings.query_timeout;
         let context = || format!("verify {:?} is held on {}", key.name, self.settings.target);
-        match tokio::time::timeout(query_timeout, session.holds(key.id)).await {
-            Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => {
-                if let Some(held) = self.registry.take(key.id, owner) {
-                    held.lost.notify(LostReason::NotHeld);
-                }
-                Err(not_held())
-            }
-            Ok(Err(e)) => Err(errors::backend("refresh", context(), e)),
-            Err(_) => Err(errors::no_answer("refresh", &context(), query_timeout)),
+        if errors::within("refresh", query_timeout, context, session.holds(key.id)).await? {
+            return Ok(());
         }
+        if let Some(held) = self.registry.take(key.id, owner) {
+            held.lost.notify(LostReason::NotHeld);
+        }
+        Err(not_held())
     }
 }

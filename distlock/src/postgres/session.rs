@@ -14,9 +14,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage, Statement};
 
-use super::config::{Settings, TcpKeepalive};
+use super::config::Settings;
 use super::errors::{self, BACKEND};
 use super::fencing::{self, FencingTable, Sql};
+use crate::deadline::bounded;
 use crate::{Error, Result};
 
 /// What a session is used for.
@@ -28,8 +29,11 @@ pub(super) enum Role {
     Waiter,
 }
 
-/// Called once, from the driver task, when a session's connection is gone.
-pub(super) type OnClosed = Arc<dyn Fn(u64, &str) + Send + Sync>;
+/// Called once, from the driver task, when a session's connection is gone:
+/// with the session's id, why, and how long its locks may still be held on
+/// the server (see [`Settings::partition_grace`]; zero unless this client's
+/// keepalive gave up on a silent server).
+pub(super) type OnClosed = Arc<dyn Fn(u64, &str, Duration) + Send + Sync>;
 
 pub(super) struct Session {
     pub(super) id: u64,
@@ -93,36 +97,24 @@ impl Session {
             * settings.pg.get_hosts().len().max(1) as u32
             + settings.query_timeout;
         let connecting = settings.tls.connect(&settings.pg);
-        let (client, driver) = match tokio::time::timeout(connect_within, connecting).await {
-            Ok(Ok(connected)) => connected,
-            Ok(Err(e)) => {
-                return Err(errors::backend(
-                    "connect",
-                    format!("cannot connect to {}", settings.target),
-                    e,
-                ))
-            }
-            Err(_) => {
-                return Err(errors::no_answer(
-                    "connect",
-                    &format!("connect to {}", settings.target),
-                    connect_within,
-                ))
-            }
-        };
+        let context = || format!("cannot connect to {}", settings.target);
+        let (client, driver) =
+            errors::within("connect", connect_within, context, connecting).await?;
         let liveness = Arc::new(Liveness::default());
-        spawn_driver(driver, liveness.clone(), id, on_closed);
+        spawn_driver(
+            driver,
+            liveness.clone(),
+            id,
+            settings.partition_grace(),
+            on_closed,
+        );
 
         let prepare = async {
             if let Some(table) = ensure_table {
                 fencing::ensure_table(&client, table).await?;
             }
-            let setup = async {
-                match settings.server_keepalive {
-                    Some(keepalive) => client.batch_execute(&server_keepalive_sql(keepalive)).await,
-                    None => Ok(()),
-                }
-            };
+            let setup_sql = session_setup_sql(settings);
+            let setup = client.batch_execute(&setup_sql);
             let grant_token = async {
                 match sql.grant_token() {
                     Some(text) => client.prepare(&text).await.map(Some),
@@ -152,20 +144,11 @@ impl Session {
                 grant_token,
             })
         };
-        let session_setup = format!("set up a session on {}", settings.target);
-        let statements = match tokio::time::timeout(settings.query_timeout, prepare).await {
-            Ok(Ok(statements)) => statements,
-            Ok(Err(e)) => {
+        let statements = match bounded(BACKEND, "connect", settings.query_timeout, prepare).await {
+            Ok(statements) => statements,
+            Err(e) => {
                 liveness.close.notify_one();
                 return Err(e);
-            }
-            Err(_) => {
-                liveness.close.notify_one();
-                return Err(errors::no_answer(
-                    "connect",
-                    &session_setup,
-                    settings.query_timeout,
-                ));
             }
         };
         Ok(Arc::new(Session {
@@ -316,34 +299,104 @@ impl WaitError {
     }
 }
 
-fn spawn_driver(driver: super::tls::Driver, liveness: Arc<Liveness>, id: u64, on_closed: OnClosed) {
+fn spawn_driver(
+    driver: super::tls::Driver,
+    liveness: Arc<Liveness>,
+    id: u64,
+    partition_grace: Duration,
+    on_closed: OnClosed,
+) {
     tokio::spawn(async move {
-        let why = tokio::select! {
+        let (why, grace) = tokio::select! {
             ended = driver => match ended {
-                Ok(()) => "the connection was closed".to_owned(),
-                Err(e) => errors::backend("hold", "the connection failed", e).to_string(),
+                // The server closed it (`pg_terminate_backend`, a shutdown):
+                // its locks went with its session.
+                Ok(()) => ("the connection was closed".to_owned(), Duration::ZERO),
+                Err(e) => {
+                    // Only a silent peer leaves the server holding the
+                    // locks for a while; a reset or an error report means
+                    // the server ended (or is ending) the session itself.
+                    let grace = if gave_up_on_silent_peer(&e) {
+                        partition_grace
+                    } else {
+                        Duration::ZERO
+                    };
+                    (errors::backend("hold", "the connection failed", e).to_string(), grace)
+                }
             },
-            () = liveness.close.notified() => "distlock closed the connection".to_owned(),
+            () = liveness.close.notified() => ("distlock closed the connection".to_owned(), Duration::ZERO),
         };
         // The driver (and with it the socket) is dropped by now.
         liveness.closed.store(true, Ordering::Release);
-        on_closed(id, &why);
+        on_closed(id, &why, grace);
     });
 }
 
-/// Sets the server's keepalive for this session, skipping settings the server
-/// does not have (`tcp_user_timeout` is Postgres 12+). On a Unix socket the
-/// server accepts and ignores them.
-fn server_keepalive_sql(keepalive: TcpKeepalive) -> String {
+/// True when the connection died because this side's TCP keepalive or user
+/// timeout gave up (`ETIMEDOUT`, tcp(7)): the server went silent, and may not
+/// know yet that the session is over.
+fn gave_up_on_silent_peer(error: &tokio_postgres::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = cause {
+        if current
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cause = current.source();
+    }
+    false
+}
+
+/// The one setup statement of every session, skipping settings the server
+/// does not have (`idle_session_timeout` is Postgres 14+,
+/// `tcp_user_timeout` 12+):
+///
+/// - `statement_timeout`, `idle_session_timeout` and
+///   `idle_in_transaction_session_timeout` off: a role or database default
+///   would otherwise turn a native wait into an error, or end an idle
+///   session that holds locks (and so free them under their holders);
+/// - `lock_timeout` (see [`Settings::session_lock_timeout_ms`]);
+/// - the server's keepalive for this connection, unless left alone. On a
+///   Unix socket the server accepts and ignores it.
+fn session_setup_sql(settings: &Settings) -> String {
+    let mut values = vec![
+        ("statement_timeout", "0".to_owned()),
+        ("idle_session_timeout", "0".to_owned()),
+        ("idle_in_transaction_session_timeout", "0".to_owned()),
+        (
+            "lock_timeout",
+            format!("{}ms", settings.session_lock_timeout_ms()),
+        ),
+    ];
+    if let Some(keepalive) = settings.server_keepalive {
+        values.extend([
+            (
+                "tcp_keepalives_idle",
+                format!("{}s", whole_seconds(keepalive.idle)),
+            ),
+            (
+                "tcp_keepalives_interval",
+                format!("{}s", whole_seconds(keepalive.interval)),
+            ),
+            ("tcp_keepalives_count", keepalive.retries.to_string()),
+            (
+                "tcp_user_timeout",
+                format!("{}ms", keepalive.user_timeout.as_millis()),
+            ),
+        ]);
+    }
+    // Every value is generated here (names above, integers), never caller
+    // text.
+    let rows: Vec<String> = values
+        .iter()
+        .map(|(name, value)| format!("('{name}', '{value}')"))
+        .collect();
     format!(
-        "SELECT set_config(s.name, s.value, false) FROM (VALUES \
-         ('tcp_keepalives_idle', '{}s'), ('tcp_keepalives_interval', '{}s'), \
-         ('tcp_keepalives_count', '{}'), ('tcp_user_timeout', '{}ms')) AS s(name, value) \
+        "SELECT set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
          WHERE s.name IN (SELECT name FROM pg_settings)",
-        whole_seconds(keepalive.idle),
-        whole_seconds(keepalive.interval),
-        keepalive.retries,
-        keepalive.user_timeout.as_millis(),
+        rows.join(", ")
     )
 }
 

@@ -1,0 +1,101 @@
+//! A real network partition of a Postgres holder (nftables drop rules in a
+//! private network namespace, see `test_servers::netns`): the holder's lost
+//! signal fires first, its lease stays valid for the grace the keepalive
+//! settings leave, and the server frees the lock only after that. Needs root
+//! and `nft`.
+#![cfg(feature = "postgres")]
+
+use std::time::Duration;
+
+use distlock::postgres::PostgresLocker;
+use distlock::{drift_margin, Locker, LostReason};
+use test_servers::{netns, PostgresServer};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The client port of the session holding advisory key `key`.
+fn holder_port(server: &PostgresServer, key: i64) -> (i32, u16) {
+    let row = server.psql(&format!(
+        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+         AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+    ));
+    let (pid, port) = row.split_once('|').expect("one holder: pid|port");
+    (pid.parse().expect("pid"), port.parse().expect("port"))
+}
+
+fn still_held_by(server: &PostgresServer, key: i64, pid: i32) -> bool {
+    server.advisory_locks().contains(&(pid, key))
+}
+
+#[test]
+fn a_partitioned_holder_is_told_before_the_server_frees_its_lock() {
+    const NAME: &str = "a_partitioned_holder_is_told_before_the_server_frees_its_lock";
+    if !netns::inside(NAME) {
+        return netns::rerun_inside(NAME);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(partitioned_holder());
+}
+
+async fn partitioned_holder() {
+    let server = PostgresServer::start();
+    let holder = PostgresLocker::connect(&server.url()).await.unwrap();
+    let contender = PostgresLocker::connect(&server.url()).await.unwrap();
+    let key = "partitioned";
+    let id = holder.advisory_key(key);
+    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let mut lost = lease.lost_signal();
+    let (pid, port) = holder_port(&server, id);
+    // Let both ends' keepalive timers reach their steady state.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let cut = Instant::now();
+    netns::cut_port(port);
+    let reason = tokio::time::timeout(Duration::from_secs(30), lost.wait())
+        .await
+        .expect("the holder learns of the partition");
+    let detected = Instant::now();
+    assert_eq!(reason, LostReason::ConnectionLost);
+    let valid_until = lease.valid_until().expect("a lost lease has a validity");
+    let grace = valid_until.saturating_duration_since(detected);
+    assert!(
+        grace >= Duration::from_secs(3),
+        "the lease stays valid {grace:?} after its lost signal"
+    );
+    assert!(
+        still_held_by(&server, id, pid),
+        "the server still holds it when the holder learns"
+    );
+
+    // distlock run stops its command by valid_until − drift_margin(ttl).
+    tokio::time::sleep_until(valid_until - drift_margin(TTL)).await;
+    let held_at_kill_deadline = still_held_by(&server, id, pid);
+    tokio::time::sleep_until(valid_until).await;
+    let held_at_valid_until = still_held_by(&server, id, pid);
+    let freed = loop {
+        if !still_held_by(&server, id, pid) {
+            break Instant::now();
+        }
+        assert!(cut.elapsed() < Duration::from_secs(60), "never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "cut → holder told {:?} → valid until {:?} → server frees {:?} (held at valid_until − drift_margin: \
+         {held_at_kill_deadline}, at valid_until: {held_at_valid_until})",
+        detected - cut,
+        valid_until - cut,
+        freed - cut,
+    );
+    assert!(
+        held_at_kill_deadline,
+        "the server freed the lock before valid_until − drift_margin"
+    );
+    let next = contender.try_lock(key, TTL).await.unwrap();
+    assert!(next.is_some(), "granted once the server freed it");
+}
