@@ -268,6 +268,8 @@ impl Locker for FileLocker {
             refresh: true,
             unlock_by_owner: false,
             release_wakeup: false,
+            // Only releases made in this process are announced.
+            release_notifications: false,
             fencing: true,
         }
     }

@@ -126,8 +126,15 @@ pub struct Capabilities {
     /// owner token, not only from the instance that acquired the lock.
     pub unlock_by_owner: bool,
     /// [`Locker::lock`] wakes a waiter when the lock is released (native
-    /// wake-up), instead of only polling.
+    /// wake-up: a server-side wait, or release notifications), instead of
+    /// only polling.
     pub release_wakeup: bool,
+    /// [`Locker::watch_releases`] yields a notification for every release
+    /// made by any client, so the shared waiting loop (the default
+    /// [`Locker::lock`], [`Waiting`]) wakes on releases. False where only a
+    /// server-side wait wakes waiters (Postgres), so a [`Waiting`] wrapper,
+    /// which replaces that wait with polling, has no wake-up.
+    pub release_notifications: bool,
     /// Leases carry fencing tokens.
     pub fencing: bool,
 }
@@ -169,12 +176,17 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     ///
     /// A zero `timeout` makes exactly one attempt and reports contention as
     /// [`Error::NotAcquired`]; otherwise a lock still held at the deadline is
-    /// [`Error::Timeout`]. The call can overrun `timeout` by at most one
-    /// attempt in flight (attempts are not cancelled, since a cancelled
-    /// acquire may have succeeded on the server).
+    /// [`Error::Timeout`]. A `timeout` too long to represent waits for ever.
+    ///
+    /// The call returns within `timeout` + [`DEADLINE_GRACE`] whatever the
+    /// backend does: an attempt still unanswered then is abandoned (and
+    /// undone in the background, since it may have succeeded on the server)
+    /// and reported as [`Error::DeadlineExceeded`], an outage, never as
+    /// contention.
     ///
     /// The default waits with [`WaitPolicy::default`] (see [`Waiting`] to
-    /// change it); backends with a server-side wait override it.
+    /// change it); backends with a server-side wait override it, keeping the
+    /// same bound.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         wait::acquire(self, key, ttl, timeout, &WaitPolicy::default()).await
     }

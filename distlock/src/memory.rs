@@ -108,6 +108,7 @@ impl Locker for MemoryLocker {
             refresh: true,
             unlock_by_owner: true,
             release_wakeup: true,
+            release_notifications: true,
             fencing: true,
         }
     }

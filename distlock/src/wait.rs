@@ -208,7 +208,9 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
 /// A wrapper that makes [`Locker::lock`] wait under a custom [`WaitPolicy`].
 ///
 /// It replaces the inner locker's own `lock`, including a server-side wait
-/// (Postgres), with polling plus the inner locker's release notifications.
+/// (Postgres), with polling plus the inner locker's release notifications;
+/// its [`Capabilities::release_wakeup`] says whether any are left
+/// ([`Capabilities::release_notifications`] of the inner locker).
 #[derive(Debug)]
 pub struct Waiting<L> {
     inner: Arc<L>,
@@ -240,7 +242,13 @@ impl<L: Locker> Locker for Waiting<L> {
         self.inner.backend()
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let inner = self.inner.capabilities();
+        Capabilities {
+            // This `lock` is the shared loop: it wakes only on notifications,
+            // whatever native wait the inner locker's own `lock` has.
+            release_wakeup: inner.release_notifications,
+            ..inner
+        }
     }
     fn backend_key(&self, key: &str) -> String {
         self.inner.backend_key(key)
@@ -474,5 +482,40 @@ mod tests {
                 "an unanswered attempt is an outage, not contention: {err}"
             );
         }
+    }
+
+    #[test]
+    fn waiting_around_a_server_side_wait_reports_no_wakeup_it_does_not_have() {
+        /// A backend whose own `lock` waits on the server (as Postgres'),
+        /// with no release notifications.
+        #[derive(Debug)]
+        struct ServerWait;
+        #[async_trait]
+        impl Locker for ServerWait {
+            fn backend(&self) -> &'static str {
+                "server-wait"
+            }
+            fn capabilities(&self) -> Capabilities {
+                Capabilities {
+                    release_wakeup: true,
+                    release_notifications: false,
+                    ..Capabilities::default()
+                }
+            }
+            async fn try_lock(&self, _key: &str, _ttl: Duration) -> Result<Option<Lease>> {
+                Ok(None)
+            }
+            async fn unlock(&self, _key: &str, _owner: &str) -> Result<()> {
+                Ok(())
+            }
+        }
+        assert!(ServerWait.capabilities().release_wakeup);
+        let waiting = Waiting::new(ServerWait, WaitPolicy::default());
+        assert!(
+            !waiting.capabilities().release_wakeup,
+            "Waiting polls instead of the server-side wait"
+        );
+        let notifying = Waiting::new(crate::memory::MemoryLocker::new(), WaitPolicy::default());
+        assert!(notifying.capabilities().release_wakeup);
     }
 }

@@ -406,6 +406,8 @@ fn capabilities(fencing: bool) -> Capabilities {
         refresh: true,
         unlock_by_owner: false,
         release_wakeup: true,
+        // The server-side wait wakes waiters; nothing announces releases.
+        release_notifications: false,
         fencing,
     }
 }

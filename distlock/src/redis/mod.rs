@@ -531,6 +531,7 @@ impl Locker for RedisLocker {
             refresh: true,
             unlock_by_owner: true,
             release_wakeup: true,
+            release_notifications: true,
             fencing: true,
         }
     }
