@@ -82,16 +82,22 @@ struct Circuit {
 
 /// Wraps a [`Locker`] with a circuit breaker.
 ///
-/// - Only backend failures ([`Error::Backend`]) count. Contention, `NotHeld`,
+/// - Only backend failures ([`Error::Backend`], [`Error::DeadlineExceeded`]) count. Contention, `NotHeld`,
 ///   and invalid input are healthy answers: the backend responded.
 /// - After [`BreakerConfig::failure_threshold`] consecutive failures the
 ///   circuit opens: `try_lock`, `lock` and `watch_releases` fail at once with
 ///   [`Error::Unavailable`] for [`BreakerConfig::open_for`], then one probe is
 ///   let through (half-open); its success closes the circuit, its failure
 ///   reopens it.
+/// - The half-open probe is the first backend answer: a `try_lock`, or the
+///   first attempt of a `lock` (after which, if the key was merely held, the
+///   wait goes on as a normal call), never a whole wait. A probe whose future
+///   is dropped before it answered reopens the circuit.
 /// - `unlock` and `refresh` are never blocked: they concern a lock that may be
 ///   held, and failing them fast would strand the lock or lose it needlessly.
-///   Their outcomes still count, so a successful refresh closes the circuit.
+///   Their failures count toward opening the circuit; their successes only
+///   reset the count of a closed one (an open circuit is closed by its probe
+///   alone, not by a stray release that happened to get through).
 /// - Transitions are logged (`component = "distlock"`) and counted in
 ///   `distlock_breaker_transitions_total{backend, state}`.
 ///
@@ -127,6 +133,32 @@ impl<L> Clone for CircuitBreaker<L> {
 enum Admission {
     Call,
     Probe,
+}
+
+/// Only failures of the backend count: contention, `NotHeld` and bad input
+/// are answers from a working backend.
+fn counts_as_failure(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Backend { .. } | Error::DeadlineExceeded { .. }
+    )
+}
+
+/// Alive while an admitted call awaits its answer; dropped with the call's
+/// future (the caller gave up), it reopens the circuit if the call was the
+/// probe.
+struct Unanswered<'a, L: Locker> {
+    breaker: &'a CircuitBreaker<L>,
+    /// The call is the probe and has not answered yet.
+    probe: bool,
+}
+
+impl<L: Locker> Drop for Unanswered<'_, L> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.breaker.abandon_probe();
+        }
+    }
 }
 
 impl<L: Locker> CircuitBreaker<L> {
@@ -179,12 +211,17 @@ impl<L: Locker> CircuitBreaker<L> {
         }
     }
 
-    /// Records the outcome of a call that reached the backend.
+    /// Records the outcome of a call that reached the backend: an acquire
+    /// (admitted as a call or as the probe), or a release or refresh (`None`).
     fn record<T>(&self, admission: Option<Admission>, result: &Result<T>) {
-        let failed = matches!(result, Err(Error::Backend { .. }));
+        let failed = result.as_ref().is_err_and(counts_as_failure);
         let mut circuit = self.circuit();
         if matches!(admission, Some(Admission::Probe)) {
             circuit.probe_in_flight = false;
+        } else if admission.is_none() && !failed && circuit.state != BreakerState::Closed {
+            // A release or refresh that got through says little about new
+            // acquisitions; only the probe closes the circuit.
+            return;
         }
         if failed {
             circuit.consecutive_failures = circuit.consecutive_failures.saturating_add(1);
@@ -228,9 +265,26 @@ impl<L: Locker> CircuitBreaker<L> {
 
     async fn guarded<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         let admission = self.admit()?;
+        let mut unanswered = Unanswered {
+            breaker: self,
+            probe: matches!(admission, Admission::Probe),
+        };
         let result = call.await;
+        unanswered.probe = false;
         self.record(Some(admission), &result);
         result
+    }
+
+    /// A probe dropped before the backend answered: open again, so the next
+    /// call after the interval probes anew (otherwise `probe_in_flight` would
+    /// stay set and every acquisition would be refused for ever).
+    fn abandon_probe(&self) {
+        let mut circuit = self.circuit();
+        circuit.probe_in_flight = false;
+        circuit.open_until = Instant::now() + self.config.open_for;
+        if circuit.state != BreakerState::Open {
+            self.transition(&mut circuit, BreakerState::Open);
+        }
     }
 
     fn own(&self, lease: Lease) -> Lease {
@@ -254,7 +308,27 @@ impl<L: Locker> Locker for CircuitBreaker<L> {
         Ok(lease.map(|lease| self.own(lease)))
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let lease = self.guarded(self.inner.lock(key, ttl, timeout)).await?;
+        let started = Instant::now();
+        if self.state() != BreakerState::Closed {
+            // Probe with one attempt, not a whole wait that would hold the
+            // probe (and with it every other acquisition) for `timeout`.
+            if let Some(lease) = self.guarded(self.inner.try_lock(key, ttl)).await? {
+                return Ok(self.own(lease));
+            }
+            if timeout.is_zero() {
+                return Err(Error::NotAcquired {
+                    key: key.to_owned(),
+                });
+            }
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() && !timeout.is_zero() {
+            return Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: started.elapsed(),
+            });
+        }
+        let lease = self.guarded(self.inner.lock(key, ttl, left)).await?;
         Ok(self.own(lease))
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
@@ -382,11 +456,66 @@ mod tests {
             .refresh(TTL)
             .await
             .expect("refresh passes an open circuit");
+        lease
+            .release()
+            .await
+            .expect("release passes an open circuit");
         assert_eq!(
             breaker.state(),
-            BreakerState::Closed,
-            "a successful refresh closes it"
+            BreakerState::Open,
+            "a stray successful refresh or release does not close an open circuit: only the probe does"
         );
-        lease.release().await.expect("release");
+    }
+
+    /// Trips the breaker open, then lets the open interval pass.
+    async fn open_and_wait(flaky: &Flaky, breaker: &CircuitBreaker<Flaky>) {
+        flaky.down.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            breaker.try_lock("k", TTL).await.unwrap_err();
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_reopens_the_circuit_instead_of_wedging_it() {
+        let (flaky, breaker) = breaker();
+        open_and_wait(&flaky, &breaker).await;
+        flaky.down.store(false, Ordering::SeqCst);
+        // The probe is admitted, then its caller gives up before an answer.
+        let probe = breaker.guarded(std::future::pending::<Result<()>>());
+        assert!(tokio::time::timeout(Duration::from_millis(10), probe)
+            .await
+            .is_err());
+        assert_eq!(breaker.state(), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let lease = breaker
+            .try_lock("k", TTL)
+            .await
+            .expect("a new probe is let through after the interval")
+            .expect("free");
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        lease.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probing_lock_on_a_held_key_is_one_attempt_then_an_ordinary_wait() {
+        let (flaky, breaker) = breaker();
+        let held = flaky.inner.try_lock("busy", TTL).await.unwrap().unwrap();
+        open_and_wait(&flaky, &breaker).await;
+        flaky.down.store(false, Ordering::SeqCst);
+        let waiter = {
+            let breaker = breaker.clone();
+            tokio::spawn(async move { breaker.lock("busy", TTL, Duration::from_secs(60)).await })
+        };
+        // The probe answered "held": the backend works, so the circuit is
+        // closed and other acquisitions pass while the wait goes on.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        let other = breaker.try_lock("other", TTL).await.unwrap().expect("free");
+        other.release().await.unwrap();
+        held.release().await.unwrap();
+        let won = waiter.await.unwrap().expect("the wait goes on and wins");
+        won.release().await.unwrap();
     }
 }

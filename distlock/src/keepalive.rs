@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lease::{extend_validity, mark_lost, LostReason, StatusSender};
+use crate::deadline::{bounded, checked_deadline, sleep_until};
+use crate::lease::{extend_validity, mark_lost, mark_lost_with_grace, LostReason, StatusSender};
 use crate::{Error, Locker};
 
 /// Settings of a lease's background refresh.
@@ -38,7 +39,12 @@ impl KeepAlive {
 
     /// Stop renewing once the lease has been held this long (counted from the
     /// grant): the lost signal fires with [`LostReason::MaxHoldExceeded`] and
-    /// the lock is released. Without it, renewal goes on until release.
+    /// refreshing stops. The lock is **not** released then: it stays held
+    /// until the holder, having stopped its work, releases it (or drops the
+    /// lease), or until its ttl runs out where locks expire. So a lock is
+    /// never freed under running work; [`crate::with_lock`] and
+    /// `distlock run` stop the work and then release. A `max_hold` too long
+    /// to represent means no maximum.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -57,40 +63,51 @@ pub(crate) struct Task {
     pub(crate) locker: Arc<dyn Locker>,
     pub(crate) key: String,
     pub(crate) owner: String,
-    pub(crate) ttl: Duration,
     pub(crate) acquired_at: Instant,
     pub(crate) status: StatusSender,
-    pub(crate) release_timeout: Duration,
     pub(crate) config: KeepAlive,
 }
 
 impl Task {
     pub(crate) async fn run(self) {
-        let interval = self.config.interval_for(self.ttl);
-        // Transient failures are retried faster than the interval, so several
-        // tries fit before the lease would expire.
-        let retry_delay = (interval / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-        let max_hold_deadline = self.config.max_hold.map(|hold| self.acquired_at + hold);
-        let mut next = Instant::now() + interval;
+        let max_hold_at = self
+            .config
+            .max_hold
+            .and_then(|hold| checked_deadline(self.acquired_at, hold));
+        // Set after a transient failure: the next try comes sooner than the
+        // interval, so several fit before the lease would expire.
+        let mut retry_at: Option<Instant> = None;
         loop {
-            let wake = match max_hold_deadline {
-                Some(deadline) if deadline < next => deadline,
-                _ => next,
+            let status = self.status.status();
+            if status.lost.is_some() {
+                return;
+            }
+            let interval = self.config.interval_for(status.ttl);
+            // Scheduled from the grant or the last refresh (whoever made it),
+            // not from when this task started.
+            let due = retry_at.or_else(|| checked_deadline(status.renewed_at, interval));
+            let wake = match (due, max_hold_at) {
+                (Some(due), Some(max)) => Some(due.min(max)),
+                (due, max) => due.or(max),
             };
-            tokio::time::sleep_until(wake).await;
+            sleep_until(wake).await;
 
             let status = self.status.status();
             if status.lost.is_some() {
                 return;
             }
-            if max_hold_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                self.give_up_at_max_hold().await;
+            let now = Instant::now();
+            if max_hold_at.is_some_and(|max| now >= max) {
+                tracing::warn!(
+                    component = "distlock",
+                    key = self.key,
+                    max_hold = ?self.config.max_hold,
+                    "lease reached its max hold; renewal stops and the holder must stop its work and release"
+                );
+                mark_lost(&self.status, LostReason::MaxHoldExceeded);
                 return;
             }
-            if status
-                .valid_until
-                .is_some_and(|until| Instant::now() >= until)
-            {
+            if status.valid_until.is_some_and(|until| now >= until) {
                 tracing::warn!(
                     component = "distlock",
                     key = self.key,
@@ -99,24 +116,28 @@ impl Task {
                 mark_lost(&self.status, LostReason::Expired);
                 return;
             }
+            // The schedule moved (a refresh through the lease itself): recompute.
+            if retry_at.is_none()
+                && checked_deadline(status.renewed_at, interval).is_some_and(|due| now < due)
+            {
+                continue;
+            }
 
             let started = Instant::now();
-            let refreshed = tokio::time::timeout(
+            let ttl = status.ttl;
+            let refreshed = bounded(
+                self.locker.backend(),
+                "refresh",
                 interval,
-                self.locker.refresh(&self.key, &self.owner, self.ttl),
+                self.locker.refresh(&self.key, &self.owner, ttl),
             )
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::backend(
-                    self.locker.backend(),
-                    "refresh",
-                    format!("no answer within {interval:?}"),
-                ))
-            });
+            .await;
             match refreshed {
                 Ok(()) => {
-                    extend_validity(&self.status, started, self.ttl);
-                    next = started + interval;
+                    if extend_validity(&self.status, started, ttl).is_err() {
+                        return;
+                    }
+                    retry_at = None;
                 }
                 Err(Error::NotHeld { .. }) => {
                     tracing::warn!(
@@ -124,7 +145,7 @@ impl Task {
                         key = self.key,
                         "lock lost: refresh says it is no longer held"
                     );
-                    mark_lost(&self.status, LostReason::NotHeld);
+                    mark_lost_with_grace(&self.status, LostReason::NotHeld, Duration::ZERO);
                     return;
                 }
                 Err(error @ (Error::Unsupported { .. } | Error::InvalidInput { .. })) => {
@@ -132,36 +153,12 @@ impl Task {
                     return;
                 }
                 Err(error) => {
+                    let retry_delay =
+                        (interval / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
                     tracing::warn!(component = "distlock", key = self.key, %error, ?retry_delay, "refresh failed; retrying until the lease would expire");
-                    next = Instant::now() + retry_delay;
+                    retry_at = checked_deadline(Instant::now(), retry_delay);
                 }
             }
-        }
-    }
-
-    async fn give_up_at_max_hold(&self) {
-        tracing::warn!(
-            component = "distlock",
-            key = self.key,
-            max_hold = ?self.config.max_hold,
-            "lease reached its max hold; releasing it"
-        );
-        mark_lost(&self.status, LostReason::MaxHoldExceeded);
-        match tokio::time::timeout(
-            self.release_timeout,
-            self.locker.unlock(&self.key, &self.owner),
-        )
-        .await
-        {
-            Ok(Ok(())) | Ok(Err(Error::NotHeld { .. })) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(component = "distlock", key = self.key, %error, "release at max hold failed; the backend's safety net frees it")
-            }
-            Err(_) => tracing::warn!(
-                component = "distlock",
-                key = self.key,
-                "release at max hold timed out; the backend's safety net frees it"
-            ),
         }
     }
 }
@@ -228,5 +225,71 @@ mod tests {
             calls,
             "no refresh after release"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_hold_stops_renewal_without_freeing_the_lock() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease
+            .keep_alive(KeepAlive::default().max_hold(Duration::from_millis(1500)))
+            .unwrap();
+        let reason = lease.lost_signal().wait().await;
+        assert_eq!(reason, LostReason::MaxHoldExceeded);
+        assert!(
+            flaky.inner.try_lock("k", TTL).await.unwrap().is_none(),
+            "the work may still run: the lock stays held until released"
+        );
+        let calls = flaky.calls.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(flaky.calls.load(Ordering::SeqCst), calls, "renewal stopped");
+        lease.release().await.unwrap();
+        assert!(flaky.inner.try_lock("k", TTL).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_refresh_is_due_a_third_of_the_ttl_after_the_grant() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        let after_grant = flaky.calls.load(Ordering::SeqCst);
+        // Started late: the refresh that was due at 1 s is overdue now.
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            flaky.calls.load(Ordering::SeqCst),
+            after_grant + 1,
+            "refreshed at once, not 1 s after keep_alive() (past 2/3 of the ttl)"
+        );
+        assert_eq!(lease.lost_signal().reason(), None);
+        lease.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keepalive_follows_a_refresh_to_a_new_ttl() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        lease.refresh(Duration::from_secs(30)).await.unwrap();
+        let calls = flaky.calls.load(Ordering::SeqCst);
+        // Every 10 s now, counted from that refresh.
+        tokio::time::sleep(Duration::from_millis(9900)).await;
+        assert_eq!(flaky.calls.load(Ordering::SeqCst), calls);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(flaky.calls.load(Ordering::SeqCst), calls + 1);
+        assert_eq!(lease.ttl(), Duration::from_secs(30));
+        lease.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_max_hold_too_long_for_an_instant_means_no_max_hold() {
+        let flaky = Flaky::default();
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease
+            .keep_alive(KeepAlive::default().max_hold(Duration::MAX))
+            .unwrap();
+        tokio::time::sleep(TTL * 10).await;
+        assert_eq!(lease.lost_signal().reason(), None, "still renewed");
+        lease.release().await.unwrap();
     }
 }

@@ -74,9 +74,15 @@ impl fmt::Display for LostReason {
 pub(crate) struct LeaseStatus {
     /// Until when the lock is known to be held (client clock, conservative:
     /// measured from before the request that set it). `None` for backends
-    /// whose locks do not expire (file, Postgres).
+    /// whose locks do not expire (file, Postgres) while the lease is held;
+    /// set by a loss to when the lock may become someone else's.
     pub(crate) valid_until: Option<Instant>,
-    /// Set once, when the lease is lost or released.
+    /// The ttl of the grant or of the last refresh.
+    pub(crate) ttl: Duration,
+    /// When the request behind the grant or the last successful refresh was
+    /// sent: the keepalive schedules its next refresh from here.
+    pub(crate) renewed_at: Instant,
+    /// Set once, when the lease is lost or released; never cleared.
     pub(crate) lost: Option<LostReason>,
 }
 
@@ -184,29 +190,57 @@ fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>
 /// # async fn do_work() {}
 /// ```
 #[derive(Clone)]
-pub struct LostSignal(watch::Receiver<LeaseStatus>);
+pub struct LostSignal {
+    status: watch::Receiver<LeaseStatus>,
+    /// Fire this long before the known validity ends (see [`LostSignal::early_by`]).
+    margin: Duration,
+}
 
 impl LostSignal {
+    /// The same signal, firing with [`LostReason::Expired`] `margin` before
+    /// the lease's known validity ends instead of at its end, so that work
+    /// stopped when it fires has stopped before the lock can be anyone
+    /// else's. [`crate::drift_margin`] is the margin distlock itself keeps
+    /// ([`Lease::run_while_held`], [`crate::with_lock`]).
+    pub fn early_by(mut self, margin: Duration) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// When this signal fires by expiry: `margin` before the known validity
+    /// ends (saturating at "already").
+    fn expires_at(&self, status: &LeaseStatus) -> Option<Instant> {
+        status.valid_until.map(|until| {
+            until
+                .checked_sub(self.margin)
+                .unwrap_or(status.renewed_at.min(until))
+        })
+    }
+
     /// Waits until the lease is lost and says why. Returns at once if it
-    /// already is. Cancel-safe.
+    /// already is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future loses nothing; wait again.
     pub async fn wait(&mut self) -> LostReason {
         loop {
-            let status = *self.0.borrow_and_update();
+            let status = *self.status.borrow_and_update();
             if let Some(reason) = status.lost {
                 return reason;
             }
-            match status.valid_until {
+            match self.expires_at(&status) {
                 Some(deadline) => {
                     if Instant::now() >= deadline {
                         return LostReason::Expired;
                     }
                     tokio::select! {
-                        changed = self.0.changed() => if changed.is_err() { return LostReason::Released },
+                        changed = self.status.changed() => if changed.is_err() { return LostReason::Released },
                         () = tokio::time::sleep_until(deadline) => {}
                     }
                 }
                 None => {
-                    if self.0.changed().await.is_err() {
+                    if self.status.changed().await.is_err() {
                         return LostReason::Released;
                     }
                 }
@@ -214,10 +248,13 @@ impl LostSignal {
         }
     }
 
-    /// The reason the lease is lost, or `None` while it is still believed held.
+    /// The reason the lease is lost, or `None` while it is still believed
+    /// held. Once it has said the lease is lost it never says held again: a
+    /// refresh that arrives after the known validity ended does not revive
+    /// the lease (see [`Lease::refresh`]).
     pub fn reason(&self) -> Option<LostReason> {
-        let status = *self.0.borrow();
-        status.lost.or(match status.valid_until {
+        let status = *self.status.borrow();
+        status.lost.or(match self.expires_at(&status) {
             Some(deadline) if Instant::now() >= deadline => Some(LostReason::Expired),
             _ => None,
         })
@@ -233,6 +270,7 @@ impl fmt::Debug for LostSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LostSignal")
             .field("reason", &self.reason())
+            .field("margin", &self.margin)
             .finish()
     }
 }
@@ -278,11 +316,12 @@ pub struct LeaseParts {
 /// # Releasing
 ///
 /// Call [`release`](Lease::release) when the work is done. A lease dropped
-/// without `release` is still freed: the release is sent in the background on
-/// the current tokio runtime, bounded by the release timeout. Outside a runtime,
-/// backends that can release synchronously (memory, file) do; the others fall
-/// back to their safety net (ttl expiry, connection death), which the backend
-/// docs bound. Dropping never panics.
+/// without `release` is still freed: backends that can release synchronously
+/// (memory, file) do so at once; the others send the release in the
+/// background on the runtime the lease was granted on, bounded by the release
+/// timeout. If that runtime is shutting down, the release is abandoned with a
+/// warning and the backend's safety net (ttl expiry, connection death, which
+/// the backend docs bound) frees the lock. Dropping never panics.
 ///
 /// # Fencing
 ///
@@ -294,25 +333,42 @@ pub struct Lease {
     key: String,
     owner: String,
     fencing_token: Option<u64>,
-    ttl: Duration,
     acquired_at: Instant,
     locker: Arc<dyn Locker>,
     status: StatusSender,
     release_timeout: Duration,
     keepalive: Option<JoinHandle<()>>,
-    sync_release: Option<Box<dyn FnOnce() + Send + Sync>>,
+    sync_release: Option<SyncRelease>,
+    /// The runtime the lease was granted on: a lease dropped elsewhere (on a
+    /// plain thread, after its task ended) still releases there.
+    runtime: Option<tokio::runtime::Handle>,
     released: bool,
 }
 
+type SyncRelease = Box<dyn FnOnce() + Send + Sync>;
+
+/// # For backend and wrapper implementors
+///
+/// Applications receive leases from [`Locker::try_lock`] and [`Locker::lock`]
+/// and need none of these.
 impl Lease {
-    /// Builds a lease granted by `locker` (backend implementors only).
+    /// Builds a lease granted by `locker`.
     ///
     /// `locker` is what [`release`](Lease::release), [`refresh`](Lease::refresh)
     /// and the keepalive call; wrappers replace it with themselves through
-    /// [`rebind`](Lease::rebind) so those calls pass through them too.
+    /// [`rebind`](Lease::rebind) so those calls pass through them too. Call it
+    /// inside the tokio runtime the lease will live on (backends do: they build
+    /// leases in their async `try_lock`).
     pub fn new(parts: LeaseParts, locker: Arc<dyn Locker>) -> Self {
+        let now = Instant::now();
         let (status, _) = watch::channel(LeaseStatus {
             valid_until: parts.valid_until,
+            ttl: parts.ttl,
+            // The grant's request was sent no later than its validity began.
+            renewed_at: parts
+                .valid_until
+                .and_then(|until| until.checked_sub(parts.ttl))
+                .unwrap_or(now),
             lost: None,
         });
         let shared = Shared {
@@ -323,26 +379,29 @@ impl Lease {
             key: parts.key,
             owner: parts.owner,
             fencing_token: parts.fencing_token,
-            ttl: parts.ttl,
-            acquired_at: Instant::now(),
+            acquired_at: now,
             locker,
             status: Arc::new(shared),
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             keepalive: None,
             sync_release: None,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             released: false,
         }
     }
 
-    /// Registers a synchronous release used when the lease is dropped outside
-    /// a tokio runtime (backend implementors only). It must not block.
+    /// Registers a synchronous release, used instead of a background one when
+    /// the lease is dropped without [`release`](Lease::release). It must not
+    /// block (memory and file backends: a map update and a `close`).
     pub fn with_sync_release(mut self, release: impl FnOnce() + Send + Sync + 'static) -> Self {
         self.sync_release = Some(Box::new(release));
         self
     }
 
     /// Routes release, refresh and keepalive of this lease through `locker`
-    /// (wrapper implementors only). The key is left unchanged.
+    /// (wrapper implementors only). The key is left unchanged: a wrapper that
+    /// rewrites keys also calls [`rename`](Lease::rename), and its `unlock` and
+    /// `refresh` must map the caller's key again.
     pub fn rebind(mut self, locker: Arc<dyn Locker>) -> Self {
         self.locker = locker;
         self
@@ -356,49 +415,9 @@ impl Lease {
     }
 
     /// A handle through which the backend can report that this lease's lock is
-    /// gone (backend implementors only).
+    /// gone (for example because the connection that held it died).
     pub fn lost_notifier(&self) -> LostNotifier {
         LostNotifier(self.status.clone())
-    }
-
-    /// The key as the caller named it.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The owner token: the credential that [`Locker::unlock`] and
-    /// [`Locker::refresh`] check. Treat it as a secret; it is never logged.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
-    /// The fencing token of this grant: strictly greater than that of every
-    /// earlier grant of the same key on the same backend. `None` only for a
-    /// backend configured without fencing.
-    pub fn fencing_token(&self) -> Option<u64> {
-        self.fencing_token
-    }
-
-    /// The ttl the lock was granted (or last refreshed) with.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// When this lease was granted (the client's clock).
-    pub fn acquired_at(&self) -> Instant {
-        self.acquired_at
-    }
-
-    /// Until when the lock is known to be held, on the client's clock and
-    /// conservatively (measured from before the request that granted or last
-    /// refreshed it). `None` for backends whose locks do not expire.
-    pub fn valid_until(&self) -> Option<Instant> {
-        self.status.status().valid_until
-    }
-
-    /// A signal that resolves when this lease is lost (see [`LostSignal`]).
-    pub fn lost_signal(&self) -> LostSignal {
-        LostSignal(self.status.status.subscribe())
     }
 
     /// Runs `callback` once when this lease ends, with the reason: released,
@@ -420,6 +439,55 @@ impl Lease {
             None => callbacks.push(Box::new(callback)),
         }
     }
+}
+
+impl Lease {
+    /// The key as the caller named it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The owner token: the credential that [`Locker::unlock`] and
+    /// [`Locker::refresh`] check. Treat it as a secret; it is never logged.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The fencing token of this grant: strictly greater than that of every
+    /// earlier grant of the same key on the same backend. `None` only for a
+    /// backend configured without fencing.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+
+    /// The ttl the lock was granted (or last refreshed) with.
+    pub fn ttl(&self) -> Duration {
+        self.status.status().ttl
+    }
+
+    /// When this lease was granted (the client's clock).
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// Until when the lock is known to be held, on the client's clock and
+    /// conservatively (measured from before the request that granted or last
+    /// refreshed it). `None` for backends whose locks do not expire, while
+    /// held. Once the lease is lost it says when the lock may become someone
+    /// else's: at once for most losses, a little later where the backend
+    /// knows the server has not freed it yet (a Postgres holder detects a dead
+    /// connection before the server does).
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.status.status().valid_until
+    }
+
+    /// A signal that resolves when this lease is lost (see [`LostSignal`]).
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal {
+            status: self.status.status.subscribe(),
+            margin: Duration::ZERO,
+        }
+    }
 
     /// True once the lease is known lost, released or expired.
     pub fn is_lost(&self) -> bool {
@@ -427,11 +495,13 @@ impl Lease {
     }
 
     /// Key, fencing token and lost signal, cloneable into the guarded work.
+    /// The signal fires [`drift_margin`] before the lease's known validity
+    /// ends, so work that stops on it stops before the lock can lapse.
     pub fn info(&self) -> LeaseInfo {
         LeaseInfo {
             key: self.key.clone(),
             fencing_token: self.fencing_token,
-            lost: self.lost_signal(),
+            lost: self.lost_signal().early_by(drift_margin(self.ttl())),
         }
     }
 
@@ -442,7 +512,9 @@ impl Lease {
     }
 
     /// Runs `work` while the lease is held: returns its output, or the
-    /// [`LostReason`] if the lease is lost first (then `work` is dropped).
+    /// [`LostReason`] if the lease is lost first (then `work` is dropped,
+    /// which stops it). Expiry counts [`drift_margin`] early, so dropped work
+    /// has stopped before the lock can lapse on the server.
     ///
     /// ```
     /// # async fn demo(lease: distlock::Lease) {
@@ -453,7 +525,7 @@ impl Lease {
     /// # }
     /// ```
     pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output, LostReason> {
-        let mut lost = self.lost_signal();
+        let mut lost = self.lost_signal().early_by(drift_margin(self.ttl()));
         tokio::select! {
             output = work => Ok(output),
             reason = lost.wait() => Err(reason),
@@ -462,20 +534,46 @@ impl Lease {
 
     /// Extends the lock to `ttl` from now, if this owner still holds it.
     ///
-    /// Fails with [`Error::NotHeld`] (and fires the lost signal) if the lock
-    /// expired or changed hands, and with [`Error::Unsupported`] on backends
-    /// without refresh (see [`crate::Capabilities::refresh`]). For backends
-    /// whose locks do not expire, refresh verifies the lock is still held.
+    /// # Errors
+    ///
+    /// - [`Error::NotHeld`] if the lock expired or changed hands (the lost
+    ///   signal fires);
+    /// - [`Error::Lost`] if the lease was already lost or released, or is
+    ///   past its known validity and the backend still had it: a late refresh
+    ///   never revives a lease whose signal has fired;
+    /// - [`Error::Unsupported`] on backends without refresh (see
+    ///   [`crate::Capabilities::refresh`]);
+    /// - a backend error if the outcome is unknown (the lease keeps its
+    ///   current validity).
+    ///
+    /// For backends whose locks do not expire, refresh verifies the lock is
+    /// still held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped refresh may or may not have extended the lock
+    /// on the server, and the lease keeps its previous, shorter validity.
     pub async fn refresh(&mut self, ttl: Duration) -> Result<()> {
+        // Released or known lost: nothing to ask the backend. A lease merely
+        // past its validity still asks, to learn whether the lock changed
+        // hands (`NotHeld`), but is not revived by a success.
+        if let Some(reason) = self.status.status().lost {
+            return Err(Error::Lost {
+                key: self.key.clone(),
+                reason,
+            });
+        }
         let started = Instant::now();
         match self.locker.refresh(&self.key, &self.owner, ttl).await {
-            Ok(()) => {
-                self.ttl = ttl;
-                extend_validity(&self.status, started, ttl);
-                Ok(())
-            }
+            Ok(()) => match extend_validity(&self.status, started, ttl) {
+                Ok(()) => Ok(()),
+                Err(reason) => Err(Error::Lost {
+                    key: self.key.clone(),
+                    reason,
+                }),
+            },
             Err(err @ Error::NotHeld { .. }) => {
-                mark_lost(&self.status, LostReason::NotHeld);
+                mark_lost_with_grace(&self.status, LostReason::NotHeld, Duration::ZERO);
                 Err(err)
             }
             Err(err) => Err(err),
@@ -483,9 +581,11 @@ impl Lease {
     }
 
     /// Starts refreshing this lease in the background (see [`KeepAlive`]):
-    /// about every ttl/3, retrying transient errors until the lease would
-    /// expire, firing the lost signal when the lock is gone, and stopping (then
-    /// releasing) at `max_hold`. Replaces a keepalive already running.
+    /// about every ttl/3, counted from the grant or the last refresh, retrying
+    /// transient errors until the lease would expire, firing the lost signal
+    /// when the lock is gone, and stopping at `max_hold` (the lock stays held
+    /// until released or expired: release it once the work has stopped).
+    /// Replaces a keepalive already running.
     ///
     /// Fails with [`Error::InvalidInput`] outside a tokio runtime.
     pub fn keep_alive(&mut self, config: KeepAlive) -> Result<()> {
@@ -495,17 +595,13 @@ impl Lease {
                 "Lease::keep_alive must be called inside a tokio runtime",
             )
         })?;
-        if let Some(previous) = self.keepalive.take() {
-            previous.abort();
-        }
+        self.stop_keepalive();
         let task = crate::keepalive::Task {
             locker: self.locker.clone(),
             key: self.key.clone(),
             owner: self.owner.clone(),
-            ttl: self.ttl,
             acquired_at: self.acquired_at,
             status: self.status.clone(),
-            release_timeout: self.release_timeout,
             config,
         };
         self.keepalive = Some(runtime.spawn(task.run()));
@@ -513,16 +609,26 @@ impl Lease {
     }
 
     /// Releases the lock: only if this owner still holds it, bounded by the
-    /// release timeout.
+    /// release timeout. The lost signal fires ([`LostReason::Released`])
+    /// before the unlock is sent, so tasks watching it stop first.
     ///
-    /// Returns [`Error::NotHeld`] if the lock had already expired or changed
-    /// hands (nothing was deleted), or a backend error if the release could not
-    /// be confirmed; the lock is then freed by the backend's safety net. If
-    /// this future is dropped before it completes, the release continues in
-    /// the background as for a dropped lease.
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if the lock had already expired or changed hands
+    /// (nothing was deleted); [`Error::DeadlineExceeded`] if the backend did
+    /// not answer within the release timeout, or a backend error: the lock is
+    /// then freed by the backend's safety net.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before it completes, the release continues
+    /// in the background as for a dropped lease.
     pub async fn release(mut self) -> Result<()> {
         self.stop_keepalive();
-        let outcome = tokio::time::timeout(
+        mark_lost(&self.status, LostReason::Released);
+        let outcome = crate::deadline::bounded(
+            self.locker.backend(),
+            "release",
             self.release_timeout,
             self.locker.unlock(&self.key, &self.owner),
         )
@@ -531,18 +637,15 @@ impl Lease {
         // Drop sends the release again in the background.
         self.released = true;
         self.sync_release = None;
-        mark_lost(&self.status, LostReason::Released);
-        match outcome {
-            Ok(result) => result,
-            Err(_) => Err(Error::backend(
-                self.locker.backend(),
-                "release",
-                format!(
-                    "no answer within the release timeout of {:?}",
-                    self.release_timeout
-                ),
-            )),
-        }
+        outcome
+    }
+
+    /// Forgets the synchronous release, so dropping takes the background path
+    /// as for a server backend.
+    #[cfg(test)]
+    pub(crate) fn without_sync_release(mut self) -> Self {
+        self.sync_release = None;
+        self
     }
 
     fn stop_keepalive(&mut self) {
@@ -552,14 +655,42 @@ impl Lease {
     }
 }
 
-pub(crate) fn extend_validity(shared: &StatusSender, from: Instant, ttl: Duration) {
-    shared.status.send_if_modified(|s| match s.valid_until {
-        Some(_) => {
-            s.valid_until = Some(from + ttl);
-            true
+/// Records a successful refresh sent at `from` for `ttl`: the lease is held
+/// until `from + ttl` (if it expires at all). A lease whose known validity had
+/// already ended is not revived (its signal may have fired: work was told to
+/// stop): it is marked expired and `Err(reason)` returned.
+pub(crate) fn extend_validity(
+    shared: &StatusSender,
+    from: Instant,
+    ttl: Duration,
+) -> Result<(), LostReason> {
+    let now = Instant::now();
+    let mut refused = None;
+    shared.status.send_if_modified(|s| {
+        if let Some(reason) = s.lost {
+            refused = Some(reason);
+            return false;
         }
-        None => false,
+        if s.valid_until.is_some_and(|until| now >= until) {
+            refused = Some(LostReason::Expired);
+            return false;
+        }
+        s.ttl = ttl;
+        s.renewed_at = from;
+        if s.valid_until.is_some() {
+            // A validity too far away for an Instant is "until released".
+            s.valid_until = crate::deadline::checked_deadline(from, ttl);
+        }
+        true
     });
+    match refused {
+        None => Ok(()),
+        Some(LostReason::Expired) => {
+            mark_lost(shared, LostReason::Expired);
+            Err(LostReason::Expired)
+        }
+        Some(reason) => Err(reason),
+    }
 }
 
 impl Drop for Lease {
@@ -569,36 +700,21 @@ impl Drop for Lease {
         }
         self.stop_keepalive();
         mark_lost(&self.status, LostReason::Released);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let locker = self.locker.clone();
-            let key = std::mem::take(&mut self.key);
-            let owner = std::mem::take(&mut self.owner);
-            let timeout = self.release_timeout;
-            runtime.spawn(async move {
-                match tokio::time::timeout(timeout, locker.unlock(&key, &owner)).await {
-                    Ok(Ok(())) => tracing::debug!(component = "distlock", key, "released dropped lease"),
-                    // Already released (for example a release future dropped mid-way that had
-                    // in fact completed) or expired: nothing left to free.
-                    Ok(Err(Error::NotHeld { .. })) => {}
-                    Ok(Err(error)) => tracing::warn!(
-                        component = "distlock", key, %error,
-                        "background release of a dropped lease failed; the backend's safety net frees it"
-                    ),
-                    Err(_) => tracing::warn!(
-                        component = "distlock", key, ?timeout,
-                        "background release of a dropped lease timed out; the backend's safety net frees it"
-                    ),
-                }
-            });
-        } else if let Some(release) = self.sync_release.take() {
+        if let Some(release) = self.sync_release.take() {
             release();
-        } else {
-            tracing::warn!(
-                component = "distlock",
-                key = self.key,
-                "lease dropped outside a tokio runtime; the backend's safety net (ttl or connection death) frees it"
-            );
+            return;
         }
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.take());
+        crate::background::release(
+            runtime,
+            self.locker.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.owner),
+            self.release_timeout,
+            "a dropped lease",
+        );
     }
 }
 
@@ -608,7 +724,7 @@ impl fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("key", &self.key)
             .field("fencing_token", &self.fencing_token)
-            .field("ttl", &self.ttl)
+            .field("ttl", &self.ttl())
             .field("backend", &self.locker.backend())
             .field("lost", &self.lost_signal().reason())
             .finish_non_exhaustive()
@@ -667,5 +783,120 @@ mod tests {
         assert_eq!(rx.recv().await, Some(LostReason::ConnectionLost));
         assert_eq!(rx.recv().await, Some(LostReason::ConnectionLost));
         assert_eq!(rx.recv().await, None);
+    }
+
+    /// Memory, but its leases see whether they were marked ended when their
+    /// unlock arrived.
+    #[derive(Debug, Default, Clone)]
+    struct Observing {
+        inner: MemoryLocker,
+        signal: Arc<Mutex<Option<LostSignal>>>,
+        lost_at_unlock: Arc<Mutex<Option<Option<LostReason>>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Locker for Observing {
+        fn backend(&self) -> &'static str {
+            "observing"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+            let lease = self.inner.try_lock(key, ttl).await?;
+            Ok(lease.map(|lease| {
+                *self.signal.lock().unwrap() = Some(lease.lost_signal());
+                lease.rebind(Arc::new(self.clone()))
+            }))
+        }
+        async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+            let seen = self.signal.lock().unwrap().as_ref().map(LostSignal::reason);
+            *self.lost_at_unlock.lock().unwrap() = seen;
+            self.inner.unlock(key, owner).await
+        }
+    }
+
+    #[tokio::test]
+    async fn release_fires_the_lost_signal_before_the_unlock_is_sent() {
+        let locker = Observing::default();
+        let lease = locker
+            .try_lock("k", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        lease.release().await.unwrap();
+        assert_eq!(
+            *locker.lost_at_unlock.lock().unwrap(),
+            Some(Some(LostReason::Released)),
+            "watchers must be told to stop before the lock is freed"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_lease_stays_lost_even_if_a_late_refresh_succeeds() {
+        let locker = MemoryLocker::new();
+        let ttl = Duration::from_secs(1);
+        let mut lease = locker.try_lock("k", ttl).await.unwrap().unwrap();
+        let signal = lease.lost_signal();
+        tokio::time::advance(ttl).await;
+        assert_eq!(signal.reason(), Some(LostReason::Expired));
+        // The server may still have the key (its clock, a slow reply): a
+        // refresh that gets through must not make the signal say "held" again.
+        let started = Instant::now();
+        assert_eq!(
+            extend_validity(&lease.status, started, ttl),
+            Err(LostReason::Expired)
+        );
+        assert_eq!(signal.reason(), Some(LostReason::Expired));
+        assert!(matches!(
+            lease.refresh(ttl).await,
+            Err(Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            })
+        ));
+        assert_eq!(signal.reason(), Some(LostReason::Expired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_early_by_a_margin_fires_that_much_before_the_validity_ends() {
+        let locker = MemoryLocker::new();
+        let lease = locker
+            .try_lock("k", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        let started = Instant::now();
+        let mut early = lease.lost_signal().early_by(Duration::from_secs(2));
+        assert_eq!(early.wait().await, LostReason::Expired);
+        assert_eq!(started.elapsed(), Duration::from_secs(8));
+        assert_eq!(
+            lease.lost_signal().reason(),
+            None,
+            "the exact signal has not fired"
+        );
+    }
+
+    #[test]
+    fn a_lease_dropped_off_the_runtime_is_released_on_the_runtime_it_was_granted_on() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let locker = MemoryLocker::new();
+        let lease = runtime
+            .block_on(locker.try_lock("k", Duration::from_secs(60)))
+            .unwrap()
+            .unwrap()
+            .without_sync_release();
+        // Dropped on a plain thread: no runtime is current there.
+        std::thread::spawn(move || drop(lease)).join().unwrap();
+        let again = runtime.block_on(async {
+            locker
+                .lock("k", Duration::from_secs(60), Duration::from_secs(2))
+                .await
+        });
+        assert!(again.is_ok(), "released in the background: {again:?}");
     }
 }

@@ -70,6 +70,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+mod background;
 mod breaker;
 mod deadline;
 mod digest;

@@ -573,12 +573,17 @@ pub async fn keepalive_fires_lost_when_stolen(h: &Harness) {
 }
 
 /// `max_hold` stops renewal: the lost signal fires with `MaxHoldExceeded`
-/// about then, and the lock is free for others.
+/// about then, but the lock is never freed under the holder's feet: it stays
+/// held until released (or, where locks expire, until its last ttl runs out,
+/// with no refresh after the max hold).
 pub async fn max_hold_ends_renewal(h: &Harness) {
     let (a, b) = (h.locker().await, h.locker().await);
     let key = h.key("max-hold");
     let max_hold = Duration::from_millis(900);
-    let mut lease = acquire(&*a, &key, SHORT_TTL).await;
+    // Refreshed every second: none is due before the max hold, so an expiring
+    // lock lapses one ttl after the grant if renewal really stopped.
+    let ttl = Duration::from_secs(3);
+    let mut lease = acquire(&*a, &key, ttl).await;
     lease
         .keep_alive(KeepAlive::default().max_hold(max_hold))
         .expect("keepalive starts");
@@ -588,11 +593,73 @@ pub async fn max_hold_ends_renewal(h: &Harness) {
         .expect("lost fires within 5s");
     assert_eq!(reason, LostReason::MaxHoldExceeded);
     assert!(lease.acquired_at().elapsed() >= max_hold - Duration::from_millis(50));
-    let next = b
-        .lock(&key, LONG_TTL, Duration::from_secs(2))
+    assert_held_elsewhere(
+        &*b,
+        &key,
+        "max_hold must not free the lock while the holder may still be working",
+    )
+    .await;
+    if a.capabilities().expires {
+        let next = b
+            .lock(&key, LONG_TTL, Duration::from_secs(5))
+            .await
+            .expect("free once the last ttl ran out");
+        assert!(
+            lease.acquired_at().elapsed() >= ttl - Duration::from_millis(100),
+            "freed {:?} after the grant, before its ttl: renewal or a release at max hold freed it",
+            lease.acquired_at().elapsed()
+        );
+        next.release().await.expect("release");
+        drop(lease);
+    } else {
+        lease.release().await.expect("release after max hold");
+        acquire(&*b, &key, LONG_TTL)
+            .await
+            .release()
+            .await
+            .expect("free after the release");
+    }
+}
+
+/// `with_lock`-style work outliving its lease is stopped (dropped) before
+/// the lock is released, and the caller is told the lock was lost: here the
+/// lease's `max_hold` passes while the work would run for ever.
+pub async fn with_lock_stops_work_when_the_lease_ends(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("with-lock-lost");
+    let stopped = Arc::new(AtomicBool::new(false));
+    /// Sets its flag when dropped: the work has stopped.
+    struct Stopped(Arc<AtomicBool>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let started = Instant::now();
+    let result = crate::WithLock::default()
+        .keep_alive(KeepAlive::default().max_hold(Duration::from_millis(500)))
+        .run(&*a, &key, LONG_TTL, Duration::ZERO, |_| {
+            let guard = Stopped(stopped.clone());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            }
+        })
+        .await;
+    match result {
+        Err(Error::Lost {
+            key: named,
+            reason: LostReason::MaxHoldExceeded,
+        }) => assert_eq!(named, key),
+        other => panic!("expected Lost(MaxHoldExceeded), got {other:?}"),
+    }
+    assert!(stopped.load(Ordering::SeqCst), "the work was stopped");
+    assert!(started.elapsed() >= Duration::from_millis(450));
+    acquire(&*b, &key, LONG_TTL)
         .await
-        .expect("free soon after max_hold");
-    next.release().await.expect("release");
+        .release()
+        .await
+        .expect("released once the work stopped");
 }
 
 /// Where the backend notifies releases, a waiter acquires within a few
@@ -662,6 +729,7 @@ macro_rules! conformance_suite {
             keepalive_holds_past_ttl,
             keepalive_fires_lost_when_stolen,
             max_hold_ends_renewal,
+            with_lock_stops_work_when_the_lease_ends,
             waiter_wakes_promptly_on_release,
         );
     };

@@ -14,7 +14,8 @@ use rand::Rng;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::{Capabilities, Error, Lease, Locker, Result};
+use crate::deadline::{bounded, checked_deadline, sleep_until};
+use crate::{Capabilities, Error, Lease, Locker, Result, DEADLINE_GRACE};
 
 /// How [`Locker::lock`] polls between attempts.
 ///
@@ -54,14 +55,35 @@ impl WaitPolicy {
         self
     }
 
-    /// Growth factor of the delay, at least 1 (default 2).
-    pub fn multiplier(mut self, multiplier: f64) -> Self {
-        self.multiplier = multiplier.max(1.0);
-        self
+    /// Growth factor of the delay (default 2).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a factor that is not a finite number of
+    /// at least 1 (NaN, infinity, 0.5): a shrinking or undefined backoff is a
+    /// mistake, not a policy.
+    ///
+    /// ```
+    /// use distlock::WaitPolicy;
+    /// assert!(WaitPolicy::default().multiplier(1.5).is_ok());
+    /// assert!(WaitPolicy::default().multiplier(f64::NAN).is_err());
+    /// ```
+    pub fn multiplier(mut self, multiplier: f64) -> Result<Self> {
+        if !multiplier.is_finite() || multiplier < 1.0 {
+            return Err(Error::invalid(
+                "wait policy",
+                format!("the backoff multiplier is {multiplier}; it must be a finite number of at least 1"),
+            ));
+        }
+        self.multiplier = multiplier;
+        Ok(self)
     }
 
+    /// The delay after `current`: grown by the multiplier, capped at
+    /// `max_delay`, saturating instead of overflowing.
     fn next_delay(&self, current: Duration) -> Duration {
-        current.mul_f64(self.multiplier).min(self.max_delay)
+        Duration::try_from_secs_f64(current.as_secs_f64() * self.multiplier)
+            .map_or(self.max_delay, |grown| grown.min(self.max_delay))
     }
 }
 
@@ -95,6 +117,12 @@ impl fmt::Debug for ReleaseWatch {
 
 /// Acquires `key`, waiting up to `timeout` under `policy`: the implementation
 /// of [`Locker::lock`] for every backend without a server-side wait.
+///
+/// Returns within `timeout` + [`DEADLINE_GRACE`]: each attempt (and the
+/// subscription) is bounded by what is left of that, and one still unanswered
+/// then is abandoned with [`Error::DeadlineExceeded`] (backends make their
+/// attempts cancel-safe, undoing one that may have taken effect). A timeout
+/// too long to represent waits for ever.
 pub(crate) async fn acquire<L: Locker + ?Sized>(
     locker: &L,
     key: &str,
@@ -102,40 +130,59 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     timeout: Duration,
     policy: &WaitPolicy,
 ) -> Result<Lease> {
-    if timeout.is_zero() {
-        return locker
-            .try_lock(key, ttl)
-            .await?
-            .ok_or_else(|| Error::NotAcquired {
-                key: key.to_owned(),
-            });
-    }
     crate::validate::acquire(key, ttl)?;
     let started = Instant::now();
-    let deadline = started + timeout;
+    let deadline = checked_deadline(started, timeout);
+    let attempt = || {
+        // What is left of `timeout + grace`, the bound of the whole call.
+        let left = deadline
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
+            .map_or(Duration::MAX, |left| left.saturating_add(DEADLINE_GRACE));
+        bounded(locker.backend(), "acquire", left, locker.try_lock(key, ttl))
+    };
+    let timed_out = |now: Instant| Error::Timeout {
+        key: key.to_owned(),
+        waited: now.saturating_duration_since(started),
+    };
     // Most locks are free: take it without paying for a subscription.
-    if let Some(lease) = locker.try_lock(key, ttl).await? {
+    if let Some(lease) = attempt().await? {
         return Ok(lease);
+    }
+    if timeout.is_zero() {
+        return Err(Error::NotAcquired {
+            key: key.to_owned(),
+        });
     }
     // Held: subscribe, then try again before every wait. A release between a
     // failed attempt and the subscription is then caught by the next attempt
     // rather than missed (Redisson's lost wake-ups came from waiting on a
     // subscription made after the last attempt).
-    let mut releases = locker.watch_releases(key).await?;
+    let left = deadline.map_or(Duration::MAX, |deadline| {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .saturating_add(DEADLINE_GRACE)
+    });
+    let mut releases = bounded(
+        locker.backend(),
+        "watch releases",
+        left,
+        locker.watch_releases(key),
+    )
+    .await?;
     let mut delay = policy.initial_delay;
     loop {
-        if let Some(lease) = locker.try_lock(key, ttl).await? {
+        if let Some(lease) = attempt().await? {
             return Ok(lease);
         }
         let now = Instant::now();
-        if now >= deadline {
-            return Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: now - started,
-            });
+        if deadline.is_some_and(|deadline| now >= deadline) {
+            return Err(timed_out(now));
         }
         let jittered = rand::rng().random_range(delay / 2..=delay);
-        let wake = (now + jittered).min(deadline);
+        let wake = match (checked_deadline(now, jittered), deadline) {
+            (Some(wake), Some(deadline)) => Some(wake.min(deadline)),
+            (wake, deadline) => wake.or(deadline),
+        };
         if let Some(watch) = releases.as_mut() {
             tokio::select! {
                 alive = watch.next() => if !alive {
@@ -144,12 +191,12 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
                     // would only meet the outage. Finish this backoff sleep.
                     tracing::debug!(component = "distlock", key, "release notifications ended; polling");
                     releases = None;
-                    tokio::time::sleep_until(wake).await;
+                    sleep_until(wake).await;
                 },
-                () = tokio::time::sleep_until(wake) => {}
+                () = sleep_until(wake) => {}
             }
         } else {
-            tokio::time::sleep_until(wake).await;
+            sleep_until(wake).await;
         }
         delay = policy.next_delay(delay);
     }

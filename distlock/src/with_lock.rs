@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{KeepAlive, LeaseInfo, Locker, Result, DEFAULT_RELEASE_TIMEOUT};
+use crate::{Error, KeepAlive, LeaseInfo, Locker, Result, DEFAULT_RELEASE_TIMEOUT};
 
 /// The result of [`WithLock::run`]: the work's output and, separately, how the
 /// release went. A failed release never replaces the work's output.
@@ -69,12 +69,30 @@ impl WithLock {
     }
 
     /// Acquires `key` (waiting up to `timeout`, see [`Locker::lock`]), runs
-    /// `work` with the lease's [`LeaseInfo`], then releases.
+    /// `work` with the lease's [`LeaseInfo`] while the lease is held, then
+    /// releases.
     ///
-    /// Returns the acquire error if the lock was not taken (`work` does not
-    /// run). Otherwise returns [`Completed`] with the work's value and the
-    /// release outcome. If this future is dropped while `work` runs, the lease
-    /// is released in the background, bounded by the release timeout.
+    /// The work is raced against the lease's lost signal: if the lease is
+    /// lost first (a refresh says `NotHeld`, the session died, the ttl is
+    /// about to run out without a refresh, or the keepalive's `max_hold`
+    /// passed), `work` is dropped, which stops it, and only then is the lock
+    /// released. Expiry counts [`crate::drift_margin`] early, so the work has
+    /// stopped before the lock can lapse on the server. Without
+    /// [`keep_alive`](Self::keep_alive), a lock that expires lasts one ttl:
+    /// work longer than that is stopped.
+    ///
+    /// # Errors
+    ///
+    /// The acquire error if the lock was not taken (`work` does not run);
+    /// [`Error::Lost`] if the lease was lost while `work` ran (`work` was
+    /// stopped; the release outcome is logged). Otherwise [`Completed`] with
+    /// the work's value and the release outcome.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped while `work` runs, `work` is dropped with it
+    /// and the lease is released in the background, bounded by the release
+    /// timeout.
     pub async fn run<L, F, Fut>(
         &self,
         locker: &L,
@@ -93,17 +111,28 @@ impl WithLock {
         if let Some(keepalive) = &self.keepalive {
             lease.keep_alive(keepalive.clone())?;
         }
-        let value = work(lease.info()).await;
+        let outcome = lease.run_while_held(work(lease.info())).await;
         let release = lease.release().await;
-        if let Err(error) = &release {
-            tracing::warn!(
+        match (&outcome, &release) {
+            // A lost lock is usually no longer ours to release.
+            (Err(_), Err(Error::NotHeld { .. })) | (_, Ok(())) => {}
+            (_, Err(error)) => tracing::warn!(
                 component = "distlock",
                 key,
                 %error,
                 "release after guarded work failed; the backend's safety net frees the lock"
-            );
+            ),
         }
-        Ok(Completed { value, release })
+        match outcome {
+            Ok(value) => Ok(Completed { value, release }),
+            Err(reason) => {
+                tracing::warn!(component = "distlock", key, %reason, "lock lost while the guarded work ran; the work was stopped");
+                Err(Error::Lost {
+                    key: key.to_owned(),
+                    reason,
+                })
+            }
+        }
     }
 }
 
@@ -111,7 +140,10 @@ impl WithLock {
 ///
 /// Waits up to `timeout` for the lock (zero: one attempt). Returns `work`'s
 /// output, or the acquire error ([`crate::Error::NotAcquired`],
-/// [`crate::Error::Timeout`], ...) without running `work`. The release runs
+/// [`crate::Error::Timeout`], ...) without running `work`, or
+/// [`crate::Error::Lost`] if the lease was lost while `work` ran (then `work`
+/// was stopped by dropping it before the lock was released; see
+/// [`WithLock::run`]). The release runs
 /// even if this future is dropped while `work` runs, bounded by
 /// [`DEFAULT_RELEASE_TIMEOUT`]; a release failure is logged (`component =
 /// "distlock"`) and does not replace the output. Use [`WithLock::run`] to see

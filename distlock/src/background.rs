@@ -1,0 +1,80 @@
+//! Releases that nobody waits for (a dropped lease, an abandoned attempt),
+//! written once: sent on a runtime, bounded in time, and logged however they
+//! end, including when the runtime goes away before they ran.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::{Error, Locker};
+
+/// Sends `locker.unlock(key, owner)` in the background on `runtime`, bounded
+/// by `timeout`. `what` names the release in the log (`"a dropped lease"`).
+///
+/// Never blocks and never panics. Without a runtime, or if the runtime shuts
+/// down before the release ran, the release is abandoned with a warning: the
+/// backend's safety net (ttl expiry, connection death) frees the lock.
+pub(crate) fn release(
+    runtime: Option<Handle>,
+    locker: Arc<dyn Locker>,
+    key: String,
+    owner: String,
+    timeout: Duration,
+    what: &'static str,
+) {
+    let Some(runtime) = runtime else {
+        tracing::warn!(
+            component = "distlock",
+            backend = locker.backend(),
+            key,
+            "release of {what} abandoned: no tokio runtime to send it on; the backend's safety net (ttl or connection death) frees the lock"
+        );
+        return;
+    };
+    let abandoned = Abandoned {
+        backend: locker.backend(),
+        key: key.clone(),
+        what,
+        armed: true,
+    };
+    // A runtime shutting down drops the task unpolled: `abandoned` then warns.
+    runtime.spawn(async move {
+        let mut abandoned = abandoned;
+        let outcome =
+            crate::deadline::bounded(locker.backend(), "release", timeout, locker.unlock(&key, &owner)).await;
+        abandoned.armed = false;
+        match outcome {
+            Ok(()) => tracing::debug!(component = "distlock", backend = locker.backend(), key, "released {what}"),
+            // Already released (a release future dropped after it completed)
+            // or expired: nothing left to free.
+            Err(Error::NotHeld { .. }) => {}
+            Err(error) => tracing::warn!(
+                component = "distlock", backend = locker.backend(), key, %error,
+                "background release of {what} failed; the backend's safety net (ttl or connection death) frees the lock"
+            ),
+        }
+    });
+}
+
+/// Warns if a background release is dropped before it ran to completion.
+struct Abandoned {
+    backend: &'static str,
+    key: String,
+    what: &'static str,
+    armed: bool,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::warn!(
+                component = "distlock",
+                backend = self.backend,
+                key = self.key,
+                "release of {} abandoned: the runtime shut down first; the backend's safety net (ttl or connection death) frees the lock",
+                self.what
+            );
+        }
+    }
+}
