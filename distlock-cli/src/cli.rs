@@ -179,6 +179,84 @@ mod tests {
         assert_eq!(args.wait, None);
     }
 
+    /// Every unit humantime accepts.
+    const UNITS: &[&str] = &[
+        "nsec", "ns", "usec", "us", "msec", "ms", "seconds", "second", "sec", "s", "minutes",
+        "minute", "min", "m", "hours", "hour", "hr", "h", "days", "day", "d", "weeks", "week", "w",
+        "months", "month", "M", "years", "year", "y", "",
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn the_duration_parser_never_panics_on_any_string(text in ".*") {
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn the_duration_parser_never_panics_on_any_number_and_unit(
+            number in proptest::prelude::any::<u128>(),
+            unit in proptest::sample::select(UNITS),
+            second in proptest::option::of((proptest::prelude::any::<u64>(), proptest::sample::select(UNITS))),
+        ) {
+            let mut text = format!("{number}{unit}");
+            if let Some((n, u)) = second {
+                text.push_str(&format!(" {n}{u}"));
+            }
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn run_parses_extreme_durations_without_panicking(
+            wait in extreme_duration(),
+            max_hold in extreme_duration(),
+            ttl in extreme_duration(),
+        ) {
+            let _ = Cli::try_parse_from([
+                "distlock", "run", "--key", "k", "--wait", &wait, "--max-hold", &max_hold,
+                "--ttl", &ttl, "--", "true",
+            ]);
+        }
+    }
+
+    /// Durations at and past every limit: zero, u64 seconds, u128
+    /// nanoseconds, 300000000000 years, with any unit.
+    fn extreme_duration() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let numbers = prop_oneof![
+            Just(0u128),
+            Just(300_000_000_000u128),
+            Just(u64::MAX as u128),
+            Just(u64::MAX as u128 + 1),
+            Just(u128::MAX),
+            any::<u128>(),
+        ];
+        (numbers, proptest::sample::select(UNITS)).prop_map(|(n, unit)| format!("{n}{unit}"))
+    }
+
+    #[test]
+    fn huge_waits_and_holds_parse() {
+        let cli = Cli::try_parse_from([
+            "distlock",
+            "run",
+            "--key",
+            "k",
+            "--wait",
+            "300000000000y",
+            "--max-hold",
+            "300000000000y",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(args
+            .wait
+            .is_some_and(|w| w > Duration::from_secs(u32::MAX.into())));
+        assert!(args.max_hold.is_some());
+    }
+
     #[test]
     fn clap_definition_is_consistent() {
         use clap::CommandFactory;

@@ -20,7 +20,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Ok(locker) => locker,
         Err(error) => return fail(&error),
     };
-    let wait = args.wait.unwrap_or(Duration::ZERO).min(FOREVER);
+    let wait = effective_wait(args.wait);
     let mut lease = match locker.lock(&args.key, args.ttl, wait).await {
         Ok(lease) => lease,
         Err(error) if error.is_contention() => {
@@ -34,8 +34,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Err(error) => return fail(&error),
     };
     let mut keepalive = KeepAlive::default();
-    // A max hold that no clock can reach is no max hold.
-    if let Some(max_hold) = args.max_hold.filter(|hold| *hold <= FOREVER) {
+    if let Some(max_hold) = effective_max_hold(args.max_hold) {
         keepalive = keepalive.max_hold(max_hold);
     }
     if let Err(error) = lease.keep_alive(keepalive) {
@@ -92,6 +91,18 @@ fn fail(error: &Error) -> u8 {
     exit::for_error(error)
 }
 
+/// `--wait` as the library gets it: none is one attempt, beyond [`FOREVER`]
+/// is [`FOREVER`].
+fn effective_wait(wait: Option<Duration>) -> Duration {
+    wait.unwrap_or(Duration::ZERO).min(FOREVER)
+}
+
+/// `--max-hold` as the keepalive gets it: a max hold that no clock can reach
+/// (beyond [`FOREVER`]) is no max hold.
+fn effective_max_hold(max_hold: Option<Duration>) -> Option<Duration> {
+    max_hold.filter(|hold| *hold <= FOREVER)
+}
+
 /// `--kill-after`, capped at [`kill_after_cap`] with a warning (once).
 fn capped_kill_after(kill_after: Duration, ttl: Duration) -> Duration {
     let cap = kill_after_cap(ttl);
@@ -105,4 +116,35 @@ fn capped_kill_after(kill_after: Duration, ttl: Duration) -> Duration {
         humantime::format_duration(ttl)
     );
     cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn no_flag_value_makes_a_deadline_overflow(secs in any::<u64>(), nanos in 0u32..1_000_000_000) {
+            let huge = Duration::new(secs, nanos);
+            let now = tokio::time::Instant::now();
+            prop_assert!(now.checked_add(effective_wait(Some(huge))).is_some());
+            if let Some(hold) = effective_max_hold(Some(huge)) {
+                prop_assert!(now.checked_add(hold).is_some());
+                prop_assert_eq!(hold, huge);
+            }
+            let cap = kill_after_cap(huge);
+            prop_assert!(cap <= huge / 2);
+            prop_assert!(capped_kill_after(huge, huge) <= cap);
+        }
+    }
+
+    #[test]
+    fn only_unreachable_max_holds_are_dropped() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(effective_max_hold(Some(hour)), Some(hour));
+        assert_eq!(effective_max_hold(Some(Duration::MAX)), None);
+        assert_eq!(effective_wait(None), Duration::ZERO);
+        assert_eq!(effective_wait(Some(Duration::MAX)), FOREVER);
+    }
 }

@@ -786,3 +786,25 @@ fn kill_after_is_capped_at_half_the_ttl_minus_the_drift_margin() {
         "SIGKILL came after {elapsed:?}: the uncapped 10s grace, not the 880ms cap"
     );
 }
+
+#[test]
+fn huge_waits_and_max_holds_run_the_command_without_panicking() {
+    let fixture = Fixture::new();
+    for flags in [
+        &["--wait", "300000000000y"][..],
+        &["--max-hold", "300000000000y"][..],
+        &["--wait", "300000000000y", "--max-hold", "300000000000y"][..],
+    ] {
+        let mut args = vec!["run", "--key", "huge"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", "echo ran"]);
+        let output = fixture.run(&args);
+        assert!(
+            !stderr(&output).contains("panicked"),
+            "{flags:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(code(&output), 0, "{flags:?}: {}", stderr(&output));
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "ran\n");
+    }
+}
