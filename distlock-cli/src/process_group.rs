@@ -125,13 +125,15 @@ pub(crate) fn group_alive(pgid: u32) -> bool {
 }
 
 /// Reaps every child that has exited, without blocking: CMD's leader, the
-/// orphans distlock inherited as subreaper, the watchdog.
+/// orphans distlock inherited as subreaper, the watchdog. Children that
+/// stopped (job control) are reported too, once per stop
+/// (`ExitStatus::stopped_signal`), and stay children.
 pub(crate) fn reap() -> Vec<(u32, ExitStatus)> {
     let mut reaped = Vec::new();
     loop {
         let mut status = 0;
         // SAFETY: status is a valid place for waitpid to write.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::WUNTRACED) };
         match pid {
             // 0: children remain, none exited; -1: none left (ECHILD) or EINTR,
             // and the next SIGCHLD brings us back.

@@ -120,6 +120,7 @@ pub(crate) async fn supervise(args: &RunArgs, lease: &Lease, kill_after: Duratio
         lease,
         leader,
         watchdog: lifeline.watchdog_pid,
+        terminal,
         kill_after,
         drift: distlock::drift_margin(lease.ttl()),
         leader_status: None,
@@ -170,6 +171,8 @@ struct Supervisor<'a> {
     /// CMD's first process: its pid is the group id.
     leader: u32,
     watchdog: u32,
+    /// The terminal CMD's group was given, to follow its job-control stops.
+    terminal: Option<libc::c_int>,
     kill_after: Duration,
     drift: Duration,
     leader_status: Option<ExitStatus>,
@@ -216,8 +219,12 @@ impl Supervisor<'_> {
     }
 
     fn reap(&mut self) {
+        let mut leader_stopped = false;
         for (pid, status) in process_group::reap() {
-            if pid == self.leader {
+            use std::os::unix::process::ExitStatusExt;
+            if status.stopped_signal().is_some() {
+                leader_stopped |= pid == self.leader;
+            } else if pid == self.leader {
                 self.leader_status = Some(status);
             } else if pid == self.watchdog && self.leader_status.is_none() {
                 tracing::warn!(
@@ -226,6 +233,30 @@ impl Supervisor<'_> {
                 );
             }
         }
+        if let (true, None, Some(tty)) = (leader_stopped, self.leader_status, self.terminal) {
+            self.follow_stop(tty);
+        }
+    }
+
+    /// CMD's leader stopped (Ctrl-Z went to its group, the terminal's
+    /// foreground): distlock stops too, so the shell sees its job stopped and
+    /// gets the terminal back. On `fg` distlock hands the terminal to CMD's
+    /// group again; on `fg` or `bg` it continues the group. The lease's
+    /// keepalive does not run while distlock is stopped: an expiring lock can
+    /// lapse, and CMD is then stopped at once on resume (exit 76). In an
+    /// orphaned process group (no job-control shell) the kernel discards the
+    /// SIGTSTP and CMD is continued at once.
+    fn follow_stop(&self, tty: libc::c_int) {
+        crate::terminal::reclaim(tty);
+        // SAFETY: raise has no memory-safety preconditions; SIGTSTP has its
+        // default action (stop) in distlock.
+        unsafe {
+            libc::raise(libc::SIGTSTP);
+        }
+        if crate::terminal::is_foreground(tty) {
+            crate::terminal::give_to(tty, self.leader);
+        }
+        process_group::signal_group(self.leader, libc::SIGCONT);
     }
 
     fn on_lost(&mut self, reason: LostReason) {

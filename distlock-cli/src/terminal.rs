@@ -48,6 +48,31 @@ pub(crate) unsafe fn give_to_self_in_child(tty: libc::c_int) {
     }
 }
 
+/// True if distlock's group is the terminal's foreground group.
+pub(crate) fn is_foreground(tty: libc::c_int) -> bool {
+    // SAFETY: tcgetpgrp and getpgrp have no memory-safety preconditions.
+    unsafe { libc::tcgetpgrp(tty) == libc::getpgrp() }
+}
+
+/// Makes `pgid` the terminal's foreground group (SIGTTOU is still ignored
+/// from [`foreground_stdin`]). Errors are ignored: the group then runs in the
+/// background, as without a terminal.
+pub(crate) fn give_to(tty: libc::c_int, pgid: u32) {
+    // SAFETY: tcsetpgrp has no memory-safety preconditions.
+    unsafe {
+        libc::tcsetpgrp(tty, pgid as libc::pid_t);
+    }
+}
+
+/// Makes distlock's group the foreground group again, keeping SIGTTOU
+/// ignored (CMD's group may get the terminal back).
+pub(crate) fn reclaim(tty: libc::c_int) {
+    // SAFETY: tcsetpgrp and getpgrp have no memory-safety preconditions.
+    unsafe {
+        libc::tcsetpgrp(tty, libc::getpgrp());
+    }
+}
+
 /// Makes distlock's group the terminal's foreground group again and restores
 /// SIGTTOU's default action.
 pub(crate) fn take_back(tty: libc::c_int) -> io::Result<()> {

@@ -808,3 +808,41 @@ fn huge_waits_and_max_holds_run_the_command_without_panicking() {
         assert_eq!(String::from_utf8_lossy(&output.stdout), "ran\n");
     }
 }
+
+#[test]
+fn an_interactive_command_owns_the_terminal_while_it_runs() {
+    use std::io::Write;
+    let fixture = Fixture::new();
+    // script(1) runs distlock on a fresh pseudo-terminal, in its foreground
+    // group. CMD's group must become the foreground group, or its read of the
+    // terminal would stop it with SIGTTIN.
+    let script = test_servers::find_binary("script", "bsdutils");
+    let inner = format!(
+        "{BIN} run --key tty -- sh -c 'read line; echo \"got $line\"; \
+         [ \"$(ps -o tpgid= -p $$)\" -eq \"$(ps -o pgid= -p $$)\" ] && echo foreground'"
+    );
+    let mut child = Command::new(script)
+        .args(["-qec", &inner, "/dev/null"])
+        .env(
+            "DISTLOCK_URL",
+            format!("file://{}", fixture.lock_dir().display()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the command hung reading the terminal (stopped by SIGTTIN?)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("got hello"), "{stdout}");
+    assert!(stdout.contains("foreground"), "{stdout}");
+}
