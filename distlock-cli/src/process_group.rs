@@ -86,7 +86,13 @@ pub(crate) fn spawn(
             // Only distlock may hold the lifeline's write end.
             libc::close(lifeline_write);
             let pid = libc::getpid().to_ne_bytes();
-            if libc::write(pid_write, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+            // std has reset SIGPIPE to its default by now: a dead watchdog
+            // must be an error here, not a silent death (which std's spawn
+            // would take for a successful exec).
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            let written = libc::write(pid_write, pid.as_ptr().cast(), pid.len());
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            if written != pid.len() as isize {
                 return Err(io::Error::from_raw_os_error(libc::ECHILD));
             }
             let mut go = 0u8;

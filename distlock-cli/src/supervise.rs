@@ -111,6 +111,9 @@ pub(crate) async fn supervise(args: &RunArgs, lease: &Lease, kill_after: Duratio
     let leader = match spawned {
         Ok(pid) => pid,
         Err(error) => {
+            // std returns the error only once CMD's child failed for good:
+            // nothing runs that the watchdog would have to kill.
+            lifeline.done();
             give_terminal_back(terminal);
             return cannot_run(args, &error);
         }

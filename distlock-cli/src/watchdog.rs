@@ -117,8 +117,11 @@ pub(crate) fn start() -> io::Result<(Lifeline, Handoff)> {
         .arg(handed[1].to_string())
         .arg("--go")
         .arg(handed[2].to_string())
+        // It prints nothing, and must not keep a caller's pipe open (`$(distlock
+        // run ...)`, `2>&1 | ...`) during its last moments after distlock.
         .stdin(Stdio::null())
-        .stdout(Stdio::null());
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     // SAFETY: setpgid and fcntl are async-signal-safe and nothing here
     // allocates.
     unsafe {
