@@ -34,6 +34,24 @@ pub(crate) enum Command {
     Release(ReleaseArgs),
     /// Measure acquire+release cycles per second of a backend.
     Bench(BenchArgs),
+    /// Internal: the helper `distlock run` starts to SIGKILL CMD's process
+    /// group if distlock dies.
+    #[command(hide = true)]
+    Watchdog(WatchdogArgs),
+}
+
+/// The descriptors `distlock run` hands its watchdog (see `watchdog.rs`).
+#[derive(Debug, Args)]
+pub(crate) struct WatchdogArgs {
+    /// Read end of the lifeline.
+    #[arg(long)]
+    pub(crate) lifeline: i32,
+    /// Read end of the pipe CMD's child writes its pid to.
+    #[arg(long)]
+    pub(crate) pid: i32,
+    /// Write end of the pipe CMD's child waits on.
+    #[arg(long)]
+    pub(crate) go: i32,
 }
 
 /// Where the locks live.
@@ -60,10 +78,14 @@ pub(crate) struct RunArgs {
     pub(crate) ttl: Duration,
 
     /// Wait up to this long for the lock [default: one attempt, no waiting].
+    /// Durations beyond 100 years wait 100 years.
     #[arg(long, short, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,
 
-    /// Stop CMD and give the lock up after holding it this long.
+    /// Stop CMD (SIGTERM, SIGKILL after --kill-after) once the lock has been
+    /// held this long; the lock stops being renewed then and is released once
+    /// CMD's process group has exited. Exit status 76. Durations beyond 100
+    /// years mean no max hold.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) max_hold: Option<Duration>,
 
@@ -71,11 +93,19 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value_t = crate::exit::CONFLICT, value_name = "N")]
     pub(crate) conflict_exit_code: u8,
 
-    /// When the lock is lost, how long CMD gets between SIGTERM and SIGKILL.
+    /// How long CMD's process group gets between SIGTERM and SIGKILL, when
+    /// the lock is lost, reaches --max-hold, or CMD's first process exits and
+    /// leaves others behind. Capped at ttl/2 - drift margin (ttl/100 + 100ms)
+    /// with a warning: the lock is refreshed every ttl/3, and a stop that
+    /// starts at most ttl/2 before the lease would lapse never fires while
+    /// refreshes succeed, yet leaves ttl/6 to retry a failing one. SIGKILL
+    /// never comes later than drift margin before the lease's validity ends.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) kill_after: Duration,
 
-    /// The command and its arguments, run directly (no shell).
+    /// The command and its arguments, run directly (no shell), as the leader
+    /// of its own process group: signals and stops go to the whole group, and
+    /// the lock is released only once every process of the group has exited.
     #[arg(required = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
 }
@@ -147,6 +177,84 @@ mod tests {
         assert_eq!(args.command, ["ls", "-l", "--wait"]);
         assert_eq!(args.ttl, Duration::from_secs(30));
         assert_eq!(args.wait, None);
+    }
+
+    /// Every unit humantime accepts.
+    const UNITS: &[&str] = &[
+        "nsec", "ns", "usec", "us", "msec", "ms", "seconds", "second", "sec", "s", "minutes",
+        "minute", "min", "m", "hours", "hour", "hr", "h", "days", "day", "d", "weeks", "week", "w",
+        "months", "month", "M", "years", "year", "y", "",
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn the_duration_parser_never_panics_on_any_string(text in ".*") {
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn the_duration_parser_never_panics_on_any_number_and_unit(
+            number in proptest::prelude::any::<u128>(),
+            unit in proptest::sample::select(UNITS),
+            second in proptest::option::of((proptest::prelude::any::<u64>(), proptest::sample::select(UNITS))),
+        ) {
+            let mut text = format!("{number}{unit}");
+            if let Some((n, u)) = second {
+                text.push_str(&format!(" {n}{u}"));
+            }
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn run_parses_extreme_durations_without_panicking(
+            wait in extreme_duration(),
+            max_hold in extreme_duration(),
+            ttl in extreme_duration(),
+        ) {
+            let _ = Cli::try_parse_from([
+                "distlock", "run", "--key", "k", "--wait", &wait, "--max-hold", &max_hold,
+                "--ttl", &ttl, "--", "true",
+            ]);
+        }
+    }
+
+    /// Durations at and past every limit: zero, u64 seconds, u128
+    /// nanoseconds, 300000000000 years, with any unit.
+    fn extreme_duration() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let numbers = prop_oneof![
+            Just(0u128),
+            Just(300_000_000_000u128),
+            Just(u64::MAX as u128),
+            Just(u64::MAX as u128 + 1),
+            Just(u128::MAX),
+            any::<u128>(),
+        ];
+        (numbers, proptest::sample::select(UNITS)).prop_map(|(n, unit)| format!("{n}{unit}"))
+    }
+
+    #[test]
+    fn huge_waits_and_holds_parse() {
+        let cli = Cli::try_parse_from([
+            "distlock",
+            "run",
+            "--key",
+            "k",
+            "--wait",
+            "300000000000y",
+            "--max-hold",
+            "300000000000y",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(args
+            .wait
+            .is_some_and(|w| w > Duration::from_secs(u32::MAX.into())));
+        assert!(args.max_hold.is_some());
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub(crate) const SOFTWARE: u8 = 70;
 pub(crate) const CONFLICT: u8 = 75;
 /// The lock was lost while CMD ran; CMD was stopped.
 pub(crate) const LOST: u8 = 76;
+/// `distlock release` of a lock that only its holding process (file backend:
+/// the flock's owner) or session (Postgres) can release (EX_NOPERM).
+pub(crate) const HELD_BY_ANOTHER_PROCESS: u8 = 77;
 /// CMD exists but could not be executed.
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// CMD was not found.
@@ -27,11 +30,16 @@ pub(crate) const TABLE: &str = "\
 Exit status of `distlock run`:
   CMD's status    CMD ran; 128+N if it was killed by signal N
   75              the lock is held elsewhere (--conflict-exit-code)
-  76              the lock was lost while CMD ran; CMD was stopped
+  76              the lock was lost, could not be refreshed in time, or
+                  reached --max-hold while CMD ran; CMD's process group was
+                  stopped before the lock was released
   64              bad usage: flags, URL, key or ttl
   69              the backend is unreachable or failed
+  70              distlock could not set up (signal handlers, watchdog)
   126 / 127       CMD could not be executed / was not found
-`distlock release` exits 0 when released, 1 when the owner does not hold the lock.";
+`distlock release` exits 0 when released, 1 when the owner does not hold the
+lock, 77 when only the holding process or session can release it (file and
+Postgres backends: the message names the holder).";
 
 /// The exit code for an error reaching or using the backend.
 pub(crate) fn for_error(error: &Error) -> u8 {

@@ -3,7 +3,11 @@
 mod bench;
 mod cli;
 mod exit;
+mod process_group;
 mod run;
+mod supervise;
+mod terminal;
+mod watchdog;
 
 use std::process::ExitCode;
 
@@ -15,6 +19,11 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return exit::usage_error(err),
+    };
+    // The watchdog is distlock re-executed by itself: no runtime, no logging.
+    let cli = match cli.command {
+        Command::Watchdog(args) => return ExitCode::from(watchdog::main(args)),
+        _ => cli,
     };
     init_logging(&cli.log_level);
     // One thread: the child is spawned from the thread that lives as long as
@@ -41,6 +50,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Release(args) => run::release(args).await,
             Command::Bench(args) => bench::bench(args).await,
+            Command::Watchdog(_) => exit::USAGE,
         }
     });
     ExitCode::from(code)

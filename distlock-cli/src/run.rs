@@ -1,16 +1,18 @@
 //! `distlock run` and `distlock release`.
 
-use std::io;
-use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Error, KeepAlive, Lease, Locker, LockerExt};
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use distlock::{Error, KeepAlive, Locker, LockerExt};
 
 use crate::cli::{Backend, ReleaseArgs, RunArgs};
 use crate::exit;
+use crate::supervise::{kill_after_cap, supervise};
+
+/// Durations past this are "forever": far beyond any real wait or hold, yet
+/// small enough that no deadline computed from them can overflow an `Instant`
+/// (`--wait 300000000000y` would).
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Acquires the lock, runs CMD under it, and returns the exit code.
 pub(crate) async fn run(args: RunArgs) -> u8 {
@@ -18,7 +20,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Ok(locker) => locker,
         Err(error) => return fail(&error),
     };
-    let wait = args.wait.unwrap_or(Duration::ZERO);
+    let wait = effective_wait(args.wait);
     let mut lease = match locker.lock(&args.key, args.ttl, wait).await {
         Ok(lease) => lease,
         Err(error) if error.is_contention() => {
@@ -32,13 +34,14 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Err(error) => return fail(&error),
     };
     let mut keepalive = KeepAlive::default();
-    if let Some(max_hold) = args.max_hold {
+    if let Some(max_hold) = effective_max_hold(args.max_hold) {
         keepalive = keepalive.max_hold(max_hold);
     }
     if let Err(error) = lease.keep_alive(keepalive) {
         return fail(&error);
     }
-    let code = supervise(&args, &lease).await;
+    let kill_after = capped_kill_after(args.kill_after, lease.ttl());
+    let code = supervise(&args, &lease, kill_after).await;
     match lease.release().await {
         Ok(()) | Err(Error::NotHeld { .. }) => {}
         Err(error) => eprintln!(
@@ -57,6 +60,17 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     };
     match locker.unlock(&args.key, &args.owner).await {
         Ok(()) => 0,
+        Err(Error::Unsupported {
+            operation: "release",
+            reason,
+            ..
+        }) => {
+            eprintln!(
+                "distlock: lock {:?} can only be released by the process or session holding it: {reason}",
+                args.key
+            );
+            exit::HELD_BY_ANOTHER_PROCESS
+        }
         Err(Error::NotHeld { key }) => {
             eprintln!("distlock: lock {key:?} is not held by that owner (released, expired or taken over); nothing was released");
             exit::NOT_HELD
@@ -77,143 +91,60 @@ fn fail(error: &Error) -> u8 {
     exit::for_error(error)
 }
 
-/// Runs CMD until it exits, forwarding signals, and stops it if the lock is lost.
-async fn supervise(args: &RunArgs, lease: &Lease) -> u8 {
-    let mut child = match spawn(args, lease) {
-        Ok(child) => child,
-        Err(error) => {
-            eprintln!("distlock: cannot run {:?}: {error}", args.command[0]);
-            return match error.kind() {
-                io::ErrorKind::NotFound => exit::NOT_FOUND,
-                _ => exit::CANNOT_EXECUTE,
-            };
-        }
-    };
-    let mut signals = match ForwardedSignals::install() {
-        Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("distlock: cannot install signal handlers: {error}");
-            stop(&mut child, args.kill_after).await;
-            return exit::SOFTWARE;
-        }
-    };
-    let mut lost = lease.lost_signal();
-    loop {
-        tokio::select! {
-            status = child.wait() => return match status {
-                Ok(status) => status_code(status),
-                Err(error) => {
-                    eprintln!("distlock: waiting for the command failed: {error}");
-                    exit::SOFTWARE
-                }
-            },
-            signal = signals.recv() => forward(&child, signal),
-            reason = lost.wait() => {
-                eprintln!("distlock: lock {:?} lost ({reason}); stopping the command", args.key);
-                stop(&mut child, args.kill_after).await;
-                return exit::LOST;
+/// `--wait` as the library gets it: none is one attempt, beyond [`FOREVER`]
+/// is [`FOREVER`].
+fn effective_wait(wait: Option<Duration>) -> Duration {
+    wait.unwrap_or(Duration::ZERO).min(FOREVER)
+}
+
+/// `--max-hold` as the keepalive gets it: a max hold that no clock can reach
+/// (beyond [`FOREVER`]) is no max hold.
+fn effective_max_hold(max_hold: Option<Duration>) -> Option<Duration> {
+    max_hold.filter(|hold| *hold <= FOREVER)
+}
+
+/// `--kill-after`, capped at [`kill_after_cap`] with a warning (once).
+fn capped_kill_after(kill_after: Duration, ttl: Duration) -> Duration {
+    let cap = kill_after_cap(ttl);
+    if kill_after <= cap {
+        return kill_after;
+    }
+    eprintln!(
+        "distlock: --kill-after {} is capped at {} (ttl/2 - drift margin for --ttl {}), so the command is stopped before the lease can lapse",
+        humantime::format_duration(kill_after),
+        humantime::format_duration(cap),
+        humantime::format_duration(ttl)
+    );
+    cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn no_flag_value_makes_a_deadline_overflow(secs in any::<u64>(), nanos in 0u32..1_000_000_000) {
+            let huge = Duration::new(secs, nanos);
+            let now = tokio::time::Instant::now();
+            prop_assert!(now.checked_add(effective_wait(Some(huge))).is_some());
+            if let Some(hold) = effective_max_hold(Some(huge)) {
+                prop_assert!(now.checked_add(hold).is_some());
+                prop_assert_eq!(hold, huge);
             }
+            let cap = kill_after_cap(huge);
+            prop_assert!(cap <= huge / 2);
+            prop_assert!(capped_kill_after(huge, huge) <= cap);
         }
     }
-}
 
-fn spawn(args: &RunArgs, lease: &Lease) -> io::Result<Child> {
-    let mut command = Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env("DISTLOCK_KEY", lease.key())
-        .env("DISTLOCK_OWNER", lease.owner())
-        .kill_on_drop(true);
-    match lease.fencing_token() {
-        Some(token) => command.env("DISTLOCK_FENCING_TOKEN", token.to_string()),
-        None => command.env_remove("DISTLOCK_FENCING_TOKEN"),
-    };
-    let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (prctl, getppid); it allocates nothing on
-    // the success path.
-    unsafe {
-        command.pre_exec(move || {
-            // If distlock dies, even by SIGKILL, the command must not run on
-            // without the lock.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // distlock died between fork and prctl: the signal will never come.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::other(
-                    "distlock exited before the command started",
-                ));
-            }
-            Ok(())
-        });
-    }
-    // Lock files and sockets are opened close-on-exec, so CMD inherits none.
-    command.spawn()
-}
-
-/// SIGTERM, then SIGKILL if CMD is still running after `grace`.
-async fn stop(child: &mut Child, grace: Duration) {
-    forward(child, libc::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        eprintln!(
-            "distlock: the command ignored SIGTERM for {}; killing it",
-            humantime::format_duration(grace)
-        );
-        let _ = child.kill().await;
-    }
-}
-
-fn forward(child: &Child, signal: libc::c_int) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill has no memory-safety preconditions; the child is not
-        // yet reaped (we hold its handle), so the pid is still ours.
-        unsafe {
-            libc::kill(pid as libc::pid_t, signal);
-        }
-    }
-}
-
-/// CMD's exit status as distlock's: its code, or 128 + the signal that killed it.
-fn status_code(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
-        (None, None) => exit::SOFTWARE,
-    }
-}
-
-/// The signals distlock passes on to CMD.
-struct ForwardedSignals {
-    interrupt: Signal,
-    terminate: Signal,
-    hangup: Signal,
-    quit: Signal,
-    user1: Signal,
-    user2: Signal,
-}
-
-impl ForwardedSignals {
-    fn install() -> io::Result<Self> {
-        Ok(ForwardedSignals {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
-            quit: signal(SignalKind::quit())?,
-            user1: signal(SignalKind::user_defined1())?,
-            user2: signal(SignalKind::user_defined2())?,
-        })
-    }
-
-    async fn recv(&mut self) -> libc::c_int {
-        tokio::select! {
-            _ = self.interrupt.recv() => libc::SIGINT,
-            _ = self.terminate.recv() => libc::SIGTERM,
-            _ = self.hangup.recv() => libc::SIGHUP,
-            _ = self.quit.recv() => libc::SIGQUIT,
-            _ = self.user1.recv() => libc::SIGUSR1,
-            _ = self.user2.recv() => libc::SIGUSR2,
-        }
+    #[test]
+    fn only_unreachable_max_holds_are_dropped() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(effective_max_hold(Some(hour)), Some(hour));
+        assert_eq!(effective_max_hold(Some(Duration::MAX)), None);
+        assert_eq!(effective_wait(None), Duration::ZERO);
+        assert_eq!(effective_wait(Some(Duration::MAX)), FOREVER);
     }
 }

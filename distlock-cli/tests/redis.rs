@@ -166,7 +166,8 @@ fn a_dead_server_stops_the_command_once_the_lease_expires() {
         std::thread::sleep(Duration::from_millis(20));
     };
     // The keepalive cannot refresh; the lease runs out at most one ttl after
-    // the last refresh, and the command is stopped then.
+    // the last refresh, and the command is stopped before then: SIGTERM
+    // kill-after + drift margin ahead of it.
     assert_eq!(status.code(), Some(76));
     assert!(
         killed_at.elapsed() <= Duration::from_millis(1500 + 1000),
@@ -176,7 +177,142 @@ fn a_dead_server_stops_the_command_once_the_lease_expires() {
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("the ttl ran out before a refresh succeeded"),
+        stderr.contains("lock \"doomed\" could not be refreshed and is valid for"),
         "{stderr}"
     );
+}
+
+/// True while `pid` names a live (not zombie) process.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_term_ignoring_command_is_killed_before_a_paused_servers_lease_could_expire() {
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+    const TTL_MS: u64 = 2000;
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let term_file = dir.path().join("term");
+    // Traps SIGTERM (so ignores it, noting when it came); only SIGKILL stops it.
+    let script = format!(
+        "trap 'date +%s%N > {term}' TERM; echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; \
+         while :; do sleep 0.05; done",
+        term = term_file.display(),
+        pid = pid_file.display()
+    );
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &server.url(),
+            "--key",
+            "paused",
+            "--ttl",
+            "2s",
+            "--kill-after",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let pid: u32 = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            break text.trim().parse().unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "CMD never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Pause right after a refresh (refreshes come every ttl/3), so none can
+    // slip in between the PTTL probe and the pause. The key cannot expire on
+    // the server before `asked + pttl`: a lower bound of its expiry.
+    let (asked, pttl) = loop {
+        let asked = Instant::now();
+        let pttl: u64 = server.cli(&["PTTL", "lock:{paused}"]).parse().unwrap();
+        if pttl >= TTL_MS - 60 {
+            break (asked, Duration::from_millis(pttl));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no refresh seen"
+        );
+    };
+    server.pause();
+    let expires_no_earlier_than = asked + pttl;
+    while alive(pid) {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "CMD ran on while the lease could not be refreshed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dead_at = Instant::now();
+    let dead_at_wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    assert!(
+        dead_at < expires_no_earlier_than,
+        "CMD died {:?} after the server could expire the key",
+        dead_at - expires_no_earlier_than
+    );
+    println!(
+        "CMD's group was SIGKILLed at least {:?} before the server could expire the key \
+         (ttl {TTL_MS} ms, drift margin 120 ms; poll resolution 5 ms)",
+        expires_no_earlier_than - dead_at
+    );
+    // SIGTERM came first, one capped kill-after (880 ms, not 5 s) before SIGKILL.
+    let term_nanos: u128 = std::fs::read_to_string(&term_file)
+        .expect("CMD got SIGTERM before SIGKILL")
+        .trim()
+        .parse()
+        .unwrap();
+    let term_to_kill = dead_at_wall
+        .as_nanos()
+        .checked_sub(term_nanos)
+        .expect("SIGTERM before the kill");
+    println!(
+        "SIGTERM to death: {:?}",
+        Duration::from_nanos(term_to_kill as u64)
+    );
+    assert!(
+        term_to_kill < Duration::from_secs(3).as_nanos(),
+        "SIGKILL followed SIGTERM after {term_to_kill} ns: the uncapped 5s, not the cap"
+    );
+    // Past the ttl, thaw the server: the key has expired, nobody released it
+    // early, and distlock (whose release waited on the paused server) exits 76.
+    std::thread::sleep(
+        (asked + Duration::from_millis(TTL_MS + 100)).saturating_duration_since(Instant::now()),
+    );
+    server.resume();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(15),
+            "distlock did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(76));
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--kill-after 5s is capped at 880ms"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("could not be refreshed"), "{stderr}");
+    assert_eq!(server.cli(&["EXISTS", "lock:{paused}"]), "0");
 }

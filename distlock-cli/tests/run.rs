@@ -385,12 +385,17 @@ async fn release_by_owner_token_explains_what_happened() {
         .unwrap()
         .unwrap();
     let output = fixture.run(&["release", "--key", "mine", "--owner", lease.owner()]);
-    assert_eq!(code(&output), 64);
+    assert_eq!(code(&output), 77, "its own code, not 64 (bad usage)");
     let message = stderr(&output);
     assert!(
         message.contains(&format!("held by process {}", std::process::id())),
         "{message}"
     );
+    assert!(
+        message.contains("can only be released by the process or session holding it"),
+        "{message}"
+    );
+    assert_eq!(message.lines().count(), 1, "{message}");
     lease.release().await.unwrap();
 }
 
@@ -473,4 +478,371 @@ fn metrics_are_served_in_prometheus_format_while_the_command_runs() {
         response.contains("# TYPE distlock_operation_duration_seconds"),
         "{response}"
     );
+}
+
+/// Reads `count` pids, one a line, from a file the command writes.
+fn read_pids(path: &Path, count: usize) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let pids: Vec<u32> = text
+                .lines()
+                .filter_map(|line| line.trim().parse().ok())
+                .collect();
+            if pids.len() >= count && text.ends_with('\n') {
+                return pids;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not list {count} pids",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until none of `pids` is alive, or panics naming the survivors.
+fn wait_until_dead(pids: &[u32], within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let alive: Vec<u32> = pids.iter().copied().filter(|pid| alive(*pid)).collect();
+        if alive.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {alive:?} still running after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A shell command for a second holder: exit 9 if any of `pids` still runs
+/// (a zombie does not run), 0 otherwise.
+fn none_running(pids: &[u32]) -> String {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    format!(
+        "for p in {}; do if [ -r /proc/$p/stat ]; then read -r _ _ state _ < /proc/$p/stat; \
+         [ \"$state\" = Z ] || {{ echo \"$p still runs\" >&2; exit 9; }}; fi; done",
+        list.join(" ")
+    )
+}
+
+/// Kills leftovers of a failed test so they do not outlive it.
+struct KillOnDrop(Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            if alive(*pid) {
+                test_servers::signal(*pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[test]
+fn kill_9_of_distlock_kills_every_process_of_a_forking_command_before_anyone_else_runs() {
+    // A command that forks and waits, and one whose first process exits at
+    // once, leaving a TERM-ignoring sleeper that distlock is still stopping
+    // (kill-after 10s) when it is SIGKILLed.
+    let scripts = [
+        "echo $$ > {pids}; sleep 1234 & echo $! >> {pids}; wait",
+        "sh -c 'trap \"\" TERM; echo $$ > {pids}.tmp; mv {pids}.tmp {pids}; exec sleep 1234' & \
+         while [ ! -e {pids} ]; do sleep 0.01; done; exit 0",
+    ];
+    for (round, script) in scripts.iter().enumerate() {
+        let fixture = Fixture::new();
+        let pid_file = fixture.path("pids");
+        let script = script.replace("{pids}", &pid_file.display().to_string());
+        let mut holder = fixture
+            .distlock()
+            .args(["run", "--key", "tree", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let pids = read_pids(&pid_file, 2 - round);
+        let _cleanup = KillOnDrop(pids.clone());
+        assert!(pids.iter().all(|pid| alive(*pid)), "{pids:?} run");
+        // The next holder is already waiting when the first one dies.
+        let next = fixture
+            .distlock()
+            .args(["run", "--key", "tree", "--wait", "10s", "--", "sh", "-c"])
+            .arg(none_running(&pids))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        wait_until_dead(&pids, Duration::from_secs(3), "after kill -9 of distlock");
+        let output = next.wait_with_output().unwrap();
+        assert_eq!(
+            code(&output),
+            0,
+            "round {round}: the next holder ran beside the first one's processes: {}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn a_leader_that_exits_first_has_its_leftovers_stopped_before_the_lock_is_released() {
+    let fixture = Fixture::new();
+    let pid_file = fixture.path("pid");
+    // The leftover takes half a second to exit after SIGTERM. The leader
+    // exits once the leftover has set its trap and written its pid.
+    let script = format!(
+        "sh -c 'trap \"sleep 0.5; exit 0\" TERM; echo $$ > {0}.tmp; mv {0}.tmp {0}; \
+         while :; do sleep 0.05; done' & while [ ! -e {0} ]; do sleep 0.01; done; exit 0",
+        pid_file.display()
+    );
+    let started = Instant::now();
+    let mut first = fixture
+        .distlock()
+        .args(["run", "--key", "leftover", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pids = read_pids(&pid_file, 1);
+    let _cleanup = KillOnDrop(pids.clone());
+    let second = fixture.run(&[
+        "run",
+        "--key",
+        "leftover",
+        "--wait",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        &none_running(&pids),
+    ]);
+    assert_eq!(
+        code(&second),
+        0,
+        "the second holder started while the leftover ran: {}",
+        stderr(&second)
+    );
+    assert_eq!(
+        wait_for_exit(&mut first, Duration::from_secs(5)),
+        0,
+        "distlock exits with the leader's status"
+    );
+    assert!(!alive(pids[0]));
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the leftover's SIGTERM handler ran to its end"
+    );
+    let output = first.wait_with_output().unwrap();
+    assert!(
+        stderr(&output).contains("left processes in its group"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[tokio::test]
+async fn forwarded_signals_reach_every_process_of_the_group() {
+    let fixture = Fixture::new();
+    let log = fixture.path("log");
+    let ready = fixture.path("ready");
+    let inner = format!(
+        "trap \"echo inner-usr1 >> {log}\" USR1; trap \"echo inner-term >> {log}; exit 0\" TERM; \
+         echo $$ > {ready}; while :; do sleep 0.05; done",
+        log = log.display(),
+        ready = ready.display()
+    );
+    // The outer shell traps both too (a trapped signal is reset in its
+    // children, an ignored one would be inherited), so the grandchild's traps
+    // are its own.
+    let outer = format!(
+        "trap 'echo outer-usr1 >> {log}' USR1; trap 'wait; exit 7' TERM; sh -c '{inner}' & \
+         while :; do sleep 0.05; done",
+        log = log.display(),
+        inner = inner.replace('\'', "'\\''")
+    );
+    let mut child = fixture
+        .distlock()
+        .args(["run", "--key", "group-signals", "--", "sh", "-c", &outer])
+        .spawn()
+        .unwrap();
+    let grandchild = read_pids(&ready, 1);
+    let _cleanup = KillOnDrop(vec![child.id(), grandchild[0]]);
+    test_servers::signal(child.id(), libc::SIGUSR1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("inner-usr1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the grandchild never got SIGUSR1: {:?}",
+            std::fs::read_to_string(&log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    test_servers::signal(child.id(), libc::SIGTERM);
+    assert_eq!(wait_for_exit(&mut child, Duration::from_secs(5)), 7);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("outer-usr1"), "{log}");
+    assert!(log.contains("inner-term"), "{log}");
+    assert_free(&fixture, "group-signals").await;
+}
+
+#[test]
+fn a_term_ignoring_command_past_max_hold_keeps_the_lock_until_it_exits() {
+    let fixture = Fixture::new();
+    let ready = fixture.path("ready");
+    let script = format!("trap '' TERM; echo up > {}; sleep 4", ready.display());
+    let started = Instant::now();
+    let mut first = fixture
+        .distlock()
+        .args([
+            "run",
+            "--key",
+            "mh",
+            "--max-hold",
+            "1s",
+            "--kill-after",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready, Duration::from_secs(5));
+    // Past the max hold, while the command (TERM ignored) still runs.
+    for at in [Duration::from_millis(1600), Duration::from_millis(3000)] {
+        if let Some(wait) = at.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        if first.try_wait().unwrap().is_some() {
+            break;
+        }
+        let output = fixture.run(&["run", "--key", "mh", "--", "true"]);
+        assert_eq!(
+            code(&output),
+            75,
+            "a second holder got the lock {:?} after the start while the command ran",
+            started.elapsed()
+        );
+    }
+    assert_eq!(wait_for_exit(&mut first, Duration::from_secs(10)), 76);
+    let output = first.wait_with_output().unwrap();
+    assert!(
+        stderr(&output).contains("maximum hold time"),
+        "{}",
+        stderr(&output)
+    );
+    let output = fixture.run(&["run", "--key", "mh", "--", "true"]);
+    assert_eq!(code(&output), 0, "free once the command exited");
+}
+
+#[test]
+fn kill_after_is_capped_at_half_the_ttl_minus_the_drift_margin() {
+    let fixture = Fixture::new();
+    let pid_file = fixture.path("pid");
+    // The leader exits at once; its leftover ignores SIGTERM.
+    let script = format!(
+        "sh -c 'trap \"\" TERM; echo $$ > {0}.tmp; mv {0}.tmp {0}; exec sleep 30' & \
+         while [ ! -e {0} ]; do sleep 0.01; done; exit 0",
+        pid_file.display()
+    );
+    let started = Instant::now();
+    let output = fixture.run(&[
+        "run",
+        "--key",
+        "capped",
+        "--ttl",
+        "2s",
+        "--kill-after",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let elapsed = started.elapsed();
+    let pids = read_pids(&pid_file, 1);
+    let _cleanup = KillOnDrop(pids.clone());
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    // ttl/2 - (ttl/100 + 100ms) = 1s - 120ms.
+    assert!(
+        stderr(&output).contains("--kill-after 10s is capped at 880ms"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        stderr(&output).matches("is capped at").count(),
+        1,
+        "warned once"
+    );
+    assert!(!alive(pids[0]), "the leftover was SIGKILLed");
+    assert!(
+        elapsed < Duration::from_secs(8),
+        "SIGKILL came after {elapsed:?}: the uncapped 10s grace, not the 880ms cap"
+    );
+}
+
+#[test]
+fn huge_waits_and_max_holds_run_the_command_without_panicking() {
+    let fixture = Fixture::new();
+    for flags in [
+        &["--wait", "300000000000y"][..],
+        &["--max-hold", "300000000000y"][..],
+        &["--wait", "300000000000y", "--max-hold", "300000000000y"][..],
+    ] {
+        let mut args = vec!["run", "--key", "huge"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", "echo ran"]);
+        let output = fixture.run(&args);
+        assert!(
+            !stderr(&output).contains("panicked"),
+            "{flags:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(code(&output), 0, "{flags:?}: {}", stderr(&output));
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "ran\n");
+    }
+}
+
+#[test]
+fn an_interactive_command_owns_the_terminal_while_it_runs() {
+    use std::io::Write;
+    let fixture = Fixture::new();
+    // script(1) runs distlock on a fresh pseudo-terminal, in its foreground
+    // group. CMD's group must become the foreground group, or its read of the
+    // terminal would stop it with SIGTTIN.
+    let script = test_servers::find_binary("script", "bsdutils");
+    let inner = format!(
+        "{BIN} run --key tty -- sh -c 'read line; echo \"got $line\"; \
+         [ \"$(ps -o tpgid= -p $$)\" -eq \"$(ps -o pgid= -p $$)\" ] && echo foreground'"
+    );
+    let mut child = Command::new(script)
+        .args(["-qec", &inner, "/dev/null"])
+        .env(
+            "DISTLOCK_URL",
+            format!("file://{}", fixture.lock_dir().display()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the command hung reading the terminal (stopped by SIGTTIN?)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("got hello"), "{stdout}");
+    assert!(stdout.contains("foreground"), "{stdout}");
 }

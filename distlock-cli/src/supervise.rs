@@ -1,0 +1,437 @@
+//! Running CMD under a lease: the lock is freed only after CMD's whole
+//! process group has exited, and CMD is stopped before the lease can lapse.
+//!
+//! # Order of events
+//!
+//! 1. Signal handlers (the forwarded signals and SIGCHLD) are installed and
+//!    distlock becomes a child subreaper, before anything is spawned, so no
+//!    signal or orphan is missed.
+//! 2. The watchdog starts ([`crate::watchdog`]), then CMD is spawned as the
+//!    leader of its own process group ([`crate::process_group`]); CMD cannot
+//!    exec before the watchdog watches its group.
+//! 3. distlock reaps with its own SIGCHLD-driven `waitpid(-1)` loop and
+//!    forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the
+//!    whole group.
+//! 4. When the leader exits and members of its group remain, they get
+//!    SIGTERM, then SIGKILL after `--kill-after`; distlock returns once the
+//!    group is empty, with the leader's status.
+//!
+//! # Stop deadlines
+//!
+//! With `drift = distlock::drift_margin(ttl)`:
+//!
+//! - **Proactive** (the lease has a known validity, `valid_until`: expiring
+//!   backends such as Redis): SIGTERM at `valid_until − (kill_after + drift)`,
+//!   SIGKILL at `valid_until − drift`. A refresh moves `valid_until` later; the
+//!   deadlines are recomputed from it every time a timer fires, so a refresh
+//!   that succeeds in time cancels the stop.
+//! - **Loss** (the lost signal fires): SIGTERM now, SIGKILL at
+//!   `min(now + kill_after, valid_until − drift)`.
+//! - **Max hold** ([`distlock::LostReason::MaxHoldExceeded`]: renewal stopped,
+//!   the lock is still held): the same as a loss; the lock is released after
+//!   the group exited.
+//!
+//! A stop once started is not taken back. Losses, proactive stops and max
+//! hold make distlock exit 76 whatever CMD's status, because CMD's work was
+//! cut short (also when the leader had already exited and only its leftovers
+//! were being stopped).
+//!
+//! # Cancellation
+//!
+//! [`supervise`] is not meant to be cancelled: dropping its future leaves CMD
+//! running without anyone reaping it (the watchdog then SIGKILLs the group,
+//! since the lifeline is dropped without its "done" byte).
+
+use std::io;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use distlock::{Lease, LostReason};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::time::Instant;
+
+use crate::cli::RunArgs;
+use crate::exit;
+use crate::process_group::{self, LeaseEnv};
+
+/// How often the group is re-checked while distlock waits for it to empty: a
+/// member whose parent is alive but outside distlock's reach sends no SIGCHLD
+/// to distlock when it exits.
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// The longest `--kill-after` for a lease of `ttl`: ttl/2 − drift_margin(ttl).
+///
+/// The keepalive refreshes every ttl/3, so after a refresh the lease is valid
+/// for about a ttl more; the proactive SIGTERM fires `kill_after + drift`
+/// before the validity ends. Keeping that lead under ttl/2 means it never
+/// fires while refreshes succeed, and leaves at least ttl/6 for a failing
+/// refresh to be retried before CMD is told to stop.
+pub(crate) fn kill_after_cap(ttl: Duration) -> Duration {
+    (ttl / 2).saturating_sub(distlock::drift_margin(ttl))
+}
+
+/// Runs CMD under `lease` until its whole process group has exited and
+/// returns distlock's exit code: the leader's status (128+N if killed by
+/// signal N), 76 if the lease was lost, ran low or reached its max hold, 126
+/// or 127 if CMD could not be run, 70 if distlock could not set up.
+pub(crate) async fn supervise(args: &RunArgs, lease: &Lease, kill_after: Duration) -> u8 {
+    // SIGCHLD first: a child that exits early must still wake the reaper.
+    let mut child_exited = match signal(SignalKind::child()) {
+        Ok(signal) => signal,
+        Err(error) => {
+            eprintln!("distlock: cannot install the SIGCHLD handler: {error}");
+            return exit::SOFTWARE;
+        }
+    };
+    let mut signals = match Forwarded::install() {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("distlock: cannot install signal handlers: {error}");
+            return exit::SOFTWARE;
+        }
+    };
+    if let Err(error) = process_group::become_subreaper() {
+        tracing::warn!(%error, "cannot become a child subreaper; orphans of the command are reaped by init");
+    }
+    let (lifeline, handoff) = match crate::watchdog::start() {
+        Ok(started) => started,
+        Err(error) => {
+            eprintln!("distlock: cannot start the watchdog process: {error}");
+            return exit::SOFTWARE;
+        }
+    };
+    let terminal = crate::terminal::foreground_stdin();
+    let env = LeaseEnv {
+        key: lease.key(),
+        owner: lease.owner(),
+        fencing_token: lease.fencing_token(),
+    };
+    let spawned = process_group::spawn(&args.command, &env, &handoff, terminal);
+    drop(handoff);
+    let leader = match spawned {
+        Ok(pid) => pid,
+        Err(error) => {
+            // std returns the error only once CMD's child failed for good:
+            // nothing runs that the watchdog would have to kill.
+            lifeline.done();
+            give_terminal_back(terminal);
+            return cannot_run(args, &error);
+        }
+    };
+    let mut supervisor = Supervisor {
+        key: &args.key,
+        lease,
+        leader,
+        watchdog: lifeline.watchdog_pid,
+        terminal,
+        kill_after,
+        drift: distlock::drift_margin(lease.ttl()),
+        leader_status: None,
+        stop: None,
+        killed: false,
+        cut_short: false,
+    };
+    let code = supervisor.run(&mut child_exited, &mut signals).await;
+    // The group is empty: nothing is left for the watchdog to kill.
+    lifeline.done();
+    give_terminal_back(terminal);
+    code
+}
+
+fn give_terminal_back(terminal: Option<libc::c_int>) {
+    if let Some(tty) = terminal {
+        if let Err(error) = crate::terminal::take_back(tty) {
+            tracing::warn!(%error, "cannot take the terminal back from the command");
+        }
+    }
+}
+
+fn cannot_run(args: &RunArgs, error: &io::Error) -> u8 {
+    let program = &args.command[0];
+    match error.raw_os_error() {
+        Some(libc::ECHILD) => {
+            eprintln!("distlock: cannot run {program:?}: the watchdog process exited before the command started");
+            exit::SOFTWARE
+        }
+        _ => {
+            eprintln!("distlock: cannot run {program:?}: {error}");
+            match error.kind() {
+                io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            }
+        }
+    }
+}
+
+/// A stop in progress: SIGTERM was sent at `since`.
+struct Stop {
+    since: Instant,
+}
+
+struct Supervisor<'a> {
+    key: &'a str,
+    lease: &'a Lease,
+    /// CMD's first process: its pid is the group id.
+    leader: u32,
+    watchdog: u32,
+    /// The terminal CMD's group was given, to follow its job-control stops.
+    terminal: Option<libc::c_int>,
+    kill_after: Duration,
+    drift: Duration,
+    leader_status: Option<ExitStatus>,
+    stop: Option<Stop>,
+    killed: bool,
+    /// The lease was lost, ran low or reached its max hold: exit 76.
+    cut_short: bool,
+}
+
+impl Supervisor<'_> {
+    async fn run(&mut self, child_exited: &mut Signal, signals: &mut Forwarded) -> u8 {
+        let mut lost = Some(self.lease.lost_signal());
+        loop {
+            self.reap();
+            if let Some(status) = self.leader_status {
+                if !process_group::group_alive(self.leader) {
+                    return if self.cut_short {
+                        exit::LOST
+                    } else {
+                        status_code(status)
+                    };
+                }
+                if self.stop.is_none() {
+                    eprintln!(
+                        "distlock: the command exited and left processes in its group; stopping them before releasing the lock"
+                    );
+                    self.begin_stop();
+                }
+            }
+            self.check_deadlines();
+            let wake = self.next_wake();
+            tokio::select! {
+                _ = child_exited.recv() => {}
+                forwarded = signals.recv() => {
+                    process_group::signal_group(self.leader, forwarded);
+                }
+                reason = wait_lost(&mut lost) => {
+                    lost = None;
+                    self.on_lost(reason);
+                }
+                () = sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let mut leader_stopped = false;
+        for (pid, status) in process_group::reap() {
+            use std::os::unix::process::ExitStatusExt;
+            if status.stopped_signal().is_some() {
+                leader_stopped |= pid == self.leader;
+            } else if pid == self.leader {
+                self.leader_status = Some(status);
+            } else if pid == self.watchdog && self.leader_status.is_none() {
+                tracing::warn!(
+                    ?status,
+                    "the watchdog exited early; if distlock is killed now, processes the command forked may outlive it"
+                );
+            }
+        }
+        if let (true, None, Some(tty)) = (leader_stopped, self.leader_status, self.terminal) {
+            self.follow_stop(tty);
+        }
+    }
+
+    /// CMD's leader stopped (Ctrl-Z went to its group, the terminal's
+    /// foreground): distlock stops too, so the shell sees its job stopped and
+    /// gets the terminal back. On `fg` distlock hands the terminal to CMD's
+    /// group again; on `fg` or `bg` it continues the group. The lease's
+    /// keepalive does not run while distlock is stopped: an expiring lock can
+    /// lapse, and CMD is then stopped at once on resume (exit 76). In an
+    /// orphaned process group (no job-control shell) the kernel discards the
+    /// SIGTSTP and CMD is continued at once.
+    fn follow_stop(&self, tty: libc::c_int) {
+        crate::terminal::reclaim(tty);
+        // SAFETY: raise has no memory-safety preconditions; SIGTSTP has its
+        // default action (stop) in distlock.
+        unsafe {
+            libc::raise(libc::SIGTSTP);
+        }
+        if crate::terminal::is_foreground(tty) {
+            crate::terminal::give_to(tty, self.leader);
+        }
+        process_group::signal_group(self.leader, libc::SIGCONT);
+    }
+
+    fn on_lost(&mut self, reason: LostReason) {
+        self.cut_short = true;
+        match reason {
+            LostReason::MaxHoldExceeded => eprintln!(
+                "distlock: lock {:?} reached its maximum hold time; stopping the command, then releasing the lock",
+                self.key
+            ),
+            reason => eprintln!(
+                "distlock: lock {:?} lost ({reason}); stopping the command",
+                self.key
+            ),
+        }
+        if self.stop.is_none() {
+            self.begin_stop();
+        }
+    }
+
+    /// SIGTERM to the group; SIGKILL follows at [`Self::kill_at`].
+    fn begin_stop(&mut self) {
+        self.stop = Some(Stop {
+            since: Instant::now(),
+        });
+        process_group::signal_group(self.leader, libc::SIGTERM);
+    }
+
+    /// Until when the stop may wait before SIGKILL: `since + kill_after`, and
+    /// never past `valid_until − drift` while the lease has a known validity.
+    fn kill_at(&self) -> Option<Instant> {
+        let by_validity = self
+            .lease
+            .valid_until()
+            .map(|until| minus(until, self.drift));
+        let by_grace = self
+            .stop
+            .as_ref()
+            .and_then(|stop| stop.since.checked_add(self.kill_after));
+        match (by_validity, by_grace) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The proactive SIGTERM: `valid_until − (kill_after + drift)`, while no
+    /// stop is under way.
+    fn term_at(&self) -> Option<Instant> {
+        if self.stop.is_some() {
+            return None;
+        }
+        let lead = self.kill_after.saturating_add(self.drift);
+        self.lease.valid_until().map(|until| minus(until, lead))
+    }
+
+    /// Acts on deadlines that have passed, re-reading `valid_until` (a refresh
+    /// may have moved it since the timer was armed).
+    fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        if self.term_at().is_some_and(|at| now >= at) {
+            let left = self
+                .lease
+                .valid_until()
+                .map(|until| until.saturating_duration_since(now))
+                .unwrap_or_default();
+            eprintln!(
+                "distlock: lock {:?} could not be refreshed and is valid for {} more; stopping the command",
+                self.key,
+                humantime::format_duration(round_ms(left))
+            );
+            self.cut_short = true;
+            self.begin_stop();
+        }
+        if self.kill_at().is_some_and(|at| now >= at) {
+            if !self.killed {
+                eprintln!(
+                    "distlock: the command's process group did not exit after SIGTERM; killing it before the lock can lapse or the kill-after grace ends"
+                );
+            }
+            self.killed = true;
+        }
+        if self.killed {
+            // Repeated on every wake-up until the group is empty: cheap, and it
+            // catches nothing new (a SIGKILLed group cannot fork), but it is
+            // the one signal that must not be missed.
+            process_group::signal_group(self.leader, libc::SIGKILL);
+        }
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let mut wake = self.term_at();
+        if !self.killed {
+            wake = earliest(wake, self.kill_at());
+        }
+        if self.leader_status.is_some() || self.killed {
+            wake = earliest(wake, Instant::now().checked_add(GROUP_POLL));
+        }
+        wake
+    }
+}
+
+/// `at − by`, or now if that is before the clock's earliest instant (it is in
+/// the past either way).
+fn minus(at: Instant, by: Duration) -> Instant {
+    at.checked_sub(by).unwrap_or_else(Instant::now)
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn round_ms(duration: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+}
+
+async fn sleep_until(wake: Option<Instant>) {
+    match wake {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The lost signal's reason, once; pending forever after it fired.
+async fn wait_lost(lost: &mut Option<distlock::LostSignal>) -> LostReason {
+    match lost {
+        Some(signal) => signal.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// CMD's exit status as distlock's: its code, or 128 + the signal that killed it.
+fn status_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+        (None, None) => exit::SOFTWARE,
+    }
+}
+
+/// The signals distlock passes on to CMD's group.
+struct Forwarded {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+    quit: Signal,
+    user1: Signal,
+    user2: Signal,
+}
+
+impl Forwarded {
+    fn install() -> io::Result<Self> {
+        Ok(Forwarded {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+            user1: signal(SignalKind::user_defined1())?,
+            user2: signal(SignalKind::user_defined2())?,
+        })
+    }
+
+    async fn recv(&mut self) -> libc::c_int {
+        tokio::select! {
+            _ = self.interrupt.recv() => libc::SIGINT,
+            _ = self.terminate.recv() => libc::SIGTERM,
+            _ = self.hangup.recv() => libc::SIGHUP,
+            _ = self.quit.recv() => libc::SIGQUIT,
+            _ = self.user1.recv() => libc::SIGUSR1,
+            _ = self.user2.recv() => libc::SIGUSR2,
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The watchdog: a small helper process that SIGKILLs CMD's process group if
+//! distlock dies, even by SIGKILL.
+//!
+//! # Why a process
+//!
+//! `PR_SET_PDEATHSIG` kills CMD's group leader when distlock dies, but not
+//! the processes the leader forked: `sh -c 'sleep 1234 & wait'` would leave
+//! the `sleep` running after the kernel (file backend) or the server
+//! (Postgres) freed the lock, beside the next holder. Nothing inside a
+//! SIGKILLed process can react, so another process must: distlock re-executes
+//! itself (`/proc/self/exe watchdog ...`, a hidden subcommand) before CMD is
+//! spawned.
+//!
+//! # Protocol
+//!
+//! Three pipes, every end close-on-exec unless handed on explicitly:
+//!
+//! - **lifeline**: only distlock holds the write end, the watchdog reads it.
+//!   distlock writes one "done" byte once CMD's whole group has exited. EOF
+//!   without that byte means distlock died: the watchdog sends SIGKILL to the
+//!   group until it is empty (or ~2 s have passed) and exits.
+//! - **pid**: CMD's child writes its pid (= its new process group id) from
+//!   `pre_exec`, before exec.
+//! - **go**: CMD's child then blocks in `pre_exec` reading one byte that the
+//!   watchdog writes once it knows the group. So CMD cannot run, let alone
+//!   fork, before the watchdog watches its group. If the watchdog dies first,
+//!   the read sees EOF and the spawn fails (distlock reports it; CMD never
+//!   runs).
+//!
+//! The child, not distlock, hands the pid over because `std`'s spawn returns
+//! only after exec, and exec waits for "go": distlock cannot learn the pid
+//! before the watchdog needs it.
+//!
+//! The watchdog ignores the terminal's signals (SIGINT, SIGQUIT, SIGTSTP,
+//! SIGHUP, ...) and sits in its own process group, so neither Ctrl-C nor
+//! `kill -9 %1` of distlock's job reaches it.
+//!
+//! # What escapes
+//!
+//! A process that leaves CMD's group (`setsid`, `setpgid`, a daemonizing
+//! double fork that starts a new session) is out of reach of the group
+//! signals; a SIGKILL or SIGSTOP of the watchdog itself disables the
+//! parent-death guarantee for the rest of the group (the leader still dies by
+//! `PR_SET_PDEATHSIG`). Run CMD in a cgroup (systemd `KillMode=control-group`)
+//! when that matters.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cli::WatchdogArgs;
+
+/// The byte distlock writes on the lifeline when CMD's group has exited.
+const DONE: u8 = b'd';
+/// The byte the watchdog writes on the go pipe once it watches the group.
+const GO: u8 = b'g';
+
+/// distlock's end of the lifeline: dropping it without [`Lifeline::done`]
+/// (or distlock dying) makes the watchdog SIGKILL CMD's group.
+pub(crate) struct Lifeline {
+    write: File,
+    /// The watchdog's pid, so the reaper can tell it from CMD's processes.
+    pub(crate) watchdog_pid: u32,
+}
+
+impl Lifeline {
+    /// Tells the watchdog that CMD's group has exited, so it exits without
+    /// signalling anything. A failed write is harmless: the watchdog then sees
+    /// EOF and signals a group that no longer exists.
+    pub(crate) fn done(mut self) {
+        let _ = self.write.write_all(&[DONE]);
+    }
+}
+
+/// The raw descriptors CMD's `pre_exec` uses to hand its pid to the watchdog
+/// and wait for it. Dropped (closed in distlock) once CMD is spawned.
+pub(crate) struct Handoff {
+    pid_write: OwnedFd,
+    go_read: OwnedFd,
+    /// distlock's lifeline write end, closed in CMD's child before exec.
+    lifeline_write: RawFd,
+}
+
+impl Handoff {
+    /// `(pid_write, go_read, lifeline_write)`, for the async-signal-safe
+    /// `pre_exec` code, which must not touch anything that allocates.
+    pub(crate) fn raw(&self) -> (RawFd, RawFd, RawFd) {
+        (
+            self.pid_write.as_raw_fd(),
+            self.go_read.as_raw_fd(),
+            self.lifeline_write,
+        )
+    }
+}
+
+/// Starts the watchdog. Returns distlock's lifeline and the descriptors CMD's
+/// child needs. Fails if the pipes cannot be made or distlock cannot
+/// re-execute itself.
+pub(crate) fn start() -> io::Result<(Lifeline, Handoff)> {
+    let (lifeline_read, lifeline_write) = pipe()?;
+    let (pid_read, pid_write) = pipe()?;
+    let (go_read, go_write) = pipe()?;
+    let handed = [
+        lifeline_read.as_raw_fd(),
+        pid_read.as_raw_fd(),
+        go_write.as_raw_fd(),
+    ];
+    let mut command = Command::new("/proc/self/exe");
+    command
+        .arg0("distlock-watchdog")
+        .args(["watchdog", "--lifeline"])
+        .arg(handed[0].to_string())
+        .arg("--pid")
+        .arg(handed[1].to_string())
+        .arg("--go")
+        .arg(handed[2].to_string())
+        // It prints nothing, and must not keep a caller's pipe open (`$(distlock
+        // run ...)`, `2>&1 | ...`) during its last moments after distlock.
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setpgid and fcntl are async-signal-safe and nothing here
+    // allocates.
+    unsafe {
+        command.pre_exec(move || {
+            // Its own group: a signal to distlock's job (kill %1, Ctrl-C)
+            // must not take the watchdog down with distlock.
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Exactly these three ends survive exec; the lifeline's write end
+            // stays close-on-exec so that only distlock holds it.
+            for fd in handed {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
+    // distlock keeps none of the watchdog's ends: a dead watchdog must mean
+    // EOF on "go" for CMD's child.
+    drop((lifeline_read, pid_read, go_write));
+    let lifeline_raw = lifeline_write.as_raw_fd();
+    Ok((
+        Lifeline {
+            write: File::from(lifeline_write),
+            watchdog_pid: child.id(),
+        },
+        Handoff {
+            pid_write,
+            go_read,
+            lifeline_write: lifeline_raw,
+        },
+    ))
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both are fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The watchdog process (`distlock watchdog`, hidden): waits for CMD's pid,
+/// lets it start, then waits on the lifeline. Returns its exit code.
+pub(crate) fn main(args: WatchdogArgs) -> u8 {
+    for signal in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGPIPE,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code.
+        unsafe {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+    }
+    // SAFETY: distlock handed these descriptors to this process (see start);
+    // nothing else in it uses them.
+    let (mut lifeline, mut pid, mut go) = unsafe {
+        (
+            File::from_raw_fd(args.lifeline),
+            File::from_raw_fd(args.pid),
+            File::from_raw_fd(args.go),
+        )
+    };
+    let mut raw = [0u8; 4];
+    // EOF before a pid: CMD's spawn failed before its child got that far, so
+    // there is no group to guard; wait for distlock all the same.
+    let group = match pid.read_exact(&mut raw) {
+        Ok(()) => Some(i32::from_ne_bytes(raw)),
+        Err(_) => None,
+    };
+    drop(pid);
+    if group.is_some() {
+        // A child that died meanwhile makes this EPIPE (SIGPIPE is ignored).
+        let _ = go.write_all(&[GO]);
+    }
+    drop(go);
+    let mut byte = [0u8; 1];
+    let done = loop {
+        match lifeline.read(&mut byte) {
+            Ok(1) => break byte[0] == DONE,
+            Ok(_) => break false,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break false,
+        }
+    };
+    if let (false, Some(group)) = (done, group) {
+        kill_group(group);
+    }
+    0
+}
+
+/// SIGKILL to the group until it is empty, for at most ~2 s (zombies count
+/// as members until whoever inherited them reaps them).
+fn kill_group(group: libc::pid_t) {
+    if group <= 1 {
+        return;
+    }
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        // SAFETY: kill has no memory-safety preconditions.
+        let gone = unsafe { libc::kill(-group, libc::SIGKILL) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
