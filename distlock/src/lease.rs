@@ -49,7 +49,9 @@ pub enum LostReason {
     /// reached in time). Treat the lock as taken by somebody else.
     Expired,
     /// The keepalive stopped renewing because the lease reached its
-    /// [`KeepAlive::max_hold`], and released it.
+    /// [`KeepAlive::max_hold`]. The lock is still held (until released, or
+    /// until its ttl runs out where locks expire): stop the work, then
+    /// release.
     MaxHoldExceeded,
     /// The connection or session carrying the lock died; the server has
     /// dropped the lock.
