@@ -907,4 +907,48 @@ mod tests {
         });
         assert!(again.is_ok(), "released in the background: {again:?}");
     }
+
+    /// Memory, but its unlock never answers.
+    #[derive(Debug, Default, Clone)]
+    struct Hanging {
+        inner: MemoryLocker,
+    }
+
+    #[async_trait::async_trait]
+    impl Locker for Hanging {
+        fn backend(&self) -> &'static str {
+            "hanging"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+            let lease = self.inner.try_lock(key, ttl).await?;
+            Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
+        }
+        async fn unlock(&self, _key: &str, _owner: &str) -> Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_past_its_timeout_is_a_matchable_deadline_error() {
+        let locker = Hanging::default();
+        let mut lease = locker
+            .try_lock("k", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        lease.set_release_timeout(Duration::from_millis(250));
+        let err = lease.release().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::DeadlineExceeded { backend: "hanging", operation: "release", after }
+                    if after == Duration::from_millis(250)
+            ),
+            "{err}"
+        );
+        assert!(err.is_outage() && !err.is_contention());
+    }
 }
