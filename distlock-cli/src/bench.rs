@@ -1,5 +1,10 @@
 //! `distlock bench`: acquire+release cycles per second of a backend, like
 //! redis-benchmark for Redis.
+//!
+//! After each run it forgets every key it used ([`Locker::forget`]), so a
+//! bench leaves nothing behind: no fencing counter, row or lock file. Its
+//! keys are unique to the invocation and never locked again, which is what
+//! makes restarting their fencing tokens harmless.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,8 +51,11 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     );
     let run_id: u32 = rand_id();
     let mut failed = false;
+    let mut cleanup = Cleanup::default();
     for &tasks in &args.tasks {
-        let reports = run_once(&locker, &args, tasks, run_id).await;
+        let keys = keys(&args, tasks, run_id);
+        let reports = run_once(&locker, &args, tasks, &keys).await;
+        cleanup.forget(&*locker, &keys).await;
         let mut latencies: Vec<Duration> = reports
             .iter()
             .flat_map(|r| r.latencies.iter().copied())
@@ -77,25 +85,62 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     if failed {
         exit::UNAVAILABLE
     } else {
-        0
+        cleanup.first_error.as_ref().map_or(0, exit::for_error)
     }
 }
 
+/// The keys of one run: one per task, or one for all.
+fn keys(args: &BenchArgs, tasks: usize, run_id: u32) -> Vec<String> {
+    if args.shared_key {
+        vec![format!("distlock-bench-{run_id:08x}")]
+    } else {
+        (0..tasks)
+            .map(|task| format!("distlock-bench-{run_id:08x}-{tasks}-{task}"))
+            .collect()
+    }
+}
+
+/// Forgets the keys of each run, reporting every failure on stderr.
+#[derive(Default)]
+struct Cleanup {
+    /// The backend said it cannot forget (said once, then not asked again).
+    unsupported: bool,
+    first_error: Option<Error>,
+}
+
+impl Cleanup {
+    async fn forget(&mut self, locker: &dyn Locker, keys: &[String]) {
+        for key in keys {
+            if self.unsupported {
+                return;
+            }
+            match locker.forget(key).await {
+                Ok(()) => {}
+                Err(error @ Error::Unsupported { .. }) => {
+                    eprintln!("distlock: the bench's keys stay in the backend: {error}");
+                    self.unsupported = true;
+                }
+                Err(error) => {
+                    eprintln!("distlock: cannot forget bench key {key:?}: {error}");
+                    self.first_error.get_or_insert(error);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `tasks` tasks, task `i` on `keys[i]`, or all on the one shared key.
 async fn run_once(
     locker: &Arc<dyn Locker>,
     args: &BenchArgs,
     tasks: usize,
-    run_id: u32,
+    keys: &[String],
 ) -> Vec<TaskReport> {
     let deadline = Instant::now() + args.duration;
     let handles: Vec<_> = (0..tasks)
-        .map(|task| {
+        .filter_map(|task| keys.get(task).or(keys.first()).cloned())
+        .map(|key| {
             let locker = locker.clone();
-            let key = if args.shared_key {
-                format!("distlock-bench-{run_id:08x}")
-            } else {
-                format!("distlock-bench-{run_id:08x}-{tasks}-{task}")
-            };
             let ttl = args.ttl;
             tokio::spawn(async move { cycle_until(&*locker, &key, ttl, deadline).await })
         })

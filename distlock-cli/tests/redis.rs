@@ -86,6 +86,40 @@ async fn run_exits_75_when_another_client_holds_the_redis_lock() {
 }
 
 #[test]
+fn bench_leaves_no_key_behind() {
+    let server = RedisServer::start();
+    let output = Command::new(BIN)
+        .args([
+            "bench",
+            "--url",
+            &server.url(),
+            "--duration",
+            "200ms",
+            "--tasks",
+            "1,2",
+        ])
+        .output()
+        .expect("run distlock");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        stdout.lines().count(),
+        4,
+        "header and one line per run: {stdout}"
+    );
+    assert_eq!(
+        server.cli(&["--scan", "--pattern", "*distlock-bench*"]),
+        "",
+        "bench keys left on the server"
+    );
+}
+
+#[test]
 fn an_unreachable_server_exits_69_naming_it() {
     let port = test_servers::free_port();
     let output = Command::new(BIN)

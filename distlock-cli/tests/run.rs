@@ -400,6 +400,30 @@ async fn release_by_owner_token_explains_what_happened() {
 }
 
 #[test]
+fn bench_leaves_no_lock_file_behind() {
+    let fixture = Fixture::new();
+    let output = fixture.run(&["bench", "--duration", "200ms", "--tasks", "1,2"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let runs: Vec<&str> = stdout.lines().skip(2).collect();
+    assert_eq!(runs.len(), 2, "one line per run: {stdout}");
+    let left: Vec<String> = std::fs::read_dir(fixture.lock_dir())
+        .expect("the bench used the lock directory")
+        .map(|entry| {
+            entry
+                .expect("directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "bench files left in the lock directory: {left:?}"
+    );
+}
+
+#[test]
 fn bad_input_is_one_clear_line() {
     let fixture = Fixture::new();
     let cases: [(&[&str], &str); 6] = [

@@ -344,6 +344,14 @@ impl<L: Locker> Locker for CircuitBreaker<L> {
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.guarded(self.inner.watch_releases(key)).await
     }
+    /// Never blocked by an open circuit (like a release, it is cleanup that
+    /// should reach a backend that may have recovered); its outcome counts
+    /// like a release's.
+    async fn forget(&self, key: &str) -> Result<()> {
+        let result = self.inner.forget(key).await;
+        self.record(None, &result);
+        result
+    }
 }
 
 #[cfg(test)]

@@ -31,9 +31,10 @@
 //!   are opened with `O_NOFOLLOW` and must be regular files, so a planted
 //!   symlink is an error, never followed.
 //! - **Not guaranteed**: anything on network filesystems (NFS, SMB), where
-//!   `flock` may be emulated or local to one client. Lock files are never
-//!   deleted (deleting a lock file races with a process opening it); one small
-//!   file per key stays in the directory.
+//!   `flock` may be emulated or local to one client. Lock files are deleted
+//!   only by [`Locker::forget`] (deleting a lock file races with a process
+//!   opening it, see there); otherwise one small file per key stays in the
+//!   directory.
 //!
 //! File names: a key of up to 100 bytes of `[A-Za-z0-9._-]` not starting with
 //! `.` is used as is (`k-<key>.lock`); any other key is hashed
@@ -351,6 +352,56 @@ impl Locker for FileLocker {
 
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         Ok(Some(self.inner.releases.subscribe(key)))
+    }
+
+    /// Deletes `key`'s lock file (and with it its fencing counter) while
+    /// holding its `flock`, so no process holds the lock at the moment of
+    /// the `unlink`. A key held here or by another process is
+    /// [`Error::NotAcquired`]; a missing file is already forgotten.
+    ///
+    /// **Remaining race**: a process that opened the file just before the
+    /// `unlink` and locks it just after gets a lock on the deleted file,
+    /// while the next process to open the path creates a new file and
+    /// locks that one: both hold "the" lock. Only a `try_lock` that starts
+    /// while the key is being forgotten can be caught this way (its
+    /// [`Locker::refresh`] then reports [`Error::NotHeld`], as for any
+    /// deleted lock file), which is why forget is only for keys nobody
+    /// locks any more.
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        if self.held().contains_key(key) {
+            return Err(Error::NotAcquired {
+                key: key.to_owned(),
+            });
+        }
+        let path = self.path_for(key);
+        let io_error = |e| Error::backend(BACKEND, "forget", with_path(e, &path));
+        let file = match open_lock_file(&path, false) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_error(e)),
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(Error::NotAcquired {
+                    key: key.to_owned(),
+                })
+            }
+            Err(TryLockError::Error(e)) => return Err(io_error(e)),
+        }
+        // Unlink only the file we locked: if another forget replaced or
+        // deleted it meanwhile, the path is no longer ours to delete.
+        if !same_file(&file, &path) {
+            return Ok(());
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(e)),
+        }
+        // `file` closes here, after the unlink: its flock is what kept every
+        // other process out while the file was deleted.
     }
 }
 

@@ -212,6 +212,65 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Deletes what the backend keeps for `key` beyond a held lock (its
+    /// fencing counter, its lock file, its fencing row), if nobody holds
+    /// `key`. [`Error::Unsupported`] by default, for backends that keep
+    /// nothing or cannot delete it safely.
+    ///
+    /// **Fencing tokens of a forgotten key start again from 1.** A resource
+    /// that still remembers a token of the key's earlier grants would then
+    /// reject every new holder, or worse, a stale holder from before the
+    /// forget could present a token a new holder also gets. Forget only keys
+    /// that nobody relying on fencing will ever lock again: benchmark and
+    /// test keys, decommissioned jobs. Backends whose fencing counter is not
+    /// per key ([`memory`]: one counter for every key) keep handing out
+    /// increasing tokens; that is still safe.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::NotAcquired`] if `key` is held (by this locker, another
+    ///   client, or an attempt in flight): nothing is deleted and the
+    ///   holder's lock is untouched.
+    /// - [`Error::Unsupported`] where the backend has no forget.
+    /// - [`Error::InvalidInput`] for an unusable key; [`Error::Backend`] or
+    ///   [`Error::DeadlineExceeded`] if the backend failed or did not answer
+    ///   in time (bounded like the backend's other calls), in which case
+    ///   the state may have been deleted or not.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is safe: each backend forgets in one atomic step
+    /// (one script, one statement, one `unlink` under the lock), so the key
+    /// is either forgotten or left as it was, never half deleted, and no
+    /// lock is left held for it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::{memory::MemoryLocker, Error, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = MemoryLocker::new();
+    /// let lease = locker.try_lock("bench-1", Duration::from_secs(5)).await?.unwrap();
+    /// // Held: refused, and the lock stays held.
+    /// assert!(matches!(locker.forget("bench-1").await, Err(Error::NotAcquired { .. })));
+    /// lease.release().await?;
+    /// // Free: forgotten.
+    /// locker.forget("bench-1").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn forget(&self, key: &str) -> Result<()> {
+        let _ = key;
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "forget",
+            reason: "this backend cannot forget a key".into(),
+        })
+    }
+
     /// Native wake-up hook for waiting: a subscription that yields when `key`
     /// may have been released. [`lock`](Locker::lock) subscribes *before* each
     /// round of attempts so a release in between is never missed. `Ok(None)`
@@ -248,6 +307,9 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     }
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         (**self).watch_releases(key).await
+    }
+    async fn forget(&self, key: &str) -> Result<()> {
+        (**self).forget(key).await
     }
 }
 

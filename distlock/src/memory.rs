@@ -8,7 +8,7 @@
 //! - **Holder crash**: not applicable; the locks live and die with the
 //!   process, and with every clone of the [`MemoryLocker`].
 //! - **Fencing**: one counter per locker shared by all keys, so tokens strictly
-//!   increase per key (and across keys).
+//!   increase per key (and across keys), even after [`Locker::forget`].
 //! - **Waiting**: a release wakes waiters at once; expiry is found by polling.
 //! - **Not guaranteed**: anything across processes. Two `connect("memory://")`
 //!   calls give two independent lockers; share one by cloning it.
@@ -179,5 +179,23 @@ impl Locker for MemoryLocker {
 
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         Ok(Some(self.state.releases.subscribe(key)))
+    }
+
+    /// Drops an expired entry left for `key`. The fencing counter is shared
+    /// by every key, so it is not reset: tokens keep increasing. Never waits.
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        let mut table = self.table();
+        if table
+            .entries
+            .get(key)
+            .is_some_and(|e| e.expires_at > Instant::now())
+        {
+            return Err(Error::NotAcquired {
+                key: key.to_owned(),
+            });
+        }
+        table.entries.remove(key);
+        Ok(())
     }
 }

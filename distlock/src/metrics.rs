@@ -207,6 +207,22 @@ impl<L: Locker> Locker for Metrics<L> {
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await
     }
+    /// Timed as operation `forget` (outcome `forgotten`, `held` or the error
+    /// kind); failures other than a held key count as errors.
+    async fn forget(&self, key: &str) -> Result<()> {
+        let started = Instant::now();
+        let result = self.inner.forget(key).await;
+        let outcome = match &result {
+            Ok(()) => "forgotten",
+            Err(Error::NotAcquired { .. }) => "held",
+            Err(error) => {
+                self.error("forget", error);
+                error.kind_name()
+            }
+        };
+        self.timed("forget", outcome, started);
+        result
+    }
 }
 
 /// Registers units and help texts of every distlock metric with the installed

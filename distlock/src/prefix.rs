@@ -97,4 +97,9 @@ impl<L: Locker> Locker for Prefix<L> {
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(&self.full(key)).await
     }
+    async fn forget(&self, key: &str) -> Result<()> {
+        crate::validate::key(key)?;
+        let forgotten = self.inner.forget(&self.full(key)).await;
+        forgotten.map_err(|e| e.map_key(|_| key.to_owned()))
+    }
 }

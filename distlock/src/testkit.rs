@@ -336,6 +336,69 @@ pub async fn fencing_tokens_strictly_increase(h: &Harness) {
     }
 }
 
+/// The backends of this crate, which all document [`Locker::forget`]: a
+/// wrapper around one of them that answers `Unsupported` did not forward it.
+const FORGETTING_BACKENDS: [&str; 4] = ["memory", "file", "redis", "postgres"];
+
+/// [`Locker::forget`] of a held key is contention and leaves the holder's
+/// lock intact; of a released key it succeeds (twice, too), after which the
+/// key can be locked again, and where the backend keeps a fencing counter
+/// per key that counter was really removed: the next token is 1 again.
+/// Where the counter is shared by all keys (memory), tokens keep
+/// increasing. `Unsupported` is accepted, consistently, only from backends
+/// outside this crate.
+pub async fn forget_removes_a_free_key_and_refuses_a_held_one(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("forget");
+    let held = acquire(&*a, &key, LONG_TTL).await;
+    let first = held.fencing_token();
+    for (who, locker) in [("the holder's locker", &a), ("another client", &b)] {
+        match locker.forget(&key).await {
+            Err(Error::NotAcquired { key: named }) => assert_eq!(named, key),
+            Err(Error::Unsupported { .. }) if !FORGETTING_BACKENDS.contains(&a.backend()) => {
+                held.release().await.expect("release");
+                let free = b.forget(&key).await;
+                assert!(
+                    matches!(free, Err(Error::Unsupported { .. })),
+                    "forget is unsupported for a held key but gave {free:?} for a free one"
+                );
+                return;
+            }
+            other => panic!("forget of a held key by {who} must be NotAcquired, got {other:?}"),
+        }
+    }
+    assert_held_elsewhere(&*b, &key, "a refused forget must leave the lock").await;
+    held.release()
+        .await
+        .expect("the holder still holds its lock after the refused forgets");
+    let second = acquire(&*b, &key, LONG_TTL).await;
+    let before = second.fencing_token();
+    second.release().await.expect("release");
+    // A fresh key tells a per-key counter (it starts at 1) from a shared one.
+    let probe = acquire(&*a, &h.key("forget-probe"), LONG_TTL).await;
+    let per_key = first == Some(1) && probe.fencing_token() == Some(1);
+    probe.release().await.expect("release the probe");
+    b.forget(&key).await.expect("forget of a released key");
+    a.forget(&key).await.expect("forget of a forgotten key");
+    let again = acquire(&*a, &key, LONG_TTL).await;
+    match (before, again.fencing_token()) {
+        (Some(_), Some(after)) if per_key => {
+            assert_eq!(
+                after, 1,
+                "the key's fencing counter must be gone after forget"
+            )
+        }
+        (Some(before), Some(after)) => assert!(
+            after > before,
+            "a shared fencing counter must keep increasing: {after} after {before}"
+        ),
+        (None, None) => {}
+        other => panic!("fencing tokens appeared or vanished across forget: {other:?}"),
+    }
+    again.release().await.expect("release after forget");
+    b.forget(&key).await.expect("clean up");
+}
+
 /// Many tasks on several clients contending for one key never overlap: a
 /// read-sleep-write increment of a shared counter loses no update.
 pub async fn contending_tasks_never_overlap(h: &Harness) {
@@ -731,6 +794,7 @@ macro_rules! conformance_suite {
             max_hold_ends_renewal,
             with_lock_stops_work_when_the_lease_ends,
             waiter_wakes_promptly_on_release,
+            forget_removes_a_free_key_and_refuses_a_held_one,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {

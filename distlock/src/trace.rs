@@ -169,6 +169,22 @@ impl<L: Locker> Locker for Traced<L> {
         result
     }
 
+    async fn forget(&self, key: &str) -> Result<()> {
+        let span = tracing::info_span!(
+            "distlock.forget",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            outcome = Empty,
+            error = Empty
+        );
+        self.describe(&span, key);
+        let result = self.inner.forget(key).instrument(span.clone()).await;
+        record_holder_outcome(&span, "forgotten", &result);
+        result
+    }
+
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         let span = tracing::info_span!(
             "distlock.refresh",

@@ -268,6 +268,9 @@ impl<L: Locker> Locker for Waiting<L> {
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await
     }
+    async fn forget(&self, key: &str) -> Result<()> {
+        self.inner.forget(key).await
+    }
 }
 
 /// In-process release notifications per key, for backends whose releases in

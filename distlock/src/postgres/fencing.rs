@@ -152,6 +152,11 @@ pub(super) struct Sql {
     /// With fencing: the pid of the session holding the key if its last
     /// grant was to this owner digest. Without fencing: the holder's pid.
     pub(super) holder: String,
+    /// Takes the key's transaction-scoped advisory lock if free and, under
+    /// it, deletes the key's fencing row: one statement, whose lock is held
+    /// until the delete commits, so no session can be granted the key (and
+    /// bump the row) in between. Returns whether the key was free.
+    pub(super) forget: String,
 }
 
 /// Matches this session's granted hold of the bigint advisory key `$1` in
@@ -188,7 +193,19 @@ impl Sql {
             ),
             None => format!("SELECT pid, NULL::bool FROM pg_locks WHERE {ANY_HOLD}"),
         };
+        let forget = match &table {
+            // Referenced twice, the `lock` CTE is materialized: the lock is
+            // tried exactly once, and the DELETE runs only if it was taken.
+            Some(table) => format!(
+                "WITH lock AS (SELECT pg_try_advisory_xact_lock($1::int8) AS free), \
+                 gone AS (DELETE FROM {table} WHERE lock_key = $1::int8 AND (SELECT free FROM lock)) \
+                 SELECT free FROM lock"
+            ),
+            // Nothing stored: only say whether the key is held.
+            None => "SELECT pg_try_advisory_xact_lock($1::int8)".to_owned(),
+        };
         Sql {
+            forget,
             table,
             try_lock,
             unlock: "SELECT pg_advisory_unlock($1::int8)",

@@ -239,6 +239,7 @@ mod acquire;
 mod config;
 mod errors;
 mod fencing;
+mod forget;
 mod keys;
 mod pool;
 mod registry;
@@ -447,6 +448,15 @@ impl Locker for PostgresLocker {
         validate::acquire(key, ttl)?;
         self.inner.verify(self.lock_key(key), owner).await
     }
+
+    /// Deletes `key`'s fencing row in one statement, under a transaction
+    /// lock on the key that only a free key grants (nothing to delete
+    /// without fencing). A key any session holds, or that this locker is
+    /// taking, is [`Error::NotAcquired`].
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        self.inner.forget(self.lock_key(key)).await
+    }
 }
 
 /// A [`PostgresLocker`] whose keys are raw advisory keys in decimal (see
@@ -520,5 +530,9 @@ impl Locker for RawKeys {
         let key = keys::parse_raw(key)?;
         validate::ttl(ttl)?;
         self.locker.inner.verify(key, owner).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<()> {
+        self.locker.inner.forget(keys::parse_raw(key)?).await
     }
 }

@@ -152,7 +152,7 @@ pub use config::{
 use errors::{Outcome, Target};
 use keys::KeySpace;
 use releases::ReleaseHub;
-use scripts::{ACQUIRE_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
+use scripts::{ACQUIRE_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
 
 const BACKEND: &str = "redis";
 
@@ -595,6 +595,29 @@ impl Locker for RedisLocker {
         match refreshed {
             1 => Ok(()),
             _ => Err(Error::NotHeld {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// Deletes `key`'s fencing counter (`{key}:fence`) if the lock is free,
+    /// in one script; [`Error::NotAcquired`] if it is held. Bounded like
+    /// every call; the script is atomic, so a dropped call either forgot
+    /// the key or left it as it was.
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        let forgotten: u8 = self
+            .bounded("forget", async {
+                FORGET_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .key(self.inner.keys.fence_key(key))
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
+        match forgotten {
+            1 => Ok(()),
+            _ => Err(Error::NotAcquired {
                 key: key.to_owned(),
             }),
         }

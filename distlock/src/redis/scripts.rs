@@ -1,4 +1,4 @@
-//! The Lua scripts behind acquire, release and refresh.
+//! The Lua scripts behind acquire, release, refresh and forget.
 //!
 //! Each runs atomically on the server, so "check the owner token, then act" is
 //! one step no other client can interleave with. They are sent by `EVALSHA`
@@ -67,7 +67,19 @@ end
 return 0
 ";
 
+/// `KEYS[1]` lock key, `KEYS[2]` fence key. Deletes the fencing counter if
+/// the lock is free and returns 1; returns 0 (nothing deleted) if it is held.
+/// One script, so no grant can slip in between the check and the `DEL`.
+const FORGET: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    return 0
+end
+redis.call('DEL', KEYS[2])
+return 1
+";
+
 // The SHA1 of each script is computed once per process.
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));
+pub(crate) static FORGET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET));
