@@ -25,6 +25,14 @@ struct TaskReport {
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> u8 {
+    if args.duration > MAX_DURATION {
+        eprintln!(
+            "distlock: --duration {} is longer than the {} a benchmark run may last",
+            humantime::format_duration(args.duration),
+            humantime::format_duration(MAX_DURATION)
+        );
+        return exit::USAGE;
+    }
     // The bare backend: the figures are the backend's, not the wrappers'.
     let url = args.backend.url.as_deref().unwrap_or("file://");
     let locker = match distlock::connect(url).await {
@@ -129,6 +137,10 @@ impl Cleanup {
     }
 }
 
+/// The longest run: a day is already far past any useful benchmark, and it
+/// keeps the deadline arithmetic far from overflow.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 /// Runs `tasks` tasks, task `i` on `keys[i]`, or all on the one shared key.
 async fn run_once(
     locker: &Arc<dyn Locker>,
@@ -136,7 +148,8 @@ async fn run_once(
     tasks: usize,
     keys: &[String],
 ) -> Vec<TaskReport> {
-    let deadline = Instant::now() + args.duration;
+    // `bench` checked the duration against MAX_DURATION.
+    let deadline = Instant::now() + args.duration.min(MAX_DURATION);
     let handles: Vec<_> = (0..tasks)
         .filter_map(|task| keys.get(task).or(keys.first()).cloned())
         .map(|key| {

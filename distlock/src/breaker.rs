@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::deadline::saturating_deadline;
 use crate::{Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
 
 /// Thresholds of a [`CircuitBreaker`].
@@ -228,7 +229,7 @@ impl<L: Locker> CircuitBreaker<L> {
             let trips = circuit.state == BreakerState::HalfOpen
                 || circuit.consecutive_failures >= self.config.failure_threshold;
             if trips {
-                circuit.open_until = Instant::now() + self.config.open_for;
+                circuit.open_until = saturating_deadline(Instant::now(), self.config.open_for);
                 if circuit.state != BreakerState::Open {
                     self.transition(&mut circuit, BreakerState::Open);
                 }
@@ -281,7 +282,7 @@ impl<L: Locker> CircuitBreaker<L> {
     fn abandon_probe(&self) {
         let mut circuit = self.circuit();
         circuit.probe_in_flight = false;
-        circuit.open_until = Instant::now() + self.config.open_for;
+        circuit.open_until = saturating_deadline(Instant::now(), self.config.open_for);
         if circuit.state != BreakerState::Open {
             self.transition(&mut circuit, BreakerState::Open);
         }
@@ -525,5 +526,24 @@ mod tests {
         held.release().await.unwrap();
         let won = waiter.await.unwrap().expect("the wait goes on and wins");
         won.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_interval_too_long_for_an_instant_keeps_the_circuit_open_without_panicking() {
+        let flaky = Flaky::default();
+        let breaker = CircuitBreaker::new(
+            flaky.clone(),
+            BreakerConfig::default()
+                .failure_threshold(1)
+                .open_for(Duration::MAX),
+        );
+        flaky.down.store(true, Ordering::SeqCst);
+        breaker.try_lock("k", TTL).await.unwrap_err();
+        assert_eq!(breaker.state(), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(365 * 24 * 3600)).await;
+        assert!(matches!(
+            breaker.try_lock("k", TTL).await,
+            Err(Error::Unavailable { .. })
+        ));
     }
 }

@@ -23,6 +23,16 @@ pub(crate) fn checked_deadline(from: Instant, duration: Duration) -> Option<Inst
     from.checked_add(duration)
 }
 
+/// `from + duration`, or about 30 years from `from` when that is too far
+/// for an [`Instant`] (as tokio's own "far future"): for instants that must
+/// exist, such as when an open circuit may be probed again.
+pub(crate) fn saturating_deadline(from: Instant, duration: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    from.checked_add(duration)
+        .or_else(|| from.checked_add(FAR_FUTURE))
+        .unwrap_or(from)
+}
+
 /// Sleeps until `deadline`, or forever when there is none.
 pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
