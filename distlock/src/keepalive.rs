@@ -303,11 +303,7 @@ mod tests {
             interval in crate::test_support::any_duration(),
             max_hold in crate::test_support::any_duration(),
         ) {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap();
+            let runtime = crate::test_support::paused_runtime();
             runtime.block_on(async {
                 let flaky = Flaky::default();
                 let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();

@@ -64,3 +64,13 @@ pub(crate) fn any_duration() -> impl proptest::strategy::Strategy<Value = Durati
         (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
     ]
 }
+
+/// A current-thread runtime on tokio's paused clock, for property tests
+/// (which cannot use `#[tokio::test]`).
+pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a test runtime")
+}

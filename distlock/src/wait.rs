@@ -398,11 +398,7 @@ mod tests {
             initial in crate::test_support::any_duration(),
             max in crate::test_support::any_duration(),
         ) {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap();
+            let runtime = crate::test_support::paused_runtime();
             runtime.block_on(async {
                 let locker = crate::memory::MemoryLocker::new();
                 let policy = WaitPolicy::default().initial_delay(initial).max_delay(max);
