@@ -14,6 +14,8 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresq
 command -v openssl >/dev/null 2>&1 || packages+=(openssl)  # certificates for the TLS tests
 command -v nft >/dev/null 2>&1 || packages+=(nftables)  # network partitions in the Postgres partition tests
 command -v ip >/dev/null 2>&1 || packages+=(iproute2)
+command -v script >/dev/null 2>&1 || packages+=(bsdutils)  # a terminal for the CLI's interactive-command test
+command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -3,7 +3,8 @@
 //!
 //! The provider is passed explicitly instead of relying on rustls' process
 //! default: with two providers linked into one program rustls cannot pick a
-//! default and panics at run time (FIELD-NOTES, rustls).
+//! default and panics at run time (rustls issue
+//! <https://github.com/rustls/rustls/issues/1877>).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
