@@ -6,11 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::time::Instant;
 
 use crate::{Error, Locker};
 
 /// Sends `locker.unlock(key, owner)` in the background on `runtime`, bounded
 /// by `timeout`. `what` names the release in the log (`"a dropped lease"`).
+///
+/// While the backend cannot be reached the unlock is retried with backoff
+/// (50 ms doubling to 400 ms) within `timeout`: a release by owner token is
+/// safe to repeat, since nobody else has the token, and a connection being
+/// re-established often comes back within it.
 ///
 /// Never blocks and never panics. Without a runtime, or if the runtime shuts
 /// down before the release ran, the release is abandoned with a warning: the
@@ -41,8 +47,7 @@ pub(crate) fn release(
     // A runtime shutting down drops the task unpolled: `abandoned` then warns.
     runtime.spawn(async move {
         let mut abandoned = abandoned;
-        let outcome =
-            crate::deadline::bounded(locker.backend(), "release", timeout, locker.unlock(&key, &owner)).await;
+        let outcome = unlock_retrying(&*locker, &key, &owner, timeout).await;
         abandoned.armed = false;
         match outcome {
             Ok(()) => tracing::debug!(component = "distlock", backend = locker.backend(), key, "released {what}"),
@@ -55,6 +60,39 @@ pub(crate) fn release(
             ),
         }
     });
+}
+
+/// The first and the largest pause between tries of a background release.
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const MAX_RETRY: Duration = Duration::from_millis(400);
+
+/// `locker.unlock(key, owner)`, tried again after outages while `timeout`
+/// leaves room for another try; the last answer is returned.
+async fn unlock_retrying(
+    locker: &dyn Locker,
+    key: &str,
+    owner: &str,
+    timeout: Duration,
+) -> crate::Result<()> {
+    let started = Instant::now();
+    let left = || timeout.saturating_sub(started.elapsed());
+    let mut delay = FIRST_RETRY;
+    loop {
+        match crate::deadline::bounded(
+            locker.backend(),
+            "release",
+            left(),
+            locker.unlock(key, owner),
+        )
+        .await
+        {
+            Err(error) if error.is_outage() && delay < left() => {
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2).min(MAX_RETRY);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Warns if a background release is dropped before it ran to completion.

@@ -414,56 +414,6 @@ impl RedisLocker {
             .invoke_async(&mut self.connection())
             .await
     }
-
-    /// Undoes an acquire whose outcome is unknown: deletes the lock if (and
-    /// only if) it holds `owner`, a token nobody else has, so retrying is
-    /// always safe. Retries with backoff while the server cannot be reached,
-    /// for at most [`DEFAULT_RELEASE_TIMEOUT`] and never past the ttl (after
-    /// which the server has freed the key anyway).
-    fn release_in_background(&self, key: &str, owner: String, ttl: Duration) {
-        let this = self.clone();
-        let key = key.to_owned();
-        let give_up_at = Instant::now() + ttl.min(DEFAULT_RELEASE_TIMEOUT);
-        // Dropped outside a runtime (a future dropped on a plain thread, or
-        // while the runtime shuts down): nothing can run the release, and the
-        // key expires at its ttl.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!(
-                component = "distlock",
-                backend = BACKEND,
-                key,
-                "no runtime to release an abandoned acquire on; it expires at its ttl"
-            );
-            return;
-        };
-        runtime.spawn(async move {
-            let mut delay = RECONNECT_MIN_DELAY;
-            loop {
-                match this.unlock(&key, &owner).await {
-                    Ok(()) => {
-                        tracing::debug!(
-                            component = "distlock",
-                            backend = BACKEND,
-                            key,
-                            "released an acquire whose reply was lost"
-                        );
-                        return;
-                    }
-                    // The acquire did not take effect (or the lock expired).
-                    Err(Error::NotHeld { .. }) => return,
-                    Err(error) if Instant::now() + delay >= give_up_at => {
-                        tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
-                            "could not release an acquire whose reply was lost; it expires at its ttl");
-                        return;
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
-                    }
-                }
-            }
-        });
-    }
 }
 
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
@@ -514,7 +464,17 @@ impl PendingAcquire<'_> {
 impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
-            self.locker.release_in_background(self.key, owner, self.ttl);
+            // Deletes the lock if (and only if) it holds `owner`, a token
+            // nobody else has, so retrying is safe; never past the ttl, after
+            // which the server has freed the key anyway.
+            crate::background::release(
+                tokio::runtime::Handle::try_current().ok(),
+                Arc::new(self.locker.clone()),
+                self.key.to_owned(),
+                owner,
+                self.ttl.min(DEFAULT_RELEASE_TIMEOUT),
+                "an acquire whose outcome is unknown",
+            );
         }
     }
 }
