@@ -491,6 +491,12 @@ impl Lease {
         }
     }
 
+    /// The signal guarded work stops on: expiry counts [`drift_margin`]
+    /// early, so the work has stopped before the lock can lapse.
+    fn work_signal(&self) -> LostSignal {
+        self.lost_signal().early_by(drift_margin(self.ttl()))
+    }
+
     /// True once the lease is known lost, released or expired.
     pub fn is_lost(&self) -> bool {
         self.lost_signal().is_lost()
@@ -503,7 +509,7 @@ impl Lease {
         LeaseInfo {
             key: self.key.clone(),
             fencing_token: self.fencing_token,
-            lost: self.lost_signal().early_by(drift_margin(self.ttl())),
+            lost: self.work_signal(),
         }
     }
 
@@ -527,7 +533,7 @@ impl Lease {
     /// # }
     /// ```
     pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output, LostReason> {
-        let mut lost = self.lost_signal().early_by(drift_margin(self.ttl()));
+        let mut lost = self.work_signal();
         tokio::select! {
             output = work => Ok(output),
             reason = lost.wait() => Err(reason),

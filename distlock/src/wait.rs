@@ -133,12 +133,21 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     crate::validate::acquire(key, ttl)?;
     let started = Instant::now();
     let deadline = checked_deadline(started, timeout);
+    // What is left of `timeout + grace`, the bound of the whole call.
+    let left = || {
+        deadline.map_or(Duration::MAX, |deadline| {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_add(DEADLINE_GRACE)
+        })
+    };
     let attempt = || {
-        // What is left of `timeout + grace`, the bound of the whole call.
-        let left = deadline
-            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
-            .map_or(Duration::MAX, |left| left.saturating_add(DEADLINE_GRACE));
-        bounded(locker.backend(), "acquire", left, locker.try_lock(key, ttl))
+        bounded(
+            locker.backend(),
+            "acquire",
+            left(),
+            locker.try_lock(key, ttl),
+        )
     };
     let timed_out = |now: Instant| Error::Timeout {
         key: key.to_owned(),
@@ -157,15 +166,10 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     // failed attempt and the subscription is then caught by the next attempt
     // rather than missed (Redisson's lost wake-ups came from waiting on a
     // subscription made after the last attempt).
-    let left = deadline.map_or(Duration::MAX, |deadline| {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .saturating_add(DEADLINE_GRACE)
-    });
     let mut releases = bounded(
         locker.backend(),
         "watch releases",
-        left,
+        left(),
         locker.watch_releases(key),
     )
     .await?;
