@@ -192,7 +192,7 @@ impl Error {
     }
 
     /// Returns the same error with every key field rewritten by `f`; wrappers
-    /// that rename keys (such as [`crate::Prefix`]) use it so errors name the
+    /// that rename keys (such as [`crate::PrefixLocker`]) use it so errors name the
     /// key the caller used.
     pub(crate) fn map_key(self, f: impl FnOnce(String) -> String) -> Self {
         match self {

@@ -508,7 +508,7 @@ fn file_name(key: &str) -> String {
     if plain {
         format!("k-{key}.lock")
     } else {
-        format!("h-{}.lock", crate::digest::sha256_hex128(key.as_bytes()))
+        format!("h-{}.lock", crate::util::sha256_hex128(key.as_bytes()))
     }
 }
 

@@ -410,7 +410,7 @@ impl Lease {
     }
 
     /// Renames the key this lease reports and releases with (wrappers that
-    /// rewrite keys, such as [`crate::Prefix`], use it to restore the caller's key).
+    /// rewrite keys, such as [`crate::PrefixLocker`], use it to restore the caller's key).
     pub fn rename(mut self, key: impl Into<String>) -> Self {
         self.key = key.into();
         self

@@ -5,9 +5,9 @@
 //! features) implements the same trait and reports the same [`Error`] kinds, so
 //! switching backend never changes how errors are classified. Cross-cutting
 //! behaviour is written once as wrappers around any `Locker` and composed with
-//! [`LockerExt`]: [`Waiting`] (wait policy), [`Prefix`] (key namespaces),
-//! [`CircuitBreaker`] (fail fast while a backend is down), [`Metrics`] and
-//! [`Traced`] (observability).
+//! [`LockerExt`]: [`WaitLocker`] (wait policy), [`PrefixLocker`] (key namespaces),
+//! [`BreakerLocker`] (fail fast while a backend is down), [`MetricsLocker`] and
+//! [`TraceLocker`] (observability).
 //!
 //! ```
 //! use std::time::Duration;
@@ -73,7 +73,6 @@ use async_trait::async_trait;
 mod background;
 mod breaker;
 mod deadline;
-mod digest;
 mod error;
 pub mod file;
 mod keepalive;
@@ -95,8 +94,9 @@ mod test_support;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod trace;
+mod util;
 
-pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use breaker::{BreakerConfig, BreakerLocker, BreakerState};
 pub use deadline::DEADLINE_GRACE;
 pub use error::{BoxError, Error, Result};
 pub use keepalive::KeepAlive;
@@ -104,11 +104,11 @@ pub use lease::{
     drift_margin, new_owner_token, Lease, LeaseInfo, LeaseParts, LostNotifier, LostReason,
     LostSignal, DEFAULT_RELEASE_TIMEOUT,
 };
-pub use metrics::{describe_metrics, Metrics};
+pub use metrics::{describe_metrics, MetricsLocker};
 pub use parse::{connect, SUPPORTED_SCHEMES};
-pub use prefix::Prefix;
-pub use trace::Traced;
-pub use wait::{ReleaseWatch, WaitPolicy, Waiting};
+pub use prefix::PrefixLocker;
+pub use trace::TraceLocker;
+pub use wait::{ReleaseWatch, WaitLocker, WaitPolicy};
 pub use with_lock::{with_lease, with_lock, Completed, WithLock};
 
 /// What a backend can do beyond the core contract, so callers and the
@@ -131,8 +131,8 @@ pub struct Capabilities {
     pub release_wakeup: bool,
     /// [`Locker::watch_releases`] yields a notification for every release
     /// made by any client, so the shared waiting loop (the default
-    /// [`Locker::lock`], [`Waiting`]) wakes on releases. False where only a
-    /// server-side wait wakes waiters (Postgres), so a [`Waiting`] wrapper,
+    /// [`Locker::lock`], [`WaitLocker`]) wakes on releases. False where only a
+    /// server-side wait wakes waiters (Postgres), so a [`WaitLocker`] wrapper,
     /// which replaces that wait with polling, has no wake-up.
     pub release_notifications: bool,
     /// Leases carry fencing tokens.
@@ -184,7 +184,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// and reported as [`Error::DeadlineExceeded`], an outage, never as
     /// contention.
     ///
-    /// The default waits with [`WaitPolicy::default`] (see [`Waiting`] to
+    /// The default waits with [`WaitPolicy::default`] (see [`WaitLocker`] to
     /// change it); backends with a server-side wait override it, keeping the
     /// same bound.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
@@ -282,6 +282,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
 }
 
 /// A shared locker is a locker: wrappers can take `Arc<dyn Locker>`.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker + ?Sized> Locker for Arc<L> {
     fn backend(&self) -> &'static str {
@@ -315,40 +316,70 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
 
 /// Composition helpers for any [`Locker`].
 ///
+/// Each wrapper is a `Locker` around a `Locker` (as `tower` layers wrap
+/// services); [`get_ref`](PrefixLocker::get_ref) on any of them reaches the
+/// locker inside, so backend-specific powers stay reachable.
+///
+/// # Order
+///
+/// Each call goes from the outermost wrapper in, so the order changes what
+/// each one sees. The recommended order, innermost first:
+///
+/// 1. the backend;
+/// 2. [`with_prefix`](Self::with_prefix): everything outside sees the
+///    caller's keys, and the backend the prefixed ones;
+/// 3. [`with_circuit_breaker`](Self::with_circuit_breaker): it counts backend
+///    answers. Outside a [`WaitLocker`] it sees one call per `lock` (a whole
+///    wait); inside one, one call per attempt, so an open circuit also ends
+///    waits already under way with [`Error::Unavailable`];
+/// 4. [`with_wait_policy`](Self::with_wait_policy), if the default waiting
+///    does not suit (it replaces a backend's server-side wait with polling:
+///    see [`Capabilities::release_notifications`]);
+/// 5. [`with_metrics`](Self::with_metrics) and
+///    [`with_tracing`](Self::with_tracing) outermost, so they record what
+///    the caller gets, fast `Unavailable` answers of an open circuit
+///    included.
+///
 /// ```
 /// use std::time::Duration;
-/// use distlock::{LockerExt, WaitPolicy};
+/// use distlock::{BreakerConfig, LockerExt, WaitPolicy};
 ///
 /// let locker = distlock::memory::MemoryLocker::new()
 ///     .with_prefix("billing:")
+///     .with_circuit_breaker(BreakerConfig::default())
 ///     .with_wait_policy(WaitPolicy::default().max_delay(Duration::from_millis(50)))
-///     .shared();
-/// # let _ = locker;
+///     .with_metrics()
+///     .with_tracing();
+/// // Still reachable: the breaker's state, two wrappers in.
+/// let breaker = locker.get_ref().get_ref().get_ref();
+/// assert_eq!(breaker.state(), distlock::BreakerState::Closed);
+/// let shared = locker.shared();
+/// # let _ = shared;
 /// ```
 pub trait LockerExt: Locker + Sized {
-    /// Prefixes every key with `prefix` (see [`Prefix`]).
-    fn with_prefix(self, prefix: impl Into<String>) -> Prefix<Self> {
-        Prefix::new(self, prefix)
+    /// Prefixes every key with `prefix` (see [`PrefixLocker`]).
+    fn with_prefix(self, prefix: impl Into<String>) -> PrefixLocker<Self> {
+        PrefixLocker::new(self, prefix)
     }
 
-    /// Fails fast while the backend is known down (see [`CircuitBreaker`]).
-    fn with_circuit_breaker(self, config: BreakerConfig) -> CircuitBreaker<Self> {
-        CircuitBreaker::new(self, config)
+    /// Fails fast while the backend is known down (see [`BreakerLocker`]).
+    fn with_circuit_breaker(self, config: BreakerConfig) -> BreakerLocker<Self> {
+        BreakerLocker::new(self, config)
     }
 
-    /// Records metrics (see [`Metrics`]).
-    fn with_metrics(self) -> Metrics<Self> {
-        Metrics::new(self)
+    /// Records metrics (see [`MetricsLocker`]).
+    fn with_metrics(self) -> MetricsLocker<Self> {
+        MetricsLocker::new(self)
     }
 
-    /// Runs every operation in a span (see [`Traced`]).
-    fn with_tracing(self) -> Traced<Self> {
-        Traced::new(self)
+    /// Runs every operation in a span (see [`TraceLocker`]).
+    fn with_tracing(self) -> TraceLocker<Self> {
+        TraceLocker::new(self)
     }
 
-    /// Waits with `policy` instead of the default (see [`Waiting`]).
-    fn with_wait_policy(self, policy: WaitPolicy) -> Waiting<Self> {
-        Waiting::new(self, policy)
+    /// Waits with `policy` instead of the default (see [`WaitLocker`]).
+    fn with_wait_policy(self, policy: WaitPolicy) -> WaitLocker<Self> {
+        WaitLocker::new(self, policy)
     }
 
     /// Erases the type: `Arc<dyn Locker>`.

@@ -1,7 +1,7 @@
 //! Metrics as a wrapper, through the [`metrics`] facade: free when no
 //! recorder is installed, exported by whatever recorder the application
 //! installs (the CLI serves Prometheus text). The metric names are listed on
-//! [`Metrics`].
+//! [`MetricsLocker`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +25,7 @@ use crate::{Capabilities, Error, Lease, Locker, LostReason, ReleaseWatch, Result
 /// | `distlock_not_held_total` | counter | backend, operation (`unlock`, `refresh`) |
 /// | `distlock_lost_total` | counter | backend, reason (`not_held`, `expired`, `max_hold_exceeded`, `connection_lost`) |
 /// | `distlock_errors_total` | counter | backend, operation, outcome (error kind) |
-/// | `distlock_breaker_transitions_total` | counter | backend, state (see [`crate::CircuitBreaker`]) |
+/// | `distlock_breaker_transitions_total` | counter | backend, state (see [`crate::BreakerLocker`]) |
 /// | `distlock_operation_duration_seconds` | histogram | backend, operation, outcome |
 /// | `distlock_wait_duration_seconds` | histogram | backend, outcome (time in `lock` until acquired or given up) |
 /// | `distlock_hold_duration_seconds` | histogram | backend (grant to release, drop or loss) |
@@ -40,22 +40,38 @@ use crate::{Capabilities, Error, Lease, Locker, LostReason, ReleaseWatch, Result
 /// # let _ = locker;
 /// ```
 #[derive(Debug)]
-pub struct Metrics<L> {
+pub struct MetricsLocker<L> {
     inner: Arc<L>,
 }
 
-impl<L> Clone for Metrics<L> {
+impl<L> Clone for MetricsLocker<L> {
     fn clone(&self) -> Self {
-        Metrics {
+        MetricsLocker {
             inner: self.inner.clone(),
         }
     }
 }
 
-impl<L: Locker> Metrics<L> {
+impl<L> MetricsLocker<L> {
+    /// The wrapped locker, to reach its backend-specific powers (for
+    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
+    /// through the wrapper.
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+
+    /// The wrapped locker, shared: leases granted through this wrapper keep a
+    /// handle on it (their release goes through it), so it is handed back as
+    /// an `Arc` rather than by value.
+    pub fn into_inner(self) -> Arc<L> {
+        self.inner
+    }
+}
+
+impl<L: Locker> MetricsLocker<L> {
     /// Wraps `inner`.
     pub fn new(inner: L) -> Self {
-        Metrics {
+        MetricsLocker {
             inner: Arc::new(inner),
         }
     }
@@ -163,8 +179,12 @@ fn reason_name(reason: LostReason) -> &'static str {
     }
 }
 
+// Every method is written out: a method added to `Locker` must be decided
+// on here, not silently left to its default (as object_store's wrapper
+// stores do).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<L: Locker> Locker for Metrics<L> {
+impl<L: Locker> Locker for MetricsLocker<L> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use url::Url;
 
+use crate::util::redact;
 use crate::{Error, Locker, Result};
 
 /// Every URL scheme distlock knows, whether or not its feature is compiled in.
@@ -42,7 +43,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(
-            crate::postgres::PostgresLocker::connect(url).await?,
+            crate::postgres::PostgresLocker::from_url(url).await?,
         ));
     }
     let parsed = Url::parse(url)
@@ -73,7 +74,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
             Ok(Arc::new(crate::file::FileLocker::new(dir)?))
         }
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => crate::redis::connect_url(url).await,
+        "redis" | "rediss" => Ok(Arc::new(crate::redis::RedisLocker::from_url(url).await?)),
         #[cfg(not(feature = "redis"))]
         scheme @ ("redis" | "rediss") => Err(Error::invalid(
             "url",
@@ -94,22 +95,6 @@ fn unsupported_scheme(scheme: &str) -> Error {
         "url",
         format!("unsupported scheme {scheme:?}; supported: {supported}://"),
     )
-}
-
-/// The URL with any password replaced by `***`, for error messages.
-pub(crate) fn redact(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(_) => url.to_owned(),
-        // Unparseable: the password cannot be located, so show nothing past the scheme.
-        Err(_) => match url.split_once("://") {
-            Some((scheme, _)) => format!("{scheme}://…"),
-            None => "…".to_owned(),
-        },
-    }
 }
 
 #[cfg(test)]

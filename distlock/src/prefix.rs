@@ -29,24 +29,40 @@ use crate::{Capabilities, Lease, Locker, ReleaseWatch, Result};
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct Prefix<L> {
+pub struct PrefixLocker<L> {
     inner: Arc<L>,
     prefix: Arc<str>,
 }
 
-impl<L> Clone for Prefix<L> {
+impl<L> Clone for PrefixLocker<L> {
     fn clone(&self) -> Self {
-        Prefix {
+        PrefixLocker {
             inner: self.inner.clone(),
             prefix: self.prefix.clone(),
         }
     }
 }
 
-impl<L: Locker> Prefix<L> {
+impl<L> PrefixLocker<L> {
+    /// The wrapped locker, to reach its backend-specific powers (for
+    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
+    /// through the wrapper.
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+
+    /// The wrapped locker, shared: leases granted through this wrapper keep a
+    /// handle on it (their release goes through it), so it is handed back as
+    /// an `Arc` rather than by value.
+    pub fn into_inner(self) -> Arc<L> {
+        self.inner
+    }
+}
+
+impl<L: Locker> PrefixLocker<L> {
     /// Wraps `inner` so every key is `prefix` + key.
     pub fn new(inner: L, prefix: impl Into<String>) -> Self {
-        Prefix {
+        PrefixLocker {
             inner: Arc::new(inner),
             prefix: prefix.into().into(),
         }
@@ -61,8 +77,12 @@ impl<L: Locker> Prefix<L> {
     }
 }
 
+// Every method is written out: a method added to `Locker` must be decided
+// on here, not silently left to its default (as object_store's wrapper
+// stores do).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<L: Locker> Locker for Prefix<L> {
+impl<L: Locker> Locker for PrefixLocker<L> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }

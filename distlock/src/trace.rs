@@ -30,22 +30,38 @@ use crate::{Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
 /// # let _ = locker;
 /// ```
 #[derive(Debug)]
-pub struct Traced<L> {
+pub struct TraceLocker<L> {
     inner: Arc<L>,
 }
 
-impl<L> Clone for Traced<L> {
+impl<L> Clone for TraceLocker<L> {
     fn clone(&self) -> Self {
-        Traced {
+        TraceLocker {
             inner: self.inner.clone(),
         }
     }
 }
 
-impl<L: Locker> Traced<L> {
+impl<L> TraceLocker<L> {
+    /// The wrapped locker, to reach its backend-specific powers (for
+    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
+    /// through the wrapper.
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+
+    /// The wrapped locker, shared: leases granted through this wrapper keep a
+    /// handle on it (their release goes through it), so it is handed back as
+    /// an `Arc` rather than by value.
+    pub fn into_inner(self) -> Arc<L> {
+        self.inner
+    }
+}
+
+impl<L: Locker> TraceLocker<L> {
     /// Wraps `inner`.
     pub fn new(inner: L) -> Self {
-        Traced {
+        TraceLocker {
             inner: Arc::new(inner),
         }
     }
@@ -80,8 +96,12 @@ fn record_holder_outcome(span: &Span, success: &'static str, result: &Result<()>
     }
 }
 
+// Every method is written out: a method added to `Locker` must be decided
+// on here, not silently left to its default (as object_store's wrapper
+// stores do).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<L: Locker> Locker for Traced<L> {
+impl<L: Locker> Locker for TraceLocker<L> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }

@@ -216,32 +216,52 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
 /// its [`Capabilities::release_wakeup`] says whether any are left
 /// ([`Capabilities::release_notifications`] of the inner locker).
 #[derive(Debug)]
-pub struct Waiting<L> {
+pub struct WaitLocker<L> {
     inner: Arc<L>,
     policy: WaitPolicy,
 }
 
-impl<L> Clone for Waiting<L> {
+impl<L> Clone for WaitLocker<L> {
     fn clone(&self) -> Self {
-        Waiting {
+        WaitLocker {
             inner: self.inner.clone(),
             policy: self.policy,
         }
     }
 }
 
-impl<L: Locker> Waiting<L> {
+impl<L> WaitLocker<L> {
+    /// The wrapped locker, to reach its backend-specific powers (for
+    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
+    /// through the wrapper.
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+
+    /// The wrapped locker, shared: leases granted through this wrapper keep a
+    /// handle on it (their release goes through it), so it is handed back as
+    /// an `Arc` rather than by value.
+    pub fn into_inner(self) -> Arc<L> {
+        self.inner
+    }
+}
+
+impl<L: Locker> WaitLocker<L> {
     /// Wraps `inner` so `lock` waits under `policy`.
     pub fn new(inner: L, policy: WaitPolicy) -> Self {
-        Waiting {
+        WaitLocker {
             inner: Arc::new(inner),
             policy,
         }
     }
 }
 
+// Every method is written out: a method added to `Locker` must be decided
+// on here, not silently left to its default (as object_store's wrapper
+// stores do).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<L: Locker> Locker for Waiting<L> {
+impl<L: Locker> Locker for WaitLocker<L> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -406,7 +426,7 @@ mod tests {
             runtime.block_on(async {
                 let locker = crate::memory::MemoryLocker::new();
                 let policy = WaitPolicy::default().initial_delay(initial).max_delay(max);
-                let waiting = Waiting::new(locker.clone(), policy);
+                let waiting = WaitLocker::new(locker.clone(), policy);
                 // Free key: granted, or ttl rejected as invalid input.
                 let free = locker.lock("free", ttl, timeout).await;
                 assert!(free.is_ok() || matches!(free, Err(Error::InvalidInput { what: "ttl", .. })), "{free:?}");
@@ -513,12 +533,12 @@ mod tests {
             }
         }
         assert!(ServerWait.capabilities().release_wakeup);
-        let waiting = Waiting::new(ServerWait, WaitPolicy::default());
+        let waiting = WaitLocker::new(ServerWait, WaitPolicy::default());
         assert!(
             !waiting.capabilities().release_wakeup,
             "Waiting polls instead of the server-side wait"
         );
-        let notifying = Waiting::new(crate::memory::MemoryLocker::new(), WaitPolicy::default());
+        let notifying = WaitLocker::new(crate::memory::MemoryLocker::new(), WaitPolicy::default());
         assert!(notifying.capabilities().release_wakeup);
     }
 }

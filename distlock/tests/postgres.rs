@@ -16,7 +16,7 @@ fn url() -> String {
 
 distlock::conformance_suite!(|| async {
     Arc::new(
-        PostgresLocker::connect(&url())
+        PostgresLocker::from_url(&url())
             .await
             .expect("connect to the test server"),
     ) as Arc<dyn Locker>

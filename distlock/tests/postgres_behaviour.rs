@@ -29,7 +29,7 @@ async fn connect(params: &str) -> PostgresLocker {
 }
 
 async fn connect_to(server: &PostgresServer, params: &str) -> PostgresLocker {
-    PostgresLocker::connect(&format!("{}{params}", server.url()))
+    PostgresLocker::from_url(&format!("{}{params}", server.url()))
         .await
         .expect("connect to the test server")
 }
@@ -873,7 +873,7 @@ async fn wrong_password_and_unreachable_servers_are_clear_errors() {
     assert!(!format!("{good:?}").contains("right-horse"));
 
     let url = server.url().replace("right-horse", "wrong-battery");
-    let err = PostgresLocker::connect(&url).await.unwrap_err();
+    let err = PostgresLocker::from_url(&url).await.unwrap_err();
     let text = err.to_string();
     assert!(err.is_outage(), "{err:?}");
     assert!(text.contains("password authentication failed"), "{text}");
@@ -887,7 +887,10 @@ async fn wrong_password_and_unreachable_servers_are_clear_errors() {
     );
 
     let url = server.url().replace("/postgres?", "/no_such_db?");
-    let text = PostgresLocker::connect(&url).await.unwrap_err().to_string();
+    let text = PostgresLocker::from_url(&url)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
         text.contains("no_such_db") && text.contains("does not exist"),
         "{text}"
@@ -939,7 +942,7 @@ async fn tls_modes_encrypt_and_verify_as_libpq_does() {
         "sslmode=require".to_owned(),
         format!("sslmode=verify-full&sslrootcert={ca}"),
     ] {
-        let locker = PostgresLocker::connect(&base("localhost", &params))
+        let locker = PostgresLocker::from_url(&base("localhost", &params))
             .await
             .unwrap_or_else(|e| panic!("{params}: {e}"));
         let lease = locker.try_lock("tls", TTL).await.unwrap().unwrap();
@@ -947,13 +950,13 @@ async fn tls_modes_encrypt_and_verify_as_libpq_does() {
         lease.release().await.unwrap();
     }
     // verify-ca checks the chain but not the name; verify-full checks both.
-    let locker = PostgresLocker::connect(&base(
+    let locker = PostgresLocker::from_url(&base(
         "127.0.0.1",
         &format!("sslmode=verify-ca&sslrootcert={ca}"),
     ))
     .await;
     assert!(locker.is_ok(), "{locker:?}");
-    let err = PostgresLocker::connect(&base(
+    let err = PostgresLocker::from_url(&base(
         "127.0.0.1",
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     ))
@@ -964,7 +967,7 @@ async fn tls_modes_encrypt_and_verify_as_libpq_does() {
         "{err}"
     );
     // A certificate from an unknown CA is refused.
-    let err = PostgresLocker::connect(&base(
+    let err = PostgresLocker::from_url(&base(
         "localhost",
         "sslmode=verify-full&sslrootcert=/etc/ssl/certs/ca-certificates.crt",
     ))
@@ -975,7 +978,7 @@ async fn tls_modes_encrypt_and_verify_as_libpq_does() {
     // require against a server without TLS fails instead of going plain.
     let plain = PostgresServer::start();
     let url = plain.url().replace("sslmode=disable", "sslmode=require");
-    let err = PostgresLocker::connect(&url).await.unwrap_err();
+    let err = PostgresLocker::from_url(&url).await.unwrap_err();
     assert!(
         err.to_string().contains("TLS") || err.to_string().contains("tls"),
         "{err}"
@@ -992,7 +995,7 @@ async fn child_holds_a_lock_until_killed() {
     ) else {
         return;
     };
-    let locker = PostgresLocker::connect(&url).await.unwrap();
+    let locker = PostgresLocker::from_url(&url).await.unwrap();
     let _lease = locker
         .try_lock(&key, TTL)
         .await

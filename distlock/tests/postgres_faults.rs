@@ -138,8 +138,8 @@ async fn a_paused_server_bounds_lock_by_its_timeout_and_try_lock_by_the_query_ti
     let server = PostgresServer::start();
     let url = format!("{}&idle_waiters=0", server.url());
     let (locker, holder) = (
-        PostgresLocker::connect(&url).await.unwrap(),
-        PostgresLocker::connect(&url).await.unwrap(),
+        PostgresLocker::from_url(&url).await.unwrap(),
+        PostgresLocker::from_url(&url).await.unwrap(),
     );
     let timeout = Duration::from_secs(1);
     let bound = timeout + DEADLINE_GRACE + Duration::from_millis(300);
@@ -234,7 +234,7 @@ async fn a_paused_server_bounds_lock_by_its_timeout_and_try_lock_by_the_query_ti
         took < Duration::from_millis(1300),
         "returned after {took:?}"
     );
-    let checker = PostgresLocker::connect(&server.url()).await.unwrap();
+    let checker = PostgresLocker::from_url(&server.url()).await.unwrap();
     let started = Instant::now();
     while checker.try_lock(&key, TTL).await.unwrap().is_none() {
         assert!(started.elapsed() < Duration::from_secs(5), "stranded");
@@ -254,8 +254,8 @@ async fn role_timeouts_end_neither_native_waits_nor_idle_holders() {
          ALTER ROLE postgres SET idle_in_transaction_session_timeout = '100ms'",
     );
     let (holder, waiter) = (
-        PostgresLocker::connect(&server.url()).await.unwrap(),
-        PostgresLocker::connect(&server.url()).await.unwrap(),
+        PostgresLocker::from_url(&server.url()).await.unwrap(),
+        PostgresLocker::from_url(&server.url()).await.unwrap(),
     );
     let key = unique("role-timeouts");
     let id = holder.advisory_key(&key);

@@ -45,8 +45,8 @@ fn a_partitioned_holder_is_told_before_the_server_frees_its_lock() {
 
 async fn partitioned_holder() {
     let server = PostgresServer::start();
-    let holder = PostgresLocker::connect(&server.url()).await.unwrap();
-    let contender = PostgresLocker::connect(&server.url()).await.unwrap();
+    let holder = PostgresLocker::from_url(&server.url()).await.unwrap();
+    let contender = PostgresLocker::from_url(&server.url()).await.unwrap();
     let key = "partitioned";
     let id = holder.advisory_key(key);
     let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");

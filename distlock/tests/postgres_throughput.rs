@@ -53,7 +53,7 @@ where
 async fn acquire_release_cycles_per_second() {
     let server = PostgresServer::start();
     for (label, params) in [("fencing on", ""), ("fencing off", "&fencing=off")] {
-        let locker = PostgresLocker::connect(&format!("{}{params}", server.url()))
+        let locker = PostgresLocker::from_url(&format!("{}{params}", server.url()))
             .await
             .expect("connect");
         for tasks in [1, 16] {

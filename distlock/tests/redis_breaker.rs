@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use distlock::{BreakerConfig, BreakerState, CircuitBreaker, Error, Locker};
+use distlock::{BreakerConfig, BreakerLocker, BreakerState, Error, Locker};
 use test_servers::RedisServer;
 use tokio::time::Instant;
 
@@ -21,7 +21,7 @@ async fn an_outage_opens_the_circuit_and_recovery_closes_it() {
     .await
     .expect("connect");
     let open_for = Duration::from_millis(500);
-    let breaker = CircuitBreaker::new(
+    let breaker = BreakerLocker::new(
         backend,
         BreakerConfig::default()
             .failure_threshold(3)

@@ -144,7 +144,7 @@ async fn json_yaml_and_env_configs_connect_with_their_prefix() {
         ("env:", Config::from_env_vars(env).unwrap()),
     ];
     for (prefix, config) in configs {
-        let locker = RedisLocker::connect(config).await.expect(prefix);
+        let locker = RedisLocker::from_config(config).await.expect(prefix);
         assert_eq!(locker.key_prefix(), prefix);
         let lease = locker.try_lock("k", TTL).await.unwrap().unwrap();
         let stored = format!("{prefix}{{k}}");
@@ -174,7 +174,7 @@ async fn more_than_one_address_is_refused_before_connecting() {
         addresses: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
         ..Config::default()
     };
-    match RedisLocker::connect(config).await {
+    match RedisLocker::from_config(config).await {
         Err(Error::InvalidInput { reason, .. }) => {
             assert!(reason.contains("single node"), "{reason}")
         }

@@ -194,7 +194,7 @@ async fn an_acquire_whose_reply_times_out_is_an_error_and_is_undone() {
         response_timeout: Duration::from_millis(200),
         ..Config::from_url(&server.url()).unwrap()
     };
-    let locker = RedisLocker::connect(config).await.unwrap();
+    let locker = RedisLocker::from_config(config).await.unwrap();
     // Load the scripts: a first EVALSHA would meet NOSCRIPT on resume and do nothing.
     locker
         .try_lock("warm-up", TTL)
@@ -246,7 +246,7 @@ async fn connect_through_proxy(server: &RedisServer, config: Config) -> (RedisLo
         addresses: vec![format!("127.0.0.1:{}", proxy.port())],
         ..config
     };
-    let locker = RedisLocker::connect(config)
+    let locker = RedisLocker::from_config(config)
         .await
         .expect("connect through the proxy");
     let warm = locker.try_lock("warm-up", TTL).await.unwrap().unwrap();

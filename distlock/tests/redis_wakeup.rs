@@ -175,7 +175,7 @@ async fn connect_through_proxy(
         response_timeout,
         ..Config::from_url(&proxy.proxied_url(&server.url())).unwrap()
     };
-    let locker = RedisLocker::connect(config)
+    let locker = RedisLocker::from_config(config)
         .await
         .expect("connect through the proxy");
     (locker, proxy)

@@ -511,8 +511,8 @@ mod tests {
     async fn waiter_permits_come_back_on_every_path() {
         let server = test_servers::PostgresServer::start();
         let url = format!("{}&max_waiters=2&idle_waiters=0", server.url());
-        let locker = PostgresLocker::connect(&url).await.unwrap();
-        let holder = PostgresLocker::connect(&server.url()).await.unwrap();
+        let locker = PostgresLocker::from_url(&url).await.unwrap();
+        let holder = PostgresLocker::from_url(&server.url()).await.unwrap();
         let pool = &locker.inner.pool;
         let key = "permits";
         let id = locker.advisory_key(key);
@@ -642,7 +642,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_grant_reported_as_a_lock_timeout_is_kept() {
         let server = test_servers::PostgresServer::start();
-        let locker = PostgresLocker::connect(&server.url()).await.unwrap();
+        let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
         let key = LockKey {
             id: -4242,
@@ -683,7 +683,7 @@ mod tests {
     async fn a_wait_leaves_the_session_settings_as_it_found_them() {
         let server = test_servers::PostgresServer::start();
         server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
-        let locker = PostgresLocker::connect(&server.url()).await.unwrap();
+        let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
         let session = inner.pool.waiter().await.unwrap().expect("a free permit");
         let show = |name: &'static str| {

@@ -104,7 +104,7 @@ pub(super) fn parse_raw(name: &str) -> Result<LockKey<'_>> {
 /// table records about the holder, so the token itself (a credential) is
 /// never stored.
 pub(super) fn owner_digest(owner: &str) -> String {
-    crate::digest::sha256_hex128(owner.as_bytes())
+    crate::util::sha256_hex128(owner.as_bytes())
 }
 
 #[cfg(test)]

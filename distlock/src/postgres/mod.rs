@@ -13,7 +13,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), distlock::Error> {
-//! let locker = PostgresLocker::connect("postgres://app:secret@db.internal/app").await?;
+//! let locker = PostgresLocker::from_url("postgres://app:secret@db.internal/app").await?;
 //! // Waits on the server (no polling) for up to 10 s.
 //! let lease = locker.lock("nightly-report", Duration::from_secs(60), Duration::from_secs(10)).await?;
 //! println!("fencing token {:?}", lease.fencing_token());
@@ -312,7 +312,7 @@ impl PostgresLocker {
     /// unreachable server is an error here ([`Error::Backend`] with the
     /// server's message, never the password), and creates the fencing table
     /// if missing. A malformed URL is [`Error::InvalidInput`].
-    pub async fn connect(url: &str) -> Result<Self> {
+    pub async fn from_url(url: &str) -> Result<Self> {
         Self::builder(url)?.build().await
     }
 

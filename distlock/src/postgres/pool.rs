@@ -179,7 +179,7 @@ mod tests {
     async fn idle_waiters_count_toward_max_waiters() {
         let server = test_servers::PostgresServer::start();
         let url = format!("{}&max_waiters=2&idle_waiters=5", server.url());
-        let locker = PostgresLocker::connect(&url).await.unwrap();
+        let locker = PostgresLocker::from_url(&url).await.unwrap();
         let pool = &locker.inner.pool;
         let idle_count = || pool.idle_waiters.lock().unwrap().len();
 

@@ -290,7 +290,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_grant_and_release_by_a_waiter_keep_an_attempts_reservation() {
         let server = test_servers::PostgresServer::start();
-        let locker = PostgresLocker::connect(&server.url()).await.unwrap();
+        let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let waiter_session = locker
             .inner
             .pool

@@ -12,7 +12,7 @@ use redis::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use url::{Host, Url};
 
-use crate::parse::redact;
+use crate::util::redact;
 use crate::{Error, Result};
 
 /// The key prefix used unless configured otherwise.

@@ -173,7 +173,7 @@ const RECONNECT_PAUSES: Duration = Duration::from_millis(700);
 
 /// The Redis backend. Cheap to clone; clones share the connection.
 ///
-/// Build it with [`RedisLocker::connect`] from a [`Config`], or with
+/// Build it with [`RedisLocker::from_config`] from a [`Config`], or with
 /// [`RedisLocker::from_url`]; [`crate::connect`] does the latter for
 /// `redis://` and `rediss://` URLs. See the [module docs](self) for what it
 /// guarantees and what it does not.
@@ -215,11 +215,11 @@ impl RedisLocker {
     /// use distlock::redis::{Config, RedisLocker};
     ///
     /// # async fn demo() -> Result<(), distlock::Error> {
-    /// let locker = RedisLocker::connect(Config::from_env()?).await?;
+    /// let locker = RedisLocker::from_config(Config::from_env()?).await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn connect(config: Config) -> Result<Self> {
+    pub async fn from_config(config: Config) -> Result<Self> {
         let endpoint = config.endpoint()?;
         let command_client =
             redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP3)?)
@@ -265,7 +265,7 @@ impl RedisLocker {
     /// Connects to the server a `redis://` or `rediss://` URL names (see
     /// [`Config::from_url`] for the format).
     pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(Config::from_url(url)?).await
+        Self::from_config(Config::from_url(url)?).await
     }
 
     /// The Redis key that holds the lock on `key`: `<prefix>{<key>}`. Spans
@@ -602,11 +602,6 @@ impl Locker for RedisLocker {
             }
         }
     }
-}
-
-/// Opens a [`RedisLocker`] for [`crate::connect`].
-pub(crate) async fn connect_url(url: &str) -> Result<Arc<dyn Locker>> {
-    Ok(Arc::new(RedisLocker::from_url(url).await?))
 }
 
 #[cfg(test)]
