@@ -121,15 +121,17 @@ pub enum Error {
         after: Duration,
     },
 
-    /// The backend or the transport to it failed. The outcome of the operation
-    /// is unknown to the caller only where the backend docs say so (for
-    /// example a Redis acquire whose reply timed out).
+    /// The backend or the transport to it failed. The client library's error
+    /// is kept whole as the [`source`](std::error::Error::source).
     #[error("{backend} backend failed during {operation}: {source}")]
     Backend {
         /// Backend name.
         backend: &'static str,
         /// The operation that failed (`"acquire"`, `"release"`, `"connect"`, ...).
         operation: &'static str,
+        /// The call may have taken effect on the server (its request was
+        /// sent, its answer never arrived): see [`Error::is_outcome_unknown`].
+        outcome_unknown: bool,
         /// The underlying error.
         #[source]
         source: BoxError,
@@ -154,8 +156,55 @@ impl Error {
         Error::Backend {
             backend,
             operation,
+            outcome_unknown: false,
             source: source.into(),
         }
+    }
+
+    /// The same error, marked as one whose call may have taken effect on the
+    /// server (an acquire sent whose answer never came): a backend error
+    /// gets [`outcome_unknown`](Error::Backend::outcome_unknown) set; other
+    /// kinds are returned as they are ([`Error::DeadlineExceeded`] is unknown
+    /// by nature).
+    pub fn with_outcome_unknown(self) -> Self {
+        match self {
+            Error::Backend {
+                backend,
+                operation,
+                source,
+                ..
+            } => Error::Backend {
+                backend,
+                operation,
+                outcome_unknown: true,
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// True when the failed call may nevertheless have taken effect on the
+    /// server: a call abandoned at its time bound
+    /// ([`Error::DeadlineExceeded`]), or a backend error whose request was
+    /// sent but whose answer was lost. For an acquire, the backends undo
+    /// such an attempt by its owner token in the background; a caller that
+    /// retries should expect the lock to be briefly held by nobody.
+    ///
+    /// ```
+    /// use distlock::Error;
+    /// let lost_reply = Error::backend("redis", "acquire", "connection reset").with_outcome_unknown();
+    /// assert!(lost_reply.is_outcome_unknown() && lost_reply.is_outage());
+    /// assert!(!Error::backend("redis", "acquire", "connection refused").is_outcome_unknown());
+    /// ```
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Error::DeadlineExceeded { .. }
+                | Error::Backend {
+                    outcome_unknown: true,
+                    ..
+                }
+        )
     }
 
     /// True for the two contention answers: [`Error::NotAcquired`] and

@@ -110,7 +110,9 @@ impl Inner {
             context,
             session.try_lock(key.id, &digest, self.fencing()),
         )
-        .await?;
+        .await
+        // The statement was sent: it may have taken the lock.
+        .map_err(Error::with_outcome_unknown)?;
         let tried = match answer {
             Some(token) => {
                 Tried::Granted(self.record_grant(key, ttl, owner, token, session, lease_locker)?)

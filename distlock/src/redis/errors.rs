@@ -92,14 +92,19 @@ impl Target {
                  in the background (failing that, it expires at its ttl)",
             );
         }
-        Error::backend(
+        let error = Error::backend(
             BACKEND,
             operation,
             Failure {
                 message,
                 source: err,
             },
-        )
+        );
+        if acquire_outcome_unknown {
+            error.with_outcome_unknown()
+        } else {
+            error
+        }
     }
 }
 
