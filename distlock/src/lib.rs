@@ -75,7 +75,6 @@ mod breaker;
 mod deadline;
 mod error;
 pub mod file;
-mod keepalive;
 mod lease;
 pub mod memory;
 mod metrics;
@@ -99,10 +98,9 @@ mod util;
 pub use breaker::{BreakerConfig, BreakerLocker, BreakerState};
 pub use deadline::DEADLINE_GRACE;
 pub use error::{BoxError, Error, Result};
-pub use keepalive::KeepAlive;
 pub use lease::{
-    drift_margin, new_owner_token, Lease, LeaseInfo, LeaseParts, LostNotifier, LostReason,
-    LostSignal, DEFAULT_RELEASE_TIMEOUT,
+    drift_margin, new_owner_token, KeepAlive, Lease, LeaseInfo, LeaseParts, LostNotifier,
+    LostReason, LostSignal, DEFAULT_RELEASE_TIMEOUT,
 };
 pub use metrics::{describe_metrics, MetricsLocker};
 pub use parse::{connect, SUPPORTED_SCHEMES};

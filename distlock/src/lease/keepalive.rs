@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::signal::{extend_validity, mark_lost, mark_lost_with_grace, LostReason, StatusSender};
 use crate::deadline::{bounded, checked_deadline, sleep_until};
-use crate::lease::{extend_validity, mark_lost, mark_lost_with_grace, LostReason, StatusSender};
 use crate::{Error, Locker};
 
 /// Settings of a lease's background refresh.
@@ -59,17 +59,17 @@ impl KeepAlive {
 }
 
 /// The background task behind [`crate::Lease::keep_alive`].
-pub(crate) struct Task {
-    pub(crate) locker: Arc<dyn Locker>,
-    pub(crate) key: String,
-    pub(crate) owner: String,
-    pub(crate) acquired_at: Instant,
-    pub(crate) status: StatusSender,
-    pub(crate) config: KeepAlive,
+pub(super) struct Task {
+    pub(super) locker: Arc<dyn Locker>,
+    pub(super) key: String,
+    pub(super) owner: String,
+    pub(super) acquired_at: Instant,
+    pub(super) status: StatusSender,
+    pub(super) config: KeepAlive,
 }
 
 impl Task {
-    pub(crate) async fn run(self) {
+    pub(super) async fn run(self) {
         let max_hold_at = self
             .config
             .max_hold

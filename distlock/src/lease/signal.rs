@@ -1,0 +1,318 @@
+//! What the holder knows about its lease, shared by the [`Lease`](super::Lease),
+//! its keepalive, every [`LostSignal`] and the backend's [`LostNotifier`]:
+//! until when the lock is known held, and, once, why it ended. A lease only
+//! ever moves from held to ended; every change goes through this file.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Why a lease stopped being held. Delivered by [`LostSignal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The holder released the lease (or dropped it). Not a failure.
+    Released,
+    /// The backend says this owner no longer holds the lock: it expired and
+    /// may have been taken by somebody else, or somebody released it by token.
+    NotHeld,
+    /// The ttl ran out before a refresh succeeded (the backend could not be
+    /// reached in time). Treat the lock as taken by somebody else.
+    Expired,
+    /// The keepalive stopped renewing because the lease reached its
+    /// [`KeepAlive::max_hold`]. The lock is still held (until released, or
+    /// until its ttl runs out where locks expire): stop the work, then
+    /// release.
+    MaxHoldExceeded,
+    /// The connection or session carrying the lock died; the server has
+    /// dropped the lock.
+    ConnectionLost,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Released => "released",
+            LostReason::NotHeld => "the backend says this owner no longer holds the lock",
+            LostReason::Expired => "the ttl ran out before a refresh succeeded",
+            LostReason::MaxHoldExceeded => "the lease reached its maximum hold time",
+            LostReason::ConnectionLost => "the connection holding the lock died",
+        })
+    }
+}
+
+/// What the holder currently knows about its lease; shared by the lease, its
+/// keepalive task, every [`LostSignal`] and the backend's [`LostNotifier`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaseStatus {
+    /// Until when the lock is known to be held (client clock, conservative:
+    /// measured from before the request that set it). `None` for backends
+    /// whose locks do not expire (file, Postgres) while the lease is held;
+    /// set by a loss to when the lock may become someone else's.
+    pub(super) valid_until: Option<Instant>,
+    /// The ttl of the grant or of the last refresh.
+    pub(super) ttl: Duration,
+    /// When the request behind the grant or the last successful refresh was
+    /// sent: the keepalive schedules its next refresh from here.
+    pub(super) renewed_at: Instant,
+    /// Set once, when the lease is lost or released; never cleared.
+    pub(super) lost: Option<LostReason>,
+}
+
+/// The state shared by a lease, its keepalive, its lost signals and notifiers.
+pub(super) struct Shared {
+    status: watch::Sender<LeaseStatus>,
+    /// Run once, when the lease ends (see [`Lease::on_end`]).
+    on_end: Mutex<Vec<EndCallback>>,
+}
+
+type EndCallback = Box<dyn FnOnce(LostReason) + Send>;
+
+impl Shared {
+    /// A new lease's state.
+    pub(super) fn new(status: LeaseStatus) -> Self {
+        Shared {
+            status: watch::channel(status).0,
+            on_end: Mutex::default(),
+        }
+    }
+
+    pub(super) fn status(&self) -> LeaseStatus {
+        *self.status.borrow()
+    }
+
+    /// A signal following this state.
+    pub(super) fn subscribe(&self) -> LostSignal {
+        LostSignal {
+            status: self.status.subscribe(),
+            margin: Duration::ZERO,
+        }
+    }
+
+    /// Runs `callback` once when the lease ends (at once if it has).
+    pub(super) fn on_end(&self, callback: impl FnOnce(LostReason) + Send + 'static) {
+        let mut callbacks = self.on_end.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.status().lost {
+            Some(reason) => {
+                drop(callbacks);
+                callback(reason);
+            }
+            None => callbacks.push(Box::new(callback)),
+        }
+    }
+}
+
+pub(super) type StatusSender = Arc<Shared>;
+
+/// Lets a backend tell a lease that its lock is gone (for example because the
+/// connection that held it died). Cheap to clone; firing twice keeps the first
+/// reason.
+#[derive(Clone)]
+pub struct LostNotifier(pub(super) StatusSender);
+
+impl LostNotifier {
+    /// Marks the lease lost with `reason`, waking every [`LostSignal`]. The
+    /// lock may be someone else's at once: the lease's
+    /// [`valid_until`](Lease::valid_until) becomes now.
+    pub fn notify(&self, reason: LostReason) {
+        mark_lost_with_grace(&self.0, reason, Duration::ZERO);
+    }
+
+    /// Marks the lease lost with `reason`, where the backend knows the lock
+    /// cannot be granted to anyone else for `grace` yet (Postgres: the holder
+    /// detects a dead connection before the server does). The lease's
+    /// [`valid_until`](Lease::valid_until) becomes now + `grace` (or stays
+    /// earlier), so a holder such as `distlock run` can finish stopping its
+    /// work within it.
+    pub fn notify_with_grace(&self, reason: LostReason, grace: Duration) {
+        mark_lost_with_grace(&self.0, reason, grace);
+    }
+}
+
+impl fmt::Debug for LostNotifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostNotifier").finish_non_exhaustive()
+    }
+}
+
+/// Ends the lease with `reason` without touching its validity (a release, or
+/// a max hold: the lock is still held until released or expired).
+pub(super) fn mark_lost(shared: &StatusSender, reason: LostReason) {
+    mark_ended(shared, reason, None);
+}
+
+/// Ends the lease with `reason`: a loss, after which the lock stays ours for
+/// at most `grace` more.
+pub(super) fn mark_lost_with_grace(shared: &StatusSender, reason: LostReason, grace: Duration) {
+    mark_ended(shared, reason, Some(grace));
+}
+
+fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>) {
+    let now = Instant::now();
+    let ended = shared.status.send_if_modified(|s| {
+        if s.lost.is_some() {
+            return false;
+        }
+        s.lost = Some(reason);
+        if let Some(grace) = grace {
+            let limit = crate::deadline::checked_deadline(now, grace);
+            s.valid_until = match (s.valid_until, limit) {
+                (Some(until), Some(limit)) => Some(until.min(limit)),
+                (until, None) => until,
+                (None, limit) => limit,
+            };
+        }
+        true
+    });
+    if ended {
+        let callbacks =
+            std::mem::take(&mut *shared.on_end.lock().unwrap_or_else(PoisonError::into_inner));
+        for callback in callbacks {
+            callback(reason);
+        }
+    }
+}
+
+/// Resolves when a lease is lost, released, or outlives its known validity.
+///
+/// Obtained from [`Lease::lost_signal`]; clone it into the tasks doing the
+/// guarded work so they can stop when the lock is gone. It needs no task of
+/// its own: for expiring backends it sleeps until the lease's known validity
+/// runs out and re-arms whenever a refresh extends it.
+///
+/// ```
+/// # async fn demo(lease: distlock::Lease) {
+/// let mut lost = lease.lost_signal();
+/// tokio::select! {
+///     reason = lost.wait() => eprintln!("stopping: {reason}"),
+///     _ = do_work() => {}
+/// }
+/// # }
+/// # async fn do_work() {}
+/// ```
+#[derive(Clone)]
+pub struct LostSignal {
+    status: watch::Receiver<LeaseStatus>,
+    /// Fire this long before the known validity ends (see [`LostSignal::early_by`]).
+    margin: Duration,
+}
+
+impl LostSignal {
+    /// The same signal, firing with [`LostReason::Expired`] `margin` before
+    /// the lease's known validity ends instead of at its end, so that work
+    /// stopped when it fires has stopped before the lock can be anyone
+    /// else's. [`crate::drift_margin`] is the margin distlock itself keeps
+    /// ([`Lease::run_while_held`], [`crate::with_lock`]).
+    pub fn early_by(mut self, margin: Duration) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// When this signal fires by expiry: `margin` before the known validity
+    /// ends (saturating at "already").
+    fn expires_at(&self, status: &LeaseStatus) -> Option<Instant> {
+        status.valid_until.map(|until| {
+            until
+                .checked_sub(self.margin)
+                .unwrap_or(status.renewed_at.min(until))
+        })
+    }
+
+    /// Waits until the lease is lost and says why. Returns at once if it
+    /// already is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future loses nothing; wait again.
+    pub async fn wait(&mut self) -> LostReason {
+        loop {
+            let status = *self.status.borrow_and_update();
+            if let Some(reason) = status.lost {
+                return reason;
+            }
+            match self.expires_at(&status) {
+                Some(deadline) => {
+                    if Instant::now() >= deadline {
+                        return LostReason::Expired;
+                    }
+                    tokio::select! {
+                        changed = self.status.changed() => if changed.is_err() { return LostReason::Released },
+                        () = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                None => {
+                    if self.status.changed().await.is_err() {
+                        return LostReason::Released;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reason the lease is lost, or `None` while it is still believed
+    /// held. Once it has said the lease is lost it never says held again: a
+    /// refresh that arrives after the known validity ended does not revive
+    /// the lease (see [`Lease::refresh`]).
+    pub fn reason(&self) -> Option<LostReason> {
+        let status = *self.status.borrow();
+        status.lost.or(match self.expires_at(&status) {
+            Some(deadline) if Instant::now() >= deadline => Some(LostReason::Expired),
+            _ => None,
+        })
+    }
+
+    /// True once the lease is lost, released or expired.
+    pub fn is_lost(&self) -> bool {
+        self.reason().is_some()
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("reason", &self.reason())
+            .field("margin", &self.margin)
+            .finish()
+    }
+}
+
+/// Records a successful refresh sent at `from` for `ttl`: the lease is held
+/// until `from + ttl` (if it expires at all). A lease whose known validity had
+/// already ended is not revived (its signal may have fired: work was told to
+/// stop): it is marked expired and `Err(reason)` returned.
+pub(super) fn extend_validity(
+    shared: &StatusSender,
+    from: Instant,
+    ttl: Duration,
+) -> Result<(), LostReason> {
+    let now = Instant::now();
+    let mut refused = None;
+    shared.status.send_if_modified(|s| {
+        if let Some(reason) = s.lost {
+            refused = Some(reason);
+            return false;
+        }
+        if s.valid_until.is_some_and(|until| now >= until) {
+            refused = Some(LostReason::Expired);
+            return false;
+        }
+        s.ttl = ttl;
+        s.renewed_at = from;
+        if s.valid_until.is_some() {
+            // A validity too far away for an Instant is "until released".
+            s.valid_until = crate::deadline::checked_deadline(from, ttl);
+        }
+        true
+    });
+    match refused {
+        None => Ok(()),
+        Some(LostReason::Expired) => {
+            mark_lost(shared, LostReason::Expired);
+            Err(LostReason::Expired)
+        }
+        Some(reason) => Err(reason),
+    }
+}
