@@ -30,4 +30,5 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 cargo test --workspace --all-features --no-fail-fast "$@"

@@ -140,13 +140,40 @@ pub struct Capabilities {
 /// The backend-neutral lock contract.
 ///
 /// Object-safe: use it as `Arc<dyn Locker>` (what [`connect`] returns).
-/// Implementors provide [`try_lock`](Locker::try_lock) and
-/// [`unlock`](Locker::unlock); waiting ([`lock`](Locker::lock)) is provided
-/// once for every backend on top of `try_lock` and the optional
-/// [`watch_releases`](Locker::watch_releases) hook.
-///
 /// Every method validates its input ([`validate`]): an empty or oversized key,
-/// or a zero ttl, is [`Error::InvalidInput`].
+/// or a zero ttl, is [`Error::InvalidInput`]. An outage is never reported as
+/// contention: `Ok(None)`, [`Error::NotAcquired`] and [`Error::Timeout`] mean
+/// the backend answered that somebody else holds the lock.
+///
+/// # Implementing a backend
+///
+/// - **Provide** [`backend`](Locker::backend),
+///   [`capabilities`](Locker::capabilities), [`try_lock`](Locker::try_lock)
+///   and [`unlock`](Locker::unlock). Build each grant with [`Lease::new`]
+///   from [`LeaseParts`] (a fresh [`new_owner_token`], the fencing token, a
+///   `valid_until` measured from *before* the request was sent), and keep
+///   its [`Lease::lost_notifier`] if the backend can learn that a lock is
+///   gone (a dead connection).
+/// - **The defaults**: [`lock`](Locker::lock) is the shared waiting loop
+///   (backoff with jitter, woken by [`watch_releases`](Locker::watch_releases)
+///   where it yields, bounded by `timeout` + [`DEADLINE_GRACE`]); override it
+///   only for a server-side wait, and keep that bound
+///   (`deadline::bounded` inside the crate). [`refresh`](Locker::refresh),
+///   [`forget`](Locker::forget): `Unsupported`. `watch_releases`: none.
+///   [`backend_key`](Locker::backend_key): the key itself.
+/// - **Cancel safety**: `try_lock` must be safe to drop at any await point
+///   (the waiting loop and callers' timeouts drop it): an attempt that may
+///   have reached the server is undone by its owner token, as the Redis and
+///   Postgres backends do with drop guards.
+/// - **Wrappers** (a `Locker` around a `Locker`, such as [`PrefixLocker`])
+///   forward every method explicitly (put
+///   `#[deny(clippy::missing_trait_methods)]` on the impl) and re-home the
+///   leases they hand out with [`Lease::rebind`], so release, refresh and the
+///   keepalive pass through them too; a wrapper that rewrites keys also
+///   calls [`Lease::rename`] and maps keys in `unlock` and `refresh`.
+/// - **Conformance**: run [`conformance_suite!`] (feature `testkit`)
+///   against a real server; every check asserts the behaviour your
+///   [`Capabilities`] declare.
 #[async_trait]
 pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// The backend's name (`"memory"`, `"file"`, `"redis"`, ...), used in
@@ -165,9 +192,23 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// One non-blocking attempt to take `key` for `ttl`.
     ///
     /// `Ok(Some(lease))`: acquired. `Ok(None)`: held elsewhere (contention).
-    /// `Err(_)`: the backend failed or the input was invalid; the caller cannot
-    /// tell whether the lock is free. What `ttl` means depends on the backend
-    /// (see [`Capabilities::expires`] and each backend's docs).
+    /// What `ttl` means depends on the backend (see [`Capabilities::expires`]
+    /// and each backend's docs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad key or ttl; [`Error::Backend`] or
+    /// [`Error::DeadlineExceeded`] when the backend failed or did not answer
+    /// within its own bound (the caller cannot tell whether the lock is free;
+    /// [`Error::is_outcome_unknown`] says whether this attempt may have taken
+    /// it, in which case it is being undone); [`Error::Unavailable`] through
+    /// an open [`BreakerLocker`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped attempt that may have taken the lock is undone
+    /// in the background by its owner token, so no lock is left held for a
+    /// caller that is gone.
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>>;
 
     /// Waits up to `timeout` to take `key` for `ttl`.
@@ -185,6 +226,19 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// The default waits with [`WaitPolicy::default`] (see [`WaitLocker`] to
     /// change it); backends with a server-side wait override it, keeping the
     /// same bound.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotAcquired`] (zero timeout) or [`Error::Timeout`] when the
+    /// lock stayed held; [`Error::DeadlineExceeded`] or [`Error::Backend`] on
+    /// an outage; [`Error::InvalidInput`] for a bad key or ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future ends the wait, and an attempt in
+    /// flight is undone as for [`try_lock`](Locker::try_lock) (a Postgres
+    /// server-side wait is cancelled on the server). Nothing is granted to a
+    /// waiter that is gone.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         wait::acquire(self, key, ttl, timeout, &WaitPolicy::default()).await
     }
@@ -195,12 +249,39 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// Works without the [`Lease`] value (for example from another process
     /// handed the owner token) where [`Capabilities::unlock_by_owner`] says so;
     /// elsewhere releasing a lock held by another instance is
-    /// [`Error::Unsupported`].
+    /// [`Error::Unsupported`]. Prefer [`Lease::release`], which also tells the
+    /// lease's watchers first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `owner` does not hold it (expired, taken over,
+    /// already released: nothing was deleted); [`Error::Unsupported`] as
+    /// above; [`Error::Backend`] or [`Error::DeadlineExceeded`] if the backend
+    /// failed (the lock is then freed by its safety net: ttl expiry or the
+    /// end of the holding session).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped unlock may or may not have released the lock; releasing by
+    /// owner token again is always safe (nobody else has the token).
     async fn unlock(&self, key: &str, owner: &str) -> Result<()>;
 
     /// Extends `key` to `ttl` from now if `owner` holds it; otherwise
-    /// [`Error::NotHeld`] and nothing changes. [`Error::Unsupported`] where
-    /// [`Capabilities::refresh`] is false (the default).
+    /// [`Error::NotHeld`] and nothing changes. Where locks do not expire it
+    /// confirms the lock is still held.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `owner` no longer holds it: stop the guarded
+    /// work, somebody else may have the lock. [`Error::Unsupported`] where
+    /// [`Capabilities::refresh`] is false (the default). [`Error::Backend`] or
+    /// [`Error::DeadlineExceeded`] if the backend failed: the lock keeps the
+    /// validity it had, and a retry before it lapses may succeed.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped refresh may or may not have extended the lock; the lease
+    /// keeps its earlier, shorter validity, which is the safe side.
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         let _ = (key, owner, ttl);
         Err(Error::Unsupported {

@@ -24,6 +24,17 @@
 //! release wake-up) assert the backend's documented behaviour either way: a
 //! file lock must *not* expire, a backend without refresh must say
 //! [`Error::Unsupported`].
+//!
+//! # Stability, for third-party backends
+//!
+//! Stable within a minor version: [`Harness`] and its methods, and the
+//! `conformance_suite!(factory)` macro form; run it and your backend is
+//! checked against the contract as this version of distlock defines it.
+//! Not stable: the set of checks (new versions add checks as the contract is
+//! sharpened, and a check may change when the contract does, as
+//! `max_hold_ends_renewal` did when max hold stopped releasing), their
+//! names, and the individual check functions' signatures. Pin distlock's
+//! version if your CI must not see new checks unannounced.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

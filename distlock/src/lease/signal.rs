@@ -23,7 +23,7 @@ pub enum LostReason {
     /// reached in time). Treat the lock as taken by somebody else.
     Expired,
     /// The keepalive stopped renewing because the lease reached its
-    /// [`KeepAlive::max_hold`]. The lock is still held (until released, or
+    /// [`KeepAlive::max_hold`](crate::KeepAlive::max_hold). The lock is still held (until released, or
     /// until its ttl runs out where locks expire): stop the work, then
     /// release.
     MaxHoldExceeded,
@@ -116,7 +116,7 @@ pub struct LostNotifier(pub(super) StatusSender);
 impl LostNotifier {
     /// Marks the lease lost with `reason`, waking every [`LostSignal`]. The
     /// lock may be someone else's at once: the lease's
-    /// [`valid_until`](Lease::valid_until) becomes now.
+    /// [`valid_until`](crate::Lease::valid_until) becomes now.
     pub fn notify(&self, reason: LostReason) {
         mark_lost_with_grace(&self.0, reason, Duration::ZERO);
     }
@@ -124,7 +124,7 @@ impl LostNotifier {
     /// Marks the lease lost with `reason`, where the backend knows the lock
     /// cannot be granted to anyone else for `grace` yet (Postgres: the holder
     /// detects a dead connection before the server does). The lease's
-    /// [`valid_until`](Lease::valid_until) becomes now + `grace` (or stays
+    /// [`valid_until`](crate::Lease::valid_until) becomes now + `grace` (or stays
     /// earlier), so a holder such as `distlock run` can finish stopping its
     /// work within it.
     pub fn notify_with_grace(&self, reason: LostReason, grace: Duration) {
@@ -178,7 +178,7 @@ fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>
 
 /// Resolves when a lease is lost, released, or outlives its known validity.
 ///
-/// Obtained from [`Lease::lost_signal`]; clone it into the tasks doing the
+/// Obtained from [`Lease::lost_signal`](crate::Lease::lost_signal); clone it into the tasks doing the
 /// guarded work so they can stop when the lock is gone. It needs no task of
 /// its own: for expiring backends it sleeps until the lease's known validity
 /// runs out and re-arms whenever a refresh extends it.
@@ -205,7 +205,7 @@ impl LostSignal {
     /// the lease's known validity ends instead of at its end, so that work
     /// stopped when it fires has stopped before the lock can be anyone
     /// else's. [`crate::drift_margin`] is the margin distlock itself keeps
-    /// ([`Lease::run_while_held`], [`crate::with_lock`]).
+    /// ([`Lease::run_while_held`](crate::Lease::run_while_held), [`crate::with_lock`]).
     pub fn early_by(mut self, margin: Duration) -> Self {
         self.margin = margin;
         self
@@ -255,7 +255,7 @@ impl LostSignal {
     /// The reason the lease is lost, or `None` while it is still believed
     /// held. Once it has said the lease is lost it never says held again: a
     /// refresh that arrives after the known validity ended does not revive
-    /// the lease (see [`Lease::refresh`]).
+    /// the lease (see [`Lease::refresh`](crate::Lease::refresh)).
     pub fn reason(&self) -> Option<LostReason> {
         let status = *self.status.borrow();
         status.lost.or(match self.expires_at(&status) {
