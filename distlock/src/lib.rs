@@ -84,6 +84,8 @@ pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "postgres")]
+mod session_registry;
 pub mod validate;
 mod wait;
 mod with_lock;

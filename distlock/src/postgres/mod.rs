@@ -324,7 +324,7 @@ impl PostgresLocker {
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
         let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(Registry::new(errors::BACKEND));
         let weak = Arc::downgrade(&registry);
         let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
             if let Some(registry) = weak.upgrade() {

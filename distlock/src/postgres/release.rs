@@ -11,7 +11,7 @@ impl Inner {
     /// Releases `key` if `owner` holds it through this locker; otherwise
     /// says whether somebody else holds it under that owner.
     pub(super) async fn release(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
-        let Some(held) = self.registry.take(key.id, owner) else {
+        let Some(held) = self.registry.take(&key.id, owner) else {
             return self.release_elsewhere(key, owner).await;
         };
         // The entry is gone before the unlock is sent, with no await in
@@ -48,7 +48,7 @@ impl Inner {
         let not_held = || Error::NotHeld {
             key: key.name.to_owned(),
         };
-        match self.registry.state(key.id) {
+        match self.registry.state(&key.id) {
             // Held (or being taken) here, under another owner.
             Some(Busy::Contended) => return Err(not_held()),
             // Held for nobody here, perhaps; or free, or held elsewhere: the
@@ -107,7 +107,7 @@ impl Inner {
         let not_held = || Error::NotHeld {
             key: key.name.to_owned(),
         };
-        let Some(session) = self.registry.session_of(key.id, owner) else {
+        let Some(session) = self.registry.session_of(&key.id, owner) else {
             return Err(not_held());
         };
         let query_timeout = self.settings.query_timeout;
@@ -115,7 +115,7 @@ impl Inner {
         if errors::within("refresh", query_timeout, context, session.holds(key.id)).await? {
             return Ok(());
         }
-        if let Some(held) = self.registry.take(key.id, owner) {
+        if let Some(held) = self.registry.take(&key.id, owner) {
             held.lost.notify(LostReason::NotHeld);
         }
         Err(not_held())

@@ -1,0 +1,403 @@
+//! Which keys a locker holds, on which server session, for which owner: the
+//! machinery every backend needs whose server locks belong to a *session*
+//! and are re-entrant within it (Postgres advisory locks; MySQL/MariaDB
+//! `GET_LOCK` from 5.7/10.0.2 on), written once, as the .NET DistributedLock
+//! library keeps its multiplexed-session core apart from each SQL backend.
+//!
+//! A second lock of a key on the session that holds it succeeds on such a
+//! server. Locks of many callers share a few sessions, so the server cannot
+//! tell them apart; this map does. A key is *reserved* before its attempt is
+//! sent and stays reserved until the attempt's outcome is known, so two
+//! attempts of one key never race on one session.
+//!
+//! Entries are keyed by what the server locks (Postgres: the 64-bit advisory
+//! key, not the caller's string: two strings that hash alike are one lock on
+//! the server, and so here).
+//!
+//! # Invariants
+//!
+//! - **Who owns a reservation.** [`Registry::reserve`] hands out one
+//!   [`Ticket`] per key at a time, and only the attempt on the key's shared
+//!   session that got it (Postgres: the `Attempt` guard in
+//!   `postgres/acquire.rs`) may end it.
+//!   Nothing else clears `Entry::attempt`: not a grant, not a release, not a
+//!   session's death.
+//! - **When a ticket ends.** Once the attempt's outcome is recorded (granted
+//!   and entered as `held`, or refused), or, for an attempt abandoned after
+//!   its statement may have reached the server, once its cleanup
+//!   (an unlock-if-held behind it on the same session, or closing that
+//!   session) is done. Between abandonment and the end of the cleanup the
+//!   reservation is marked [`Reservation::CleaningUp`]: the server may hold
+//!   the key for nobody, so this locker cannot say whether it is free or
+//!   held elsewhere, and says so (an error) instead of answering
+//!   "contention" or "not held" ([`Registry::state`]).
+//! - **Why native waits skip reservation.** A native wait runs on a
+//!   connection of its own, so its server-side wait is never re-entrant
+//!   with a hold on a shared session: the server orders it against every
+//!   other session, this locker's included, and grants it only once the key
+//!   is free there. Only its grant is recorded (`held`), beside whatever
+//!   reservation an attempt on the shared session has.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use std::fmt;
+use std::hash::Hash;
+
+use crate::{LostNotifier, LostReason};
+
+/// What the registry needs to know of a server session.
+pub(crate) trait HoldingSession: Send + Sync {
+    /// Unique among the sessions of one locker.
+    fn id(&self) -> u64;
+    /// True once the connection is gone: nothing it held is held.
+    fn is_closed(&self) -> bool;
+}
+
+/// The locks of one locker: `K` the key the server locks, `S` its sessions.
+pub(crate) struct Registry<K, S> {
+    /// Backend name, for logs.
+    backend: &'static str,
+    entries: Mutex<HashMap<K, Entry<S>>>,
+    next_ticket: AtomicU64,
+}
+
+impl<K, S> fmt::Debug for Registry<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What this locker knows about one key. The two parts are independent: a
+/// native wait (on a connection of its own) can be granted the key while an
+/// attempt on the shared session is in flight, and release it again before
+/// that attempt reaches the server, which may then grant it too. The
+/// reservation must outlive all of that, or a second attempt could join the
+/// first on the shared session and be granted the key re-entrantly.
+struct Entry<S> {
+    /// The ticket of the attempt in flight (or being cleaned up).
+    attempt: Option<(u64, Reservation)>,
+    held: Option<Held<S>>,
+}
+
+impl<S> Default for Entry<S> {
+    fn default() -> Self {
+        Entry {
+            attempt: None,
+            held: None,
+        }
+    }
+}
+
+impl<S> Entry<S> {
+    fn is_empty(&self) -> bool {
+        self.attempt.is_none() && self.held.is_none()
+    }
+
+    /// A hold wins over a pending cleanup: the key is then held here (the
+    /// server granted it to that session alone, so the abandoned attempt
+    /// cannot hold it too), and "contention" is the truth.
+    fn busy(&self) -> Option<Busy> {
+        match (self.attempt, &self.held) {
+            (_, Some(_)) | (Some((_, Reservation::InFlight)), None) => Some(Busy::Contended),
+            (Some((_, Reservation::CleaningUp)), None) => Some(Busy::CleaningUp),
+            (None, None) => None,
+        }
+    }
+}
+
+/// A lock this locker holds.
+pub(crate) struct Held<S> {
+    pub(crate) owner: String,
+    pub(crate) session: Arc<S>,
+    pub(crate) lost: LostNotifier,
+}
+
+/// A reservation of one key: proof that no other attempt of this locker is
+/// in flight for it. Ended explicitly: see [`Registry::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket<K> {
+    pub(crate) key: K,
+    id: u64,
+}
+
+/// What a reservation's attempt is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reservation {
+    /// Sent, or about to be; its caller is waiting for the answer.
+    InFlight,
+    /// Abandoned after it may have reached the server; its cleanup (release
+    /// if taken, or close the session) is not done yet.
+    CleaningUp,
+}
+
+/// Why a key cannot be reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Busy {
+    /// This locker holds the key, or another caller's attempt is in flight:
+    /// contention, as from any other client.
+    Contended,
+    /// An abandoned attempt's cleanup is pending: whether the key is held
+    /// (and by whom) is unknown until it ends.
+    CleaningUp,
+}
+
+/// Why a granted lock could not be recorded.
+#[derive(Debug)]
+pub(crate) struct SessionClosed;
+
+impl<K, S> Registry<K, S>
+where
+    K: Clone + Hash + Eq + fmt::Debug,
+    S: HoldingSession,
+{
+    /// An empty registry; `backend` names it in logs.
+    pub(crate) fn new(backend: &'static str) -> Self {
+        Registry {
+            backend,
+            entries: Mutex::default(),
+            next_ticket: AtomicU64::new(0),
+        }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<K, Entry<S>>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves `key` for one attempt, or says why not: this locker holds it
+    /// or another attempt is in flight ([`Busy::Contended`], answered
+    /// locally), or an abandoned attempt is still being cleaned up
+    /// ([`Busy::CleaningUp`]).
+    pub(crate) fn reserve(&self, key: K) -> Result<Ticket<K>, Busy> {
+        let mut entries = self.entries();
+        let entry = entries.entry(key.clone()).or_default();
+        if let Some(busy) = entry.busy() {
+            return Err(busy);
+        }
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        entry.attempt = Some((id, Reservation::InFlight));
+        Ok(Ticket { key, id })
+    }
+
+    /// Marks `ticket`'s attempt abandoned: its reservation stays until
+    /// [`release`](Self::release), after the cleanup.
+    pub(crate) fn cleaning_up(&self, ticket: Ticket<K>) {
+        self.update(&ticket.key, |entry| {
+            if let Some((id, state)) = entry.attempt.as_mut() {
+                if *id == ticket.id {
+                    *state = Reservation::CleaningUp;
+                }
+            }
+        });
+    }
+
+    /// Ends a reservation, once its attempt's outcome is recorded (or its
+    /// cleanup is done).
+    pub(crate) fn release(&self, ticket: Ticket<K>) {
+        self.update(&ticket.key, |entry| {
+            if entry.attempt.is_some_and(|(id, _)| id == ticket.id) {
+                entry.attempt = None;
+            }
+        });
+    }
+
+    /// Why `key` cannot be reserved right now, if it cannot.
+    pub(crate) fn state(&self, key: &K) -> Option<Busy> {
+        self.entries().get(key).and_then(Entry::busy)
+    }
+
+    /// Records a granted lock. A reservation of the key stays in place.
+    ///
+    /// The server granted `key` to `held.session`, so no other session holds
+    /// it: a lock still recorded here is on a session that died without its
+    /// death being processed yet. That lease is lost, and is told so now.
+    ///
+    /// Fails if the session has died since: its death was (or is being)
+    /// processed without this entry, so recording it would leave a lease that
+    /// never learns its lock is gone.
+    pub(crate) fn grant(&self, key: K, held: Held<S>) -> Result<(), SessionClosed> {
+        let displaced = {
+            let mut entries = self.entries();
+            if held.session.is_closed() {
+                return Err(SessionClosed);
+            }
+            entries.entry(key.clone()).or_default().held.replace(held)
+        };
+        if let Some(stale) = displaced {
+            tracing::warn!(
+                component = "distlock",
+                backend = self.backend,
+                server_key = ?key,
+                "a lock was granted while this locker still recorded it as held on another session; that lease is lost"
+            );
+            // Outside the map's lock: firing a lost signal may run callbacks.
+            stale.lost.notify(LostReason::ConnectionLost);
+        }
+        Ok(())
+    }
+
+    /// Removes and returns the lock on `key` if `owner` holds it here.
+    pub(crate) fn take(&self, key: &K, owner: &str) -> Option<Held<S>> {
+        let mut taken = None;
+        self.update(key, |entry| {
+            if entry.held.as_ref().is_some_and(|held| held.owner == owner) {
+                taken = entry.held.take();
+            }
+        });
+        taken
+    }
+
+    /// The session holding `key` for `owner`, if this locker holds it.
+    pub(crate) fn session_of(&self, key: &K, owner: &str) -> Option<Arc<S>> {
+        let entries = self.entries();
+        let held = entries.get(key)?.held.as_ref()?;
+        (held.owner == owner).then(|| held.session.clone())
+    }
+
+    /// Forgets every lock held on session `session_id`, which is gone, and
+    /// fires their lost signals, each with `grace`: how long the server may
+    /// still hold those locks (Postgres: `Settings::partition_grace`).
+    pub(crate) fn session_closed(&self, session_id: u64, why: &str, grace: Duration) {
+        let mut lost = Vec::new();
+        self.entries().retain(|_, entry| {
+            if entry
+                .held
+                .as_ref()
+                .is_some_and(|held| held.session.id() == session_id)
+            {
+                lost.extend(entry.held.take().map(|held| held.lost));
+            }
+            !entry.is_empty()
+        });
+        if !lost.is_empty() {
+            tracing::warn!(
+                component = "distlock",
+                backend = self.backend,
+                leases = lost.len(),
+                why,
+                grace_ms = grace.as_millis() as u64,
+                "a session holding locks ended; the server has released them, or will within the grace"
+            );
+        }
+        // Fired outside the map's lock: a lost signal may run callbacks.
+        for notifier in lost {
+            notifier.notify_with_grace(LostReason::ConnectionLost, grace);
+        }
+    }
+
+    /// Changes the entry of `key`, if any, and drops it once empty.
+    fn update(&self, key: &K, change: impl FnOnce(&mut Entry<S>)) {
+        let mut entries = self.entries();
+        if let Some(entry) = entries.get_mut(key) {
+            change(entry);
+            if entry.is_empty() {
+                entries.remove(key);
+            }
+        }
+    }
+
+    /// How many locks this locker holds.
+    pub(crate) fn held_count(&self) -> usize {
+        self.entries()
+            .values()
+            .filter(|entry| entry.held.is_some())
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use crate::memory::MemoryLocker;
+    use crate::{Lease, LeaseParts, Locker, LostReason};
+
+    use super::*;
+
+    /// A session that is only an id and a liveness flag.
+    #[derive(Debug, Default)]
+    struct FakeSession {
+        id: u64,
+        closed: AtomicBool,
+    }
+
+    impl HoldingSession for FakeSession {
+        fn id(&self) -> u64 {
+            self.id
+        }
+        fn is_closed(&self) -> bool {
+            self.closed.load(Ordering::SeqCst)
+        }
+    }
+
+    fn lease() -> Lease {
+        Lease::new(
+            LeaseParts {
+                key: "k".into(),
+                owner: "waiter".into(),
+                fencing_token: None,
+                ttl: Duration::from_secs(1),
+                valid_until: None,
+            },
+            Arc::new(MemoryLocker::new()) as Arc<dyn Locker>,
+        )
+    }
+
+    fn held(lease: &Lease, session: &Arc<FakeSession>) -> Held<FakeSession> {
+        Held {
+            owner: "waiter".into(),
+            session: session.clone(),
+            lost: lease.lost_notifier(),
+        }
+    }
+
+    /// The sequence that once let two attempts of one key share a session: an
+    /// attempt is in flight when a native wait is granted the key and
+    /// releases it. The attempt's reservation must survive both.
+    #[test]
+    fn a_grant_and_release_by_a_waiter_keep_an_attempts_reservation() {
+        let waiter_session = Arc::new(FakeSession {
+            id: 3,
+            ..FakeSession::default()
+        });
+        let registry = Registry::<i64, FakeSession>::new("test");
+
+        let attempt = registry.reserve(7).expect("free key");
+        let first = lease();
+        registry.grant(7, held(&first, &waiter_session)).unwrap();
+        assert_eq!(registry.reserve(7), Err(Busy::Contended), "held");
+        assert!(registry.take(&7, "waiter").is_some());
+        assert_eq!(
+            registry.reserve(7),
+            Err(Busy::Contended),
+            "the first attempt is still in flight"
+        );
+        // Abandoned: its cleanup keeps the reservation, and says so.
+        registry.cleaning_up(attempt);
+        assert_eq!(registry.state(&7), Some(Busy::CleaningUp));
+        assert_eq!(registry.reserve(7), Err(Busy::CleaningUp));
+        registry.release(attempt);
+        assert_eq!(registry.state(&7), None, "an empty entry is dropped");
+        assert!(registry.reserve(7).is_ok());
+
+        // A session's death loses its leases and forgets them.
+        let second = lease();
+        registry.grant(8, held(&second, &waiter_session)).unwrap();
+        registry.session_closed(waiter_session.id, "test", Duration::ZERO);
+        assert_eq!(
+            second.lost_signal().reason(),
+            Some(LostReason::ConnectionLost)
+        );
+        assert_eq!(registry.held_count(), 0);
+
+        // A grant on a session that died meanwhile is refused: nothing would
+        // ever tell its lease.
+        waiter_session.closed.store(true, Ordering::SeqCst);
+        let third = lease();
+        assert!(registry.grant(9, held(&third, &waiter_session)).is_err());
+    }
+}
