@@ -2,7 +2,6 @@
 //! configured with timeouts that would end waits or idle sessions, or
 //! blocked by another client's row lock. Each test owns its server, since it
 //! pauses or reconfigures it.
-#![cfg(feature = "postgres")]
 
 use std::io::Write;
 use std::process::Stdio;
@@ -13,28 +12,10 @@ use distlock::{Error, Locker, DEADLINE_GRACE};
 use test_servers::PostgresServer;
 use tokio::time::Instant;
 
+use crate::common::eventually;
+use crate::support::{holders, unique};
+
 const TTL: Duration = Duration::from_secs(30);
-
-fn unique(name: &str) -> String {
-    format!("{name}-{:016x}", rand::random::<u64>())
-}
-
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn holders(server: &PostgresServer, key: i64) -> Vec<i32> {
-    server
-        .advisory_locks()
-        .into_iter()
-        .filter(|(_, k)| *k == key)
-        .map(|(pid, _)| pid)
-        .collect()
-}
 
 /// Waits on advisory key `key` that the server has not granted yet.
 fn waiting_on(server: &PostgresServer, key: i64) -> usize {

@@ -2,7 +2,6 @@
 //! frozen server, lost replies, cancelled and blackholed acquires (through
 //! test-servers' [`FaultProxy`]), and keys written by other clients. Each test
 //! owns its redis-server, since most of them break it.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 
@@ -11,13 +10,9 @@ use distlock::{Error, Locker};
 use test_servers::{FaultProxy, RedisOptions, RedisServer};
 use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(30);
+use crate::support::connect;
 
-async fn connect(server: &RedisServer) -> RedisLocker {
-    RedisLocker::from_url(&server.url())
-        .await
-        .expect("connect to the test redis-server")
-}
+const TTL: Duration = Duration::from_secs(30);
 
 /// Retries `attempt` while it fails with an outage (the connection
 /// recovering after a restart), for up to 5 s; anything else is returned.

@@ -1,7 +1,6 @@
 //! The conformance suite on the Postgres backend, against a real server this
 //! test binary starts; every client is a separate `PostgresLocker` (its own
 //! sessions), as separate processes would be.
-#![cfg(feature = "postgres")]
 
 use std::sync::{Arc, OnceLock};
 

@@ -5,7 +5,6 @@
 //! The server lives in a `static`, which is never dropped; test-servers ties it
 //! to this process (`PR_SET_PDEATHSIG`), so it dies with the test binary under
 //! both `cargo test` (one process) and `cargo nextest` (one per test).
-#![cfg(feature = "redis")]
 
 use std::sync::{Arc, OnceLock};
 

@@ -1,5 +1,4 @@
 //! `distlock run` against a real PostgreSQL.
-#![cfg(feature = "postgres")]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
@@ -8,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use test_servers::{netns, PostgresServer};
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+use crate::support::{stderr, BIN};
 
 fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
@@ -115,12 +114,7 @@ fn a_sigkilled_holder_frees_its_lock_within_a_second_or_two() {
     );
     eprintln!("advisory lock gone {freed_after:?} after SIGKILL");
     let next = try_once(&server.url(), "pg-crash");
-    assert_eq!(
-        next.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&next.stderr)
-    );
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
 }
 
 #[test]
@@ -139,7 +133,7 @@ fn a_wrong_password_exits_69_without_printing_it() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(69));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr(&output);
     assert!(
         stderr.contains("password authentication failed"),
         "{stderr}"
@@ -196,8 +190,9 @@ fn holder_session(server: &PostgresServer) -> (i32, u16) {
 /// `nft`.
 #[test]
 fn a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock() {
+    // The test's path in this binary, as `--exact` matches it.
     const NAME: &str =
-        "a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock";
+        "postgres::a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock";
     if !netns::inside(NAME) {
         return netns::rerun_inside(NAME);
     }

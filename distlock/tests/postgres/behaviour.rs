@@ -2,7 +2,6 @@
 //! real server: lost-lock detection, native waiting, cancellation, the
 //! connection bound, raw keys, the transaction-scoped API, fencing, TLS and
 //! clear errors.
-#![cfg(feature = "postgres")]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -16,6 +15,9 @@ use distlock::{Error, Locker, LostReason};
 use futures_util::FutureExt;
 use test_servers::{PostgresOptions, PostgresServer};
 use tokio::time::Instant;
+
+use crate::common::eventually;
+use crate::support::{holders, unique};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -32,32 +34,6 @@ async fn connect_to(server: &PostgresServer, params: &str) -> PostgresLocker {
     PostgresLocker::from_url(&format!("{}{params}", server.url()))
         .await
         .expect("connect to the test server")
-}
-
-/// The server processes holding advisory key `key`.
-fn holders(server: &PostgresServer, key: i64) -> Vec<i32> {
-    server
-        .advisory_locks()
-        .into_iter()
-        .filter(|(_, k)| *k == key)
-        .map(|(pid, _)| pid)
-        .collect()
-}
-
-/// Polls until `condition` holds, or panics after `within`.
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        if condition() {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{:016x}", rand::random::<u64>())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1010,7 +986,8 @@ async fn killed_holder_process_frees_its_lock_within_a_second() {
     let key = unique("killed-holder");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "child_holds_a_lock_until_killed",
+            // The test's path in this binary, as `--exact` matches it.
+            "behaviour::child_holds_a_lock_until_killed",
             "--exact",
             "--ignored",
             "--nocapture",

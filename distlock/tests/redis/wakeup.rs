@@ -2,7 +2,6 @@
 //! locker, subscriptions following the waiters, waiters that keep going
 //! (by polling) when that connection dies, and a silent connection (through
 //! test-servers' [`FaultProxy`]) found dead by its PING.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 
@@ -12,17 +11,16 @@ use test_servers::{FaultProxy, RedisServer};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::common::eventually;
+use crate::support::connect;
+
 const TTL: Duration = Duration::from_secs(30);
 /// Long enough for a polling waiter to reach its largest delay (100–200 ms).
 const SETTLE: Duration = Duration::from_millis(600);
 /// A woken waiter acquires well within this; a polling one usually does not.
 const PROMPT: Duration = Duration::from_millis(50);
-
-async fn connect(server: &RedisServer) -> RedisLocker {
-    RedisLocker::from_url(&server.url())
-        .await
-        .expect("connect to the test redis-server")
-}
+/// How long the server may take to show a subscription change.
+const SETTLED_WITHIN: Duration = Duration::from_secs(3);
 
 fn wait_for(locker: &RedisLocker, key: &str) -> JoinHandle<(Lease, Instant)> {
     let (locker, key) = (locker.clone(), key.to_owned());
@@ -50,15 +48,6 @@ fn subscriber_connections(server: &RedisServer) -> usize {
         .cli(&["CLIENT", "LIST", "TYPE", "pubsub"])
         .lines()
         .count()
-}
-
-/// Polls `condition` for up to 3 s.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +88,7 @@ async fn waiters_share_one_subscriber_connection_and_unsubscribe_when_done() {
     for task in tasks {
         task.await.expect("every waiter acquires and releases");
     }
-    eventually("every channel is unsubscribed", || {
+    eventually(SETTLED_WITHIN, "every channel is unsubscribed", || {
         server.cli(&["PUBSUB", "CHANNELS", "*"]).is_empty()
     })
     .await;
@@ -113,7 +102,7 @@ async fn a_killed_subscriber_connection_ends_the_streams_and_the_next_waiter_rec
     let waiter = wait_for(&waiters, "k");
     tokio::time::sleep(SETTLE).await;
     server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    eventually("the subscriber connection is gone", || {
+    eventually(SETTLED_WITHIN, "the subscriber connection is gone", || {
         subscriber_connections(&server) == 0
     })
     .await;

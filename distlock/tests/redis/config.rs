@@ -1,6 +1,5 @@
 //! Configuring and authenticating the Redis backend against real servers:
 //! passwords, ACL users, key prefixes from JSON/YAML/env, TLS.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 

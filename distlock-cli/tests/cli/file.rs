@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use distlock::file::FileLocker;
 use distlock::Locker;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+use crate::support::{alive, code, stderr, wait_for_exit, BIN};
 
 /// A private lock directory and the `distlock` command pointed at it.
 struct Fixture {
@@ -50,14 +50,6 @@ impl Fixture {
     }
 }
 
-fn code(output: &Output) -> i32 {
-    output.status.code().expect("exited normally")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 fn wait_for_file(path: &Path, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
@@ -72,33 +64,6 @@ fn wait_for_file(path: &Path, within: Duration) -> String {
             path.display()
         );
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_for_exit(child: &mut Child, within: Duration) -> i32 {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "distlock did not exit within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// True while `pid` names a live (not zombie) process.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
     }
 }
 

@@ -1,7 +1,6 @@
 //! The circuit breaker over a real Redis that dies and comes back: transport
 //! errors, then `Unavailable` once the circuit opens — never contention — and
 //! the circuit closes once the server is back.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 

@@ -1,5 +1,4 @@
 //! `distlock run` against a real Redis.
-#![cfg(feature = "redis")]
 
 use std::process::Command;
 use std::time::Duration;
@@ -7,7 +6,7 @@ use std::time::Duration;
 use distlock::Locker;
 use test_servers::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+use crate::support::{alive, stderr, BIN};
 
 #[tokio::test]
 async fn run_holds_the_redis_lock_while_the_command_runs_and_frees_it_after() {
@@ -22,12 +21,7 @@ async fn run_holds_the_redis_lock_while_the_command_runs_and_frees_it_after() {
         .env("PORT", server.port().to_string())
         .output()
         .expect("run distlock");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{stdout:?}");
@@ -73,12 +67,7 @@ async fn run_exits_75_when_another_client_holds_the_redis_lock() {
         ])
         .output()
         .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(matches!(
         lease.release().await,
         Err(distlock::Error::NotHeld { .. })
@@ -100,12 +89,7 @@ fn bench_leaves_no_key_behind() {
         ])
         .output()
         .expect("run distlock");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(
         stdout.lines().count(),
@@ -135,7 +119,7 @@ fn an_unreachable_server_exits_69_naming_it() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(69));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr(&output);
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }
 
@@ -151,7 +135,7 @@ fn a_wrong_password_exits_69_naming_authentication_and_hiding_the_password() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(69));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr(&output);
     assert!(stderr.contains("authentication"), "{stderr}");
     assert!(
         !stderr.contains("wrong-secret"),
@@ -209,24 +193,11 @@ fn a_dead_server_stops_the_command_once_the_lease_expires() {
         killed_at.elapsed()
     );
     let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr(&output);
     assert!(
         stderr.contains("lock \"doomed\" could not be refreshed and is valid for"),
         "{stderr}"
     );
-}
-
-/// True while `pid` names a live (not zombie) process.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
 }
 
 #[test]
@@ -342,7 +313,7 @@ fn a_term_ignoring_command_is_killed_before_a_paused_servers_lease_could_expire(
     };
     assert_eq!(status.code(), Some(76));
     let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr(&output);
     assert!(
         stderr.contains("--kill-after 5s is capped at 880ms"),
         "{stderr}"

@@ -1,0 +1,12 @@
+//! The `distlock` binary end to end: real processes, real signals, real
+//! servers (test-servers). One test binary with a module per backend, as
+//! ripgrep's `tests/tests.rs` groups its integration tests, so the CLI's
+//! tests link once.
+
+mod support;
+
+mod file;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;

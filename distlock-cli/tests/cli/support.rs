@@ -1,0 +1,47 @@
+//! Helpers every module of the CLI tests uses: the binary under test and
+//! what a test reads from the processes it runs.
+
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+/// The `distlock` binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// The exit code of a process that exited (not killed by a signal).
+pub fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited normally")
+}
+
+/// What a finished process wrote to stderr, lossily decoded.
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Polls `child` until it exits and returns its code (-1 if a signal ended
+/// it), or panics after `within`.
+pub fn wait_for_exit(child: &mut Child, within: Duration) -> i32 {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "distlock did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// True while `pid` names a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}

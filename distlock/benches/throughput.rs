@@ -1,0 +1,211 @@
+//! Acquire+release cycles per second on the Redis and Postgres backends, 1
+//! and 16 concurrent tasks (each on its own key, so the figure is round
+//! trips, not contention), next to each backend's physical floor: the same
+//! cycle as bare commands on the same kind of connection (`SET NX PX` + `DEL`
+//! on a redis-rs `ConnectionManager`; `pg_try_advisory_lock` +
+//! `pg_advisory_unlock` on one tokio-postgres connection per task).
+//!
+//! A measurement, not a check: it asserts nothing about speed. The servers
+//! are private ones test-servers starts on free loopback ports. Run it with:
+//!
+//! ```text
+//! cargo bench -p distlock --all-features --bench throughput
+//! ```
+//!
+//! Client and server share the machine's cores, so figures swing between
+//! runs: each contender is measured right after the one it is compared with
+//! (interleaved per task count), so compare the columns of one run.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::postgres::PostgresLocker;
+use distlock::redis::RedisLocker;
+use distlock::Locker;
+use redis::aio::ConnectionManager;
+use test_servers::{PostgresServer, RedisServer};
+use tokio::time::Instant;
+
+const RUN_FOR: Duration = Duration::from_secs(2);
+/// The lease ttls of the measurements this replaced (long enough that no
+/// cycle ever meets an expiry).
+const REDIS_TTL: Duration = Duration::from_secs(10);
+const POSTGRES_TTL: Duration = Duration::from_secs(30);
+const TASKS: [usize; 2] = [1, 16];
+
+fn main() {
+    // Two workers, as the machine has two vCPUs shared with the server.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(async {
+            redis_cycles().await;
+            println!();
+            postgres_cycles().await;
+        });
+}
+
+/// Runs `cycle(task index)` in `tasks` concurrent loops for [`RUN_FOR`] and
+/// returns completed cycles per second.
+async fn cycles_per_second<F, Fut>(tasks: usize, cycle: F) -> f64
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let cycle = Arc::new(cycle);
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + RUN_FOR;
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (cycle, done) = (cycle.clone(), done.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    cycle(task).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.expect("measuring task");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// One `try_lock` + `release` of a key of the task's own.
+async fn distlock_cycle(locker: impl Locker, ttl: Duration, task: usize) {
+    let key = format!("bench-{task}");
+    let lease = locker
+        .try_lock(&key, ttl)
+        .await
+        .expect("acquire")
+        .expect("own key");
+    lease.release().await.expect("release");
+}
+
+async fn redis_cycles() {
+    let server = RedisServer::start();
+    let locker = RedisLocker::from_url(&server.url())
+        .await
+        .expect("connect to the bench redis-server");
+    let raw = ConnectionManager::new(redis::Client::open(server.url()).expect("a redis URL"))
+        .await
+        .expect("connect to the bench redis-server");
+
+    println!("tasks  distlock cycles/s  raw SET NX PX + DEL cycles/s  ratio");
+    for tasks in TASKS {
+        let distlock = {
+            let locker = locker.clone();
+            cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), REDIS_TTL, task)
+            })
+            .await
+        };
+        let floor = {
+            let raw = raw.clone();
+            cycles_per_second(tasks, move |task| {
+                let mut raw = raw.clone();
+                async move {
+                    let key = format!("raw-{task}");
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg("token")
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(10_000)
+                        .query_async(&mut raw)
+                        .await
+                        .expect("SET NX PX");
+                    assert!(set.is_some(), "own key");
+                    let _: i64 = redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async(&mut raw)
+                        .await
+                        .expect("DEL");
+                }
+            })
+            .await
+        };
+        println!(
+            "{tasks:>5}  {distlock:>18.0}  {floor:>28.0}  {:>5.2}",
+            distlock / floor
+        );
+    }
+}
+
+async fn postgres_cycles() {
+    let server = PostgresServer::start();
+    let mut lockers = Vec::new();
+    for (label, params) in [("fencing on", ""), ("fencing off", "&fencing=off")] {
+        let locker = PostgresLocker::from_url(&format!("{}{params}", server.url()))
+            .await
+            .expect("connect to the bench server");
+        lockers.push((label, locker));
+    }
+    for tasks in TASKS {
+        for (label, locker) in &lockers {
+            let locker = locker.clone();
+            let rate = cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), POSTGRES_TTL, task)
+            })
+            .await;
+            println!("distlock postgres ({label}), {tasks:>2} tasks: {rate:>8.0} cycles/s");
+        }
+        let clients = raw_postgres_clients(&server, tasks).await;
+        let rate = cycles_per_second(tasks, move |task| {
+            let prepared = clients[task].clone();
+            async move {
+                let (client, lock, unlock) = &*prepared;
+                let key = 1_000_000 + task as i64;
+                let got: bool = client
+                    .query_one(lock, &[&key])
+                    .await
+                    .expect("pg_try_advisory_lock")
+                    .get(0);
+                assert!(got, "own key");
+                let _: bool = client
+                    .query_one(unlock, &[&key])
+                    .await
+                    .expect("pg_advisory_unlock")
+                    .get(0);
+            }
+        })
+        .await;
+        println!(
+            "raw pg_try_advisory_lock + unlock, {tasks:>2} tasks: {rate:>8.0} cycles/s \
+             (the floor: 2 round trips)"
+        );
+    }
+}
+
+type Prepared = (
+    tokio_postgres::Client,
+    tokio_postgres::Statement,
+    tokio_postgres::Statement,
+);
+
+/// One connection per task, with the lock and unlock statements prepared.
+async fn raw_postgres_clients(server: &PostgresServer, tasks: usize) -> Vec<Arc<Prepared>> {
+    let mut clients = Vec::new();
+    for _ in 0..tasks {
+        let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the bench server");
+        tokio::spawn(connection);
+        let lock = client
+            .prepare("SELECT pg_try_advisory_lock($1)")
+            .await
+            .expect("prepare the lock");
+        let unlock = client
+            .prepare("SELECT pg_advisory_unlock($1)")
+            .await
+            .expect("prepare the unlock");
+        clients.push(Arc::new((client, lock, unlock)));
+    }
+    clients
+}

@@ -1,0 +1,12 @@
+//! What the Postgres backend promises beyond the shared contract (which
+//! `tests/conformance` checks), on real servers: behaviour on a healthy
+//! server, faults of a misbehaving one, and a real network partition. One
+//! binary with a module per area, built with the `postgres` feature only.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod support;
+
+mod behaviour;
+mod faults;
+mod partition;

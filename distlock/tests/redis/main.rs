@@ -1,0 +1,14 @@
+//! What the Redis backend promises beyond the shared contract (which
+//! `tests/conformance` checks), on real redis-servers each test starts:
+//! configuration and authentication, the circuit breaker over a dying
+//! server, faults, and release notifications. One binary with a module per
+//! area, built with the `redis` feature only.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod support;
+
+mod breaker;
+mod config;
+mod faults;
+mod wakeup;
