@@ -52,6 +52,9 @@ pub(crate) struct WatchdogArgs {
     /// Write end of the pipe CMD's child waits on.
     #[arg(long)]
     pub(crate) go: i32,
+    /// A descriptor of the lock's open file, held until the watchdog exits.
+    #[arg(long)]
+    pub(crate) hold: Option<i32>,
 }
 
 /// Where the locks live.

@@ -93,7 +93,17 @@ pub(crate) async fn supervise(args: &RunArgs, lease: &Lease, kill_after: Duratio
     if let Err(error) = process_group::become_subreaper() {
         tracing::warn!(%error, "cannot become a child subreaper; orphans of the command are reaped by init");
     }
-    let (lifeline, handoff) = match crate::watchdog::start() {
+    // A file lock stays held by the watchdog until CMD's group is gone, even
+    // if distlock dies first.
+    let lock_file = match lease.duplicate_lock_fd() {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "cannot hand the lock file to the watchdog; a SIGKILLed distlock would free the lock as the watchdog starts killing the command");
+            None
+        }
+        None => None,
+    };
+    let (lifeline, handoff) = match crate::watchdog::start(lock_file) {
         Ok(started) => started,
         Err(error) => {
             eprintln!("distlock: cannot start the watchdog process: {error}");

@@ -31,6 +31,15 @@
 //! only after exec, and exec waits for "go": distlock cannot learn the pid
 //! before the watchdog needs it.
 //!
+//! On the file backend the watchdog also holds a duplicate of the lock file's
+//! descriptor (`--hold`, from [`distlock::Lease::duplicate_lock_fd`]): a
+//! `flock` belongs to the open file, so the lock stays held until the
+//! watchdog exits, which it does only after CMD's group is empty (or after
+//! distlock said "done"). A SIGKILLed distlock therefore cannot free a file
+//! lock while CMD's processes still run; the kernel frees it when the
+//! watchdog, having killed them, exits. (Postgres and Redis locks belong to
+//! a connection or expire on the server: nothing can be handed over there.)
+//!
 //! The watchdog ignores the terminal's signals (SIGINT, SIGQUIT, SIGTSTP,
 //! SIGHUP, ...) and sits in its own process group, so neither Ctrl-C nor
 //! `kill -9 %1` of distlock's job reaches it.
@@ -64,14 +73,40 @@ pub(crate) struct Lifeline {
     write: File,
     /// The watchdog's pid, so the reaper can tell it from CMD's processes.
     pub(crate) watchdog_pid: u32,
+    /// The watchdog holds the lock's open file: it must be gone before the
+    /// lock is released, or the release would not free the lock.
+    holds_lock: bool,
 }
 
 impl Lifeline {
     /// Tells the watchdog that CMD's group has exited, so it exits without
-    /// signalling anything. A failed write is harmless: the watchdog then sees
-    /// EOF and signals a group that no longer exists.
+    /// signalling anything, and, if it holds the lock's open file, waits
+    /// (up to 2 s) until it has exited and so closed it. A failed write is
+    /// harmless: the watchdog then sees EOF and signals a group that no
+    /// longer exists.
     pub(crate) fn done(mut self) {
         let _ = self.write.write_all(&[DONE]);
+        if self.holds_lock {
+            wait_for_exit(self.watchdog_pid, Duration::from_secs(2));
+        }
+    }
+}
+
+/// Reaps `pid` (distlock's child), polling for at most `within`. A pid
+/// already reaped elsewhere (ECHILD) counts as exited.
+fn wait_for_exit(pid: u32, within: Duration) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    let started = Instant::now();
+    while started.elapsed() < within {
+        let mut status = 0;
+        // SAFETY: waitpid writes only to `status`.
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if reaped != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -96,17 +131,20 @@ impl Handoff {
     }
 }
 
-/// Starts the watchdog. Returns distlock's lifeline and the descriptors CMD's
-/// child needs. Fails if the pipes cannot be made or distlock cannot
-/// re-execute itself.
-pub(crate) fn start() -> io::Result<(Lifeline, Handoff)> {
+/// Starts the watchdog, handing it `lock_file` to hold if the lock is an open
+/// file. Returns distlock's lifeline and the descriptors CMD's child needs.
+/// Fails if the pipes cannot be made or distlock cannot re-execute itself.
+pub(crate) fn start(lock_file: Option<OwnedFd>) -> io::Result<(Lifeline, Handoff)> {
     let (lifeline_read, lifeline_write) = pipe()?;
     let (pid_read, pid_write) = pipe()?;
     let (go_read, go_write) = pipe()?;
+    let hold = lock_file.as_ref().map(AsRawFd::as_raw_fd);
     let handed = [
         lifeline_read.as_raw_fd(),
         pid_read.as_raw_fd(),
         go_write.as_raw_fd(),
+        // -1: nothing to hold (skipped below).
+        hold.unwrap_or(-1),
     ];
     let mut command = Command::new("/proc/self/exe");
     command
@@ -116,7 +154,11 @@ pub(crate) fn start() -> io::Result<(Lifeline, Handoff)> {
         .arg("--pid")
         .arg(handed[1].to_string())
         .arg("--go")
-        .arg(handed[2].to_string())
+        .arg(handed[2].to_string());
+    if let Some(hold) = hold {
+        command.arg("--hold").arg(hold.to_string());
+    }
+    command
         // It prints nothing, and must not keep a caller's pipe open (`$(distlock
         // run ...)`, `2>&1 | ...`) during its last moments after distlock.
         .stdin(Stdio::null())
@@ -131,10 +173,10 @@ pub(crate) fn start() -> io::Result<(Lifeline, Handoff)> {
             if libc::setpgid(0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            // Exactly these three ends survive exec; the lifeline's write end
+            // Exactly these ends survive exec; the lifeline's write end
             // stays close-on-exec so that only distlock holds it.
             for fd in handed {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                if fd >= 0 && libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                     return Err(io::Error::last_os_error());
                 }
             }
@@ -150,6 +192,7 @@ pub(crate) fn start() -> io::Result<(Lifeline, Handoff)> {
         Lifeline {
             write: File::from(lifeline_write),
             watchdog_pid: child.id(),
+            holds_lock: lock_file.is_some(),
         },
         Handoff {
             pid_write,
@@ -198,6 +241,9 @@ pub(crate) fn main(args: WatchdogArgs) -> u8 {
             File::from_raw_fd(args.go),
         )
     };
+    // Held until this process exits: the lock stays held while it lives.
+    // SAFETY: as above, handed to this process for this purpose only.
+    let _lock_file = args.hold.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
     let mut raw = [0u8; 4];
     // EOF before a pid: CMD's spawn failed before its child got that far, so
     // there is no group to guard; wait for distlock all the same.

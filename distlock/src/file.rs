@@ -225,6 +225,14 @@ impl FileLocker {
         true
     }
 
+    /// A new descriptor of the open lock file through which `owner` holds
+    /// `key` here (it shares the `flock`: see [`Lease::duplicate_lock_fd`]).
+    fn duplicate_held(&self, key: &str, owner: &str) -> Option<io::Result<std::os::fd::OwnedFd>> {
+        let held = self.held();
+        let file = &held.get(key).filter(|h| h.owner == owner)?.file;
+        Some(file.try_clone().map(std::os::fd::OwnedFd::from))
+    }
+
     /// Unlock of a lock this instance does not hold: tell the caller whether
     /// it is held elsewhere under `owner` (which only its process can free).
     fn unlock_elsewhere(&self, key: &str, owner: &str) -> Result<()> {
@@ -310,12 +318,14 @@ impl Locker for FileLocker {
             ttl,
             valid_until: None,
         };
-        let this = self.clone();
-        let sync_key = key.to_owned();
+        let (this, sync_key) = (self.clone(), key.to_owned());
+        let (dup_this, dup_key, dup_owner) = (self.clone(), key.to_owned(), owner.clone());
         Ok(Some(
-            Lease::new(parts, Arc::new(self.clone())).with_sync_release(move || {
-                this.release_held(&sync_key, &owner);
-            }),
+            Lease::new(parts, Arc::new(self.clone()))
+                .with_sync_release(move || {
+                    this.release_held(&sync_key, &owner);
+                })
+                .with_lock_fd(move || dup_this.duplicate_held(&dup_key, &dup_owner)),
         ))
     }
 
@@ -687,5 +697,35 @@ mod tests {
             "{err}"
         );
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious\n");
+    }
+
+    #[tokio::test]
+    async fn a_duplicated_lock_fd_keeps_the_lock_held_after_the_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let (holder, other) = (
+            FileLocker::new(dir.path()).unwrap(),
+            FileLocker::new(dir.path()).unwrap(),
+        );
+        let lease = holder
+            .try_lock("k", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        let duplicate = lease.duplicate_lock_fd().expect("a file lock").unwrap();
+        lease.release().await.unwrap();
+        assert!(
+            other
+                .try_lock("k", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_none(),
+            "the open file is still held through the duplicate"
+        );
+        drop(duplicate);
+        let next = other.try_lock("k", Duration::from_secs(5)).await.unwrap();
+        assert!(
+            next.is_some(),
+            "closing the last descriptor frees the flock"
+        );
     }
 }

@@ -575,6 +575,117 @@ fn kill_9_of_distlock_kills_every_process_of_a_forking_command_before_anyone_els
     }
 }
 
+/// The watchdog of the distlock process `parent`: its child whose command
+/// line starts with `distlock-watchdog`.
+fn watchdog_of(parent: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1));
+            if cmdline.starts_with(b"distlock-watchdog") && ppid == Some(&parent.to_string()) {
+                return pid;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no watchdog under distlock {parent}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Set, to the test's name, in the re-run of a test as a child subreaper.
+const ADOPTER_VAR: &str = "DISTLOCK_TEST_SUBREAPER_SCENARIO";
+
+/// True in the re-run of `test` (then this process is a child subreaper); in
+/// the outer run, re-runs `test` alone in a new process of this binary that
+/// adopts the orphans of the processes it starts, and checks it passed.
+/// A subreaper adopting them keeps their process groups from becoming
+/// "orphaned", which would make the kernel SIGCONT their stopped members.
+fn as_subreaper(test: &str) -> bool {
+    if std::env::var(ADOPTER_VAR).as_deref() == Ok(test) {
+        // SAFETY: prctl with these arguments only sets a process attribute.
+        let set = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+        assert_eq!(
+            set,
+            0,
+            "PR_SET_CHILD_SUBREAPER: {}",
+            std::io::Error::last_os_error()
+        );
+        return true;
+    }
+    let output = Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ADOPTER_VAR, test)
+        .output()
+        .expect("re-run the test");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{test} failed:\n{stdout}{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "{test} did not run (is the name exact?)"
+    );
+    false
+}
+
+/// The file lock outlives a SIGKILLed distlock for exactly as long as the
+/// command's group does: the watchdog holds the lock file's open file. With
+/// the watchdog stopped, the group's sleeper survives distlock, and the lock
+/// must still be held; once the watchdog runs, it kills the group and exits,
+/// and only then is the lock free. (Before, the kernel freed the lock the
+/// moment distlock died, and a next holder could start beside the sleeper.)
+#[tokio::test]
+async fn a_sigkilled_distlock_keeps_a_file_lock_held_until_its_command_group_is_dead() {
+    const NAME: &str =
+        "file::a_sigkilled_distlock_keeps_a_file_lock_held_until_its_command_group_is_dead";
+    if !as_subreaper(NAME) {
+        return;
+    }
+    let fixture = Fixture::new();
+    let pid_file = fixture.path("sleeper");
+    let script = format!("sleep 1234 & echo $! > {}; wait", pid_file.display());
+    let mut holder = fixture
+        .distlock()
+        .args(["run", "--key", "held", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let sleeper = read_pids(&pid_file, 1)[0];
+    let watchdog = watchdog_of(holder.id());
+    let _cleanup = KillOnDrop(vec![sleeper, watchdog]);
+    test_servers::signal(watchdog, libc::SIGSTOP);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(alive(sleeper), "the stopped watchdog cannot have killed it");
+    let contender = fixture.locker();
+    assert!(
+        contender
+            .try_lock("held", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "distlock is dead but its command's sleeper runs: the lock must still be held"
+    );
+    test_servers::signal(watchdog, libc::SIGCONT);
+    wait_until_dead(
+        &[sleeper],
+        Duration::from_secs(3),
+        "after the watchdog resumed",
+    );
+    assert_free(&fixture, "held").await;
+}
+
 #[test]
 fn a_leader_that_exits_first_has_its_leftovers_stopped_before_the_lock_is_released() {
     let fixture = Fixture::new();

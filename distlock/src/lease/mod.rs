@@ -105,6 +105,7 @@ pub struct Lease {
     release_timeout: Duration,
     keepalive: Option<JoinHandle<()>>,
     sync_release: Option<SyncRelease>,
+    lock_fd: Option<LockFd>,
     /// The runtime the lease was granted on: a lease dropped elsewhere (on a
     /// plain thread, after its task ended) still releases there.
     runtime: Option<tokio::runtime::Handle>,
@@ -112,6 +113,7 @@ pub struct Lease {
 }
 
 type SyncRelease = Box<dyn FnOnce() + Send + Sync>;
+type LockFd = Box<dyn Fn() -> Option<std::io::Result<std::os::fd::OwnedFd>> + Send + Sync>;
 
 /// # For backend and wrapper implementors
 ///
@@ -147,6 +149,7 @@ impl Lease {
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             keepalive: None,
             sync_release: None,
+            lock_fd: None,
             runtime: tokio::runtime::Handle::try_current().ok(),
             released: false,
         }
@@ -157,6 +160,17 @@ impl Lease {
     /// block (memory and file backends: a map update and a `close`).
     pub fn with_sync_release(mut self, release: impl FnOnce() + Send + Sync + 'static) -> Self {
         self.sync_release = Some(Box::new(release));
+        self
+    }
+
+    /// Registers how to duplicate the file descriptor whose open file holds
+    /// the lock (backends whose lock is an open file: `file`). `duplicate`
+    /// returns `None` once the lock is no longer held through it.
+    pub fn with_lock_fd(
+        mut self,
+        duplicate: impl Fn() -> Option<std::io::Result<std::os::fd::OwnedFd>> + Send + Sync + 'static,
+    ) -> Self {
+        self.lock_fd = Some(Box::new(duplicate));
         self
     }
 
@@ -257,6 +271,22 @@ impl Lease {
             fencing_token: self.fencing_token,
             lost: self.work_signal(),
         }
+    }
+
+    /// A new descriptor of the open file that holds this lock, where the lock
+    /// is one (the `file` backend's `flock`); `None` on other backends or
+    /// once the lock is no longer held through it.
+    ///
+    /// The lock belongs to the open file, not to the descriptor: a process
+    /// that inherits the duplicate keeps the lock held, even after this
+    /// process has died or released it, until that process closes it. That
+    /// is how `distlock run` keeps a file lock held by its watchdog until
+    /// the watchdog has killed the command's process group, so that a
+    /// SIGKILLed `distlock run` cannot free the lock under running
+    /// grandchildren. Close it (or let its holder exit) before relying on a
+    /// release.
+    pub fn duplicate_lock_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        self.lock_fd.as_ref().and_then(|duplicate| duplicate())
     }
 
     /// Bounds how long [`release`](Lease::release) (and the background release
