@@ -90,11 +90,21 @@ pub fn rerun_inside(test: &str) {
 /// (on loopback both ends' segments pass the input hook), from now on: the
 /// one connection using that port goes silent, as in a partition. Only
 /// inside a namespace made by [`rerun_inside`].
+///
+/// The port is also reserved (`ip_local_reserved_ports`, per network
+/// namespace): once the cut connection's socket is gone, the kernel would
+/// otherwise hand the same ephemeral port to a new connection (a test's
+/// `psql`), which the rules would silently drop too.
 pub fn cut_port(port: u16) {
     assert!(
         std::env::var_os(SCENARIO_VAR).is_some(),
         "cut_port outside a private network namespace would cut the machine's own traffic"
     );
+    std::fs::write(
+        "/proc/sys/net/ipv4/ip_local_reserved_ports",
+        port.to_string(),
+    )
+    .expect("reserve the cut port in this network namespace");
     let rules = format!(
         "add table inet test_servers_cut\n\
          add chain inet test_servers_cut input {{ type filter hook input priority 0; }}\n\

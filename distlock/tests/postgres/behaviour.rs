@@ -379,8 +379,14 @@ async fn waiter_connections_come_back_after_timeouts_and_cancellations() {
         won.expect("acquired").release().await.unwrap();
     }
     eprintln!("wake-ups after release: {latencies:?}");
+    // Woken by the server, not by polling (which sleeps 100 to 200 ms by
+    // now); the figure itself is printed above, not asserted: a loaded
+    // 2-core machine took 13.9 ms once against an earlier 10 ms bound.
     for latency in latencies {
-        assert!(latency < Duration::from_millis(10), "{latency:?}");
+        assert!(
+            latency < Duration::from_millis(100),
+            "{latency:?}: as slow as polling, not a server-side wake-up"
+        );
     }
 }
 
