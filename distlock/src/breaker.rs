@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::deadline::saturating_deadline;
-use crate::{Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
+use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 
 /// Thresholds of a [`BreakerLocker`].
 ///
@@ -372,6 +372,12 @@ impl<L: Locker> Locker for BreakerLocker<L> {
         let result = self.inner.forget(key).await;
         self.record(None, &result);
         result
+    }
+    /// Refused with [`Error::Unavailable`] while the circuit is open, like an
+    /// acquire (a mark is advanced to claim a tick, so it is new work), and
+    /// counted like one.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        self.guarded(self.inner.advance_mark(name, value)).await
     }
 }
 

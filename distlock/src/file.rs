@@ -280,6 +280,7 @@ impl Locker for FileLocker {
             // Only releases made in this process are announced.
             release_notifications: false,
             fencing: true,
+            marks: false,
         }
     }
 

@@ -137,6 +137,34 @@ pub struct Capabilities {
     pub release_notifications: bool,
     /// Leases carry fencing tokens.
     pub fencing: bool,
+    /// [`Locker::advance_mark`] is supported: the backend stores durable
+    /// high-water marks (in-process for [`memory`]), which the cron
+    /// scheduler uses so that no replica re-runs a finished tick.
+    pub marks: bool,
+}
+
+/// What [`Locker::advance_mark`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkAdvance {
+    /// The mark was absent (`previous: None`) or lower than the value, and
+    /// now equals it. Exactly one of any number of concurrent callers
+    /// advancing one mark to one value gets this answer.
+    Advanced {
+        /// The mark before this call.
+        previous: Option<i64>,
+    },
+    /// The mark already was at or past the value, and is unchanged.
+    AlreadyAt {
+        /// The mark as stored.
+        current: i64,
+    },
+}
+
+impl MarkAdvance {
+    /// True if this call moved the mark.
+    pub fn advanced(self) -> bool {
+        matches!(self, Self::Advanced { .. })
+    }
 }
 
 /// The backend-neutral lock contract.
@@ -352,6 +380,62 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Raises the durable high-water mark `name` to `value` if the stored
+    /// mark is lower or absent, in one atomic step on the backend, and says
+    /// which happened.
+    ///
+    /// A mark only ever grows, and concurrent calls with one value are
+    /// serialized: exactly one of them gets [`MarkAdvance::Advanced`]. The
+    /// cron scheduler marks each job with the last tick it started, so a
+    /// replica whose clock lags (by any amount) finds a tick already run
+    /// and skips it. Marks live beside the locks, in their own namespace
+    /// (a mark and a lock may share a name), and are not touched by
+    /// [`forget`](Locker::forget). [`Error::Unsupported`] by default, for
+    /// backends that cannot store one ([`Capabilities::marks`] false).
+    ///
+    /// The mark is unrelated to any lock: holding a lock while advancing it
+    /// is the caller's business (the scheduler holds the tick's claim).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidInput`] for an unusable name (the rules of
+    ///   [`validate::key`]).
+    /// - [`Error::Unsupported`] where [`Capabilities::marks`] is false.
+    /// - [`Error::Backend`] or [`Error::DeadlineExceeded`] if the backend
+    ///   failed or did not answer within its bound: the mark may have been
+    ///   advanced or not ([`Error::is_outcome_unknown`]). Treat that as "the
+    ///   tick may have been taken": never as permission to run it.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have advanced the mark; it never leaves
+    /// it half written or lowered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use distlock::{memory::MemoryLocker, Locker, MarkAdvance};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = MemoryLocker::new();
+    /// let first = locker.advance_mark("cron:report", 1_700_000_000_000).await?;
+    /// assert_eq!(first, MarkAdvance::Advanced { previous: None });
+    /// // A lagging replica tries the same tick again: refused.
+    /// let again = locker.advance_mark("cron:report", 1_700_000_000_000).await?;
+    /// assert_eq!(again, MarkAdvance::AlreadyAt { current: 1_700_000_000_000 });
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        let _ = (name, value);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "advance_mark",
+            reason: "this backend cannot store marks".into(),
+        })
+    }
+
     /// Native wake-up hook for waiting: a subscription that yields when `key`
     /// may have been released. [`lock`](Locker::lock) subscribes *before* each
     /// round of attempts so a release in between is never missed. `Ok(None)`
@@ -392,6 +476,9 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     }
     async fn forget(&self, key: &str) -> Result<()> {
         (**self).forget(key).await
+    }
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        (**self).advance_mark(name, value).await
     }
 }
 

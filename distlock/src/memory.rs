@@ -10,6 +10,8 @@
 //! - **Fencing**: one counter per locker shared by all keys, so tokens strictly
 //!   increase per key (and across keys), even after [`Locker::forget`].
 //! - **Waiting**: a release wakes waiters at once; expiry is found by polling.
+//! - **Marks** ([`Locker::advance_mark`]) live as long as the locker: a
+//!   scheduler restarted in a new process starts with none.
 //! - **Not guaranteed**: anything across processes. Two `connect("memory://")`
 //!   calls give two independent lockers; share one by cloning it.
 
@@ -23,7 +25,8 @@ use tokio::time::Instant;
 
 use crate::wait::LocalReleases;
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch, Result,
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
+    ReleaseWatch, Result,
 };
 
 /// The in-process backend. Cheap to clone; clones share their locks.
@@ -51,6 +54,7 @@ struct State {
     locks: Mutex<Table>,
     fencing: AtomicU64,
     releases: LocalReleases,
+    marks: Mutex<HashMap<String, i64>>,
 }
 
 #[derive(Debug, Default)]
@@ -110,6 +114,7 @@ impl Locker for MemoryLocker {
             release_wakeup: true,
             release_notifications: true,
             fencing: true,
+            marks: true,
         }
     }
 
@@ -197,5 +202,29 @@ impl Locker for MemoryLocker {
         }
         table.entries.remove(key);
         Ok(())
+    }
+
+    /// Marks live as long as the locker (and its clones): durable within
+    /// this process only.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        let mut marks = self
+            .state
+            .marks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match marks.get_mut(name) {
+            Some(current) if *current >= value => Ok(MarkAdvance::AlreadyAt { current: *current }),
+            Some(current) => {
+                let previous = std::mem::replace(current, value);
+                Ok(MarkAdvance::Advanced {
+                    previous: Some(previous),
+                })
+            }
+            None => {
+                marks.insert(name.to_owned(), value);
+                Ok(MarkAdvance::Advanced { previous: None })
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use metrics::{counter, histogram};
 use tokio::time::Instant;
 
-use crate::{Capabilities, Error, Lease, Locker, LostReason, ReleaseWatch, Result};
+use crate::{Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] to record these metrics:
 ///
@@ -241,6 +241,22 @@ impl<L: Locker> Locker for MetricsLocker<L> {
             }
         };
         self.timed("forget", outcome, started);
+        result
+    }
+    /// Timed as operation `advance_mark` (outcome `advanced`, `already_at`
+    /// or the error kind); failures count as errors.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        let started = Instant::now();
+        let result = self.inner.advance_mark(name, value).await;
+        let outcome = match &result {
+            Ok(MarkAdvance::Advanced { .. }) => "advanced",
+            Ok(MarkAdvance::AlreadyAt { .. }) => "already_at",
+            Err(error) => {
+                self.error("advance_mark", error);
+                error.kind_name()
+            }
+        };
+        self.timed("advance_mark", outcome, started);
         result
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Capabilities, Lease, Locker, ReleaseWatch, Result};
+use crate::{Capabilities, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 
 /// Prefixes every key before it reaches the inner locker, so several
 /// applications can share one backend without their keys colliding.
@@ -121,5 +121,10 @@ impl<L: Locker> Locker for PrefixLocker<L> {
         crate::validate::key(key)?;
         let forgotten = self.inner.forget(&self.full(key)).await;
         forgotten.map_err(|e| e.map_key(|_| key.to_owned()))
+    }
+    /// Marks share the prefix: `name` becomes `prefix + name`.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        crate::validate::key(name)?;
+        self.inner.advance_mark(&self.full(name), value).await
     }
 }

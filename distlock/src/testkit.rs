@@ -410,6 +410,130 @@ pub async fn forget_removes_a_free_key_and_refuses_a_held_one(h: &Harness) {
     b.forget(&key).await.expect("clean up");
 }
 
+/// [`Locker::advance_mark`] only raises a mark, across clients: a lower or
+/// equal value is refused with the stored mark, a higher one moves it; a
+/// mark and a lock may share a name; a backend without marks says
+/// [`Error::Unsupported`] for every call.
+pub async fn marks_only_advance(h: &Harness) {
+    use crate::MarkAdvance::{Advanced, AlreadyAt};
+    let (a, b) = (h.locker().await, h.locker().await);
+    let name = h.key("mark");
+    if !a.capabilities().marks {
+        let refused = a.advance_mark(&name, 1).await;
+        assert!(
+            matches!(refused, Err(Error::Unsupported { .. })),
+            "{} declares no marks, so advance_mark must be Unsupported, got {refused:?}",
+            a.backend()
+        );
+        return;
+    }
+    // A lock of the same name neither blocks nor changes the mark.
+    let lease = acquire(&*a, &name, LONG_TTL).await;
+    let first = a.advance_mark(&name, 1_000).await;
+    assert_eq!(first.ok(), Some(Advanced { previous: None }));
+    lease.release().await.expect("release");
+    for (value, who) in [
+        (1_000, "the same value"),
+        (999, "a lower value"),
+        (-5, "a negative value"),
+    ] {
+        let again = b.advance_mark(&name, value).await;
+        assert_eq!(
+            again.ok(),
+            Some(AlreadyAt { current: 1_000 }),
+            "{who} from another client"
+        );
+    }
+    let later = b.advance_mark(&name, 2_000).await;
+    assert_eq!(
+        later.ok(),
+        Some(Advanced {
+            previous: Some(1_000)
+        })
+    );
+    let seen = a.advance_mark(&name, 1_500).await;
+    assert_eq!(
+        seen.ok(),
+        Some(AlreadyAt { current: 2_000 }),
+        "the first client sees the second's mark"
+    );
+    // Extremes are stored exactly.
+    let extreme = h.key("mark-extreme");
+    assert_eq!(
+        a.advance_mark(&extreme, i64::MIN).await.ok(),
+        Some(Advanced { previous: None })
+    );
+    assert_eq!(
+        b.advance_mark(&extreme, i64::MAX).await.ok(),
+        Some(Advanced {
+            previous: Some(i64::MIN)
+        })
+    );
+    assert_eq!(
+        a.advance_mark(&extreme, i64::MAX).await.ok(),
+        Some(AlreadyAt { current: i64::MAX })
+    );
+    // Bad names are rejected like bad keys.
+    for bad in [String::new(), "x".repeat(crate::validate::MAX_KEY_LEN + 1)] {
+        let refused = a.advance_mark(&bad, 1).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidInput { .. })),
+            "a {}-byte mark name must be InvalidInput, got {refused:?}",
+            bad.len()
+        );
+    }
+}
+
+/// Concurrent advances of one mark to one value, from several clients:
+/// exactly one is told it advanced the mark (the scheduler's "exactly one
+/// replica runs this tick").
+pub async fn one_of_concurrent_advances_wins(h: &Harness) {
+    const CLIENTS: usize = 4;
+    const ROUNDS: i64 = 10;
+    let name = h.key("mark-race");
+    let probe = h.locker().await;
+    if !probe.capabilities().marks {
+        return; // `marks_only_advance` checks the refusal.
+    }
+    let mut lockers = Vec::new();
+    for _ in 0..CLIENTS {
+        lockers.push(h.locker().await);
+    }
+    for round in 1..=ROUNDS {
+        let mut tasks = Vec::new();
+        for locker in &lockers {
+            let (locker, name) = (locker.clone(), name.clone());
+            tasks.push(tokio::spawn(async move {
+                locker.advance_mark(&name, round).await
+            }));
+        }
+        let mut winners = 0;
+        for task in tasks {
+            match task.await.expect("advance task panicked") {
+                Ok(crate::MarkAdvance::Advanced { previous }) => {
+                    winners += 1;
+                    let expected = (round > 1).then_some(round - 1);
+                    assert_eq!(
+                        previous, expected,
+                        "round {round}: the winner saw the last round"
+                    );
+                }
+                Ok(crate::MarkAdvance::AlreadyAt { current }) => {
+                    assert_eq!(
+                        current, round,
+                        "round {round}: a loser saw the winner's mark"
+                    );
+                }
+                Err(e) => panic!("round {round}: advance_mark failed: {e}"),
+            }
+        }
+        assert_eq!(
+            winners, 1,
+            "round {round}: exactly one client advances the mark"
+        );
+    }
+}
+
 /// Many tasks on several clients contending for one key never overlap: a
 /// read-sleep-write increment of a shared counter loses no update.
 pub async fn contending_tasks_never_overlap(h: &Harness) {
@@ -806,6 +930,8 @@ macro_rules! conformance_suite {
             with_lock_stops_work_when_the_lease_ends,
             waiter_wakes_promptly_on_release,
             forget_removes_a_free_key_and_refuses_a_held_one,
+            marks_only_advance,
+            one_of_concurrent_advances_wins,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::{Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
+use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] so every operation runs in a span named
 /// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
@@ -202,6 +202,32 @@ impl<L: Locker> Locker for TraceLocker<L> {
         self.describe(&span, key);
         let result = self.inner.forget(key).instrument(span.clone()).await;
         record_holder_outcome(&span, "forgotten", &result);
+        result
+    }
+
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        let span = tracing::info_span!(
+            "distlock.advance_mark",
+            component = "distlock",
+            backend = self.inner.backend(),
+            name,
+            value,
+            outcome = Empty,
+            error = Empty
+        );
+        let result = self
+            .inner
+            .advance_mark(name, value)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(MarkAdvance::Advanced { .. }) => span.record("outcome", "advanced"),
+            Ok(MarkAdvance::AlreadyAt { .. }) => span.record("outcome", "already_at"),
+            Err(error) => {
+                record_error(&span, error);
+                &span
+            }
+        };
         result
     }
 

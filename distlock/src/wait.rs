@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline, sleep_until};
-use crate::{Capabilities, Error, Lease, Locker, Result, DEADLINE_GRACE};
+use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, Result, DEADLINE_GRACE};
 
 /// How [`Locker::lock`] polls between attempts.
 ///
@@ -294,6 +294,9 @@ impl<L: Locker> Locker for WaitLocker<L> {
     }
     async fn forget(&self, key: &str) -> Result<()> {
         self.inner.forget(key).await
+    }
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        self.inner.advance_mark(name, value).await
     }
 }
 

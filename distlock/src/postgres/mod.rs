@@ -410,6 +410,7 @@ fn capabilities(fencing: bool) -> Capabilities {
         // The server-side wait wakes waiters; nothing announces releases.
         release_notifications: false,
         fencing,
+        marks: false,
     }
 }
 

@@ -493,6 +493,7 @@ impl Locker for RedisLocker {
             release_wakeup: true,
             release_notifications: true,
             fencing: true,
+            marks: false,
         }
     }
 
