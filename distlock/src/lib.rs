@@ -72,6 +72,8 @@ use async_trait::async_trait;
 
 mod background;
 mod breaker;
+#[cfg(feature = "cron")]
+pub mod cron;
 mod deadline;
 mod error;
 pub mod file;
