@@ -5,6 +5,7 @@
 
 mod support;
 
+mod cron;
 mod file;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -321,3 +321,10 @@ fn a_term_ignoring_command_is_killed_before_a_paused_servers_lease_could_expire(
     assert!(stderr.contains("could not be refreshed"), "{stderr}");
     assert_eq!(server.cli(&["EXISTS", "lock:{paused}"]), "0");
 }
+
+#[test]
+fn three_redis_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
+    let server = RedisServer::start();
+    let tally = crate::cron::three_replicas(&server.url(), "redis");
+    crate::cron::assert_exactly_once(&tally);
+}
