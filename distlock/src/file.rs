@@ -30,6 +30,9 @@
 //!   user (a sticky parent such as `/tmp` excepted), is refused; lock files
 //!   are opened with `O_NOFOLLOW` and must be regular files, so a planted
 //!   symlink is an error, never followed.
+//! - **Marks** ([`Locker::advance_mark`]): one file per mark beside the lock
+//!   files (`k-<name>.mark` or `h-<hash>.mark`), rewritten under its own
+//!   `flock`; like fencing counters, not `fsync`ed unless durable.
 //! - **Not guaranteed**: anything on network filesystems (NFS, SMB), where
 //!   `flock` may be emulated or local to one client. Lock files are deleted
 //!   only by [`Locker::forget`] (deleting a lock file races with a process
@@ -52,8 +55,11 @@ use async_trait::async_trait;
 
 use crate::wait::LocalReleases;
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch, Result,
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
+    ReleaseWatch, Result,
 };
+
+mod mark;
 
 const BACKEND: &str = "file";
 const RECORD_MAGIC: &str = "distlock-file-v1";
@@ -280,7 +286,7 @@ impl Locker for FileLocker {
             // Only releases made in this process are announced.
             release_notifications: false,
             fencing: true,
-            marks: false,
+            marks: true,
         }
     }
 
@@ -413,6 +419,18 @@ impl Locker for FileLocker {
         }
         // `file` closes here, after the unlink: its flock is what kept every
         // other process out while the file was deleted.
+    }
+
+    /// Stores the mark in its own file beside the lock files (the lock
+    /// file's name with `.mark` for `.lock`), read and rewritten under that
+    /// file's `flock`; `fdatasync`ed when the locker is
+    /// [`durable`](FileLockerBuilder::durable). Another process holding the
+    /// mark's `flock` for more than 5 s (stopped mid-update) makes the call
+    /// [`Error::DeadlineExceeded`].
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        let path = self.path_for(name).with_extension("mark");
+        mark::advance(&path, value, self.inner.durable).await
     }
 }
 

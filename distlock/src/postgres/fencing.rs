@@ -59,8 +59,16 @@ impl FencingTable {
         Self::new(schema.as_deref(), &table)
     }
 
+    /// The table `table` in this table's schema.
+    pub(super) fn sibling(&self, table: &str) -> Self {
+        FencingTable {
+            schema: self.schema.clone(),
+            table: table.to_owned(),
+        }
+    }
+
     /// The name to put in SQL: each part double-quoted.
-    fn quoted(&self) -> String {
+    pub(super) fn quoted(&self) -> String {
         match &self.schema {
             Some(schema) => format!("{}.{}", quote(schema), quote(&self.table)),
             None => quote(&self.table),

@@ -81,6 +81,10 @@
 //!   (see [Fencing table](#fencing-table)): tokens strictly increase across
 //!   grants, clients and restarts. They are exactly as durable as the
 //!   server's commits (`synchronous_commit`).
+//! - **Marks** ([`Locker::advance_mark`]): one row per mark in
+//!   `distlock_marks`, in the fencing table's schema, created on the first
+//!   mark (the role then needs `CREATE` there once); raised by one upsert,
+//!   as durable as any commit.
 //! - **Release by owner** works only on the locker that acquired the lock: a
 //!   session lock can only be released by its session. Elsewhere,
 //!   [`Locker::unlock`] with the right owner token is [`Error::Unsupported`]
@@ -230,6 +234,7 @@
 //! `Debug` output.
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -241,6 +246,7 @@ mod errors;
 mod fencing;
 mod forget;
 mod keys;
+mod marks;
 mod pool;
 mod registry;
 mod release;
@@ -260,10 +266,11 @@ pub use xact::{lock_xact, try_lock_xact};
 use self::config::Settings;
 use self::fencing::Sql;
 use self::keys::LockKey;
+use self::marks::MarksSql;
 use self::pool::Pool;
 use self::registry::Registry;
 use self::session::OnClosed;
-use crate::{validate, Capabilities, Error, Lease, Locker, Result};
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, Result};
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
 /// locks. See the [module docs](self) for what it guarantees.
@@ -277,6 +284,9 @@ struct Inner {
     sql: Arc<Sql>,
     pool: Pool,
     registry: Arc<Registry>,
+    marks: MarksSql,
+    /// The marks table is known to exist (created on the first mark).
+    marks_ready: AtomicBool,
 }
 
 impl Inner {
@@ -333,6 +343,8 @@ impl PostgresLocker {
         });
         let inner = Arc::new(Inner {
             pool: Pool::new(settings.clone(), sql.clone(), on_closed),
+            marks: MarksSql::new(settings.fencing.as_ref()),
+            marks_ready: AtomicBool::new(false),
             settings,
             sql,
             registry,
@@ -410,7 +422,7 @@ fn capabilities(fencing: bool) -> Capabilities {
         // The server-side wait wakes waiters; nothing announces releases.
         release_notifications: false,
         fencing,
-        marks: false,
+        marks: true,
     }
 }
 
@@ -457,6 +469,15 @@ impl Locker for PostgresLocker {
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
         self.inner.forget(self.lock_key(key)).await
+    }
+
+    /// One upsert on the marks table (`distlock_marks`, in the fencing
+    /// table's schema), created on the locker's first mark; the mark's row is
+    /// keyed by the name hashed like a lock key (in this locker's
+    /// namespace). A lost answer leaves the outcome unknown.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        self.inner.advance_mark(self.lock_key(name), value).await
     }
 }
 
@@ -535,5 +556,11 @@ impl Locker for RawKeys {
 
     async fn forget(&self, key: &str) -> Result<()> {
         self.locker.inner.forget(keys::parse_raw(key)?).await
+    }
+
+    /// Marks keyed by the raw advisory key, in the same table.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        let key = keys::parse_raw(name)?;
+        self.locker.inner.advance_mark(key, value).await
     }
 }

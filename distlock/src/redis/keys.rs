@@ -4,6 +4,9 @@
 const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the per-key release channel, after the lock key.
 const RELEASED_SUFFIX: &str = ":released";
+/// Suffix of a mark ([`crate::Locker::advance_mark`]), after the lock key of
+/// the same name.
+const MARK_SUFFIX: &str = ":mark";
 
 /// Names the Redis keys of a lock: `<prefix>{<key>}` for the lock itself,
 /// `<prefix>{<key>}:fence` for its fencing counter and `<prefix>{<key>}:released`
@@ -39,6 +42,11 @@ impl KeySpace {
         self.lock_key(key) + FENCE_SUFFIX
     }
 
+    /// The key holding the mark `name`, in the slot of the lock of that name.
+    pub(crate) fn mark_key(&self, name: &str) -> String {
+        self.lock_key(name) + MARK_SUFFIX
+    }
+
     /// The channel a release of `key` is published on.
     pub(crate) fn release_channel(&self, key: &str) -> String {
         self.lock_key(key) + RELEASED_SUFFIX
@@ -54,6 +62,7 @@ mod tests {
         let keys = KeySpace::new("lock:");
         assert_eq!(keys.lock_key("jobs/nightly"), "lock:{jobs/nightly}");
         assert_eq!(keys.fence_key("jobs/nightly"), "lock:{jobs/nightly}:fence");
+        assert_eq!(keys.mark_key("jobs/nightly"), "lock:{jobs/nightly}:mark");
         assert_eq!(
             keys.release_channel("jobs/nightly"),
             "lock:{jobs/nightly}:released"

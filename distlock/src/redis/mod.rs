@@ -100,6 +100,9 @@
 //! - **Keys**: `<prefix>{<key>}`; see [`RedisLocker::backend_key`]. On a
 //!   cluster, a key starting with `}` has an empty hash tag, which Redis
 //!   ignores (then lock and fence key may land in different slots).
+//! - **Marks** ([`Locker::advance_mark`]): `<prefix>{<name>}:mark`, without
+//!   expiry, raised by one script; lost with everything else by a restart
+//!   without persistence (a scheduler could then re-run the last tick).
 //!
 //! # What it does not guarantee
 //!
@@ -134,8 +137,8 @@ use tokio::time::Instant;
 
 use crate::deadline::bounded;
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
-    Result, DEFAULT_RELEASE_TIMEOUT,
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
+    ReleaseWatch, Result, DEFAULT_RELEASE_TIMEOUT,
 };
 
 mod config;
@@ -152,7 +155,10 @@ pub use config::{
 use errors::{Outcome, Target};
 use keys::KeySpace;
 use releases::ReleaseHub;
-use scripts::{ACQUIRE_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
+use scripts::{
+    decode_mark, encode_mark, ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT,
+    RELEASE_SCRIPT,
+};
 
 const BACKEND: &str = "redis";
 
@@ -493,7 +499,7 @@ impl Locker for RedisLocker {
             release_wakeup: true,
             release_notifications: true,
             fencing: true,
-            marks: false,
+            marks: true,
         }
     }
 
@@ -580,6 +586,50 @@ impl Locker for RedisLocker {
             1 => Ok(()),
             _ => Err(Error::NotAcquired {
                 key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// One script on `<prefix>{<name>}:mark`, a key without expiry (see
+    /// `scripts.rs` for its encoding). A reply lost on a broken connection
+    /// leaves the outcome unknown ([`Error::is_outcome_unknown`]).
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        let mark_key = self.inner.keys.mark_key(name);
+        let (advanced, stored): (u8, String) =
+            bounded(BACKEND, "advance_mark", self.inner.operation_bound, async {
+                ADVANCE_MARK_SCRIPT
+                    .key(&mark_key)
+                    .arg(encode_mark(value))
+                    .invoke_async(&mut self.connection())
+                    .await
+                    .map_err(|e| {
+                        let unknown = e.is_io_error() || e.is_timeout();
+                        let error = self.inner.target.error("advance_mark", e, false);
+                        if unknown {
+                            error.with_outcome_unknown()
+                        } else {
+                            error
+                        }
+                    })
+            })
+            .await?;
+        let decode = |stored: &str| {
+            decode_mark(stored).ok_or_else(|| {
+                Error::backend(
+                    BACKEND,
+                    "advance_mark",
+                    format!("{mark_key} holds {stored:?}, which distlock did not write"),
+                )
+            })
+        };
+        match (advanced, stored.as_str()) {
+            (1, "") => Ok(MarkAdvance::Advanced { previous: None }),
+            (1, previous) => Ok(MarkAdvance::Advanced {
+                previous: Some(decode(previous)?),
+            }),
+            (_, current) => Ok(MarkAdvance::AlreadyAt {
+                current: decode(current)?,
             }),
         }
     }

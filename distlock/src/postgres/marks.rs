@@ -1,0 +1,113 @@
+//! Durable marks ([`crate::Locker::advance_mark`]): one row per mark in a
+//! table beside the fencing table, raised by one upsert.
+
+use std::sync::atomic::Ordering;
+
+use super::errors::{self, is_concurrent_create};
+use super::fencing::FencingTable;
+use super::keys::LockKey;
+use super::Inner;
+use crate::deadline::bounded;
+use crate::{Error, MarkAdvance, Result};
+
+/// The marks table's name, in the fencing table's schema (or the current
+/// schema when fencing is off).
+pub(super) const MARKS_TABLE: &str = "distlock_marks";
+
+/// The statements on the marks table, built once per locker.
+#[derive(Debug, Clone)]
+pub(super) struct MarksSql {
+    create: String,
+    /// `$1` the mark's key (hashed like a lock key), `$2` the value, `$3`
+    /// the caller's name (kept for operators reading the table). Returns the
+    /// stored mark and the mark before this statement (NULL if it inserted
+    /// the row).
+    ///
+    /// The conflict arm always updates, under the row lock the upsert takes,
+    /// so `previous` is the value this statement replaced even when a
+    /// concurrent upsert committed first (a CTE reading the old row would see
+    /// the statement's snapshot instead, which a racing writer may have
+    /// already moved past).
+    advance: String,
+}
+
+impl MarksSql {
+    pub(super) fn new(fencing: Option<&FencingTable>) -> Self {
+        let table = fencing
+            .cloned()
+            .unwrap_or_default()
+            .sibling(MARKS_TABLE)
+            .quoted();
+        MarksSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                    mark_key bigint PRIMARY KEY, \
+                    mark bigint NOT NULL, \
+                    previous bigint, \
+                    name text NOT NULL, \
+                    updated_at timestamptz NOT NULL DEFAULT now())"
+            ),
+            advance: format!(
+                "INSERT INTO {table} AS m (mark_key, mark, previous, name) \
+                 VALUES ($1::int8, $2::int8, NULL, $3::text) \
+                 ON CONFLICT (mark_key) DO UPDATE SET previous = m.mark, \
+                 mark = GREATEST(m.mark, EXCLUDED.mark), \
+                 updated_at = CASE WHEN m.mark < EXCLUDED.mark THEN now() ELSE m.updated_at END \
+                 RETURNING mark, previous"
+            ),
+        }
+    }
+}
+
+impl Inner {
+    /// [`crate::Locker::advance_mark`] for string and raw keys alike: one
+    /// statement on the key's shared session, after creating the table on
+    /// this locker's first call.
+    pub(super) async fn advance_mark(&self, key: LockKey<'_>, value: i64) -> Result<MarkAdvance> {
+        let session = self.pool.shared(key.id).await?;
+        let timeout = self.settings.query_timeout;
+        let context = || {
+            format!(
+                "advance the mark {:?} on {}",
+                key.name, self.settings.target
+            )
+        };
+        if !self.marks_ready.load(Ordering::Acquire) {
+            let create = async { Ok(session.query(&self.marks.create, &[]).await) };
+            let created = bounded(errors::BACKEND, "advance_mark", timeout, create).await?;
+            match created {
+                Ok(_) => {}
+                // Another client created it in between: it exists now.
+                Err(e) if is_concurrent_create(&e) => {}
+                Err(e) => return Err(errors::backend("advance_mark", context(), e)),
+            }
+            self.marks_ready.store(true, Ordering::Release);
+        }
+        let rows = errors::within(
+            "advance_mark",
+            timeout,
+            context,
+            session.query(&self.marks.advance, &[&key.id, &value, &key.name]),
+        )
+        .await
+        // The statement may have committed before its answer was lost.
+        .map_err(Error::with_outcome_unknown)?;
+        let stored = rows
+            .first()
+            .map(|row| Ok::<_, tokio_postgres::Error>((row.try_get(0)?, row.try_get(1)?)))
+            .transpose()
+            .map_err(|e| errors::backend("advance_mark", context(), e))?;
+        match stored {
+            Some((_, None)) => Ok(MarkAdvance::Advanced { previous: None }),
+            Some((_, Some(previous))) if previous < value => Ok(MarkAdvance::Advanced {
+                previous: Some(previous),
+            }),
+            Some((current, Some(_))) => Ok(MarkAdvance::AlreadyAt { current }),
+            None => Err(Error::backend(
+                errors::BACKEND,
+                "advance_mark",
+                format!("{}: the server returned no row", context()),
+            )),
+        }
+    }
+}
