@@ -39,7 +39,9 @@ Exit status of `distlock run`:
   126 / 127       CMD could not be executed / was not found
 `distlock release` exits 0 when released, 1 when the owner does not hold the
 lock, 77 when only the holding process or session can release it (file and
-Postgres backends: the message names the holder).";
+Postgres backends: the message names the holder). `distlock cron` exits 0
+after a graceful shutdown (SIGINT/SIGTERM), 64 for a bad job or config file
+(before anything runs), 69 when the backend is unreachable.";
 
 /// The exit code for an error reaching or using the backend.
 pub(crate) fn for_error(error: &Error) -> u8 {

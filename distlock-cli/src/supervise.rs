@@ -7,7 +7,7 @@
 //!    distlock becomes a child subreaper, before anything is spawned, so no
 //!    signal or orphan is missed. (`distlock cron` forwards nothing: SIGINT
 //!    and SIGTERM are its own graceful shutdown, which stops the commands
-//!    through [`Command::stop`]-style requests instead.)
+//!    through the `stop` future [`supervise`] takes instead.)
 //! 2. The watchdog starts ([`crate::watchdog`]), then CMD is spawned as the
 //!    leader of its own process group ([`crate::process_group`]); CMD cannot
 //!    exec before the watchdog watches its group.
