@@ -5,6 +5,8 @@
 
 mod support;
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 #[cfg(feature = "postgres")]
 mod postgres;

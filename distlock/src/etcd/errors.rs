@@ -77,7 +77,7 @@ pub(super) fn plain(operation: &'static str, message: String) -> Error {
 pub(super) fn certainly_not_applied(error: &etcd_client::Error) -> bool {
     use tonic::Code;
     match error {
-        etcd_client::Error::GRpcStatus(status) => matches!(
+        etcd_client::Error::GRpcStatus(status) if !not_sent(error) => matches!(
             status.code(),
             Code::InvalidArgument
                 | Code::NotFound
@@ -88,8 +88,22 @@ pub(super) fn certainly_not_applied(error: &etcd_client::Error) -> bool {
                 | Code::ResourceExhausted
         ),
         etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => true,
-        _ => false,
+        other => not_sent(other),
     }
+}
+
+/// Whether `error` means the request never left this process (no
+/// connection to the member the balancer picked: refused, or no route), so
+/// sending it again, to another member, cannot apply it twice.
+pub(super) fn not_sent(error: &etcd_client::Error) -> bool {
+    let text = match error {
+        etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable => {
+            status.message().to_owned()
+        }
+        etcd_client::Error::TransportError(error) => format!("{error:?}"),
+        _ => return false,
+    };
+    text.contains("connect error") || text.contains("ConnectError")
 }
 
 /// Whether etcd says the lease a request named does not exist (it expired

@@ -280,8 +280,7 @@ impl EtcdLocker {
                 .await
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
             // Connecting is lazy: one linearizable read proves a quorum.
-            let mut kv = client.kv_client();
-            recipe::queue_length(&mut kv, &config.key_prefix)
+            recipe::queue_length(client.kv_client(), &config.key_prefix)
                 .await
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
             Ok(client)
@@ -409,12 +408,15 @@ impl EtcdLocker {
     /// Runs one request under the request timeout: an etcd-client error
     /// becomes [`Error::Backend`] (`outcome_unknown` if the request writes
     /// and may have been applied), the timeout [`Error::DeadlineExceeded`].
-    async fn request<T>(
+    async fn request<T, Fut>(
         &self,
         operation: &'static str,
         writes: bool,
-        call: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
+        call: impl FnMut() -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         self.inner.request(operation, writes, call).await
     }
 
@@ -426,12 +428,14 @@ impl EtcdLocker {
             return Ok(session.clone());
         }
         let granted_at = Instant::now();
-        let mut lease_client = self.inner.client.lease_client();
         let ttl_arg = i64::try_from(seconds).unwrap_or(i64::MAX);
         // A grant whose answer is lost leaves a lease with no keys, which
         // expires at its ttl.
         let granted = self
-            .request("grant lease", false, lease_client.grant(ttl_arg, None))
+            .request("grant lease", false, || {
+                let mut lease_client = self.inner.client.lease_client();
+                async move { lease_client.grant(ttl_arg, None).await }
+            })
             .await?;
         let granted_ttl = Duration::from_secs(granted.ttl().unsigned_abs().max(seconds));
         let session = Session::start(
@@ -508,15 +512,15 @@ impl EtcdLocker {
                 revision: None,
                 session: session.clone(),
             });
-            let mut kv = self.inner.client.kv_client();
-            let enqueued = tokio::time::timeout(
-                self.inner.request_timeout,
-                recipe::enqueue(&mut kv, &name, session.lease, &secret),
-            )
-            .await;
+            let enqueued = self
+                .inner
+                .call(|| recipe::enqueue(self.inner.kv(), &name, session.lease, &secret))
+                .await;
             match enqueued {
-                Ok(Ok(Enqueued::Written { revision, first })) => break (session, revision, first),
-                Ok(Ok(Enqueued::Orphan { revision })) => {
+                Some(Ok(Enqueued::Written { revision, first })) => {
+                    break (session, revision, first)
+                }
+                Some(Ok(Enqueued::Orphan { revision })) => {
                     // Not written by this attempt: nothing of ours to undo
                     // but the orphan itself, which no grant owns (the
                     // registry reserved the name).
@@ -527,11 +531,9 @@ impl EtcdLocker {
                         key,
                         "deleting an orphaned etcd lock key of this locker's lease"
                     );
-                    self.request(
-                        "acquire",
-                        true,
-                        recipe::delete_orphan(&mut kv, &key_name, revision),
-                    )
+                    self.request("acquire", true, || {
+                        recipe::delete_orphan(self.inner.kv(), &key_name, revision)
+                    })
                     .await?;
                     if renewed_session {
                         return Err(errors::plain(
@@ -541,7 +543,7 @@ impl EtcdLocker {
                     }
                     renewed_session = true;
                 }
-                Ok(Err(error)) if errors::lease_not_found(&error) && !renewed_session => {
+                Some(Err(error)) if errors::lease_not_found(&error) && !renewed_session => {
                     // The session lease is gone (revoked, or expired before
                     // its keep-alive noticed): nothing was written. Its locks
                     // are lost; try once more on a new session.
@@ -553,7 +555,7 @@ impl EtcdLocker {
                     );
                     renewed_session = true;
                 }
-                Ok(Err(error)) => {
+                Some(Err(error)) => {
                     let unknown = !errors::certainly_not_applied(&error);
                     if unknown {
                         attempt.undo_now().await;
@@ -567,7 +569,7 @@ impl EtcdLocker {
                         unknown,
                     ));
                 }
-                Err(_) => {
+                None => {
                     attempt.undo_now().await;
                     return Err(Error::DeadlineExceeded {
                         backend: BACKEND,
@@ -595,13 +597,10 @@ impl EtcdLocker {
                     }
                     // etcd can hand the lock to a key whose lease expired
                     // during the wait: check ours is still there.
-                    let mut kv = self.inner.client.kv_client();
                     let ours = self
-                        .request(
-                            "acquire",
-                            false,
-                            recipe::still_ours(&mut kv, &key_name, revision, &secret),
-                        )
+                        .request("acquire", false, || {
+                            recipe::still_ours(self.inner.kv(), &key_name, revision, &secret)
+                        })
                         .await?;
                     if !ours {
                         attempt.disarm();
@@ -655,7 +654,6 @@ impl EtcdLocker {
         revision: i64,
         deadline: Option<Instant>,
     ) -> Result<bool> {
-        let mut kv = self.inner.client.kv_client();
         let mut watch = self.inner.client.watch_client();
         let mut last_error: Option<Error> = None;
         loop {
@@ -666,7 +664,9 @@ impl EtcdLocker {
                 };
             }
             let ahead = match self
-                .request("acquire", false, recipe::ahead_of(&mut kv, name, revision))
+                .request("acquire", false, || {
+                    recipe::ahead_of(self.inner.kv(), name, revision)
+                })
                 .await
             {
                 Ok(ahead) => ahead,
@@ -719,24 +719,63 @@ impl EtcdLocker {
 }
 
 impl Inner {
-    async fn request<T>(
+    /// Runs one request under the request timeout: an etcd-client error
+    /// becomes [`Error::Backend`] (`outcome_unknown` if the request writes
+    /// and may have been applied), the timeout [`Error::DeadlineExceeded`].
+    async fn request<T, Fut>(
         &self,
         operation: &'static str,
         writes: bool,
-        call: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.request_timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => {
+        call: impl FnMut() -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        match self.call(call).await {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => {
                 let unknown = writes && !errors::certainly_not_applied(&error);
                 Err(errors::backend(&self.cluster, operation, error, unknown))
             }
-            Err(_) => Err(Error::DeadlineExceeded {
+            None => Err(Error::DeadlineExceeded {
                 backend: BACKEND,
                 operation,
                 after: self.request_timeout,
             }),
         }
+    }
+
+    /// Runs `call` until it is answered, sending it again while it failed
+    /// without leaving this process (etcd-client balances requests over
+    /// every endpoint, a member that is down included: a request the
+    /// balancer sent to it fails to connect, and the next one likely goes
+    /// to a live member); `None` once the request timeout passed.
+    async fn call<T, Fut>(
+        &self,
+        mut call: impl FnMut() -> Fut,
+    ) -> Option<std::result::Result<T, etcd_client::Error>>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        const RESEND_PAUSE: Duration = Duration::from_millis(20);
+        let deadline = crate::deadline::saturating_deadline(Instant::now(), self.request_timeout);
+        loop {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Err(error))
+                    if errors::not_sent(&error)
+                        && crate::deadline::saturating_deadline(Instant::now(), RESEND_PAUSE)
+                            < deadline =>
+                {
+                    tokio::time::sleep(RESEND_PAUSE).await;
+                }
+                Ok(answer) => return Some(answer),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    fn kv(&self) -> etcd_client::KvClient {
+        self.client.kv_client()
     }
 }
 
@@ -822,13 +861,18 @@ impl Attempt {
         let Some(written) = &self.written else {
             return;
         };
-        let mut kv = self.inner.client.kv_client();
-        let deleted = tokio::time::timeout(
-            self.inner.request_timeout,
-            recipe::delete_if_ours(&mut kv, &written.key, written.revision, &written.secret),
-        )
-        .await;
-        if matches!(deleted, Ok(Ok(_))) {
+        let deleted = self
+            .inner
+            .call(|| {
+                recipe::delete_if_ours(
+                    self.inner.kv(),
+                    &written.key,
+                    written.revision,
+                    &written.secret,
+                )
+            })
+            .await;
+        if matches!(deleted, Some(Ok(_))) {
             self.written = None;
         }
     }
@@ -877,14 +921,11 @@ async fn delete_until_done(
     session: &Session,
 ) {
     let mut delay = FIRST_RETRY;
-    let mut kv = inner.client.kv_client();
     loop {
         match inner
-            .request(
-                "release",
-                true,
-                recipe::delete_if_ours(&mut kv, key, revision, secret),
-            )
+            .request("release", true, || {
+                recipe::delete_if_ours(inner.kv(), key, revision, secret)
+            })
             .await
         {
             Ok(_) => return,
@@ -984,13 +1025,15 @@ impl Locker for EtcdLocker {
             });
         };
         let contender = contender_key(&name, token.lease);
-        let mut kv = self.inner.client.kv_client();
         let deleted = self
-            .request(
-                "release",
-                true,
-                recipe::delete_if_ours(&mut kv, &contender, Some(token.revision), &token.secret),
-            )
+            .request("release", true, || {
+                recipe::delete_if_ours(
+                    self.inner.kv(),
+                    &contender,
+                    Some(token.revision),
+                    &token.secret,
+                )
+            })
             .await;
         match deleted {
             Ok(deleted) => {
@@ -1034,13 +1077,10 @@ impl Locker for EtcdLocker {
             });
         }
         let contender = contender_key(&name, token.lease);
-        let mut kv = self.inner.client.kv_client();
         let ours = self
-            .request(
-                "refresh",
-                false,
-                recipe::still_ours(&mut kv, &contender, token.revision, &token.secret),
-            )
+            .request("refresh", false, || {
+                recipe::still_ours(self.inner.kv(), &contender, token.revision, &token.secret)
+            })
             .await?;
         if ours {
             Ok(())
@@ -1061,9 +1101,10 @@ impl Locker for EtcdLocker {
                 key: key.to_owned(),
             });
         }
-        let mut kv = self.inner.client.kv_client();
         match self
-            .request("forget", false, recipe::queue_length(&mut kv, &name))
+            .request("forget", false, || {
+                recipe::queue_length(self.inner.kv(), &name)
+            })
             .await?
         {
             0 => Ok(()),

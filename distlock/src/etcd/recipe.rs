@@ -85,7 +85,7 @@ pub(super) enum Enqueued {
 /// our key is absent, write it (with the secret, on our lease) and read the
 /// queue's first key; otherwise read our key.
 pub(super) async fn enqueue(
-    client: &mut etcd_client::KvClient,
+    mut client: etcd_client::KvClient,
     name: &str,
     lease: i64,
     secret: &str,
@@ -133,7 +133,7 @@ pub(super) async fn enqueue(
 /// and holds `secret`; says whether it did. Never deletes a newer grant's
 /// key: that has another create revision and another secret.
 pub(super) async fn delete_if_ours(
-    client: &mut etcd_client::KvClient,
+    mut client: etcd_client::KvClient,
     key: &str,
     revision: Option<i64>,
     secret: &str,
@@ -151,7 +151,7 @@ pub(super) async fn delete_if_ours(
 /// Deletes `key` if its create revision is `revision` (an orphan of ours
 /// whose secret is lost).
 pub(super) async fn delete_orphan(
-    client: &mut etcd_client::KvClient,
+    mut client: etcd_client::KvClient,
     key: &str,
     revision: i64,
 ) -> Result<bool, etcd_client::Error> {
@@ -164,7 +164,7 @@ pub(super) async fn delete_orphan(
 /// Whether `key` still holds the grant `revision` with `secret`: a
 /// compare-only transaction, one linearizable round trip.
 pub(super) async fn still_ours(
-    client: &mut etcd_client::KvClient,
+    mut client: etcd_client::KvClient,
     key: &str,
     revision: i64,
     secret: &str,
@@ -178,7 +178,7 @@ pub(super) async fn still_ours(
 
 /// How many contenders `name`'s queue has (holder included).
 pub(super) async fn queue_length(
-    client: &mut etcd_client::KvClient,
+    mut client: etcd_client::KvClient,
     name: &str,
 ) -> Result<i64, etcd_client::Error> {
     let response = client
@@ -194,7 +194,7 @@ pub(super) async fn queue_length(
 /// (`mutex.go`'s `waitDeletes`: the last-created key below it), and the
 /// revision the read was made at; `None` once nothing is ahead.
 pub(super) async fn ahead_of(
-    client: &mut etcd_client::KvClient,
+    mut client: etcd_client::KvClient,
     name: &str,
     revision: i64,
 ) -> Result<Option<(Vec<u8>, i64)>, etcd_client::Error> {
