@@ -98,17 +98,19 @@ fn run_exits_76_when_its_lease_is_revoked_from_outside() {
 
 /// SIGKILLs a `distlock run` holder of `key` and measures how long until
 /// another client gets the lock; `between` runs right after the kill.
-async fn orphan_bound(url: &str, key: &str, ttl_secs: u64, between: impl FnOnce()) -> Duration {
+async fn orphan_bound(
+    url: &str,
+    key: &str,
+    ttl_secs: u64,
+    keys: impl Fn() -> String,
+    between: impl FnOnce(),
+) -> Duration {
     let ttl = format!("{ttl_secs}s");
     let mut holder = spawn_holder(url, key, &ttl);
     let locker = distlock::connect(url).await.unwrap();
-    // Held once our try_lock is refused.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while let Some(lease) = locker.try_lock(key, Duration::from_secs(5)).await.unwrap() {
-        lease.release().await.unwrap();
-        assert!(Instant::now() < deadline, "distlock run never took {key}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Held once its key is in etcd (probing with try_lock could take the
+    // lock first and make `distlock run` exit 75).
+    wait_for_holder(keys, &format!("lock:{key}"));
     holder.kill().expect("SIGKILL the holder");
     let killed_at = Instant::now();
     let _ = holder.wait();
@@ -135,7 +137,14 @@ async fn orphan_bound(url: &str, key: &str, ttl_secs: u64, between: impl FnOnce(
 async fn a_sigkilled_holder_frees_the_lock_within_one_lease_ttl() {
     let server = EtcdServer::start();
     let ttl = 2;
-    let freed = orphan_bound(&server.url(), "orphan", ttl, || {}).await;
+    let freed = orphan_bound(
+        &server.url(),
+        "orphan",
+        ttl,
+        || server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:orphan/"]),
+        || {},
+    )
+    .await;
     eprintln!("orphan bound, one node, ttl {ttl}s: lock free {freed:?} after SIGKILL");
     // etcd checks for expired leases every 500 ms: one ttl plus that, and
     // slack for a loaded machine.
@@ -152,12 +161,22 @@ async fn a_sigkilled_holder_across_a_leader_kill_frees_the_lock_within_two_ttls(
     let url = cluster.url();
     let leader = cluster.wait_for_leader(Duration::from_secs(10));
     let ttl = 2;
-    let cluster_ref = &mut cluster;
-    let freed = orphan_bound(&url, "orphan-failover", ttl, || {
-        // A leader change resets the remaining ttl of every lease.
-        std::thread::sleep(Duration::from_millis(1200));
-        cluster_ref.kill(leader);
-    })
+    let keys_of = |cluster: &EtcdCluster| {
+        let output = cluster.etcdctl(&["get", "--prefix", "--keys-only", "lock:orphan-failover/"]);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let snapshot = std::sync::Mutex::new(&mut cluster);
+    let freed = orphan_bound(
+        &url,
+        "orphan-failover",
+        ttl,
+        || keys_of(&snapshot.lock().unwrap()),
+        || {
+            // A leader change resets the remaining ttl of every lease.
+            std::thread::sleep(Duration::from_millis(1200));
+            snapshot.lock().unwrap().kill(leader);
+        },
+    )
     .await;
     eprintln!(
         "orphan bound, three nodes, ttl {ttl}s, leader killed 1.2s after the holder: \
@@ -168,5 +187,6 @@ async fn a_sigkilled_holder_across_a_leader_kill_frees_the_lock_within_two_ttls(
         "{freed:?}"
     );
     assert!(freed < Duration::from_secs(2 * ttl + 5), "{freed:?}");
+    drop(snapshot);
     cluster.restart(leader);
 }

@@ -129,8 +129,11 @@
 //!   lease's remaining ttl to its full ttl when a new leader takes over (a
 //!   lease with 3 s of 10 left gets 10 s again). A holder that crashed just
 //!   before a leader change therefore keeps its lock for up to one more
-//!   ttl: up to about 2 × ttl (plus the election) in all, instead of one.
-//!   Nothing is granted early by it: the reset only ever lengthens.
+//!   ttl: up to about 2 × ttl (plus the election) in all, instead of one
+//!   (measured: 4.4 s at a 2 s ttl with the leader killed 1.2 s after the
+//!   holder, against 2.4 s without). A restart of a single-node cluster
+//!   restores leases with their full ttl in the same way. Nothing is
+//!   granted early by it: the reset only ever lengthens.
 //! - **Clock rate.** The holder gives its lease up on its own clock,
 //!   ttl − drift margin after the last keep-alive it sent; the server
 //!   expires it on the leader's clock. A holder whose clock runs much
@@ -453,23 +456,31 @@ impl EtcdLocker {
 
     /// Reserves `name` for one attempt of this locker, waiting (woken by
     /// local releases) until `deadline` while another of its attempts or
-    /// grants has it; `None` at the deadline.
+    /// grants has it; `None` at the deadline. An abandoned attempt still
+    /// being cleaned up at the deadline (the cluster is failing) is an
+    /// error, not a timeout: whether the key is free is unknown.
     async fn reserve_waiting(
         &self,
+        key: &str,
         name: &str,
         deadline: Option<Instant>,
-    ) -> Option<Ticket<String>> {
+    ) -> Result<Option<Ticket<String>>> {
         loop {
             let freed = self.inner.freed.notified();
             tokio::pin!(freed);
             // Registered before looking, so a release in between wakes us.
             freed.as_mut().enable();
             if let Ok(ticket) = self.inner.registry.reserve(name.to_owned()) {
-                return Some(ticket);
+                return Ok(Some(ticket));
             }
             tokio::select! {
                 () = freed => {}
-                () = crate::deadline::sleep_until(deadline) => return None,
+                () = crate::deadline::sleep_until(deadline) => {
+                    return match self.inner.registry.state(&name.to_owned()) {
+                        Some(Busy::CleaningUp) => Err(cleaning_up(key)),
+                        _ => Ok(None),
+                    };
+                }
             }
         }
     }
@@ -490,7 +501,7 @@ impl EtcdLocker {
                 Err(Busy::Contended) => return Ok(None),
                 Err(Busy::CleaningUp) => return Err(cleaning_up(key)),
             },
-            Some(deadline) => match self.reserve_waiting(&name, deadline).await {
+            Some(deadline) => match self.reserve_waiting(key, &name, deadline).await? {
                 Some(ticket) => ticket,
                 None => return Ok(None),
             },
