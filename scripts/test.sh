@@ -15,6 +15,9 @@ command -v openssl >/dev/null 2>&1 || packages+=(openssl)  # certificates for th
 command -v nft >/dev/null 2>&1 || packages+=(nftables)  # network partitions in the Postgres partition tests
 command -v ip >/dev/null 2>&1 || packages+=(iproute2)
 command -v script >/dev/null 2>&1 || packages+=(bsdutils)  # a terminal for the CLI's interactive-command test
+command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)  # the etcd backend's tests spawn etcd
+command -v etcdctl >/dev/null 2>&1 || packages+=(etcd-client)  # interop with `etcdctl lock`
+command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)  # etcd-client's build script
 command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
 
 if [ ${#packages[@]} -gt 0 ]; then

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 /// flock(1) for a fleet: run a command only where a distributed lock is held.
 ///
 /// The backend is chosen by URL (--url, else $DISTLOCK_URL, else lock files in
-/// a per-user state directory): file:///dir, redis://host:6379, postgres://user@host/db,
+/// a per-user state directory): file:///dir, redis://host:6379, postgres://user@host/db, etcd://h1:2379,h2:2379,
 /// memory://.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]

@@ -1,9 +1,12 @@
-//! Acquire+release cycles per second on the Redis and Postgres backends, 1
+//! Acquire+release cycles per second on the Redis, Postgres and etcd backends, 1
 //! and 16 concurrent tasks (each on its own key, so the figure is round
 //! trips, not contention), next to each backend's physical floor: the same
 //! cycle as bare commands on the same kind of connection (`SET NX PX` + `DEL`
 //! on a redis-rs `ConnectionManager`; `pg_try_advisory_lock` +
-//! `pg_advisory_unlock` on one tokio-postgres connection per task).
+//! `pg_advisory_unlock` on one tokio-postgres connection per task; for etcd
+//! the same two transactions through etcd-client, put-if-absent + read the
+//! queue's first key, then compare-and-delete, and beside them etcd-client's
+//! `lock`/`unlock` RPCs, etcd's server-side lock, on one lease).
 //!
 //! A measurement, not a check: it asserts nothing about speed. The servers
 //! are private ones test-servers starts on free loopback ports. Run it with:
@@ -21,11 +24,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock::etcd::EtcdLocker;
 use distlock::postgres::PostgresLocker;
 use distlock::redis::RedisLocker;
 use distlock::Locker;
+use etcd_client::{
+    Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 use redis::aio::ConnectionManager;
-use test_servers::{PostgresServer, RedisServer};
+use test_servers::{EtcdServer, PostgresServer, RedisServer};
 use tokio::time::Instant;
 
 const RUN_FOR: Duration = Duration::from_secs(2);
@@ -33,6 +40,7 @@ const RUN_FOR: Duration = Duration::from_secs(2);
 /// cycle ever meets an expiry).
 const REDIS_TTL: Duration = Duration::from_secs(10);
 const POSTGRES_TTL: Duration = Duration::from_secs(30);
+const ETCD_TTL: Duration = Duration::from_secs(30);
 const TASKS: [usize; 2] = [1, 16];
 
 fn main() {
@@ -46,6 +54,8 @@ fn main() {
             redis_cycles().await;
             println!();
             postgres_cycles().await;
+            println!();
+            etcd_cycles().await;
         });
 }
 
@@ -208,4 +218,96 @@ async fn raw_postgres_clients(server: &PostgresServer, tasks: usize) -> Vec<Arc<
         clients.push(Arc::new((client, lock, unlock)));
     }
     clients
+}
+
+async fn etcd_cycles() {
+    let server = EtcdServer::start();
+    let locker = EtcdLocker::from_url(&server.url())
+        .await
+        .expect("connect to the bench etcd");
+    let client = etcd_client::Client::connect([format!("http://{}", server.endpoint())], None)
+        .await
+        .expect("connect to the bench etcd");
+    // One lease for every raw cycle, as the locker has one per ttl class;
+    // 30 s outlives every run, so the floor sends no keep-alives.
+    let lease = client
+        .lease_client()
+        .grant(30, None)
+        .await
+        .expect("grant")
+        .id();
+    println!(
+        "tasks  distlock cycles/s  raw txn put-if-absent + txn delete cycles/s  \
+         etcd Lock+Unlock RPC cycles/s  distlock/raw"
+    );
+    for tasks in TASKS {
+        let distlock = {
+            let locker = locker.clone();
+            cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), ETCD_TTL, task)
+            })
+            .await
+        };
+        let floor = {
+            let client = client.clone();
+            cycles_per_second(tasks, move |task| {
+                let mut kv = client.kv_client();
+                async move {
+                    let name = format!("raw-{task}");
+                    let key = format!("{name}/{lease:x}");
+                    let acquire = Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                        .and_then([
+                            TxnOp::put(
+                                key.clone(),
+                                "secret",
+                                Some(PutOptions::new().with_lease(lease)),
+                            ),
+                            TxnOp::get(
+                                format!("{name}/"),
+                                Some(
+                                    GetOptions::new()
+                                        .with_prefix()
+                                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                        .with_limit(1),
+                                ),
+                            ),
+                        ])
+                        .or_else([TxnOp::get(key.clone(), None)]);
+                    let response = kv.txn(acquire).await.expect("acquire txn");
+                    assert!(response.succeeded(), "own key");
+                    let revision = response.header().expect("header").revision();
+                    let release = Txn::new()
+                        .when([
+                            Compare::create_revision(key.clone(), CompareOp::Equal, revision),
+                            Compare::value(key.clone(), CompareOp::Equal, "secret"),
+                        ])
+                        .and_then([TxnOp::delete(key, None)]);
+                    assert!(kv.txn(release).await.expect("release txn").succeeded());
+                }
+            })
+            .await
+        };
+        let rpc = {
+            let client = client.clone();
+            cycles_per_second(tasks, move |task| {
+                let mut lock = client.lock_client();
+                async move {
+                    let granted = lock
+                        .lock(
+                            format!("rpc-{task}"),
+                            Some(LockOptions::new().with_lease(lease)),
+                        )
+                        .await
+                        .expect("Lock RPC");
+                    lock.unlock(granted.key()).await.expect("Unlock RPC");
+                }
+            })
+            .await
+        };
+        println!(
+            "{tasks:>5}  {distlock:>18.0}  {floor:>42.0}  {rpc:>29.0}  {:>12.2}",
+            distlock / floor
+        );
+    }
 }

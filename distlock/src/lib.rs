@@ -60,6 +60,7 @@
 //! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
 //! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
+//! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -72,10 +73,14 @@ use async_trait::async_trait;
 
 mod background;
 mod breaker;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+mod config_util;
 #[cfg(feature = "cron")]
 pub mod cron;
 mod deadline;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod file;
 mod lease;
 pub mod memory;
@@ -86,7 +91,7 @@ pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 mod session_registry;
 pub mod validate;
 mod wait;

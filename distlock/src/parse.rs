@@ -15,6 +15,8 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "rediss",
     "postgres",
     "postgresql",
+    "etcd",
+    "etcd+https",
 ];
 
 /// Opens the backend a URL names and returns it ready to use.
@@ -26,6 +28,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
 /// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
+/// | `etcd://[user:pass@]host[:port][,host2...][?prefix=..]`, `etcd+https://...` | `distlock::etcd::EtcdLocker` (feature `etcd`; see `distlock::etcd::Config::from_url`) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -44,6 +47,16 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(
             crate::postgres::PostgresLocker::from_url(url).await?,
+        ));
+    }
+    // Before `Url::parse`, which rejects the multi-host form.
+    if url.starts_with("etcd://") || url.starts_with("etcd+https://") {
+        #[cfg(feature = "etcd")]
+        return Ok(Arc::new(crate::etcd::EtcdLocker::from_url(url).await?));
+        #[cfg(not(feature = "etcd"))]
+        return Err(Error::invalid(
+            "url",
+            "etcd:// needs distlock's cargo feature `etcd`, which is not enabled",
         ));
     }
     let parsed = Url::parse(url)

@@ -12,11 +12,13 @@ use std::process::{Child, Command};
 use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+mod etcd;
 pub mod netns;
 mod postgres;
 mod proxy;
 mod redis;
 
+pub use etcd::{EtcdCluster, EtcdServer};
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer};

@@ -6,6 +6,8 @@
 mod support;
 
 mod cron;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 #[cfg(feature = "postgres")]
 mod postgres;

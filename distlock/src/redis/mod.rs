@@ -136,6 +136,7 @@ use redis::ProtocolVersion;
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
+use crate::util::{decode_mark, encode_mark};
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
     ReleaseWatch, Result, DEFAULT_RELEASE_TIMEOUT,
@@ -155,10 +156,7 @@ pub use config::{
 use errors::{Outcome, Target};
 use keys::KeySpace;
 use releases::ReleaseHub;
-use scripts::{
-    decode_mark, encode_mark, ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT,
-    RELEASE_SCRIPT,
-};
+use scripts::{ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
 
 const BACKEND: &str = "redis";
 

@@ -8,6 +8,8 @@
 //! Postgres modules start their own servers (test-servers) and are built
 //! with their backend's feature only.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 mod memory;
 mod observability;
