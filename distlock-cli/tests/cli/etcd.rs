@@ -189,3 +189,10 @@ async fn a_sigkilled_holder_across_a_leader_kill_frees_the_lock_within_two_ttls(
     assert!(freed < Duration::from_secs(2 * ttl + 5), "{freed:?}");
     cluster.restart(leader);
 }
+
+#[test]
+fn three_etcd_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
+    let server = EtcdServer::start();
+    let tally = crate::cron::three_replicas(&server.url(), "etcd");
+    crate::cron::assert_exactly_once(&tally);
+}
