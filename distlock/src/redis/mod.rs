@@ -132,7 +132,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::ProtocolVersion;
+use redis::sentinel::SentinelNodeConnectionInfo;
+use redis::{ProtocolVersion, TlsMode};
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
@@ -142,6 +143,7 @@ use crate::{
 };
 
 mod config;
+mod connection;
 mod errors;
 mod keys;
 mod releases;
@@ -149,12 +151,14 @@ mod scripts;
 
 pub use config::{
     Config, Password, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT,
-    DEFAULT_RESPONSE_TIMEOUT, ENV_PREFIX,
+    DEFAULT_REPLICA_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SENTINEL_PORT, ENV_PREFIX,
 };
 
+use config::Deployment;
+use connection::{ClusterSettings, Connection, SentinelConnection};
 use errors::{Outcome, Target};
 use keys::KeySpace;
-use releases::ReleaseHub;
+use releases::{ReleaseHub, SubscriberSource};
 use scripts::{
     decode_mark, encode_mark, ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT,
     RELEASE_SCRIPT,
@@ -189,13 +193,28 @@ pub struct RedisLocker {
 }
 
 struct Inner {
-    connection: ConnectionManager,
+    connection: Connection,
     /// [`RedisLocker::operation_bound`]: no call takes longer.
     operation_bound: Duration,
+    /// The bound of one acquire: the operation bound, plus the `WAIT` and a
+    /// release when replica acknowledgement is on.
+    acquire_bound: Duration,
     keys: KeySpace,
     /// Where errors say they happened.
     target: Target,
     releases: ReleaseHub,
+    /// The release script's publish command: `SPUBLISH` on a cluster (sharded
+    /// pub/sub, delivered by the key's shard only), `PUBLISH` elsewhere.
+    publish: &'static str,
+    /// `Some` when each grant must reach that many replicas (`WAIT`).
+    replicas: Option<ReplicaAck>,
+}
+
+/// [`Config::min_replicas`] and [`Config::replica_timeout`], when set.
+#[derive(Debug, Clone, Copy)]
+struct ReplicaAck {
+    min_replicas: u32,
+    timeout: Duration,
 }
 
 impl fmt::Debug for RedisLocker {
@@ -208,14 +227,26 @@ impl fmt::Debug for RedisLocker {
 }
 
 impl RedisLocker {
-    /// Connects to the server `config` names, failing if it cannot be reached
-    /// or rejects the credentials (one attempt plus the reconnect retries,
-    /// all within `connect_timeout + response_timeout`).
+    /// Connects to the deployment `config` names (one server, a Redis
+    /// Cluster's seed nodes, or sentinels and their master), failing if it
+    /// cannot be reached or rejects the credentials (one attempt plus the
+    /// reconnect retries, all within [`RedisLocker::operation_bound`]).
     ///
-    /// [`Error::InvalidInput`] for a config that names no server or more than
-    /// one, [`Error::Backend`] if connecting fails (an authentication failure
-    /// says so), [`Error::DeadlineExceeded`] if it does not finish within the
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a config that names no server, several
+    /// without saying they are a cluster or sentinels, or has invalid
+    /// settings; [`Error::Backend`] if connecting fails (an authentication
+    /// failure says so; for Sentinel, also when no sentinel names a reachable
+    /// master); [`Error::DeadlineExceeded`] if it does not finish within the
     /// bound.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt; nothing is left
+    /// behind on the server.
+    ///
+    /// # Examples
     ///
     /// ```no_run
     /// use distlock::redis::{Config, RedisLocker};
@@ -226,44 +257,129 @@ impl RedisLocker {
     /// # }
     /// ```
     pub async fn from_config(config: Config) -> Result<Self> {
-        let endpoint = config.endpoint()?;
-        let command_client =
-            redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP3)?)
-                .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
-        // The subscriber speaks RESP2: a connection in SUBSCRIBE mode is what
-        // redis-rs' `PubSub` is built for, and any server version supports it.
-        let subscriber_client =
-            redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP2)?)
-                .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
+        let deployment = config.deployment()?;
+        let target = Target {
+            endpoint: deployment.to_string(),
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.response_timeout,
+        };
+        let operation_bound = operation_bound(config.connect_timeout, config.response_timeout);
+        let invalid = |e: redis::RedisError| Error::invalid("config", format!("{deployment}: {e}"));
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
-        let target = Target {
-            endpoint: endpoint.to_string(),
-            connect_timeout: config.connect_timeout,
-            response_timeout: config.response_timeout,
+        let (connection, subscriber, publish) = match &deployment {
+            Deployment::Standalone(endpoint) => {
+                let command_client =
+                    redis::Client::open(config.connection_info(endpoint, ProtocolVersion::RESP3)?)
+                        .map_err(invalid)?;
+                // The subscriber speaks RESP2: a connection in SUBSCRIBE mode
+                // is what redis-rs' `PubSub` is built for, and any server
+                // version supports it.
+                let subscriber_client =
+                    redis::Client::open(config.connection_info(endpoint, ProtocolVersion::RESP2)?)
+                        .map_err(invalid)?;
+                let connection = bounded(BACKEND, "connect", operation_bound, async {
+                    ConnectionManager::new_with_config(command_client, manager_config)
+                        .await
+                        .map_err(|e| target.error("connect", e, false))
+                })
+                .await?;
+                (
+                    Connection::Standalone(connection),
+                    SubscriberSource::Node(subscriber_client),
+                    "PUBLISH",
+                )
+            }
+            Deployment::Cluster(seeds) => {
+                let settings = ClusterSettings {
+                    seeds: seeds
+                        .iter()
+                        .map(|seed| config.connection_info(seed, ProtocolVersion::RESP3))
+                        .collect::<Result<_>>()?,
+                    connect_timeout: config.connect_timeout,
+                    response_timeout: config.response_timeout,
+                };
+                let client = settings.client(None).map_err(invalid)?;
+                let connection = bounded(BACKEND, "connect", operation_bound, async {
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| target.error("connect", e, false))
+                })
+                .await?;
+                (
+                    Connection::Cluster(connection),
+                    SubscriberSource::Cluster(settings),
+                    "SPUBLISH",
+                )
+            }
+            Deployment::Sentinel { sentinels, master } => {
+                let node = |protocol| {
+                    let info = SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(config.redis_settings(protocol));
+                    if config.tls {
+                        info.set_tls_mode(TlsMode::Secure)
+                    } else {
+                        info
+                    }
+                };
+                let connection = SentinelConnection::new(
+                    sentinels
+                        .iter()
+                        .map(|sentinel| config.sentinel_connection_info(sentinel))
+                        .collect::<Result<_>>()?,
+                    master.clone(),
+                    config.db,
+                    node(ProtocolVersion::RESP3),
+                    node(ProtocolVersion::RESP2),
+                    manager_config,
+                )
+                .map_err(invalid)?;
+                bounded(BACKEND, "connect", operation_bound, async {
+                    connection
+                        .connect()
+                        .await
+                        .map_err(|e| target.error("connect", e, false))
+                })
+                .await?;
+                (
+                    Connection::Sentinel(connection.clone()),
+                    SubscriberSource::Sentinel(connection),
+                    "PUBLISH",
+                )
+            }
         };
-        let operation_bound = operation_bound(config.connect_timeout, config.response_timeout);
-        let connection = bounded(BACKEND, "connect", operation_bound, async {
-            ConnectionManager::new_with_config(command_client, manager_config)
-                .await
-                .map_err(|e| target.error("connect", e, false))
-        })
-        .await?;
+        let replicas = (config.min_replicas > 0).then_some(ReplicaAck {
+            min_replicas: config.min_replicas,
+            timeout: config.replica_timeout,
+        });
+        let acquire_bound = match replicas {
+            // The WAIT's reply (held up to the replica timeout, which is
+            // shorter than the response timeout) and the release of a grant
+            // too few replicas acknowledged.
+            Some(_) => operation_bound
+                .saturating_add(config.response_timeout)
+                .saturating_add(config.response_timeout),
+            None => operation_bound,
+        };
         Ok(RedisLocker {
             inner: Arc::new(Inner {
                 connection,
                 operation_bound,
+                acquire_bound,
                 keys: KeySpace::new(config.key_prefix),
                 target,
                 releases: ReleaseHub::new(
-                    subscriber_client,
+                    subscriber,
                     config.connect_timeout,
                     config.response_timeout,
                 ),
+                publish,
+                replicas,
             }),
         })
     }
@@ -331,7 +447,7 @@ impl RedisLocker {
         })
     }
 
-    fn connection(&self) -> ConnectionManager {
+    fn connection(&self) -> Connection {
         self.inner.connection.clone()
     }
 
@@ -396,6 +512,16 @@ impl RedisLocker {
                 return Err(self.inner.target.error("acquire", err, outcome_unknown));
             }
         };
+        if let Some(ack) = self.inner.replicas {
+            // Still armed: a failed or short WAIT leaves a grant to undo,
+            // unless it was released already.
+            if let Err((error, released)) = self.confirm_replicas(key, ack, pending.owner()).await {
+                if released {
+                    pending.settle();
+                }
+                return Err(error);
+            }
+        }
         let parts = LeaseParts {
             key: key.to_owned(),
             owner: pending.settle(),
@@ -404,6 +530,53 @@ impl RedisLocker {
             valid_until: Some(sent_at + ttl),
         };
         Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
+    }
+
+    /// Waits (`WAIT`, on the node that took the grant) until
+    /// `ack.min_replicas` replicas have every write this connection made,
+    /// the grant included. On a shortfall it releases the grant by `owner`
+    /// at once and fails (`true`: released); if that release fails, or the
+    /// `WAIT` itself does (`false`), the caller's armed [`PendingAcquire`]
+    /// releases it in the background.
+    ///
+    /// The connection is multiplexed, so the `WAIT` also covers other tasks'
+    /// writes sent before it: it can only wait longer than needed, never
+    /// vouch for less.
+    async fn confirm_replicas(
+        &self,
+        key: &str,
+        ack: ReplicaAck,
+        owner: &str,
+    ) -> std::result::Result<(), (Error, bool)> {
+        let timeout_millis = u64::try_from(ack.timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(ack.min_replicas).arg(timeout_millis);
+        let acknowledged: u32 = self
+            .connection()
+            .query_on_node_of(&self.inner.keys.lock_key(key), wait)
+            .await
+            .map_err(|e| (self.inner.target.error("acquire", e, true), false))?;
+        if acknowledged >= ack.min_replicas {
+            return Ok(());
+        }
+        let (released, undo) = match Locker::unlock(self, key, owner).await {
+            Ok(()) | Err(Error::NotHeld { .. }) => (true, "it was released"),
+            Err(_) => (
+                false,
+                "releasing it failed, so it is being released by its owner token in the \
+                 background (failing that, it expires at its ttl)",
+            ),
+        };
+        let error = Error::backend(
+            BACKEND,
+            "acquire",
+            format!(
+                "{}: only {acknowledged} replica(s) acknowledged the grant of {key:?} within \
+                 {:?}, {} required (min_replicas); {undo}",
+                self.inner.target.endpoint, ack.timeout, ack.min_replicas
+            ),
+        );
+        Err((error, released))
     }
 
     async fn run_acquire_script(
@@ -521,7 +694,7 @@ impl Locker for RedisLocker {
         bounded(
             BACKEND,
             "acquire",
-            self.inner.operation_bound,
+            self.inner.acquire_bound,
             self.acquire(key, ttl),
         )
         .await
@@ -535,6 +708,7 @@ impl Locker for RedisLocker {
                     .key(self.inner.keys.lock_key(key))
                     .arg(owner)
                     .arg(self.inner.keys.release_channel(key))
+                    .arg(self.inner.publish)
                     .invoke_async(&mut self.connection())
                     .await
             })
