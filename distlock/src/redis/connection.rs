@@ -277,7 +277,16 @@ impl SentinelConnection {
 
     async fn request(&self, cmd: &Cmd) -> RedisResult<Value> {
         let master = self.master().await?;
+        // redis-rs hands server errors back as `Ok(Value::ServerError)`
+        // (turned into errors when the value is converted), I/O errors as
+        // `Err`.
         match master.manager.clone().req_packed_command(cmd).await {
+            Ok(Value::ServerError(error)) if error.kind() == Some(ServerErrorKind::ReadOnly) => {
+                self.forget(master.generation);
+                // Refused before it ran: safe to send to the new master.
+                let master = self.master().await?;
+                master.manager.clone().req_packed_command(cmd).await
+            }
             Err(err) if is_not_the_master(&err) => {
                 self.forget(master.generation);
                 if !refused_before_running(&err) {
@@ -302,10 +311,14 @@ impl SentinelConnection {
             .clone()
             .req_packed_commands(pipeline, offset, count)
             .await;
-        if let Err(err) = &result {
-            if is_not_the_master(err) {
-                self.forget(master.generation);
-            }
+        let read_only = |value: &Value| {
+            matches!(value, Value::ServerError(error)
+                if error.kind() == Some(ServerErrorKind::ReadOnly))
+        };
+        match &result {
+            Err(err) if is_not_the_master(err) => self.forget(master.generation),
+            Ok(values) if values.iter().any(read_only) => self.forget(master.generation),
+            _ => {}
         }
         result
     }
