@@ -1,4 +1,7 @@
-//! Locks in one Redis server (`redis://`, `rediss://`; feature `redis`).
+//! Locks in Redis (feature `redis`): one server (`redis://`, `rediss://`), a
+//! Redis Cluster (`redis+cluster://`, `rediss+cluster://`), or a master found
+//! through Sentinel (`redis+sentinel://.../MASTER_NAME`), optionally waiting
+//! for replicas to acknowledge each grant (`?min_replicas=N`).
 //!
 //! A lock is one key, `<prefix>{<key>}` (prefix default `lock:`), holding the
 //! owner token of the holder and expiring after the ttl:
@@ -99,16 +102,87 @@
 //!   to leave unsubscribes; [`Locker::try_lock`] never subscribes.
 //! - **Keys**: `<prefix>{<key>}`; see [`RedisLocker::backend_key`]. On a
 //!   cluster, a key starting with `}` has an empty hash tag, which Redis
-//!   ignores (then lock and fence key may land in different slots).
+//!   ignores (then lock and fence key may land in different slots and the
+//!   scripts fail with `CROSSSLOT`: an error, never a wrong answer). A key
+//!   containing `{` or `}` is hashed by Redis' first-brace rule, still one
+//!   tag for all of the lock's keys.
 //! - **Marks** ([`Locker::advance_mark`]): `<prefix>{<name>}:mark`, without
 //!   expiry, raised by one script; lost with everything else by a restart
 //!   without persistence (a scheduler could then re-run the last tick).
 //!
+//! # Deployments
+//!
+//! - **One server** (`redis://host:port`): a redis-rs `ConnectionManager`.
+//! - **Redis Cluster** (`redis+cluster://h1:p1,h2:p2,...`, or
+//!   [`Config::cluster`] with the seed nodes as [`Config::addresses`]): a
+//!   redis-rs cluster-async connection learns the slot map from any seed,
+//!   sends each script to the master of its key's slot (every script's keys
+//!   share the lock's hash tag, so one slot), and follows `MOVED` and `ASK`,
+//!   so a slot migration while a lock is held is invisible to its holder: its
+//!   refresh and release reach the key on its new node. Release
+//!   notifications use **sharded pub/sub** (Redis 7+): the release script
+//!   `SPUBLISH`es on the key's channel (same slot), and waiters `SSUBSCRIBE`
+//!   through a RESP3 cluster connection of the locker's own, which
+//!   redis-rs routes to the slot's node and resubscribes after reconnects;
+//!   when a slot migrates, the old node drops the subscription and the
+//!   locker subscribes again on the new one. On a Redis 6 cluster (no
+//!   sharded pub/sub) releases still work and waiters poll. A master that
+//!   dies without a replica to take over makes every operation on its slots
+//!   fail ([`Error::Backend`] or [`Error::DeadlineExceeded`]: an outage, never
+//!   contention), while other masters' locks work if the cluster runs with
+//!   `cluster-require-full-coverage no` (otherwise the whole cluster refuses
+//!   commands until the slots are served again). Only database 0 exists.
+//! - **Sentinel** (`redis+sentinel://s1:26379,s2:26379/MASTER_NAME`, or
+//!   [`Config::sentinel_master`] with the sentinels as addresses): the locker
+//!   asks the sentinels (redis-rs' `Sentinel`, which checks the named server
+//!   reports itself master) and keeps one reconnecting connection to that
+//!   master. When the server answers `READONLY` (demoted by a failover) or
+//!   cannot be reached, the locker asks the sentinels again; a command
+//!   refused that way is sent once more to the new master, so callers see at
+//!   most the failures of the switch itself (the acquire retry on a dropped
+//!   connection applies as on one server). The locker is not rebuilt. A lease
+//!   whose grant the new master lacks is lost at its next refresh
+//!   ([`Error::NotHeld`]; with [`crate::Lease::keep_alive`] its lost signal
+//!   fires). The subscriber connects to the master named when it opens; a
+//!   failover closes it (Sentinel kills the reconfigured servers' clients),
+//!   waiters poll, and the next waiter connects to the new master. The
+//!   locker learns of a failover from its own commands, not from Sentinel's
+//!   `+switch-master` events: until Sentinel reconfigures a demoted master
+//!   that is still alive (Sentinel does so when it next sees it, within
+//!   seconds), this locker may keep writing to it, like any client that
+//!   keeps its connection.
+//!
+//! # Replica acknowledgement
+//!
+//! With `?min_replicas=N&replica_timeout=T` ([`Config::min_replicas`],
+//! [`Config::replica_timeout`], default 100 ms) every grant is followed by
+//! `WAIT N T` on the node that took it (on a cluster, the master of the
+//! key's slot). Fewer than `N` acknowledgements within `T` fail the acquire:
+//! the lock is released at once, by its token, and the error is
+//! [`Error::Backend`] (an outage, so the circuit breaker counts it), never
+//! contention. Contention itself does not wait. Cost: one more round trip
+//! plus the replicas' acknowledgement per grant (see the throughput bench).
+//! Every acquire is then bounded by the operation bound plus twice the
+//! response timeout (the `WAIT` and the release).
+//!
+//! This narrows the failover window the section below describes; **it does
+//! not close it**: `WAIT` is not a transaction (a grant a replica has not
+//! acknowledged is still visible on the master, to everybody, until it is
+//! released), a replica that acknowledged can still fall behind or be
+//! skipped by the failover, and Redis does not promise that a failover
+//! promotes a replica that acknowledged. The connection is multiplexed: the
+//! `WAIT` covers every write sent on it before, so it can only wait longer
+//! than needed; but if the connection is replaced between the grant and the
+//! `WAIT` (it broke and reconnected), the `WAIT` runs on a connection with
+//! no writes and vouches for nothing. Where two holders would be a
+//! correctness failure, use the fencing token, or a backend with
+//! consensus.
+//!
 //! # What it does not guarantee
 //!
-//! - **Single node, not Redlock.** Exclusivity rests on one key on one server.
-//!   Only one address is accepted; a quorum across independent nodes is not
-//!   implemented.
+//! - **Not Redlock.** Exclusivity rests on one key on one master (on a
+//!   cluster, the master of the key's slot). A quorum across independent
+//!   nodes is not this locker.
 //! - **Failover can hand the lock to a second holder.** Redis replicates
 //!   asynchronously: a primary can acknowledge the `SET`, then fail before a
 //!   replica has it; the promoted replica has no lock and grants it again.
@@ -185,7 +259,8 @@ const RECONNECT_PAUSES: Duration = Duration::from_millis(700);
 ///
 /// Build it with [`RedisLocker::from_config`] from a [`Config`], or with
 /// [`RedisLocker::from_url`]; [`crate::connect`] does the latter for
-/// `redis://` and `rediss://` URLs. See the [module docs](self) for what it
+/// `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`,
+/// `redis+sentinel://` and `rediss+sentinel://` URLs. See the [module docs](self) for what it
 /// guarantees and what it does not.
 #[derive(Clone)]
 pub struct RedisLocker {
@@ -384,8 +459,28 @@ impl RedisLocker {
         })
     }
 
-    /// Connects to the server a `redis://` or `rediss://` URL names (see
-    /// [`Config::from_url`] for the format).
+    /// Connects to the deployment a URL names (see [`Config::from_url`] for
+    /// the schemes and parameters).
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::from_url`] and [`RedisLocker::from_config`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`RedisLocker::from_config`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use distlock::redis::RedisLocker;
+    ///
+    /// # async fn demo() -> Result<(), distlock::Error> {
+    /// let cluster = RedisLocker::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
+    /// let sentinel = RedisLocker::from_url("redis+sentinel://10.0.0.5,10.0.0.6/orders").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn from_url(url: &str) -> Result<Self> {
         Self::from_config(Config::from_url(url)?).await
     }
