@@ -1,5 +1,7 @@
 //! Acquire+release cycles per second on the Redis, Postgres and etcd backends, 1
-//! and 16 concurrent tasks (each on its own key, so the figure is round
+//! and 16 concurrent tasks; for Redis also as deployed: a three-master
+//! Cluster, a master behind Sentinel, and a primary with one replica and
+//! `min_replicas=1` (each grant waits for the replica's `WAIT`) (each on its own key, so the figure is round
 //! trips, not contention), next to each backend's physical floor: the same
 //! cycle as bare commands on the same kind of connection (`SET NX PX` + `DEL`
 //! on a redis-rs `ConnectionManager`; `pg_try_advisory_lock` +
@@ -32,7 +34,9 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use redis::aio::ConnectionManager;
-use test_servers::{EtcdServer, PostgresServer, RedisServer};
+use test_servers::{
+    EtcdServer, PostgresServer, RedisCluster, RedisOptions, RedisSentinelSet, RedisServer,
+};
 use tokio::time::Instant;
 
 const RUN_FOR: Duration = Duration::from_secs(2);
@@ -52,6 +56,8 @@ fn main() {
         .expect("a tokio runtime")
         .block_on(async {
             redis_cycles().await;
+            println!();
+            redis_deployment_cycles().await;
             println!();
             postgres_cycles().await;
             println!();
@@ -145,6 +151,54 @@ async fn redis_cycles() {
             "{tasks:>5}  {distlock:>18.0}  {floor:>28.0}  {:>5.2}",
             distlock / floor
         );
+    }
+}
+
+/// The same cycle on each way Redis is deployed, interleaved per task count
+/// so the rows of one run compare.
+async fn redis_deployment_cycles() {
+    let standalone = RedisServer::start();
+    let cluster = RedisCluster::start();
+    let sentinels = RedisSentinelSet::start();
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
+    });
+    // The replica must be in sync before WAIT can count it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replica
+        .cli(&["info", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(std::time::Instant::now() < deadline, "the replica syncs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut lockers = Vec::new();
+    for (label, url) in [
+        ("standalone", standalone.url()),
+        ("cluster (3 masters)", cluster.url()),
+        ("sentinel (1 master)", sentinels.url()),
+        (
+            "min_replicas=1",
+            format!("{}?min_replicas=1&replica_timeout=100ms", primary.url()),
+        ),
+    ] {
+        let locker = RedisLocker::from_url(&url)
+            .await
+            .expect("connect to the bench deployment");
+        lockers.push((label, locker));
+    }
+    println!("redis deployment       tasks  cycles/s");
+    for tasks in TASKS {
+        for (label, locker) in &lockers {
+            let locker = locker.clone();
+            let rate = cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), REDIS_TTL, task)
+            })
+            .await;
+            println!("{label:<21}  {tasks:>5}  {rate:>8.0}");
+        }
     }
 }
 

@@ -59,6 +59,8 @@
 //! | `memory://` | [`memory`] | always | n/a (in-process) |
 //! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
 //! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
+//! | `redis+cluster://h1:7000,h2:7000`, `rediss+cluster://` | `redis` (Redis Cluster) | `redis` | at ttl expiry |
+//! | `redis+sentinel://s1:26379,s2:26379/MASTER`, `rediss+sentinel://` | `redis` (master found through Sentinel) | `redis` | at ttl expiry |
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 //! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
 

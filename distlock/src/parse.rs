@@ -13,6 +13,10 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "file",
     "redis",
     "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "postgres",
     "postgresql",
     "etcd",
@@ -26,7 +30,9 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `memory://` | a new, independent [`crate::memory::MemoryLocker`] |
 /// | `file:///absolute/dir` | [`crate::file::FileLocker`] in that directory |
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
-/// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
+/// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` on one server (feature `redis`; see `distlock::redis::Config::from_url`) |
+/// | `redis+cluster://host1:port,host2:port,...`, `rediss+cluster://...` | `distlock::redis::RedisLocker` on a Redis Cluster (feature `redis`) |
+/// | `redis+sentinel://sentinel1:port,sentinel2:port/MASTER_NAME`, `rediss+sentinel://...` | `distlock::redis::RedisLocker` on the master Sentinel names, following failovers (feature `redis`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
 /// | `etcd://[user:pass@]host[:port][,host2...][?prefix=..]`, `etcd+https://...` | `distlock::etcd::EtcdLocker` (feature `etcd`; see `distlock::etcd::Config::from_url`) |
 ///
@@ -57,6 +63,23 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
         return Err(Error::invalid(
             "url",
             "etcd:// needs distlock's cargo feature `etcd`, which is not enabled",
+        ));
+    }
+    // Before `Url::parse`, which rejects several comma-separated hosts.
+    if let Some((
+        scheme @ ("redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel"),
+        _,
+    )) = url.split_once("://")
+    {
+        #[cfg(feature = "redis")]
+        {
+            let _ = scheme;
+            return Ok(Arc::new(crate::redis::RedisLocker::from_url(url).await?));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
         ));
     }
     let parsed = Url::parse(url)

@@ -17,11 +17,15 @@ pub mod netns;
 mod postgres;
 mod proxy;
 mod redis;
+mod redis_cluster;
+mod redis_sentinel;
 
 pub use etcd::{EtcdCluster, EtcdServer};
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer};
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::{RedisSentinelSet, SENTINEL_MASTER_NAME};
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {

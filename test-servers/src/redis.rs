@@ -18,6 +18,8 @@ pub struct RedisOptions {
     pub password: Option<String>,
     /// `appendonly yes` (so locks and fence counters survive a restart).
     pub appendonly: bool,
+    /// `--replicaof 127.0.0.1 PORT`: start as a replica of that server.
+    pub replica_of: Option<u16>,
 }
 
 /// A `redis-server` owned by one test; killed when dropped.
@@ -67,6 +69,9 @@ impl RedisServer {
             .stderr(Stdio::null());
         if let Some(password) = &self.options.password {
             command.args(["--requirepass", password]);
+        }
+        if let Some(primary) = self.options.replica_of {
+            command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
         }
         let mut child = crate::spawn_tied_to_this_process(command).expect("spawn redis-server");
         wait_for_port(

@@ -42,17 +42,23 @@ end
 return 0
 ";
 
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel.
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel,
+/// `ARGV[3]` the publish command (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns 1 if the token matched and the lock was deleted, else 0 (nothing
 /// deleted).
 ///
 /// The release is announced on the key's channel so waiters wake at once.
-/// `pcall`: a user whose ACL forbids publishing on the channel can still
-/// release; its waiters then find the release by polling.
+/// On a cluster it is `SPUBLISH` (sharded pub/sub, Redis 7+): the channel
+/// shares the lock key's hash tag, so it is in the script's slot and the
+/// message stays on that shard, where the waiters subscribed with
+/// `SSUBSCRIBE`; a classic `PUBLISH` would be broadcast to every node.
+/// `pcall`: a user whose ACL forbids publishing on the channel (or a server
+/// without `SPUBLISH`) can still release; its waiters then find the release
+/// by polling.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
-    redis.pcall('PUBLISH', ARGV[2], 'released')
+    redis.pcall(ARGV[3], ARGV[2], 'released')
     return 1
 end
 return 0

@@ -17,3 +17,7 @@ mod observability;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
+mod redis_sentinel;
