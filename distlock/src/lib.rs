@@ -60,6 +60,7 @@
 //! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
 //! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
+//! | `mysql://user@host:3306/db`, `mariadb://` | `mysql` | `mysql` | when the server ends the session: at once if the process dies, 14 to 15 s if its host vanishes |
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -78,13 +79,15 @@ pub mod file;
 mod lease;
 pub mod memory;
 mod metrics;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 mod parse;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session_registry;
 pub mod validate;
 mod wait;

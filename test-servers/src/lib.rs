@@ -12,11 +12,13 @@ use std::process::{Child, Command};
 use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+mod mariadb;
 pub mod netns;
 mod postgres;
 mod proxy;
 mod redis;
 
+pub use mariadb::{MariaDbOptions, MariaDbServer};
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer};

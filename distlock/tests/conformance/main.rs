@@ -10,6 +10,8 @@
 
 mod file;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod observability;
 #[cfg(feature = "postgres")]
 mod postgres;
