@@ -15,6 +15,8 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "rediss",
     "postgres",
     "postgresql",
+    "mysql",
+    "mariadb",
 ];
 
 /// Opens the backend a URL names and returns it ready to use.
@@ -26,6 +28,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
 /// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
+/// | `mysql://[user[:pass]@]host[:port]/db[?...]`, `mariadb://...` | `distlock::mysql::MysqlLocker` (feature `mysql`; parameters in its module docs) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -79,6 +82,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
         scheme @ ("redis" | "rediss") => Err(Error::invalid(
             "url",
             format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
+        )),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(crate::mysql::MysqlLocker::from_url(url).await?)),
+        #[cfg(not(feature = "mysql"))]
+        scheme @ ("mysql" | "mariadb") => Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `mysql`, which is not enabled"),
         )),
         #[cfg(not(feature = "postgres"))]
         scheme @ ("postgres" | "postgresql") => Err(Error::invalid(

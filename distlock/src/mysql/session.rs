@@ -118,11 +118,10 @@ impl Answer {
         self.settle.undo = None;
     }
 
-    /// The first column of the first row, as an integer (`None` for NULL
-    /// or no row).
+    /// A column of the first (only) row, as an integer (`None` for NULL).
     pub(super) fn int(&self, column: usize) -> Result<Option<i64>, String> {
         let Some(row) = self.rows.first() else {
-            return Ok(None);
+            return Err("the server returned no row".into());
         };
         match row.get_opt::<Option<i64>, usize>(column) {
             Some(Ok(value)) => Ok(value),
@@ -441,7 +440,8 @@ impl Actor {
 }
 
 /// Runs a (multi-)statement query and returns the rows of its last result
-/// set that has columns.
+/// set that has columns, or the error of the statement that failed (the
+/// server runs none after it).
 async fn execute(conn: &mut Conn, sql: &str) -> Result<Vec<Row>, mysql_async::Error> {
     let mut result = conn.query_iter(sql).await?;
     let mut last = Vec::new();
@@ -452,7 +452,45 @@ async fn execute(conn: &mut Conn, sql: &str) -> Result<Vec<Row>, mysql_async::Er
             last = rows;
         }
         if result.is_empty() {
-            return Ok(last);
+            break;
         }
+    }
+    // A later statement's error is kept as the result's pending state,
+    // which `is_empty` does not report: read it out now, or it would fail
+    // the next, unrelated statement on this connection.
+    result.drop_result().await?;
+    Ok(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure in the middle of a multi-statement query is that query's
+    /// error (mysql_async keeps it pending where `is_empty` does not see
+    /// it), and the next query on the connection is unaffected.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_statement_fails_its_own_query_only() {
+        let server = test_servers::MariaDbServer::start();
+        let url = server.url().replace("?ssl-mode=DISABLED", "");
+        let mut conn = Conn::from_url(url).await.unwrap();
+        let text = |rows: Vec<Row>| -> Vec<Vec<Option<String>>> {
+            rows.into_iter()
+                .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+                .collect()
+        };
+        let rows = execute(&mut conn, "SET @a = 2; DO 1; SELECT @a, 5")
+            .await
+            .unwrap();
+        assert_eq!(text(rows), [[Some("2".into()), Some("5".into())]]);
+        let err = execute(&mut conn, "SET @a = 3; SELECT nosuchcolumn; SELECT @a")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, mysql_async::Error::Server(e) if e.code == 1054),
+            "{err}"
+        );
+        let rows = execute(&mut conn, "SELECT 7").await.unwrap();
+        assert_eq!(text(rows), [[Some("7".into())]]);
     }
 }
