@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// The backend is chosen by URL (--url, else $DISTLOCK_URL, else lock files in
 /// a per-user state directory): file:///dir, redis://host:6379, postgres://user@host/db,
-/// memory://.
+/// mysql://user@host:3306/db, memory://.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]
 pub(crate) struct Cli {

@@ -1,9 +1,11 @@
-//! Acquire+release cycles per second on the Redis and Postgres backends, 1
-//! and 16 concurrent tasks (each on its own key, so the figure is round
-//! trips, not contention), next to each backend's physical floor: the same
-//! cycle as bare commands on the same kind of connection (`SET NX PX` + `DEL`
-//! on a redis-rs `ConnectionManager`; `pg_try_advisory_lock` +
-//! `pg_advisory_unlock` on one tokio-postgres connection per task).
+//! Acquire+release cycles per second on the Redis, Postgres and MySQL
+//! (MariaDB) backends, 1 and 16 concurrent tasks (each on its own key, so the
+//! figure is round trips, not contention), next to each backend's physical
+//! floor: the same cycle as bare commands on the same kind of connection
+//! (`SET NX PX` + `DEL` on a redis-rs `ConnectionManager`;
+//! `pg_try_advisory_lock` + `pg_advisory_unlock` on one tokio-postgres
+//! connection per task; `GET_LOCK` + `RELEASE_LOCK` on one mysql_async
+//! connection per task).
 //!
 //! A measurement, not a check: it asserts nothing about speed. The servers
 //! are private ones test-servers starts on free loopback ports. Run it with:
@@ -21,11 +23,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock::mysql::MysqlLocker;
 use distlock::postgres::PostgresLocker;
 use distlock::redis::RedisLocker;
 use distlock::Locker;
+use mysql_async::prelude::Queryable;
 use redis::aio::ConnectionManager;
-use test_servers::{PostgresServer, RedisServer};
+use test_servers::{MariaDbServer, PostgresServer, RedisServer};
 use tokio::time::Instant;
 
 const RUN_FOR: Duration = Duration::from_secs(2);
@@ -46,6 +50,8 @@ fn main() {
             redis_cycles().await;
             println!();
             postgres_cycles().await;
+            println!();
+            mysql_cycles().await;
         });
 }
 
@@ -208,4 +214,53 @@ async fn raw_postgres_clients(server: &PostgresServer, tasks: usize) -> Vec<Arc<
         clients.push(Arc::new((client, lock, unlock)));
     }
     clients
+}
+
+async fn mysql_cycles() {
+    let server = MariaDbServer::start();
+    let mut lockers = Vec::new();
+    for (label, params) in [("fencing on", ""), ("fencing off", "&fencing=off")] {
+        let locker = MysqlLocker::from_url(&format!("{}{params}", server.url()))
+            .await
+            .expect("connect to the bench server");
+        lockers.push((label, locker));
+    }
+    for tasks in TASKS {
+        for (label, locker) in &lockers {
+            let locker = locker.clone();
+            let rate = cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), POSTGRES_TTL, task)
+            })
+            .await;
+            println!("distlock mysql ({label}), {tasks:>2} tasks: {rate:>8.0} cycles/s");
+        }
+        let mut conns = Vec::new();
+        for _ in 0..tasks {
+            let url = server.url().replace("?ssl-mode=DISABLED", "");
+            let conn = mysql_async::Conn::from_url(url)
+                .await
+                .expect("connect to the bench server");
+            conns.push(Arc::new(tokio::sync::Mutex::new(conn)));
+        }
+        let rate = cycles_per_second(tasks, move |task| {
+            let conn = conns[task].clone();
+            async move {
+                let mut conn = conn.lock().await;
+                let got: Option<i64> = conn
+                    .query_first(format!("SELECT GET_LOCK('raw-{task}', 0)"))
+                    .await
+                    .expect("GET_LOCK");
+                assert_eq!(got, Some(1), "own key");
+                let _: Option<i64> = conn
+                    .query_first(format!("SELECT RELEASE_LOCK('raw-{task}')"))
+                    .await
+                    .expect("RELEASE_LOCK");
+            }
+        })
+        .await;
+        println!(
+            "raw GET_LOCK + RELEASE_LOCK, {tasks:>2} tasks: {rate:>8.0} cycles/s \
+             (the floor: 2 round trips)"
+        );
+    }
 }

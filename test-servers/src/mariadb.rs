@@ -24,13 +24,9 @@ use tempfile::TempDir;
 use crate::free_port;
 use crate::postgres::{assert_success, chown, make_certificates, signal_group, Account};
 
-/// The account (with all privileges on [`DATABASE`]) that [`MariaDbServer::url`]
-/// connects as.
-pub const USER: &str = "distlock";
-/// Its password.
-pub const PASSWORD: &str = "distlock-test-pw";
-/// The database [`MariaDbServer::url`] names.
-pub const DATABASE: &str = "distlock";
+const USER: &str = MariaDbServer::USER;
+const PASSWORD: &str = MariaDbServer::PASSWORD;
+const DATABASE: &str = MariaDbServer::DATABASE;
 
 const INSTALL_HINT: &str = "mariadb-server mariadb-client";
 
@@ -57,7 +53,16 @@ pub struct MariaDbServer {
 }
 
 impl MariaDbServer {
-    /// Starts a server with a [`USER`] account and a [`DATABASE`].
+    /// The account (with all privileges on [`DATABASE`](Self::DATABASE))
+    /// that [`url`](Self::url) connects as.
+    pub const USER: &'static str = "distlock";
+    /// Its password.
+    pub const PASSWORD: &'static str = "distlock-test-pw";
+    /// The database [`url`](Self::url) names.
+    pub const DATABASE: &'static str = "distlock";
+
+    /// Starts a server with a [`USER`](Self::USER) account and a
+    /// [`DATABASE`](Self::DATABASE).
     pub fn start() -> Self {
         Self::start_with(MariaDbOptions::default())
     }
@@ -206,7 +211,7 @@ impl MariaDbServer {
         )
     }
 
-    /// Creates an account with all privileges on [`DATABASE`].
+    /// Creates an account with all privileges on [`DATABASE`](Self::DATABASE).
     pub fn create_user(&self, user: &str, password: &str) {
         self.sql(&format!(
             "CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'; \

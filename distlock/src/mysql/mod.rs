@@ -184,7 +184,7 @@
 //! Rows are deleted only by [`Locker::forget`]. With fencing off
 //! (`fencing=off`, [`MysqlLockerBuilder::fencing`]) an acquire is a bare
 //! `GET_LOCK`, no table is used, and leases have no fencing token. Either
-//! way an acquire is one round trip (with fencing, three statements in one
+//! way an acquire is one round trip (with fencing, five statements in one
 //! query).
 //!
 //! # URL

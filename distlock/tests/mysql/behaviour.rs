@@ -257,7 +257,7 @@ async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_fr
         .unwrap();
     let mut blocker = server()
         .client_command()
-        .arg("distlock")
+        .arg(MariaDbServer::DATABASE)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -308,7 +308,9 @@ async fn fencing_off_uses_no_table_and_gives_no_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error_that_never_shows_it() {
-    let url = server().url().replace("distlock-test-pw", "hunter2-wrong");
+    let url = server()
+        .url()
+        .replace(MariaDbServer::PASSWORD, "hunter2-wrong");
     let err = MysqlLocker::from_url(&url).await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, Error::Backend { .. }), "{text}");
