@@ -187,10 +187,10 @@ impl Sql {
     /// into a session variable; only if it was taken, bump the counter row,
     /// or insert it when there was none; read both back. An `UPDATE` by
     /// primary key locks that one row, where `INSERT … ON DUPLICATE KEY
-    /// UPDATE` would take next-key locks that make concurrent grants of
-    /// neighbouring names wait for each other (measured: 16 tasks ran slower
-    /// than one). Nobody else writes the row meanwhile: every writer holds
-    /// the named lock. A failure after the lock was taken (the row locked by
+    /// UPDATE` takes a next-key lock on the duplicate (InnoDB's locking
+    /// docs), which also covers the gap below it, so concurrent grants of
+    /// neighbouring names could wait for each other. Nobody else writes the
+    /// row meanwhile: every writer holds the named lock. A failure after the lock was taken (the row locked by
     /// another client past `innodb_lock_wait_timeout`) leaves the lock held;
     /// the session runs [`Sql::undo`] before answering.
     pub(super) fn acquire(
