@@ -76,8 +76,13 @@ impl MariaDbServer {
             .prefix("distlock-mariadb-")
             .tempdir()
             .expect("temp dir for mariadb");
+        // A temp directory of its own: bootstraps running at once in the
+        // shared /tmp delete each other's `#sql-temptable-*` files (checked:
+        // two of six parallel `mariadb-install-db` failed that way).
+        std::fs::create_dir(dir.path().join("tmp")).expect("create the server's tmpdir");
         if let Some(account) = mysql_account_if_root() {
             chown(dir.path(), account);
+            chown(&dir.path().join("tmp"), account);
         }
         let mut server = MariaDbServer {
             child: None,
@@ -90,6 +95,7 @@ impl MariaDbServer {
         let output = Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", server.data_dir().display()))
+            .arg(format!("--tmpdir={}", server.tmp_dir().display()))
             .args([
                 "--user=mysql",
                 "--auth-root-authentication-method=normal",
@@ -119,6 +125,10 @@ impl MariaDbServer {
         self.dir.path().join("data")
     }
 
+    fn tmp_dir(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+
     fn socket(&self) -> PathBuf {
         self.dir.path().join("mariadb.sock")
     }
@@ -133,6 +143,7 @@ impl MariaDbServer {
         command
             .arg("--no-defaults")
             .arg(format!("--datadir={}", self.data_dir().display()))
+            .arg(format!("--tmpdir={}", self.tmp_dir().display()))
             .arg("--user=mysql")
             .arg(format!("--port={}", self.port))
             .arg("--bind-address=127.0.0.1")
