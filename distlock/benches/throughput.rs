@@ -1,4 +1,4 @@
-//! Acquire+release cycles per second on the Redis, Postgres and etcd backends, 1
+//! Acquire+release cycles per second on the Redis, Postgres, etcd and MySQL backends, 1
 //! and 16 concurrent tasks; for Redis also as deployed: a three-master
 //! Cluster, a master behind Sentinel, and a primary with one replica and
 //! `min_replicas=1` (each grant waits for the replica's `WAIT`) (each on its own key, so the figure is round
@@ -8,7 +8,8 @@
 //! `pg_advisory_unlock` on one tokio-postgres connection per task; for etcd
 //! the same two transactions through etcd-client, put-if-absent + read the
 //! queue's first key, then compare-and-delete, and beside them etcd-client's
-//! `lock`/`unlock` RPCs, etcd's server-side lock, on one lease).
+//! `lock`/`unlock` RPCs, etcd's server-side lock, on one lease; `GET_LOCK` + `RELEASE_LOCK` on one mysql_async
+//! connection per task for MySQL (MariaDB)).
 //!
 //! A measurement, not a check: it asserts nothing about speed. The servers
 //! are private ones test-servers starts on free loopback ports. Run it with:
@@ -27,15 +28,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::etcd::EtcdLocker;
+use distlock::mysql::MysqlLocker;
 use distlock::postgres::PostgresLocker;
 use distlock::redis::RedisLocker;
 use distlock::Locker;
 use etcd_client::{
     Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
+use mysql_async::prelude::Queryable;
 use redis::aio::ConnectionManager;
 use test_servers::{
-    EtcdServer, PostgresServer, RedisCluster, RedisOptions, RedisSentinelSet, RedisServer,
+    EtcdServer, MariaDbServer, PostgresServer, RedisCluster, RedisOptions, RedisSentinelSet,
+    RedisServer,
 };
 use tokio::time::Instant;
 
@@ -62,6 +66,8 @@ fn main() {
             postgres_cycles().await;
             println!();
             etcd_cycles().await;
+            println!();
+            mysql_cycles().await;
         });
 }
 
@@ -362,6 +368,55 @@ async fn etcd_cycles() {
         println!(
             "{tasks:>5}  {distlock:>18.0}  {floor:>42.0}  {rpc:>29.0}  {:>12.2}",
             distlock / floor
+        );
+    }
+}
+
+async fn mysql_cycles() {
+    let server = MariaDbServer::start();
+    let mut lockers = Vec::new();
+    for (label, params) in [("fencing on", ""), ("fencing off", "&fencing=off")] {
+        let locker = MysqlLocker::from_url(&format!("{}{params}", server.url()))
+            .await
+            .expect("connect to the bench server");
+        lockers.push((label, locker));
+    }
+    for tasks in TASKS {
+        for (label, locker) in &lockers {
+            let locker = locker.clone();
+            let rate = cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), POSTGRES_TTL, task)
+            })
+            .await;
+            println!("distlock mysql ({label}), {tasks:>2} tasks: {rate:>8.0} cycles/s");
+        }
+        let mut conns = Vec::new();
+        for _ in 0..tasks {
+            let url = server.url().replace("?ssl-mode=DISABLED", "");
+            let conn = mysql_async::Conn::from_url(url)
+                .await
+                .expect("connect to the bench server");
+            conns.push(Arc::new(tokio::sync::Mutex::new(conn)));
+        }
+        let rate = cycles_per_second(tasks, move |task| {
+            let conn = conns[task].clone();
+            async move {
+                let mut conn = conn.lock().await;
+                let got: Option<i64> = conn
+                    .query_first(format!("SELECT GET_LOCK('raw-{task}', 0)"))
+                    .await
+                    .expect("GET_LOCK");
+                assert_eq!(got, Some(1), "own key");
+                let _: Option<i64> = conn
+                    .query_first(format!("SELECT RELEASE_LOCK('raw-{task}')"))
+                    .await
+                    .expect("RELEASE_LOCK");
+            }
+        })
+        .await;
+        println!(
+            "raw GET_LOCK + RELEASE_LOCK, {tasks:>2} tasks: {rate:>8.0} cycles/s \
+             (the floor: 2 round trips)"
         );
     }
 }

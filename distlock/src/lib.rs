@@ -63,6 +63,7 @@
 //! | `redis+sentinel://s1:26379,s2:26379/MASTER`, `rediss+sentinel://` | `redis` (master found through Sentinel) | `redis` | at ttl expiry |
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 //! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
+//! | `mysql://user@host:3306/db`, `mariadb://` | `mysql` | `mysql` | when the server ends the session: at once if the process dies, 14 to 15 s if its host vanishes |
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -87,13 +88,15 @@ pub mod file;
 mod lease;
 pub mod memory;
 mod metrics;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 mod parse;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "mysql"))]
 mod session_registry;
 pub mod validate;
 mod wait;

@@ -21,6 +21,8 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "postgresql",
     "etcd",
     "etcd+https",
+    "mysql",
+    "mariadb",
 ];
 
 /// Opens the backend a URL names and returns it ready to use.
@@ -35,6 +37,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `redis+sentinel://sentinel1:port,sentinel2:port/MASTER_NAME`, `rediss+sentinel://...` | `distlock::redis::RedisLocker` on the master Sentinel names, following failovers (feature `redis`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
 /// | `etcd://[user:pass@]host[:port][,host2...][?prefix=..]`, `etcd+https://...` | `distlock::etcd::EtcdLocker` (feature `etcd`; see `distlock::etcd::Config::from_url`) |
+/// | `mysql://[user[:pass]@]host[:port]/db[?...]`, `mariadb://...` | `distlock::mysql::MysqlLocker` (feature `mysql`; parameters in its module docs) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -115,6 +118,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
         scheme @ ("redis" | "rediss") => Err(Error::invalid(
             "url",
             format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
+        )),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(crate::mysql::MysqlLocker::from_url(url).await?)),
+        #[cfg(not(feature = "mysql"))]
+        scheme @ ("mysql" | "mariadb") => Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `mysql`, which is not enabled"),
         )),
         #[cfg(not(feature = "postgres"))]
         scheme @ ("postgres" | "postgresql") => Err(Error::invalid(

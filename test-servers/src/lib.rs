@@ -13,6 +13,7 @@ use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 mod etcd;
+mod mariadb;
 pub mod netns;
 mod postgres;
 mod proxy;
@@ -21,6 +22,7 @@ mod redis_cluster;
 mod redis_sentinel;
 
 pub use etcd::{EtcdCluster, EtcdServer};
+pub use mariadb::{MariaDbOptions, MariaDbServer};
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer};

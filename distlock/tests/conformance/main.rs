@@ -12,6 +12,8 @@
 mod etcd;
 mod file;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod observability;
 #[cfg(feature = "postgres")]
 mod postgres;
