@@ -56,7 +56,18 @@ impl EtcdCluster {
         // etcdctl is needed by every caller that inspects the cluster:
         // fail early with the install hint.
         find_binary("etcdctl", "etcd-client");
-        let dir = tempfile::tempdir().expect("temp dir for etcd");
+        // Every etcd write is a raft commit with an fsync; on a disk shared
+        // with parallel builds and tests one fsync took over half a second
+        // and made wake-up latencies measure the disk. Tests need no
+        // durability across a machine crash: keep the data in memory
+        // (tmpfs) where the machine has it.
+        let in_memory = std::path::Path::new("/dev/shm");
+        let dir = if in_memory.is_dir() {
+            tempfile::tempdir_in(in_memory)
+        } else {
+            tempfile::tempdir()
+        }
+        .expect("temp dir for etcd");
         let members = (0..size)
             .map(|index| Member {
                 name: format!("m{index}"),
