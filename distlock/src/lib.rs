@@ -59,6 +59,7 @@
 //! | `memory://` | [`memory`] | always | n/a (in-process) |
 //! | `file:///dir` | [`file`](mod@file) | always | at once (kernel drops the `flock`) |
 //! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
+//! | `redlock://h1:6379,h2:6379,h3:6379` | `redlock` | `redlock` | at ttl expiry on each node; no fencing tokens (see its docs) |
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 
 #![deny(missing_docs)]
@@ -84,6 +85,8 @@ pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 #[cfg(feature = "postgres")]
 mod session_registry;
 pub mod validate;

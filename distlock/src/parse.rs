@@ -13,6 +13,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "file",
     "redis",
     "rediss",
+    "redlock",
     "postgres",
     "postgresql",
 ];
@@ -25,6 +26,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `file:///absolute/dir` | [`crate::file::FileLocker`] in that directory |
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
 /// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
+/// | `redlock://[user:pass@]host1:port,host2:port,host3:port[/db][?prefix=..&node_timeout=..]` | `distlock::redlock::RedlockLocker` (feature `redlock`; see `distlock::redlock::Config::from_url`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
@@ -39,7 +41,20 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
-    // Before `Url::parse`, which rejects libpq's multi-host form (`h1:5432,h2:5432`).
+    // Before `Url::parse`, which rejects multi-host forms (`h1:5432,h2:5432`).
+    #[cfg(feature = "redlock")]
+    if url.starts_with("redlock://") {
+        return Ok(Arc::new(
+            crate::redlock::RedlockLocker::from_url(url).await?,
+        ));
+    }
+    #[cfg(not(feature = "redlock"))]
+    if url.starts_with("redlock://") {
+        return Err(Error::invalid(
+            "url",
+            "redlock:// needs distlock's cargo feature `redlock`, which is not enabled",
+        ));
+    }
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(

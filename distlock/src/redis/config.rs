@@ -3,11 +3,13 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
 use redis::{
-    ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo,
+    ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion,
+    RedisConnectionInfo, TlsCertificates,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use url::{Host, Url};
@@ -28,7 +30,8 @@ pub const DEFAULT_PORT: u16 = 6379;
 pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 
 /// The query parameters [`Config::from_url`] understands.
-const URL_PARAMETERS: &str = "prefix, connect_timeout, response_timeout";
+const URL_PARAMETERS: &str =
+    "prefix, connect_timeout, response_timeout, ca, client_cert, client_key";
 
 /// How to reach one Redis server and how to name keys in it.
 ///
@@ -37,8 +40,9 @@ const URL_PARAMETERS: &str = "prefix, connect_timeout, response_timeout";
 /// ([`Config::from_yaml`]), or in code from [`Config::default`]. The field
 /// names in JSON and YAML are those of the Go seed this backend descends from
 /// (`username`, `password`, `keyPrefix`, `addresses`, plus `db`, `tls`,
-/// `connectTimeout`, `responseTimeout`); the snake_case spellings are accepted
-/// too, unknown fields are rejected.
+/// `tlsCa`, `tlsClientCert`, `tlsClientKey`, `connectTimeout`,
+/// `responseTimeout`); the snake_case spellings are accepted too, unknown
+/// fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -76,9 +80,27 @@ pub struct Config {
     pub addresses: Vec<String>,
     /// Database number (`SELECT`). Default 0.
     pub db: i64,
-    /// Connect with TLS (rustls, verifying the server against the system's
-    /// root certificates), as a `rediss://` URL does.
+    /// Connect with TLS (rustls on the `ring` provider), as a `rediss://`
+    /// URL does. The server's certificate must be valid for the host name
+    /// of the address (an IP address must be in the certificate's subject
+    /// alternative names) and chain to the system's root certificates, or
+    /// to [`tls_ca`](Config::tls_ca) if set.
     pub tls: bool,
+    /// A PEM file of the CA certificates that sign the server's
+    /// certificate (URL parameter `ca`): they *replace* the system's roots.
+    /// Needs [`tls`](Config::tls). Read when the locker is built.
+    #[serde(alias = "tls_ca", skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// A PEM file with the client certificate (and its chain) to present,
+    /// for servers that demand one (`tls-auth-clients yes`; URL parameter
+    /// `client_cert`). Needs [`tls`](Config::tls) and
+    /// [`tls_client_key`](Config::tls_client_key).
+    #[serde(alias = "tls_client_cert", skip_serializing_if = "Option::is_none")]
+    pub tls_client_cert: Option<PathBuf>,
+    /// The PEM file of the client certificate's private key (URL parameter
+    /// `client_key`). Its contents are never logged or put in errors.
+    #[serde(alias = "tls_client_key", skip_serializing_if = "Option::is_none")]
+    pub tls_client_key: Option<PathBuf>,
     /// Bound on establishing one connection (TCP, TLS, `HELLO`/`AUTH`).
     /// Default [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
     /// `connect_timeout + response_timeout + 0.7 s` bounds every call of the
@@ -102,6 +124,9 @@ impl Default for Config {
             addresses: Vec::new(),
             db: 0,
             tls: false,
+            tls_ca: None,
+            tls_client_cert: None,
+            tls_client_key: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
         }
@@ -114,8 +139,12 @@ impl Config {
     ///
     /// User name and password are percent-decoded. Parameters:
     /// `prefix` (the key prefix; may be empty), `connect_timeout` and
-    /// `response_timeout` (durations such as `2s` or `250ms`). Anything else is
-    /// [`Error::InvalidInput`], as is a URL without a host. Error messages
+    /// `response_timeout` (durations such as `2s` or `250ms`), and for
+    /// `rediss://` the PEM files `ca` (a private CA for the server's
+    /// certificate), `client_cert` and `client_key` (a client certificate,
+    /// for servers that require one): [`Config::tls_ca`],
+    /// [`Config::tls_client_cert`], [`Config::tls_client_key`]. Anything else
+    /// is [`Error::InvalidInput`], as is a URL without a host. Error messages
     /// never contain the password.
     ///
     /// ```
@@ -131,6 +160,9 @@ impl Config {
     /// assert_eq!((config.db, config.tls), (2, true));
     /// assert_eq!(config.key_prefix, "billing:");
     /// assert_eq!(config.response_timeout, Duration::from_millis(250));
+    ///
+    /// let private_ca = Config::from_url("rediss://10.0.0.5:6380?ca=/etc/redis/ca.pem")?;
+    /// assert_eq!(private_ca.tls_ca.as_deref(), Some(std::path::Path::new("/etc/redis/ca.pem")));
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
@@ -165,6 +197,9 @@ impl Config {
                 "response_timeout" => {
                     config.response_timeout = parse_duration(&name, &value).map_err(bad)?
                 }
+                "ca" => config.tls_ca = Some(PathBuf::from(&*value)),
+                "client_cert" => config.tls_client_cert = Some(PathBuf::from(&*value)),
+                "client_key" => config.tls_client_key = Some(PathBuf::from(&*value)),
                 other => {
                     return Err(bad(format!(
                         "unknown parameter {other:?}; known: {URL_PARAMETERS}"
@@ -185,6 +220,9 @@ impl Config {
     /// | `DISTLOCK_REDIS_ADDRESSES` | [`addresses`](Config::addresses), comma-separated |
     /// | `DISTLOCK_REDIS_DB` | [`db`](Config::db) |
     /// | `DISTLOCK_REDIS_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
+    /// | `DISTLOCK_REDIS_TLS_CA` | [`tls_ca`](Config::tls_ca), a PEM file (empty: none) |
+    /// | `DISTLOCK_REDIS_TLS_CLIENT_CERT` | [`tls_client_cert`](Config::tls_client_cert) (empty: none) |
+    /// | `DISTLOCK_REDIS_TLS_CLIENT_KEY` | [`tls_client_key`](Config::tls_client_key) (empty: none) |
     /// | `DISTLOCK_REDIS_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
     /// | `DISTLOCK_REDIS_RESPONSE_TIMEOUT` | [`response_timeout`](Config::response_timeout), e.g. `500ms` |
     ///
@@ -258,6 +296,9 @@ impl Config {
                         .map_err(|e| bad(format!("{value:?} is not a database number: {e}")))?
                 }
                 "TLS" => config.tls = parse_bool(&value).map_err(bad)?,
+                "TLS_CA" => config.tls_ca = non_empty_path(value),
+                "TLS_CLIENT_CERT" => config.tls_client_cert = non_empty_path(value),
+                "TLS_CLIENT_KEY" => config.tls_client_key = non_empty_path(value),
                 "CONNECT_TIMEOUT" => {
                     config.connect_timeout = parse_duration(name, &value).map_err(bad)?
                 }
@@ -317,7 +358,8 @@ impl Config {
                 return Err(bad(format!(
                     "{} addresses given ({}); the redis backend talks to a single node \
                      (a primary, or an address that always leads to the current primary). \
-                     A quorum over independent nodes (Redlock) is not implemented yet",
+                     For a quorum over independent nodes use Redlock \
+                     (redlock://host1:port,host2:port,host3:port, feature `redlock`)",
                     many.len(),
                     many.iter().map(|a| redact_address(a)).collect::<Vec<_>>().join(", ")
                 )))
@@ -327,6 +369,7 @@ impl Config {
         if self.db < 0 {
             return Err(bad(format!("db is {}; it must be 0 or more", self.db)));
         }
+        self.check_tls_files().map_err(bad)?;
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
@@ -373,6 +416,65 @@ impl Config {
             .into_connection_info()
             .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
         Ok(info.set_redis_settings(redis_settings))
+    }
+
+    /// A redis-rs client for `endpoint` speaking `protocol`, with the
+    /// configured CA and client certificate if any (read from their files
+    /// now).
+    pub(crate) fn client(
+        &self,
+        endpoint: &Endpoint,
+        protocol: ProtocolVersion,
+    ) -> Result<redis::Client> {
+        let info = self.connection_info(endpoint, protocol)?;
+        let invalid = |e: redis::RedisError| Error::invalid("config", format!("{endpoint}: {e}"));
+        if !endpoint.tls || (self.tls_ca.is_none() && self.tls_client_cert.is_none()) {
+            return redis::Client::open(info).map_err(invalid);
+        }
+        let client_tls = match (&self.tls_client_cert, &self.tls_client_key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read_pem("tls_client_cert", cert)?,
+                client_key: read_pem("tls_client_key", key)?,
+            }),
+            _ => None,
+        };
+        let root_cert = match &self.tls_ca {
+            Some(ca) => Some(read_pem("tls_ca", ca)?),
+            None => None,
+        };
+        // redis-rs parses the PEM here: a file that holds no certificate or
+        // key is refused now, naming what it could not parse (never the key).
+        redis::Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        )
+        .map_err(|e| {
+            Error::invalid(
+                "config",
+                format!("{endpoint}: the TLS files do not hold usable PEM: {e}"),
+            )
+        })
+    }
+
+    /// TLS files only with TLS, and a client certificate only with its key.
+    fn check_tls_files(&self) -> std::result::Result<(), String> {
+        let any_file = self.tls_ca.is_some()
+            || self.tls_client_cert.is_some()
+            || self.tls_client_key.is_some();
+        if any_file && !self.tls {
+            return Err(
+                "tls_ca, tls_client_cert and tls_client_key need TLS (a rediss:// URL, or tls: true)"
+                    .into(),
+            );
+        }
+        match (&self.tls_client_cert, &self.tls_client_key) {
+            (Some(_), None) => Err("tls_client_cert is set without tls_client_key".into()),
+            (None, Some(_)) => Err("tls_client_key is set without tls_client_cert".into()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -455,6 +557,17 @@ impl<'de> Deserialize<'de> for Password {
                 serde::de::Error::custom("the password must be a string (quote it in YAML)")
             })
     }
+}
+
+/// The contents of a PEM file named by the config's `field`.
+fn read_pem(field: &str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::invalid("config", format!("{field} {}: {e}", path.display())))
+}
+
+/// An environment variable's path, `None` if empty.
+fn non_empty_path(value: String) -> Option<PathBuf> {
+    Some(value).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 /// Durations as human-readable text (`"1s"`, `"250ms"`).
@@ -666,6 +779,7 @@ mod tests {
                 tls: true,
                 connect_timeout: Duration::from_secs(2),
                 response_timeout: Duration::from_millis(50),
+                ..Config::default()
             }
         );
         let untouched = Config::from_env_vars(Vec::<(String, String)>::new()).unwrap();

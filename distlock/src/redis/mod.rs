@@ -226,46 +226,28 @@ impl RedisLocker {
     /// # }
     /// ```
     pub async fn from_config(config: Config) -> Result<Self> {
-        let endpoint = config.endpoint()?;
-        let command_client =
-            redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP3)?)
-                .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
-        // The subscriber speaks RESP2: a connection in SUBSCRIBE mode is what
-        // redis-rs' `PubSub` is built for, and any server version supports it.
-        let subscriber_client =
-            redis::Client::open(config.connection_info(&endpoint, ProtocolVersion::RESP2)?)
-                .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(RECONNECT_MAX_DELAY);
-        let target = Target {
-            endpoint: endpoint.to_string(),
-            connect_timeout: config.connect_timeout,
-            response_timeout: config.response_timeout,
-        };
-        let operation_bound = operation_bound(config.connect_timeout, config.response_timeout);
-        let connection = bounded(BACKEND, "connect", operation_bound, async {
-            ConnectionManager::new_with_config(command_client, manager_config)
+        let parts = Parts::new(config)?;
+        let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
+            ConnectionManager::new_with_config(parts.command_client.clone(), parts.manager.clone())
                 .await
-                .map_err(|e| target.error("connect", e, false))
+                .map_err(|e| parts.target.error("connect", e, false))
         })
         .await?;
-        Ok(RedisLocker {
-            inner: Arc::new(Inner {
-                connection,
-                operation_bound,
-                keys: KeySpace::new(config.key_prefix),
-                target,
-                releases: ReleaseHub::new(
-                    subscriber_client,
-                    config.connect_timeout,
-                    config.response_timeout,
-                ),
-            }),
-        })
+        Ok(parts.into_locker(connection))
+    }
+
+    /// A locker on the server `config` names that connects on first use
+    /// (and keeps reconnecting), so it can be built while the server is
+    /// down: the Redlock backend's nodes, a minority of which may be.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn from_config_lazy(config: Config) -> Result<Self> {
+        let parts = Parts::new(config)?;
+        let connection = ConnectionManager::new_lazy_with_config(
+            parts.command_client.clone(),
+            parts.manager.clone(),
+        )
+        .map_err(|e| parts.target.error("connect", e, false))?;
+        Ok(parts.into_locker(connection))
     }
 
     /// Connects to the server a `redis://` or `rediss://` URL names (see
@@ -406,6 +388,43 @@ impl RedisLocker {
         Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
     }
 
+    /// One run of the acquire script for `owner`, a token the caller chose,
+    /// without the retry and the undo guard of [`Locker::try_lock`]: the
+    /// Redlock backend runs it on each of its nodes and undoes by token
+    /// itself. `Ok(true)`: the key holds `owner` now (a new grant, or it
+    /// already did and its ttl was re-armed); `Ok(false)`: another token
+    /// holds it. An error says whether the script may have run
+    /// ([`Error::is_outcome_unknown`]). Bounded by the caller.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn acquire_as(&self, key: &str, owner: &str, ttl: Duration) -> Result<bool> {
+        match self.run_acquire_script(key, owner, ttl).await {
+            Ok(fence) => Ok(fence != 0),
+            Err(err) => {
+                let unknown = errors::outcome(&err) == Outcome::Unknown;
+                Err(self.inner.target.error("acquire", err, unknown))
+            }
+        }
+    }
+
+    /// `PING`, under the operation bound: the Redlock backend's check that a
+    /// node answers (and, on a lazy locker, its first connection).
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn ping(&self) -> Result<()> {
+        self.bounded("connect", async {
+            redis::cmd("PING")
+                .query_async::<()>(&mut self.connection())
+                .await
+        })
+        .await
+    }
+
+    /// Where this locker's errors say they happened: the server's URL
+    /// without password.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.inner.target.endpoint
+    }
+
     async fn run_acquire_script(
         &self,
         key: &str,
@@ -419,6 +438,61 @@ impl RedisLocker {
             .arg(ttl_millis(ttl))
             .invoke_async(&mut self.connection())
             .await
+    }
+}
+
+/// Everything a locker needs besides its command connection, checked and
+/// built from a [`Config`]: shared by the eager and the lazy constructor.
+struct Parts {
+    command_client: redis::Client,
+    manager: ConnectionManagerConfig,
+    operation_bound: Duration,
+    keys: KeySpace,
+    target: Target,
+    releases: ReleaseHub,
+}
+
+impl Parts {
+    fn new(config: Config) -> Result<Self> {
+        let endpoint = config.endpoint()?;
+        let command_client = config.client(&endpoint, ProtocolVersion::RESP3)?;
+        // The subscriber speaks RESP2: a connection in SUBSCRIBE mode is what
+        // redis-rs' `PubSub` is built for, and any server version supports it.
+        let subscriber_client = config.client(&endpoint, ProtocolVersion::RESP2)?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(RECONNECT_MAX_DELAY);
+        Ok(Parts {
+            command_client,
+            manager,
+            operation_bound: operation_bound(config.connect_timeout, config.response_timeout),
+            keys: KeySpace::new(config.key_prefix),
+            target: Target {
+                endpoint: endpoint.to_string(),
+                connect_timeout: config.connect_timeout,
+                response_timeout: config.response_timeout,
+            },
+            releases: ReleaseHub::new(
+                subscriber_client,
+                config.connect_timeout,
+                config.response_timeout,
+            ),
+        })
+    }
+
+    fn into_locker(self, connection: ConnectionManager) -> RedisLocker {
+        RedisLocker {
+            inner: Arc::new(Inner {
+                connection,
+                operation_bound: self.operation_bound,
+                keys: self.keys,
+                target: self.target,
+                releases: self.releases,
+            }),
+        }
     }
 }
 
