@@ -11,4 +11,6 @@ mod support;
 mod breaker;
 mod config;
 mod faults;
+#[cfg(feature = "redlock")]
+mod redlock;
 mod wakeup;
