@@ -16,10 +16,12 @@ pub mod netns;
 mod postgres;
 mod proxy;
 mod redis;
+mod tls;
 
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
-pub use redis::{RedisOptions, RedisServer};
+pub use redis::{RedisOptions, RedisServer, RedisTls};
+pub use tls::TestCertificates;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {

@@ -19,8 +19,9 @@
 //!   left (as redsync, `mutex.go` in <https://github.com/go-redsync/redsync>,
 //!   and node-redlock, `src/index.ts` in
 //!   <https://github.com/mike-marcacci/node-redlock>, compute it). Nodes that
-//!   have not answered when the majority is reached are not waited for: the
-//!   release and refresh reach every node anyway.
+//!   have not answered when the majority is reached are not waited for:
+//!   their calls finish in the background (within the node timeout), and
+//!   the release and refresh reach every node anyway.
 //! - **a failed acquire** (no majority, or too little validity left) is
 //!   released on every node by its owner token, in the background, and
 //!   reported as contention (`Ok(None)`) only when enough nodes *answered*
@@ -377,27 +378,38 @@ impl RedlockLocker {
         let owner = pending.owner();
         let bound = self.acquire_bound(ttl);
         let started = Instant::now();
+        // Owned, so that the calls still running when the majority is
+        // reached can finish in the background (below).
+        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
         let mut calls: FuturesUnordered<_> = self
             .inner
             .nodes
             .iter()
-            .map(|node| async move {
-                let answer = bounded(BACKEND, "acquire", bound, node.acquire_as(key, owner, ttl));
-                (node.endpoint(), answer.await)
+            .map(|node| {
+                let (node, key, owner) = (node.clone(), shared_key.clone(), shared_owner.clone());
+                async move {
+                    let answer = node.acquire_as(&key, &owner, ttl);
+                    let answer = bounded(BACKEND, "acquire", bound, answer).await;
+                    (node, answer)
+                }
             })
             .collect();
         let mut tally = Tally::default();
-        while let Some((endpoint, answer)) = calls.next().await {
-            tally.count(endpoint, answer);
+        while let Some((node, answer)) = calls.next().await {
+            tally.count(node.endpoint(), answer);
             if tally.yes >= quorum {
                 break;
             }
         }
         let elapsed = started.elapsed();
-        // Nodes still unanswered are not waited for: the lease's release
-        // and refresh go to every node, and a failed attempt is released on
-        // every node by its token.
-        drop(calls);
+        if !calls.is_empty() {
+            // The majority is in: the validity counts from now, and the
+            // caller need not wait for slower nodes. Their calls go on, so
+            // the lock lands on every node that answers in time (more
+            // redundancy against a later node failure), each still bounded.
+            // Were they dropped, a request not yet written would never be.
+            tokio::spawn(async move { while calls.next().await.is_some() {} });
+        }
         let drift = self.drift(ttl);
         let validity = remaining_validity(ttl, elapsed, drift);
         let min_validity = self.inner.min_validity;

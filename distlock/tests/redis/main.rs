@@ -13,4 +13,6 @@ mod config;
 mod faults;
 #[cfg(feature = "redlock")]
 mod redlock;
+#[cfg(feature = "redlock")]
+mod tls;
 mod wakeup;
