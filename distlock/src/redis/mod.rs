@@ -104,11 +104,34 @@
 //!   expiry, raised by one script; lost with everything else by a restart
 //!   without persistence (a scheduler could then re-run the last tick).
 //!
+//! # ACL: the least a lock user needs
+//!
+//! The backend sends `EVALSHA` (every operation is a script), `SCRIPT LOAD`
+//! (after the server forgot a script), `PING` (the subscriber's heartbeat;
+//! Redlock's check of its nodes), `SUBSCRIBE` and `UNSUBSCRIBE` (waiters),
+//! `PTTL` ([`RedisLocker::remaining_ttl`]), `SELECT` when `db` is not 0, and
+//! `HELLO`/`AUTH` (allowed to every user); its scripts call `SET`, `GET`,
+//! `INCR`, `PEXPIRE`, `DEL`, `EXISTS` and `PUBLISH`, which Redis checks
+//! against the user as well. With the default prefix `lock:`:
+//!
+//! ```text
+//! ACL SETUSER lockuser on >PASSWORD resetkeys ~lock:* resetchannels &lock:* -@all
+//!     +evalsha +script|load +set +get +incr +pexpire +del +exists +publish
+//!     +ping +subscribe +unsubscribe +pttl
+//! ```
+//!
+//! (add `+select` for a database other than 0; [`ACL_RULES`] holds the
+//! command part). A user missing one of these gets [`Error::Backend`]
+//! saying "permission denied" and quoting the server, never contention; an
+//! acquire refused half-way through its script is released by its owner
+//! token. Without `+subscribe` or the channels (`&lock:*`) waiters poll,
+//! and without `+publish` releases still work (waiters then poll).
+//!
 //! # What it does not guarantee
 //!
 //! - **Single node, not Redlock.** Exclusivity rests on one key on one server.
-//!   Only one address is accepted; a quorum across independent nodes is not
-//!   implemented.
+//!   Only one address is accepted; for a quorum across independent nodes see
+//!   the `redlock` module (feature `redlock`).
 //! - **Failover can hand the lock to a second holder.** Redis replicates
 //!   asynchronously: a primary can acknowledge the `SET`, then fail before a
 //!   replica has it; the promoted replica has no lock and grants it again.
@@ -161,6 +184,16 @@ use scripts::{
 };
 
 const BACKEND: &str = "redis";
+
+/// The commands a lock user needs, as `ACL SETUSER` rules (see the module
+/// docs, "ACL"); add the key and channel patterns of your prefix
+/// (`~lock:* &lock:*`) and `+select` for a database other than 0.
+///
+/// ```
+/// assert!(distlock::redis::ACL_RULES.starts_with("-@all +evalsha"));
+/// ```
+pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpire +del +exists \
+     +publish +ping +subscribe +unsubscribe +pttl";
 
 /// How often the connection manager retries a broken connection before the
 /// waiting command fails (it retries again on the next command). With the

@@ -8,6 +8,8 @@
 mod common;
 mod support;
 
+#[cfg(feature = "redlock")]
+mod acl;
 mod breaker;
 mod config;
 mod faults;
