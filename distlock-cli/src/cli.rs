@@ -9,8 +9,8 @@ use clap::{Args, Parser, Subcommand};
 /// flock(1) for a fleet: run a command only where a distributed lock is held.
 ///
 /// The backend is chosen by URL (--url, else $DISTLOCK_URL, else lock files in
-/// a per-user state directory): file:///dir, redis://host:6379, postgres://user@host/db,
-/// memory://.
+/// a per-user state directory): file:///dir, redis://host:6379,
+/// redlock://host1:6379,host2:6379,host3:6379, postgres://user@host/db, memory://.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]
 pub(crate) struct Cli {

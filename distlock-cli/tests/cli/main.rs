@@ -10,3 +10,5 @@ mod file;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redlock")]
+mod redlock;
