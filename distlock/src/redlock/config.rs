@@ -10,8 +10,13 @@ use crate::util::redact;
 use crate::{Error, Result};
 
 /// How long one node may take to answer one call, unless configured
-/// otherwise.
-pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
+/// otherwise: the Redis backend's default response timeout. It costs
+/// little: a call returns as soon as a majority has answered, so the
+/// timeout only delays calls that cannot be decided without a slow node.
+/// antirez suggests 5–50 ms for a 10 s ttl on a fast network; the default
+/// is larger so that a loaded host's scheduling stalls are not mistaken for
+/// failed nodes.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(500);
 /// The clock-drift allowance per unit of ttl, unless configured otherwise:
 /// 1 %, as antirez's description, redsync and node-redlock use.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
@@ -57,7 +62,8 @@ pub struct Config {
     /// smaller than the ttl, so a node that is down or slow costs little of
     /// the lease's validity. An acquire bounds each node by the smaller of
     /// this and the ttl. A node that does not answer within it counts as
-    /// failed for that call.
+    /// failed for that call; calls return once a majority has decided them,
+    /// so a slow minority costs nothing but its own share.
     pub node_timeout: Duration,
     /// The clock-drift allowance per unit of ttl: a grant's validity is
     /// `ttl - elapsed - (ttl × drift_factor + 2 ms)`. Between 0 and 0.5.

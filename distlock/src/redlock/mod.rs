@@ -33,7 +33,9 @@
 //! - **release** runs the release script (compare-and-delete by owner
 //!   token) on every node. It succeeds once a majority answered and at
 //!   least one deleted the key; [`Error::NotHeld`] if a majority answered
-//!   and none held it.
+//!   and none held it. Like every call here it returns as soon as a
+//!   majority has decided it; the other nodes' calls finish in the
+//!   background, each bounded by the node timeout.
 //! - **refresh** runs the refresh script (compare-and-`PEXPIRE`) on every
 //!   node; a node that does not hold the key any more *and where it is
 //!   free* (it restarted without persistence, or the key expired there) is
@@ -325,24 +327,43 @@ impl RedlockLocker {
         self.inner.node_timeout.min(ttl)
     }
 
-    /// Runs `call` on every node at once, each bounded by the node timeout,
-    /// and counts the answers.
-    async fn on_every_node<'a, F, Fut>(&'a self, operation: &'static str, call: F) -> Tally
+    /// Runs `call` on every node at once, each bounded by `bound`, and
+    /// counts the answers until `decided` says they settle the question.
+    /// Calls still running then finish in the background (still bounded):
+    /// a slow or silent minority never delays the caller, and the operation
+    /// still reaches every node that answers in time. (Dropped instead, a
+    /// request not yet written would never be sent.)
+    async fn on_nodes<F, Fut>(
+        &self,
+        operation: &'static str,
+        bound: Duration,
+        call: F,
+        decided: impl Fn(&Tally) -> bool,
+    ) -> Tally
     where
-        F: Fn(&'a RedisLocker) -> Fut,
-        Fut: Future<Output = Result<bool>> + 'a,
+        F: Fn(RedisLocker) -> Fut,
+        Fut: Future<Output = Result<bool>> + Send + 'static,
     {
-        let bound = self.inner.node_timeout;
-        let answers = futures_util::future::join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|node| bounded(BACKEND, operation, bound, call(node))),
-        )
-        .await;
+        let mut calls: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| {
+                let call = bounded(BACKEND, operation, bound, call(node.clone()));
+                async move { (index, call.await) }
+            })
+            .collect();
         let mut tally = Tally::default();
-        for (node, answer) in self.inner.nodes.iter().zip(answers) {
-            tally.count(node.endpoint(), answer);
+        while let Some((index, answer)) = calls.next().await {
+            let endpoint = self.inner.nodes.get(index).map_or("?", |n| n.endpoint());
+            tally.count(endpoint, answer);
+            if decided(&tally) {
+                break;
+            }
+        }
+        if !calls.is_empty() {
+            tokio::spawn(async move { while calls.next().await.is_some() {} });
         }
         tally
     }
@@ -377,39 +398,23 @@ impl RedlockLocker {
         };
         let owner = pending.owner();
         let bound = self.acquire_bound(ttl);
-        let started = Instant::now();
-        // Owned, so that the calls still running when the majority is
-        // reached can finish in the background (below).
         let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
-        let mut calls: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .map(|node| {
-                let (node, key, owner) = (node.clone(), shared_key.clone(), shared_owner.clone());
-                async move {
-                    let answer = node.acquire_as(&key, &owner, ttl);
-                    let answer = bounded(BACKEND, "acquire", bound, answer).await;
-                    (node, answer)
-                }
-            })
-            .collect();
-        let mut tally = Tally::default();
-        while let Some((node, answer)) = calls.next().await {
-            tally.count(node.endpoint(), answer);
-            if tally.yes >= quorum {
-                break;
-            }
-        }
+        let started = Instant::now();
+        // The validity counts from the moment the majority is in; slower
+        // nodes are not waited for (their calls go on in the background, so
+        // the lock lands on every node that answers in time).
+        let tally = self
+            .on_nodes(
+                "acquire",
+                bound,
+                |node| {
+                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    async move { node.acquire_as(&key, &owner, ttl).await }
+                },
+                |tally| tally.yes >= quorum,
+            )
+            .await;
         let elapsed = started.elapsed();
-        if !calls.is_empty() {
-            // The majority is in: the validity counts from now, and the
-            // caller need not wait for slower nodes. Their calls go on, so
-            // the lock lands on every node that answers in time (more
-            // redundancy against a later node failure), each still bounded.
-            // Were they dropped, a request not yet written would never be.
-            tokio::spawn(async move { while calls.next().await.is_some() {} });
-        }
         let drift = self.drift(ttl);
         let validity = remaining_validity(ttl, elapsed, drift);
         let min_validity = self.inner.min_validity;
@@ -552,14 +557,26 @@ impl Locker for RedlockLocker {
     /// again by token is safe.
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
+        let quorum = self.inner.quorum;
+        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
         let tally = self
-            .on_every_node("release", |node| async move {
-                match node.unlock(key, owner).await {
-                    Ok(()) => Ok(true),
-                    Err(Error::NotHeld { .. }) => Ok(false),
-                    Err(error) => Err(error),
-                }
-            })
+            .on_nodes(
+                "release",
+                self.inner.node_timeout,
+                |node| {
+                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    async move {
+                        match node.unlock(&key, &owner).await {
+                            Ok(()) => Ok(true),
+                            Err(Error::NotHeld { .. }) => Ok(false),
+                            Err(error) => Err(error),
+                        }
+                    }
+                },
+                // A majority answered: the lock is released (or was not
+                // ours); the rest are deleted in the background.
+                |tally| tally.yes + tally.no >= quorum,
+            )
             .await;
         if tally.yes + tally.no < self.inner.quorum {
             let summary = format!(
@@ -594,20 +611,29 @@ impl Locker for RedlockLocker {
     /// earlier validity.
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
+        let (quorum, nodes) = (self.inner.quorum, self.nodes());
+        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
         let started = Instant::now();
         let tally = self
-            .on_every_node("refresh", |node| async move {
-                match node.refresh(key, owner, ttl).await {
-                    Ok(()) => Ok(true),
-                    // Gone here: a restart without persistence, or an early
-                    // expiry. Re-lock it if it is free; `false` if another
-                    // token holds it.
-                    Err(Error::NotHeld { .. }) => node.acquire_as(key, owner, ttl).await,
-                    Err(error) => Err(error),
-                }
-            })
+            .on_nodes(
+                "refresh",
+                self.inner.node_timeout,
+                |node| {
+                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    async move {
+                        match node.refresh(&key, &owner, ttl).await {
+                            Ok(()) => Ok(true),
+                            // Gone here: a restart without persistence, or an
+                            // early expiry. Re-lock it if it is free; `false`
+                            // if another token holds it.
+                            Err(Error::NotHeld { .. }) => node.acquire_as(&key, &owner, ttl).await,
+                            Err(error) => Err(error),
+                        }
+                    }
+                },
+                |tally| tally.yes >= quorum || tally.refused_by_majority(nodes),
+            )
             .await;
-        let nodes = self.nodes();
         if tally.yes >= self.inner.quorum {
             let elapsed = started.elapsed();
             let drift = self.drift(ttl);
@@ -649,14 +675,24 @@ impl Locker for RedlockLocker {
     /// answered may have forgotten it).
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
+        let shared_key: Arc<str> = key.into();
         let tally = self
-            .on_every_node("forget", |node| async move {
-                match node.forget(key).await {
-                    Ok(()) => Ok(true),
-                    Err(Error::NotAcquired { .. }) => Ok(false),
-                    Err(error) => Err(error),
-                }
-            })
+            .on_nodes(
+                "forget",
+                self.inner.node_timeout,
+                |node| {
+                    let key = shared_key.clone();
+                    async move {
+                        match node.forget(&key).await {
+                            Ok(()) => Ok(true),
+                            Err(Error::NotAcquired { .. }) => Ok(false),
+                            Err(error) => Err(error),
+                        }
+                    }
+                },
+                // Every node's answer counts.
+                |_| false,
+            )
             .await;
         if tally.no > 0 {
             return Err(Error::NotAcquired {
