@@ -77,6 +77,8 @@ pub struct Config {
     /// `host:port` of the server (`host`, `[::1]:6379`, ... ; the port
     /// defaults to 6379). Exactly one: the backend talks to a single node
     /// (a primary, or an address that always leads to the current primary).
+    /// The Redlock backend (`distlock::redlock`, feature `redlock`) reads
+    /// its list of independent nodes from here.
     pub addresses: Vec<String>,
     /// Database number (`SELECT`). Default 0.
     pub db: i64,
