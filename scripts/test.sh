@@ -11,10 +11,15 @@ packages=()
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || packages+=(redis-tools)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)
+command -v mariadbd >/dev/null 2>&1 || packages+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || packages+=(mariadb-client)
 command -v openssl >/dev/null 2>&1 || packages+=(openssl)  # certificates for the TLS tests
 command -v nft >/dev/null 2>&1 || packages+=(nftables)  # network partitions in the Postgres partition tests
 command -v ip >/dev/null 2>&1 || packages+=(iproute2)
 command -v script >/dev/null 2>&1 || packages+=(bsdutils)  # a terminal for the CLI's interactive-command test
+command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)  # the etcd backend's tests spawn etcd
+command -v etcdctl >/dev/null 2>&1 || packages+=(etcd-client)  # interop with `etcdctl lock`
+command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)  # etcd-client's build script
 command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
 
 if [ ${#packages[@]} -gt 0 ]; then

@@ -10,7 +10,9 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// The backend is chosen by URL (--url, else $DISTLOCK_URL, else lock files in
 /// a per-user state directory): file:///dir, redis://host:6379,
-/// redlock://host1:6379,host2:6379,host3:6379, postgres://user@host/db, memory://.
+/// redlock://host1:6379,host2:6379,host3:6379, redis+cluster://h1:7000,h2:7000,
+/// redis+sentinel://s1:26379,s2:26379/MASTER, postgres://user@host/db,
+/// mysql://user@host:3306/db, etcd://h1:2379,h2:2379, memory://.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]
 pub(crate) struct Cli {
@@ -32,6 +34,9 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Release a lock by its owner token (printed to the holder as $DISTLOCK_OWNER).
     Release(ReleaseArgs),
+    /// Run commands on cron schedules, each tick once across every replica
+    /// running the same jobs against the same backend.
+    Cron(CronArgs),
     /// Measure acquire+release cycles per second of a backend.
     Bench(BenchArgs),
     /// Internal: the helper `distlock run` starts to SIGKILL CMD's process
@@ -113,6 +118,72 @@ pub(crate) struct RunArgs {
     pub(crate) command: Vec<OsString>,
 }
 
+/// `distlock cron`: one job from the flags, or many from `--config`.
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+pub(crate) struct CronArgs {
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+
+    /// A TOML file of `[[job]]` tables (name, schedule, command, and
+    /// optionally tz, at_most, at_least, overlap, catch_up) instead of one
+    /// job from the flags.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["name", "schedule", "command"])]
+    pub(crate) config: Option<std::path::PathBuf>,
+
+    /// The job's name: its lock keys are cron:NAME and cron:NAME@INSTANT.
+    #[arg(long, required_unless_present = "config")]
+    pub(crate) name: Option<String>,
+
+    /// A cron expression: 5 fields (minute hour day month weekday), 6 with
+    /// seconds first, or @hourly, @daily, ...
+    #[arg(long, required_unless_present = "config", value_name = "CRON")]
+    pub(crate) schedule: Option<String>,
+
+    /// The IANA time zone the schedule is read in [default: UTC].
+    #[arg(long, value_name = "ZONE")]
+    pub(crate) tz: Option<String>,
+
+    /// ShedLock's lockAtMostFor: the claims' ttl and the longest a run may
+    /// last (the command is stopped then, exit 76 in the log line).
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) at_most: Duration,
+
+    /// ShedLock's lockAtLeastFor: the tick's claim is held this long after
+    /// the tick even if the command finished sooner.
+    #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) at_least: Duration,
+
+    /// While an earlier run still runs on any replica: skip the tick
+    /// (forbid) or run it anyway (allow).
+    #[arg(long, default_value = "forbid", value_name = "POLICY", value_parser = ["forbid", "allow"])]
+    pub(crate) overlap: String,
+
+    /// Run the latest missed tick once, if it lies within this look-back,
+    /// when distlock starts or a run ends [default: missed ticks are skipped].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) catch_up: Option<Duration>,
+
+    /// This replica's name in log lines and $DISTLOCK_REPLICA [default: hostname:pid].
+    #[arg(long, value_name = "ID")]
+    pub(crate) replica_id: Option<String>,
+
+    /// On SIGINT or SIGTERM: how long running commands may take to finish
+    /// before they are stopped (SIGTERM, then SIGKILL after --kill-after).
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) grace: Duration,
+
+    /// How long a command's process group gets between SIGTERM and SIGKILL
+    /// (capped as for `distlock run`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) kill_after: Duration,
+
+    /// The command and its arguments, run directly (no shell) as the leader
+    /// of its own process group, for every tick this replica wins.
+    #[arg(value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct ReleaseArgs {
     /// The lock's name.
@@ -150,7 +221,7 @@ pub(crate) struct BenchArgs {
 }
 
 /// `500ms`, `30s`, `5m`, `1h 30m`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{e} (expected a duration such as 500ms, 30s or 5m)"))
 }

@@ -18,7 +18,7 @@ pub(crate) const CONFLICT: u8 = 75;
 /// The lock was lost while CMD ran; CMD was stopped.
 pub(crate) const LOST: u8 = 76;
 /// `distlock release` of a lock that only its holding process (file backend:
-/// the flock's owner) or session (Postgres) can release (EX_NOPERM).
+/// the flock's owner) or session (Postgres, MySQL) can release (EX_NOPERM).
 pub(crate) const HELD_BY_ANOTHER_PROCESS: u8 = 77;
 /// CMD exists but could not be executed.
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
@@ -38,8 +38,10 @@ Exit status of `distlock run`:
   70              distlock could not set up (signal handlers, watchdog)
   126 / 127       CMD could not be executed / was not found
 `distlock release` exits 0 when released, 1 when the owner does not hold the
-lock, 77 when only the holding process or session can release it (file and
-Postgres backends: the message names the holder).";
+lock, 77 when only the holding process or session can release it (file,
+Postgres and MySQL backends: the message names the holder). `distlock cron`
+exits 0 after a graceful shutdown (SIGINT/SIGTERM), 64 for a bad job or config
+file (before anything runs), 69 when the backend is unreachable.";
 
 /// The exit code for an error reaching or using the backend.
 pub(crate) fn for_error(error: &Error) -> u8 {

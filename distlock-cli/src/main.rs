@@ -2,8 +2,11 @@
 
 mod bench;
 mod cli;
+mod cron;
+mod cron_config;
 mod exit;
 mod process_group;
+mod reaper;
 mod run;
 mod supervise;
 mod terminal;
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Release(args) => run::release(args).await,
+            Command::Cron(args) => cron::cron(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Watchdog(_) => exit::USAGE,
         }

@@ -10,8 +10,9 @@
 //!
 //! distlock makes itself a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
 //! processes orphaned inside CMD's tree are re-parented to distlock instead of
-//! init: it reaps them itself ([`reap`], `waitpid(-1)`), which is why CMD is not
-//! run through `tokio::process` (its per-child waiting would race that loop).
+//! init: it reaps them itself ([`reap`], `waitpid(-1)`, called by the
+//! process's one [`crate::reaper`]), which is why CMD is not run through
+//! `tokio::process` (its per-child waiting would race that loop).
 
 use std::ffi::OsString;
 use std::io;
@@ -36,6 +37,8 @@ pub(crate) struct LeaseEnv<'a> {
     pub(crate) key: &'a str,
     pub(crate) owner: &'a str,
     pub(crate) fencing_token: Option<u64>,
+    /// More variables (`distlock cron`: `DISTLOCK_JOB`, ...).
+    pub(crate) extra: &'a [(&'static str, String)],
 }
 
 /// Spawns CMD as the leader of a new process group and returns its pid (which
@@ -63,6 +66,9 @@ pub(crate) fn spawn(
         Some(token) => cmd.env("DISTLOCK_FENCING_TOKEN", token.to_string()),
         None => cmd.env_remove("DISTLOCK_FENCING_TOKEN"),
     };
+    for (name, value) in lease.extra {
+        cmd.env(name, value);
+    }
     let parent = std::process::id();
     let (pid_write, go_read, lifeline_write) = handoff.raw();
     // SAFETY: the closure runs in the forked child before exec. It only makes

@@ -7,7 +7,7 @@ use distlock::{Error, KeepAlive, Locker, LockerExt};
 
 use crate::cli::{Backend, ReleaseArgs, RunArgs};
 use crate::exit;
-use crate::supervise::{kill_after_cap, supervise};
+use crate::supervise::{kill_after_cap, supervise, Command};
 
 /// Durations past this are "forever": far beyond any real wait or hold, yet
 /// small enough that no deadline computed from them can overflow an `Instant`
@@ -41,7 +41,13 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         return fail(&error);
     }
     let kill_after = capped_kill_after(args.kill_after, lease.ttl());
-    let code = supervise(&args, &lease, kill_after).await;
+    let command = Command {
+        argv: &args.command,
+        env: Vec::new(),
+        kill_after,
+        interactive: true,
+    };
+    let code = supervise(&command, &lease, std::future::pending()).await;
     match lease.release().await {
         Ok(()) | Err(Error::NotHeld { .. }) => {}
         Err(error) => eprintln!(
@@ -81,12 +87,12 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
 
 /// The backend the URL names, observed: metrics (served with --metrics-addr)
 /// and spans (logged at --log-level info and above).
-async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>> {
+pub(crate) async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>> {
     let locker = distlock::connect(backend.url.as_deref().unwrap_or("file://")).await?;
     Ok(locker.with_metrics().with_tracing().shared())
 }
 
-fn fail(error: &Error) -> u8 {
+pub(crate) fn fail(error: &Error) -> u8 {
     eprintln!("distlock: {error}");
     exit::for_error(error)
 }
@@ -104,7 +110,7 @@ fn effective_max_hold(max_hold: Option<Duration>) -> Option<Duration> {
 }
 
 /// `--kill-after`, capped at [`kill_after_cap`] with a warning (once).
-fn capped_kill_after(kill_after: Duration, ttl: Duration) -> Duration {
+pub(crate) fn capped_kill_after(kill_after: Duration, ttl: Duration) -> Duration {
     let cap = kill_after_cap(ttl);
     if kill_after <= cap {
         return kill_after;

@@ -5,13 +5,17 @@
 //!
 //! 1. Signal handlers (the forwarded signals and SIGCHLD) are installed and
 //!    distlock becomes a child subreaper, before anything is spawned, so no
-//!    signal or orphan is missed.
+//!    signal or orphan is missed. (`distlock cron` forwards nothing: SIGINT
+//!    and SIGTERM are its own graceful shutdown, which stops the commands
+//!    through the `stop` future [`supervise`] takes instead.)
 //! 2. The watchdog starts ([`crate::watchdog`]), then CMD is spawned as the
 //!    leader of its own process group ([`crate::process_group`]); CMD cannot
 //!    exec before the watchdog watches its group.
-//! 3. distlock reaps with its own SIGCHLD-driven `waitpid(-1)` loop and
-//!    forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the
-//!    whole group.
+//! 3. The process's one reaper ([`crate::reaper`], a SIGCHLD-driven
+//!    `waitpid(-1)` loop) hands this command's statuses to its supervisor by
+//!    pid, so several commands can run at once (`distlock cron`); an
+//!    interactive command (`distlock run`) gets SIGINT, SIGTERM, SIGHUP,
+//!    SIGQUIT, SIGUSR1 and SIGUSR2 forwarded to its whole group.
 //! 4. When the leader exits and members of its group remain, they get
 //!    SIGTERM, then SIGKILL after `--kill-after`; distlock returns once the
 //!    group is empty, with the leader's status.
@@ -42,6 +46,8 @@
 //! running without anyone reaping it (the watchdog then SIGKILLs the group,
 //! since the lifeline is dropped without its "done" byte).
 
+use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -50,9 +56,9 @@ use distlock::{Lease, LostReason};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::cli::RunArgs;
 use crate::exit;
 use crate::process_group::{self, LeaseEnv};
+use crate::reaper;
 
 /// How often the group is re-checked while distlock waits for it to empty: a
 /// member whose parent is alive but outside distlock's reach sends no SIGCHLD
@@ -70,20 +76,37 @@ pub(crate) fn kill_after_cap(ttl: Duration) -> Duration {
     (ttl / 2).saturating_sub(distlock::drift_margin(ttl))
 }
 
+/// What to run under a lease, shared by `distlock run` and `distlock cron`.
+pub(crate) struct Command<'a> {
+    /// CMD and its arguments (no shell).
+    pub(crate) argv: &'a [OsString],
+    /// Variables CMD gets beside `DISTLOCK_KEY`, `DISTLOCK_OWNER` and
+    /// `DISTLOCK_FENCING_TOKEN`.
+    pub(crate) env: Vec<(&'static str, String)>,
+    /// SIGTERM to SIGKILL, already capped ([`kill_after_cap`]).
+    pub(crate) kill_after: Duration,
+    /// `distlock run`: forward distlock's signals to CMD's group and hand it
+    /// the terminal. `distlock cron`: neither.
+    pub(crate) interactive: bool,
+}
+
 /// Runs CMD under `lease` until its whole process group has exited and
 /// returns distlock's exit code: the leader's status (128+N if killed by
 /// signal N), 76 if the lease was lost, ran low or reached its max hold, 126
-/// or 127 if CMD could not be run, 70 if distlock could not set up.
-pub(crate) async fn supervise(args: &RunArgs, lease: &Lease, kill_after: Duration) -> u8 {
+/// or 127 if CMD could not be run, 70 if distlock could not set up. When
+/// `stop` resolves (`distlock cron`'s shutdown grace is over) CMD's group is
+/// stopped as on a lost lease, and the leader's status is returned.
+pub(crate) async fn supervise(
+    command: &Command<'_>,
+    lease: &Lease,
+    stop: impl Future<Output = ()>,
+) -> u8 {
     // SIGCHLD first: a child that exits early must still wake the reaper.
-    let mut child_exited = match signal(SignalKind::child()) {
-        Ok(signal) => signal,
-        Err(error) => {
-            eprintln!("distlock: cannot install the SIGCHLD handler: {error}");
-            return exit::SOFTWARE;
-        }
-    };
-    let mut signals = match Forwarded::install() {
+    if let Err(error) = reaper::start() {
+        eprintln!("distlock: cannot install the SIGCHLD handler: {error}");
+        return exit::SOFTWARE;
+    }
+    let mut signals = match command.interactive.then(Forwarded::install).transpose() {
         Ok(signals) => signals,
         Err(error) => {
             eprintln!("distlock: cannot install signal handlers: {error}");
@@ -103,45 +126,56 @@ pub(crate) async fn supervise(args: &RunArgs, lease: &Lease, kill_after: Duratio
         }
         None => None,
     };
-    let (lifeline, handoff) = match crate::watchdog::start(lock_file) {
+    let started = reaper::spawn_registered(|| {
+        crate::watchdog::start(lock_file)
+            .map(|(lifeline, handoff)| (lifeline.watchdog_pid, (lifeline, handoff)))
+    });
+    let (watchdog, (lifeline, handoff)) = match started {
         Ok(started) => started,
         Err(error) => {
             eprintln!("distlock: cannot start the watchdog process: {error}");
             return exit::SOFTWARE;
         }
     };
-    let terminal = crate::terminal::foreground_stdin();
+    let terminal = command
+        .interactive
+        .then(crate::terminal::foreground_stdin)
+        .flatten();
     let env = LeaseEnv {
         key: lease.key(),
         owner: lease.owner(),
         fencing_token: lease.fencing_token(),
+        extra: &command.env,
     };
-    let spawned = process_group::spawn(&args.command, &env, &handoff, terminal);
+    let spawned = reaper::spawn_registered(|| {
+        process_group::spawn(command.argv, &env, &handoff, terminal).map(|pid| (pid, ()))
+    });
     drop(handoff);
     let leader = match spawned {
-        Ok(pid) => pid,
+        Ok((leader, ())) => leader,
         Err(error) => {
             // std returns the error only once CMD's child failed for good:
             // nothing runs that the watchdog would have to kill.
             lifeline.done();
             give_terminal_back(terminal);
-            return cannot_run(args, &error);
+            return cannot_run(command.argv, &error);
         }
     };
     let mut supervisor = Supervisor {
-        key: &args.key,
+        key: lease.key(),
         lease,
+        leader_pid: leader.pid(),
         leader,
-        watchdog: lifeline.watchdog_pid,
+        watchdog,
         terminal,
-        kill_after,
+        kill_after: command.kill_after,
         drift: distlock::drift_margin(lease.ttl()),
         leader_status: None,
         stop: None,
         killed: false,
         cut_short: false,
     };
-    let code = supervisor.run(&mut child_exited, &mut signals).await;
+    let code = supervisor.run(signals.as_mut(), stop).await;
     // The group is empty: nothing is left for the watchdog to kill.
     lifeline.done();
     give_terminal_back(terminal);
@@ -156,8 +190,11 @@ fn give_terminal_back(terminal: Option<libc::c_int>) {
     }
 }
 
-fn cannot_run(args: &RunArgs, error: &io::Error) -> u8 {
-    let program = &args.command[0];
+fn cannot_run(argv: &[OsString], error: &io::Error) -> u8 {
+    let program = argv
+        .first()
+        .map(|p| p.to_string_lossy())
+        .unwrap_or_default();
     match error.raw_os_error() {
         Some(libc::ECHILD) => {
             eprintln!("distlock: cannot run {program:?}: the watchdog process exited before the command started");
@@ -182,8 +219,10 @@ struct Supervisor<'a> {
     key: &'a str,
     lease: &'a Lease,
     /// CMD's first process: its pid is the group id.
-    leader: u32,
-    watchdog: u32,
+    leader_pid: u32,
+    /// The leader's statuses, from the reaper.
+    leader: reaper::Child,
+    watchdog: reaper::Child,
     /// The terminal CMD's group was given, to follow its job-control stops.
     terminal: Option<libc::c_int>,
     kill_after: Duration,
@@ -196,12 +235,20 @@ struct Supervisor<'a> {
 }
 
 impl Supervisor<'_> {
-    async fn run(&mut self, child_exited: &mut Signal, signals: &mut Forwarded) -> u8 {
+    async fn run(
+        &mut self,
+        mut signals: Option<&mut Forwarded>,
+        stop: impl Future<Output = ()>,
+    ) -> u8 {
         let mut lost = Some(self.lease.lost_signal());
+        let stop = std::pin::pin!(stop);
+        let mut stop = Some(stop);
         loop {
+            // Before looking: a child reaped after the look still wakes us.
+            let reaped = reaper::any_reaped();
             self.reap();
             if let Some(status) = self.leader_status {
-                if !process_group::group_alive(self.leader) {
+                if !process_group::group_alive(self.leader_pid) {
                     return if self.cut_short {
                         exit::LOST
                     } else {
@@ -218,13 +265,20 @@ impl Supervisor<'_> {
             self.check_deadlines();
             let wake = self.next_wake();
             tokio::select! {
-                _ = child_exited.recv() => {}
-                forwarded = signals.recv() => {
-                    process_group::signal_group(self.leader, forwarded);
+                () = reaped => {}
+                forwarded = recv_forwarded(&mut signals) => {
+                    process_group::signal_group(self.leader_pid, forwarded);
                 }
                 reason = wait_lost(&mut lost) => {
                     lost = None;
                     self.on_lost(reason);
+                }
+                () = wait_stop(&mut stop) => {
+                    stop = None;
+                    eprintln!("distlock: shutting down; stopping the command of lock {:?}", self.key);
+                    if self.stop.is_none() {
+                        self.begin_stop();
+                    }
                 }
                 () = sleep_until(wake) => {}
             }
@@ -232,14 +286,17 @@ impl Supervisor<'_> {
     }
 
     fn reap(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
         let mut leader_stopped = false;
-        for (pid, status) in process_group::reap() {
-            use std::os::unix::process::ExitStatusExt;
+        while let Some(status) = self.leader.try_status() {
             if status.stopped_signal().is_some() {
-                leader_stopped |= pid == self.leader;
-            } else if pid == self.leader {
+                leader_stopped = true;
+            } else {
                 self.leader_status = Some(status);
-            } else if pid == self.watchdog && self.leader_status.is_none() {
+            }
+        }
+        while let Some(status) = self.watchdog.try_status() {
+            if status.stopped_signal().is_none() && self.leader_status.is_none() {
                 tracing::warn!(
                     ?status,
                     "the watchdog exited early; if distlock is killed now, processes the command forked may outlive it"
@@ -267,9 +324,9 @@ impl Supervisor<'_> {
             libc::raise(libc::SIGTSTP);
         }
         if crate::terminal::is_foreground(tty) {
-            crate::terminal::give_to(tty, self.leader);
+            crate::terminal::give_to(tty, self.leader_pid);
         }
-        process_group::signal_group(self.leader, libc::SIGCONT);
+        process_group::signal_group(self.leader_pid, libc::SIGCONT);
     }
 
     fn on_lost(&mut self, reason: LostReason) {
@@ -294,7 +351,7 @@ impl Supervisor<'_> {
         self.stop = Some(Stop {
             since: Instant::now(),
         });
-        process_group::signal_group(self.leader, libc::SIGTERM);
+        process_group::signal_group(self.leader_pid, libc::SIGTERM);
     }
 
     /// Until when the stop may wait before SIGKILL: `since + kill_after`, and
@@ -354,7 +411,7 @@ impl Supervisor<'_> {
             // Repeated on every wake-up until the group is empty: cheap, and it
             // catches nothing new (a SIGKILLed group cannot fork), but it is
             // the one signal that must not be missed.
-            process_group::signal_group(self.leader, libc::SIGKILL);
+            process_group::signal_group(self.leader_pid, libc::SIGKILL);
         }
     }
 
@@ -390,6 +447,22 @@ fn round_ms(duration: Duration) -> Duration {
 async fn sleep_until(wake: Option<Instant>) {
     match wake {
         Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A signal to forward, where signals are forwarded; pending otherwise.
+async fn recv_forwarded(signals: &mut Option<&mut Forwarded>) -> libc::c_int {
+    match signals {
+        Some(signals) => signals.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The stop request, once; pending forever after it came.
+async fn wait_stop<F: Future<Output = ()>>(stop: &mut Option<std::pin::Pin<&mut F>>) {
+    match stop {
+        Some(stop) => stop.as_mut().await,
         None => std::future::pending().await,
     }
 }

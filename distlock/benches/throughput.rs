@@ -1,11 +1,18 @@
-//! Acquire+release cycles per second on the Redis, Redlock (3 nodes) and
-//! Postgres backends, 1 and 16 concurrent tasks (each on its own key, so the figure is round
-//! trips, not contention), next to each backend's physical floor: the same
-//! cycle as bare commands on the same kind of connection (`SET NX PX` + `DEL`
-//! on a redis-rs `ConnectionManager`; `pg_try_advisory_lock` +
-//! `pg_advisory_unlock` on one tokio-postgres connection per task). Redlock
-//! is measured beside the standalone Redis backend: it sends the same
-//! scripts to three servers at once and waits for two.
+//! Acquire+release cycles per second on the Redis, Redlock (3 nodes),
+//! Postgres, etcd and MySQL backends, 1 and 16 concurrent tasks; for Redis
+//! also as deployed: a three-master Cluster, a master behind Sentinel, and a
+//! primary with one replica and `min_replicas=1` (each grant waits for the
+//! replica's `WAIT`) (each on its own key, so the figure is round trips, not
+//! contention), next to each backend's physical floor: the same cycle as bare
+//! commands on the same kind of connection (`SET NX PX` + `DEL` on a redis-rs
+//! `ConnectionManager`; `pg_try_advisory_lock` + `pg_advisory_unlock` on one
+//! tokio-postgres connection per task; for etcd the same two transactions
+//! through etcd-client, put-if-absent + read the queue's first key, then
+//! compare-and-delete, and beside them etcd-client's `lock`/`unlock` RPCs,
+//! etcd's server-side lock, on one lease; `GET_LOCK` + `RELEASE_LOCK` on one
+//! mysql_async connection per task for MySQL (MariaDB)). Redlock is measured
+//! beside the standalone Redis backend: it sends the same scripts to three
+//! servers at once and waits for two.
 //!
 //! A measurement, not a check: it asserts nothing about speed. The servers
 //! are private ones test-servers starts on free loopback ports. Run it with:
@@ -23,12 +30,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock::etcd::EtcdLocker;
+use distlock::mysql::MysqlLocker;
 use distlock::postgres::PostgresLocker;
 use distlock::redis::RedisLocker;
 use distlock::redlock::RedlockLocker;
 use distlock::Locker;
+use etcd_client::{
+    Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use mysql_async::prelude::Queryable;
 use redis::aio::ConnectionManager;
-use test_servers::{PostgresServer, RedisServer};
+use test_servers::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisCluster, RedisOptions, RedisSentinelSet,
+    RedisServer,
+};
 use tokio::time::Instant;
 
 const RUN_FOR: Duration = Duration::from_secs(2);
@@ -36,6 +52,7 @@ const RUN_FOR: Duration = Duration::from_secs(2);
 /// cycle ever meets an expiry).
 const REDIS_TTL: Duration = Duration::from_secs(10);
 const POSTGRES_TTL: Duration = Duration::from_secs(30);
+const ETCD_TTL: Duration = Duration::from_secs(30);
 const TASKS: [usize; 2] = [1, 16];
 
 fn main() {
@@ -48,9 +65,15 @@ fn main() {
         .block_on(async {
             redis_cycles().await;
             println!();
+            redis_deployment_cycles().await;
+            println!();
             redlock_cycles().await;
             println!();
             postgres_cycles().await;
+            println!();
+            etcd_cycles().await;
+            println!();
+            mysql_cycles().await;
         });
 }
 
@@ -178,6 +201,54 @@ async fn redlock_cycles() {
     }
 }
 
+/// The same cycle on each way Redis is deployed, interleaved per task count
+/// so the rows of one run compare.
+async fn redis_deployment_cycles() {
+    let standalone = RedisServer::start();
+    let cluster = RedisCluster::start();
+    let sentinels = RedisSentinelSet::start();
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
+    });
+    // The replica must be in sync before WAIT can count it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replica
+        .cli(&["info", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(std::time::Instant::now() < deadline, "the replica syncs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut lockers = Vec::new();
+    for (label, url) in [
+        ("standalone", standalone.url()),
+        ("cluster (3 masters)", cluster.url()),
+        ("sentinel (1 master)", sentinels.url()),
+        (
+            "min_replicas=1",
+            format!("{}?min_replicas=1&replica_timeout=100ms", primary.url()),
+        ),
+    ] {
+        let locker = RedisLocker::from_url(&url)
+            .await
+            .expect("connect to the bench deployment");
+        lockers.push((label, locker));
+    }
+    println!("redis deployment       tasks  cycles/s");
+    for tasks in TASKS {
+        for (label, locker) in &lockers {
+            let locker = locker.clone();
+            let rate = cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), REDIS_TTL, task)
+            })
+            .await;
+            println!("{label:<21}  {tasks:>5}  {rate:>8.0}");
+        }
+    }
+}
+
 async fn postgres_cycles() {
     let server = PostgresServer::start();
     let mut lockers = Vec::new();
@@ -248,4 +319,145 @@ async fn raw_postgres_clients(server: &PostgresServer, tasks: usize) -> Vec<Arc<
         clients.push(Arc::new((client, lock, unlock)));
     }
     clients
+}
+
+async fn etcd_cycles() {
+    let server = EtcdServer::start();
+    let locker = EtcdLocker::from_url(&server.url())
+        .await
+        .expect("connect to the bench etcd");
+    let client = etcd_client::Client::connect([format!("http://{}", server.endpoint())], None)
+        .await
+        .expect("connect to the bench etcd");
+    // One lease for every raw cycle, as the locker has one per ttl class;
+    // 30 s outlives every run, so the floor sends no keep-alives.
+    let lease = client
+        .lease_client()
+        .grant(30, None)
+        .await
+        .expect("grant")
+        .id();
+    println!(
+        "tasks  distlock cycles/s  raw txn put-if-absent + txn delete cycles/s  \
+         etcd Lock+Unlock RPC cycles/s  distlock/raw"
+    );
+    for tasks in TASKS {
+        let distlock = {
+            let locker = locker.clone();
+            cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), ETCD_TTL, task)
+            })
+            .await
+        };
+        let floor = {
+            let client = client.clone();
+            cycles_per_second(tasks, move |task| {
+                let mut kv = client.kv_client();
+                async move {
+                    let name = format!("raw-{task}");
+                    let key = format!("{name}/{lease:x}");
+                    let acquire = Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                        .and_then([
+                            TxnOp::put(
+                                key.clone(),
+                                "secret",
+                                Some(PutOptions::new().with_lease(lease)),
+                            ),
+                            TxnOp::get(
+                                format!("{name}/"),
+                                Some(
+                                    GetOptions::new()
+                                        .with_prefix()
+                                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                        .with_limit(1),
+                                ),
+                            ),
+                        ])
+                        .or_else([TxnOp::get(key.clone(), None)]);
+                    let response = kv.txn(acquire).await.expect("acquire txn");
+                    assert!(response.succeeded(), "own key");
+                    let revision = response.header().expect("header").revision();
+                    let release = Txn::new()
+                        .when([
+                            Compare::create_revision(key.clone(), CompareOp::Equal, revision),
+                            Compare::value(key.clone(), CompareOp::Equal, "secret"),
+                        ])
+                        .and_then([TxnOp::delete(key, None)]);
+                    assert!(kv.txn(release).await.expect("release txn").succeeded());
+                }
+            })
+            .await
+        };
+        let rpc = {
+            let client = client.clone();
+            cycles_per_second(tasks, move |task| {
+                let mut lock = client.lock_client();
+                async move {
+                    let granted = lock
+                        .lock(
+                            format!("rpc-{task}"),
+                            Some(LockOptions::new().with_lease(lease)),
+                        )
+                        .await
+                        .expect("Lock RPC");
+                    lock.unlock(granted.key()).await.expect("Unlock RPC");
+                }
+            })
+            .await
+        };
+        println!(
+            "{tasks:>5}  {distlock:>18.0}  {floor:>42.0}  {rpc:>29.0}  {:>12.2}",
+            distlock / floor
+        );
+    }
+}
+
+async fn mysql_cycles() {
+    let server = MariaDbServer::start();
+    let mut lockers = Vec::new();
+    for (label, params) in [("fencing on", ""), ("fencing off", "&fencing=off")] {
+        let locker = MysqlLocker::from_url(&format!("{}{params}", server.url()))
+            .await
+            .expect("connect to the bench server");
+        lockers.push((label, locker));
+    }
+    for tasks in TASKS {
+        for (label, locker) in &lockers {
+            let locker = locker.clone();
+            let rate = cycles_per_second(tasks, move |task| {
+                distlock_cycle(locker.clone(), POSTGRES_TTL, task)
+            })
+            .await;
+            println!("distlock mysql ({label}), {tasks:>2} tasks: {rate:>8.0} cycles/s");
+        }
+        let mut conns = Vec::new();
+        for _ in 0..tasks {
+            let url = server.url().replace("?ssl-mode=DISABLED", "");
+            let conn = mysql_async::Conn::from_url(url)
+                .await
+                .expect("connect to the bench server");
+            conns.push(Arc::new(tokio::sync::Mutex::new(conn)));
+        }
+        let rate = cycles_per_second(tasks, move |task| {
+            let conn = conns[task].clone();
+            async move {
+                let mut conn = conn.lock().await;
+                let got: Option<i64> = conn
+                    .query_first(format!("SELECT GET_LOCK('raw-{task}', 0)"))
+                    .await
+                    .expect("GET_LOCK");
+                assert_eq!(got, Some(1), "own key");
+                let _: Option<i64> = conn
+                    .query_first(format!("SELECT RELEASE_LOCK('raw-{task}')"))
+                    .await
+                    .expect("RELEASE_LOCK");
+            }
+        })
+        .await;
+        println!(
+            "raw GET_LOCK + RELEASE_LOCK, {tasks:>2} tasks: {rate:>8.0} cycles/s \
+             (the floor: 2 round trips)"
+        );
+    }
 }

@@ -305,4 +305,18 @@ pub fn describe_metrics() {
         Unit::Seconds,
         "Time from grant to release, drop or loss."
     );
+    describe_counter!(
+        "distlock_cron_ticks_total",
+        "Cron ticks seen by this replica, by job and outcome (ran, failed, lost, stopped, held_elsewhere, previous_running, already_ran, missed, claim_failed)."
+    );
+    describe_histogram!(
+        "distlock_cron_run_duration_seconds",
+        Unit::Seconds,
+        "How long each cron run took, by job."
+    );
+    describe_histogram!(
+        "distlock_cron_lag_seconds",
+        Unit::Seconds,
+        "From a tick's scheduled instant to the start of its run, by job."
+    );
 }

@@ -13,9 +13,17 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "file",
     "redis",
     "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "redlock",
     "postgres",
     "postgresql",
+    "etcd",
+    "etcd+https",
+    "mysql",
+    "mariadb",
 ];
 
 /// Opens the backend a URL names and returns it ready to use.
@@ -25,9 +33,13 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `memory://` | a new, independent [`crate::memory::MemoryLocker`] |
 /// | `file:///absolute/dir` | [`crate::file::FileLocker`] in that directory |
 /// | `file://` (or `file:///`) | [`crate::file::FileLocker`] in [`crate::file::FileLocker::default_dir`] |
-/// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` (feature `redis`; see `distlock::redis::Config::from_url`) |
+/// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` on one server (feature `redis`; see `distlock::redis::Config::from_url`) |
+/// | `redis+cluster://host1:port,host2:port,...`, `rediss+cluster://...` | `distlock::redis::RedisLocker` on a Redis Cluster (feature `redis`) |
+/// | `redis+sentinel://sentinel1:port,sentinel2:port/MASTER_NAME`, `rediss+sentinel://...` | `distlock::redis::RedisLocker` on the master Sentinel names, following failovers (feature `redis`) |
 /// | `redlock://[user:pass@]host1:port,host2:port,host3:port[/db][?prefix=..&node_timeout=..]` | `distlock::redlock::RedlockLocker` (feature `redlock`; see `distlock::redlock::Config::from_url`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
+/// | `etcd://[user:pass@]host[:port][,host2...][?prefix=..]`, `etcd+https://...` | `distlock::etcd::EtcdLocker` (feature `etcd`; see `distlock::etcd::Config::from_url`) |
+/// | `mysql://[user[:pass]@]host[:port]/db[?...]`, `mariadb://...` | `distlock::mysql::MysqlLocker` (feature `mysql`; parameters in its module docs) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -59,6 +71,33 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(
             crate::postgres::PostgresLocker::from_url(url).await?,
+        ));
+    }
+    // Before `Url::parse`, which rejects the multi-host form.
+    if url.starts_with("etcd://") || url.starts_with("etcd+https://") {
+        #[cfg(feature = "etcd")]
+        return Ok(Arc::new(crate::etcd::EtcdLocker::from_url(url).await?));
+        #[cfg(not(feature = "etcd"))]
+        return Err(Error::invalid(
+            "url",
+            "etcd:// needs distlock's cargo feature `etcd`, which is not enabled",
+        ));
+    }
+    // Before `Url::parse`, which rejects several comma-separated hosts.
+    if let Some((
+        scheme @ ("redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel"),
+        _,
+    )) = url.split_once("://")
+    {
+        #[cfg(feature = "redis")]
+        {
+            let _ = scheme;
+            return Ok(Arc::new(crate::redis::RedisLocker::from_url(url).await?));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
         ));
     }
     let parsed = Url::parse(url)
@@ -94,6 +133,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
         scheme @ ("redis" | "rediss") => Err(Error::invalid(
             "url",
             format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
+        )),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(crate::mysql::MysqlLocker::from_url(url).await?)),
+        #[cfg(not(feature = "mysql"))]
+        scheme @ ("mysql" | "mariadb") => Err(Error::invalid(
+            "url",
+            format!("{scheme}:// needs distlock's cargo feature `mysql`, which is not enabled"),
         )),
         #[cfg(not(feature = "postgres"))]
         scheme @ ("postgres" | "postgresql") => Err(Error::invalid(

@@ -301,6 +301,7 @@ where
     }
 
     /// How many locks this locker holds.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn held_count(&self) -> usize {
         self.entries()
             .values()

@@ -23,6 +23,25 @@ pub(crate) fn sha256_hex128(data: &[u8]) -> String {
     hex
 }
 
+/// A mark ([`crate::Locker::advance_mark`]) as servers store it: `value +
+/// 2^63` as 20 zero-padded decimal digits, so that byte order is integer
+/// order across the whole `i64` range. Redis compares marks in Lua, whose
+/// numbers are doubles (they cannot tell 2^53 from 2^53 + 1), and etcd
+/// compares values as bytes: both compare this encoding exactly.
+pub(crate) fn encode_mark(value: i64) -> String {
+    // Flipping the sign bit maps i64 order onto u64 order.
+    format!("{:020}", (value as u64) ^ (1 << 63))
+}
+
+/// The inverse of [`encode_mark`]; `None` for anything it did not write.
+pub(crate) fn decode_mark(stored: &str) -> Option<i64> {
+    if stored.len() != 20 || !stored.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let offset: u64 = stored.parse().ok()?;
+    Some((offset ^ (1 << 63)) as i64)
+}
+
 /// The URL with any password replaced by `***`, for error messages.
 pub(crate) fn redact(url: &str) -> String {
     match Url::parse(url) {
@@ -42,6 +61,24 @@ pub(crate) fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn the_mark_encoding_orders_like_the_integers(a: i64, b: i64) {
+            let (ea, eb) = (encode_mark(a), encode_mark(b));
+            prop_assert_eq!(ea.len(), 20);
+            prop_assert_eq!(decode_mark(&ea), Some(a));
+            prop_assert_eq!(ea.cmp(&eb), a.cmp(&b));
+        }
+    }
+
+    #[test]
+    fn foreign_mark_values_are_refused() {
+        for stored in ["", "42", "-0000000000000000001", "1000000000000000000x"] {
+            assert_eq!(decode_mark(stored), None, "{stored:?}");
+        }
+    }
 
     #[test]
     fn is_the_leading_half_of_the_sha256_hex() {

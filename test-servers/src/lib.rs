@@ -12,15 +12,23 @@ use std::process::{Child, Command};
 use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+mod etcd;
+mod mariadb;
 pub mod netns;
 mod postgres;
 mod proxy;
 mod redis;
+mod redis_cluster;
+mod redis_sentinel;
 mod tls;
 
+pub use etcd::{EtcdCluster, EtcdServer};
+pub use mariadb::{MariaDbOptions, MariaDbServer};
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer, RedisTls};
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::{RedisSentinelSet, SENTINEL_MASTER_NAME};
 pub use tls::TestCertificates;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

@@ -55,9 +55,9 @@ pub struct PostgresServer {
 
 /// The unprivileged account the server runs as when the tests run as root.
 #[derive(Debug, Clone, Copy)]
-struct Account {
-    uid: u32,
-    gid: u32,
+pub(crate) struct Account {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
 }
 
 impl PostgresServer {
@@ -134,64 +134,11 @@ impl PostgresServer {
         assert_success("initdb", &output);
     }
 
-    /// A CA, and a certificate for `localhost` it signed, made with `openssl`.
+    /// A CA, and a certificate for `localhost` it signed (see
+    /// [`make_certificates`]), readable by the server's account.
     fn make_certificates(&self) {
         let dir = self.dir.path();
-        let openssl = crate::find_binary("openssl", "openssl");
-        let run = |args: &[&str]| {
-            let output = Command::new(&openssl)
-                .args(args)
-                .current_dir(dir)
-                .output()
-                .expect("run openssl");
-            assert_success("openssl", &output);
-        };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-        run(&[
-            &["req", "-x509", "-nodes", "-days", "2"][..],
-            &ec[..],
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-subj",
-                "/CN=distlock test CA",
-            ],
-        ]
-        .concat());
-        run(&[
-            &["req", "-nodes"][..],
-            &ec[..],
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-        ]
-        .concat());
-        std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost\n")
-            .expect("write san.ext");
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.crt",
-        ]);
+        make_certificates(dir);
         for file in ["server.key", "server.crt"] {
             self.give_to_server_account(&dir.join(file));
         }
@@ -449,6 +396,65 @@ fn postgres_bin_dir() -> PathBuf {
     }
 }
 
+/// Writes `ca.crt`, and `server.crt` + `server.key` for `localhost` signed
+/// by it, into `dir`, made with `openssl`.
+pub(crate) fn make_certificates(dir: &Path) {
+    let openssl = crate::find_binary("openssl", "openssl");
+    let run = |args: &[&str]| {
+        let output = Command::new(&openssl)
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert_success("openssl", &output);
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    run(&[
+        &["req", "-x509", "-nodes", "-days", "2"][..],
+        &ec[..],
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=distlock test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req", "-nodes"][..],
+        &ec[..],
+        &[
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    ]
+    .concat());
+    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost\n").expect("write san.ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.crt",
+    ]);
+}
+
 fn unprivileged_account_if_root() -> Option<Account> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -469,7 +475,7 @@ fn unprivileged_account_if_root() -> Option<Account> {
     Some(Account { uid, gid })
 }
 
-fn chown(path: &Path, account: Account) {
+pub(crate) fn chown(path: &Path, account: Account) {
     std::os::unix::fs::chown(path, Some(account.uid), Some(account.gid))
         .unwrap_or_else(|e| panic!("chown {} to the postgres user: {e}", path.display()));
 }
@@ -480,7 +486,7 @@ fn set_mode(path: &Path, mode: u32) {
         .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
 
-fn assert_success(what: &str, output: &Output) {
+pub(crate) fn assert_success(what: &str, output: &Output) {
     assert!(
         output.status.success(),
         "{what} failed ({}):\n{}{}",
@@ -552,7 +558,7 @@ fn signal_pid(pid: u32, signal: libc::c_int) {
     }
 }
 
-fn signal_group(pid: u32, signal: libc::c_int) {
+pub(crate) fn signal_group(pid: u32, signal: libc::c_int) {
     // SAFETY: killpg has no memory-safety preconditions. The server leads its
     // own process group (spawned with process_group(0)), so its pid is the
     // group id.

@@ -20,6 +20,8 @@ pub struct RedisOptions {
     pub appendonly: bool,
     /// Serve TLS only (`--tls-port`, plain port 0) with these files.
     pub tls: Option<RedisTls>,
+    /// `--replicaof 127.0.0.1 PORT`: start as a replica of that server.
+    pub replica_of: Option<u16>,
 }
 
 /// A TLS-only server's certificate, key and CA (see
@@ -111,6 +113,9 @@ impl RedisServer {
             .stderr(Stdio::null());
         if let Some(password) = &self.options.password {
             command.args(["--requirepass", password]);
+        }
+        if let Some(primary) = self.options.replica_of {
+            command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
         }
         let mut child = crate::spawn_tied_to_this_process(command).expect("spawn redis-server");
         wait_for_port(

@@ -5,7 +5,12 @@
 
 mod support;
 
+mod cron;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]

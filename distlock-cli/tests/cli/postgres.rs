@@ -288,3 +288,10 @@ fn a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock
         "exit code for a lost lock"
     );
 }
+
+#[test]
+fn three_postgres_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
+    let server = PostgresServer::start();
+    let tally = crate::cron::three_replicas(&server.url(), "postgres");
+    crate::cron::assert_exactly_once(&tally);
+}

@@ -4,7 +4,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use distlock::Locker;
-use test_servers::RedisServer;
+use test_servers::{RedisCluster, RedisSentinelSet, RedisServer};
 
 use crate::support::{alive, stderr, BIN};
 
@@ -38,6 +38,42 @@ async fn run_holds_the_redis_lock_while_the_command_runs_and_frees_it_after() {
         "released after CMD exited"
     );
     assert_eq!(server.cli(&["GET", "lock:{nightly}:fence"]), "1");
+}
+
+/// `distlock run --url redis+cluster://...` and `redis+sentinel://...`: the
+/// command runs while the lock key holds the owner token on the node that
+/// serves it, and the key is gone afterwards.
+#[test]
+fn run_works_on_a_redis_cluster_and_behind_sentinel() {
+    let cluster = RedisCluster::start();
+    let sentinels = RedisSentinelSet::start();
+    let seed = cluster.ports()[0];
+    let master = sentinels.master_port();
+    // `redis-cli -c` follows MOVED to the key's node.
+    for (url, probe_port, cluster_mode) in
+        [(cluster.url(), seed, "-c"), (sentinels.url(), master, "")]
+    {
+        let probe = format!("redis-cli {cluster_mode} -p {probe_port} GET 'lock:{{deployed}}'");
+        let output = Command::new(BIN)
+            .args([
+                "run", "--url", &url, "--key", "deployed", "--ttl", "5s", "--", "sh", "-c", &probe,
+            ])
+            .output()
+            .expect("run distlock");
+        assert_eq!(output.status.code(), Some(0), "{url}: {}", stderr(&output));
+        let token = String::from_utf8(output.stdout).unwrap();
+        assert_eq!(
+            token.trim().len(),
+            32,
+            "{url}: the owner token while CMD runs: {token:?}"
+        );
+    }
+    let owner = cluster.owner_of(cluster.slot_of("lock:{deployed}"));
+    assert_eq!(cluster.cli(owner, &["EXISTS", "lock:{deployed}"]), "0");
+    assert_eq!(
+        sentinels.server(master).cli(&["EXISTS", "lock:{deployed}"]),
+        "0"
+    );
 }
 
 #[tokio::test]
@@ -320,4 +356,11 @@ fn a_term_ignoring_command_is_killed_before_a_paused_servers_lease_could_expire(
     );
     assert!(stderr.contains("could not be refreshed"), "{stderr}");
     assert_eq!(server.cli(&["EXISTS", "lock:{paused}"]), "0");
+}
+
+#[test]
+fn three_redis_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
+    let server = RedisServer::start();
+    let tally = crate::cron::three_replicas(&server.url(), "redis");
+    crate::cron::assert_exactly_once(&tally);
 }

@@ -229,6 +229,14 @@ impl LostSignal {
         self
     }
 
+    /// Until when the lease is known to be held, as [`Lease::valid_until`](crate::Lease::valid_until)
+    /// says (without this signal's margin): for code that holds only the
+    /// signal, such as a cron job's context, and plans its own stop before the
+    /// lock can lapse. `None` where locks do not expire, while held.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.status.borrow().valid_until
+    }
+
     /// When this signal fires by expiry: `margin` before the known validity
     /// ends (saturating at "already").
     fn expires_at(&self, status: &LeaseStatus) -> Option<Instant> {

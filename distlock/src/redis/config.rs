@@ -6,14 +6,15 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use percent_encoding::percent_decode_str;
 use redis::{
     ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion,
     RedisConnectionInfo, TlsCertificates,
 };
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use url::{Host, Url};
 
+pub use crate::config_util::Password;
+use crate::config_util::{decoded, duration_text, parse_bool, parse_duration};
 use crate::util::redact;
 use crate::{Error, Result};
 
@@ -26,14 +27,33 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// The port used when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
+/// The port of a sentinel address that names none.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+/// How long an acquire waits for [`Config::min_replicas`] replicas to
+/// acknowledge it, unless configured otherwise.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(100);
 /// Environment variables read by [`Config::from_env`] start with this.
 pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 
 /// The query parameters [`Config::from_url`] understands.
 const URL_PARAMETERS: &str =
-    "prefix, connect_timeout, response_timeout, ca, client_cert, client_key";
+    "prefix, connect_timeout, response_timeout, min_replicas, replica_timeout, db (sentinel only), \
+     ca, client_cert, client_key";
 
-/// How to reach one Redis server and how to name keys in it.
+/// The URL schemes [`Config::from_url`] reads.
+const SCHEMES: &str =
+    "redis, rediss, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel";
+
+/// How to reach a Redis deployment (one server, a Redis Cluster, or a master
+/// behind Sentinel) and how to name keys in it.
+///
+/// What [`addresses`](Config::addresses) are depends on two fields:
+///
+/// | [`cluster`](Config::cluster) | [`sentinel_master`](Config::sentinel_master) | addresses | URL scheme |
+/// | --- | --- | --- | --- |
+/// | `false` | `None` | exactly one server (a primary) | `redis://`, `rediss://` |
+/// | `true` | `None` | seed nodes of a Redis Cluster (any of them will do) | `redis+cluster://`, `rediss+cluster://` |
+/// | `false` | `Some(name)` | sentinels monitoring master `name` (port 26379 by default) | `redis+sentinel://`, `rediss+sentinel://` |
 ///
 /// Build it from a URL ([`Config::from_url`]), the environment
 /// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
@@ -41,8 +61,9 @@ const URL_PARAMETERS: &str =
 /// names in JSON and YAML are those of the Go seed this backend descends from
 /// (`username`, `password`, `keyPrefix`, `addresses`, plus `db`, `tls`,
 /// `tlsCa`, `tlsClientCert`, `tlsClientKey`, `connectTimeout`,
-/// `responseTimeout`); the snake_case spellings are accepted too, unknown
-/// fields are rejected.
+/// `responseTimeout`, `cluster`, `sentinelMaster`, `sentinelUsername`,
+/// `sentinelPassword`, `minReplicas`, `replicaTimeout`); the snake_case
+/// spellings are accepted too, unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -74,14 +95,46 @@ pub struct Config {
     /// Default [`DEFAULT_KEY_PREFIX`].
     #[serde(alias = "key_prefix")]
     pub key_prefix: String,
-    /// `host:port` of the server (`host`, `[::1]:6379`, ... ; the port
-    /// defaults to 6379). Exactly one: the backend talks to a single node
-    /// (a primary, or an address that always leads to the current primary).
+    /// `host:port` addresses (`host`, `[::1]:6379`, ... ; the port defaults
+    /// to 6379, or 26379 for sentinels). Without [`cluster`](Config::cluster)
+    /// or [`sentinel_master`](Config::sentinel_master), exactly one: the
+    /// backend then talks to a single node (a primary, or an address that
+    /// always leads to the current primary).
     /// The Redlock backend (`distlock::redlock`, feature `redlock`) reads
     /// its list of independent nodes from here.
     pub addresses: Vec<String>,
-    /// Database number (`SELECT`). Default 0.
+    /// Database number (`SELECT`). Default 0; a cluster has only database 0.
     pub db: i64,
+    /// The addresses are seed nodes of a Redis Cluster: the locker learns the
+    /// cluster's slot map from them and routes each lock to its slot's master.
+    pub cluster: bool,
+    /// The addresses are sentinels, and this is the name of the master they
+    /// monitor (`sentinel monitor NAME ...`): the locker asks them for the
+    /// master and follows failovers.
+    #[serde(alias = "sentinel_master", skip_serializing_if = "Option::is_none")]
+    pub sentinel_master: Option<String>,
+    /// ACL user name for the sentinels themselves (not the master; for that
+    /// see [`username`](Config::username)).
+    #[serde(alias = "sentinel_username", skip_serializing_if = "Option::is_none")]
+    pub sentinel_username: Option<String>,
+    /// Password for the sentinels themselves (`requirepass` in the sentinel's
+    /// config), if they demand one.
+    #[serde(alias = "sentinel_password", skip_serializing_if = "Option::is_none")]
+    pub sentinel_password: Option<Password>,
+    /// After each grant, wait (Redis `WAIT`) until at least this many
+    /// replicas have the write; a shortfall fails the acquire (the lock is
+    /// released at once, the error is [`Error::Backend`], never contention).
+    /// 0 (the default) does not wait. This narrows the window in which a
+    /// failover loses a grant; it does not close it (see the [module
+    /// docs](super), "Replica acknowledgement").
+    #[serde(alias = "min_replicas")]
+    pub min_replicas: u32,
+    /// How long the `WAIT` of [`min_replicas`](Config::min_replicas) may
+    /// take. Default [`DEFAULT_REPLICA_TIMEOUT`]; must be shorter than
+    /// [`response_timeout`](Config::response_timeout), since the server holds
+    /// the reply that long.
+    #[serde(alias = "replica_timeout", with = "duration_text")]
+    pub replica_timeout: Duration,
     /// Connect with TLS (rustls on the `ring` provider), as a `rediss://`
     /// URL does. The server's certificate must be valid for the host name
     /// of the address (an IP address must be in the certificate's subject
@@ -90,7 +143,10 @@ pub struct Config {
     pub tls: bool,
     /// A PEM file of the CA certificates that sign the server's
     /// certificate (URL parameter `ca`): they *replace* the system's roots.
-    /// Needs [`tls`](Config::tls). Read when the locker is built.
+    /// Needs [`tls`](Config::tls). Read when the locker is built. Applies
+    /// to one server, a cluster's nodes and Redlock's nodes; refused with
+    /// [`sentinel_master`](Config::sentinel_master) (as are the client
+    /// certificate files), since redis-rs' `Sentinel` takes no certificates.
     #[serde(alias = "tls_ca", skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<PathBuf>,
     /// A PEM file with the client certificate (and its chain) to present,
@@ -131,18 +187,35 @@ impl Default for Config {
             tls_client_key: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            cluster: false,
+            sentinel_master: None,
+            sentinel_username: None,
+            sentinel_password: None,
+            min_replicas: 0,
+            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
         }
     }
 }
 
 impl Config {
-    /// Reads `redis://[user:password@]host[:port][/db][?params]`, or
-    /// `rediss://...` for TLS.
+    /// Reads a URL:
+    ///
+    /// - `redis://[user:password@]host[:port][/db][?params]` (one server;
+    ///   `rediss://` for TLS);
+    /// - `redis+cluster://[user:password@]host1:port,host2:port,...[?params]`
+    ///   (seed nodes of a Redis Cluster; `rediss+cluster://` for TLS);
+    /// - `redis+sentinel://[user:password@]sentinel1:port,sentinel2:port/MASTER_NAME[?params]`
+    ///   (sentinels, port 26379 by default, and the master's name;
+    ///   `rediss+sentinel://` for TLS to master and sentinels). The user name
+    ///   and password are the master's; the sentinels' are
+    ///   [`Config::sentinel_username`] and [`Config::sentinel_password`].
     ///
     /// User name and password are percent-decoded. Parameters:
-    /// `prefix` (the key prefix; may be empty), `connect_timeout` and
-    /// `response_timeout` (durations such as `2s` or `250ms`), and for
-    /// `rediss://` the PEM files `ca` (a private CA for the server's
+    /// `prefix` (the key prefix; may be empty), `connect_timeout`,
+    /// `response_timeout` and `replica_timeout` (durations such as `2s` or
+    /// `250ms`), `min_replicas` (a number), for Sentinel `db` (the master's
+    /// database; the path holds the master's name), and for TLS (`rediss`
+    /// schemes) the PEM files `ca` (a private CA for the server's
     /// certificate), `client_cert` and `client_key` (a client certificate,
     /// for servers that require one): [`Config::tls_ca`],
     /// [`Config::tls_client_cert`], [`Config::tls_client_key`]. Anything else
@@ -165,18 +238,72 @@ impl Config {
     ///
     /// let private_ca = Config::from_url("rediss://10.0.0.5:6380?ca=/etc/redis/ca.pem")?;
     /// assert_eq!(private_ca.tls_ca.as_deref(), Some(std::path::Path::new("/etc/redis/ca.pem")));
+    ///
+    /// let cluster = Config::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?;
+    /// assert!(cluster.cluster);
+    /// assert_eq!(cluster.addresses, ["10.0.0.1:7000", "10.0.0.2:7000"]);
+    ///
+    /// let sentinel = Config::from_url(
+    ///     "redis+sentinel://s1,s2:26380/orders?min_replicas=1&replica_timeout=50ms",
+    /// )?;
+    /// assert_eq!(sentinel.sentinel_master.as_deref(), Some("orders"));
+    /// assert_eq!(sentinel.addresses, ["s1:26379", "s2:26380"]);
+    /// assert_eq!((sentinel.min_replicas, sentinel.replica_timeout), (1, Duration::from_millis(50)));
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
-        let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact(url)));
-        let parsed = Url::parse(url).map_err(|e| bad(format!("not a URL: {e}")))?;
-        let tls = match parsed.scheme() {
-            "redis" => false,
-            "rediss" => true,
-            other => return Err(bad(format!("scheme {other:?} is neither redis nor rediss"))),
+        let shown = redact_url(url);
+        let bad = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("not a URL: no scheme://".into()))?;
+        let (tls, kind) = match scheme {
+            "redis" => (false, Kind::Standalone),
+            "rediss" => (true, Kind::Standalone),
+            "redis+cluster" => (false, Kind::Cluster),
+            "rediss+cluster" => (true, Kind::Cluster),
+            "redis+sentinel" => (false, Kind::Sentinel),
+            "rediss+sentinel" => (true, Kind::Sentinel),
+            other => return Err(bad(format!("scheme {other:?} is not one of {SCHEMES}"))),
         };
+        // Several hosts are comma-separated in the authority, which the url
+        // crate does not parse: it reads the URL with the first host only
+        // (user info, path and query included), the others are addresses.
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let (user_info, hosts) = match authority.rsplit_once('@') {
+            Some((user_info, hosts)) => (format!("{user_info}@"), hosts),
+            None => (String::new(), authority),
+        };
+        if user_info.contains(',') {
+            // `u:p@h1,u:p@h2`: the last `@` ends the user info, which then
+            // spans hosts. Do not echo it.
+            return Err(bad(
+                "an address must not carry credentials; give them once, before the first host"
+                    .into(),
+            ));
+        }
+        let mut hosts = hosts.split(',');
+        let first = hosts.next().unwrap_or_default();
+        let others: Vec<&str> = hosts.collect();
+        if kind == Kind::Standalone && !others.is_empty() {
+            return Err(bad(format!(
+                "{scheme}:// names one server; for several use redis+cluster:// (a Redis Cluster) \
+                 or redis+sentinel://.../MASTER_NAME (sentinels)"
+            )));
+        }
+        let parsed = Url::parse(&format!("redis://{user_info}{first}{tail}"))
+            .map_err(|e| bad(format!("not a URL: {e}")))?;
         let host = host_of(&parsed).ok_or_else(|| bad("the URL names no host".into()))?;
-        let port = parsed.port().unwrap_or(DEFAULT_PORT);
+        let default_port = match kind {
+            Kind::Sentinel => DEFAULT_SENTINEL_PORT,
+            Kind::Standalone | Kind::Cluster => DEFAULT_PORT,
+        };
+        let mut addresses = vec![format_address(&host, parsed.port().unwrap_or(default_port))];
+        for other in others {
+            let (host, port) = parse_address(other, default_port).map_err(&bad)?;
+            addresses.push(format_address(&host, port));
+        }
         let mut config = Config {
             username: decoded(parsed.username()).map_err(|e| bad(format!("user name: {e}")))?,
             password: match parsed.password() {
@@ -185,19 +312,51 @@ impl Config {
                     .map(Password::new),
                 None => None,
             },
-            addresses: vec![format_address(&host, port)],
-            db: parse_db(parsed.path()).map_err(bad)?,
+            addresses,
             tls,
+            cluster: kind == Kind::Cluster,
             ..Config::default()
         };
+        match kind {
+            Kind::Standalone => config.db = parse_db(parsed.path()).map_err(&bad)?,
+            Kind::Cluster => {
+                if parse_db(parsed.path()).map_err(&bad)? != 0 {
+                    return Err(bad("a Redis Cluster has only database 0".into()));
+                }
+            }
+            Kind::Sentinel => {
+                let name = decoded(parsed.path().trim_start_matches('/'))
+                    .map_err(|e| bad(format!("master name: {e}")))?
+                    .ok_or_else(|| {
+                        bad(
+                            "the path must name the master: redis+sentinel://host:port/MASTER_NAME"
+                                .into(),
+                        )
+                    })?;
+                config.sentinel_master = Some(name);
+            }
+        }
         for (name, value) in parsed.query_pairs() {
             match &*name {
                 "prefix" => config.key_prefix = value.into_owned(),
                 "connect_timeout" => {
-                    config.connect_timeout = parse_duration(&name, &value).map_err(bad)?
+                    config.connect_timeout = parse_duration(&name, &value).map_err(&bad)?
                 }
                 "response_timeout" => {
-                    config.response_timeout = parse_duration(&name, &value).map_err(bad)?
+                    config.response_timeout = parse_duration(&name, &value).map_err(&bad)?
+                }
+                "replica_timeout" => {
+                    config.replica_timeout = parse_duration(&name, &value).map_err(&bad)?
+                }
+                "min_replicas" => {
+                    config.min_replicas = value.trim().parse().map_err(|_| {
+                        bad(format!(
+                            "min_replicas {value:?} is not a number of replicas"
+                        ))
+                    })?
+                }
+                "db" if kind == Kind::Sentinel => {
+                    config.db = parse_db(&value).map_err(&bad)?;
                 }
                 "ca" => config.tls_ca = Some(PathBuf::from(&*value)),
                 "client_cert" => config.tls_client_cert = Some(PathBuf::from(&*value)),
@@ -227,6 +386,12 @@ impl Config {
     /// | `DISTLOCK_REDIS_TLS_CLIENT_KEY` | [`tls_client_key`](Config::tls_client_key) (empty: none) |
     /// | `DISTLOCK_REDIS_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
     /// | `DISTLOCK_REDIS_RESPONSE_TIMEOUT` | [`response_timeout`](Config::response_timeout), e.g. `500ms` |
+    /// | `DISTLOCK_REDIS_CLUSTER` | [`cluster`](Config::cluster): a boolean as for `TLS` |
+    /// | `DISTLOCK_REDIS_SENTINEL_MASTER` | [`sentinel_master`](Config::sentinel_master) (empty: none) |
+    /// | `DISTLOCK_REDIS_SENTINEL_USERNAME` | [`sentinel_username`](Config::sentinel_username) (empty: none) |
+    /// | `DISTLOCK_REDIS_SENTINEL_PASSWORD` | [`sentinel_password`](Config::sentinel_password) (empty: none) |
+    /// | `DISTLOCK_REDIS_MIN_REPLICAS` | [`min_replicas`](Config::min_replicas) |
+    /// | `DISTLOCK_REDIS_REPLICA_TIMEOUT` | [`replica_timeout`](Config::replica_timeout), e.g. `50ms` |
     ///
     /// Other variables with the prefix are ignored (other tools may share it).
     /// A malformed value is [`Error::InvalidInput`] naming the variable.
@@ -307,6 +472,26 @@ impl Config {
                 "RESPONSE_TIMEOUT" => {
                     config.response_timeout = parse_duration(name, &value).map_err(bad)?
                 }
+                "CLUSTER" => config.cluster = parse_bool(&value).map_err(bad)?,
+                "SENTINEL_MASTER" => {
+                    config.sentinel_master = Some(value.trim().to_owned()).filter(|v| !v.is_empty())
+                }
+                "SENTINEL_USERNAME" => {
+                    config.sentinel_username = Some(value).filter(|v| !v.is_empty())
+                }
+                "SENTINEL_PASSWORD" => {
+                    config.sentinel_password =
+                        Some(value).filter(|v| !v.is_empty()).map(Password::new)
+                }
+                "MIN_REPLICAS" => {
+                    config.min_replicas = value
+                        .trim()
+                        .parse()
+                        .map_err(|e| bad(format!("{value:?} is not a number of replicas: {e}")))?
+                }
+                "REPLICA_TIMEOUT" => {
+                    config.replica_timeout = parse_duration(name, &value).map_err(bad)?
+                }
                 _ => {}
             }
         }
@@ -346,28 +531,21 @@ impl Config {
             .map_err(|e| Error::invalid("config", format!("invalid Redis config YAML: {e}")))
     }
 
-    /// Checks the config and resolves the one server it names.
-    pub(crate) fn endpoint(&self) -> Result<Endpoint> {
+    /// Checks the config and resolves the deployment it names.
+    pub(crate) fn deployment(&self) -> Result<Deployment> {
         let bad = |reason: String| Error::invalid("config", reason);
-        let address = match self.addresses.as_slice() {
-            [] => {
-                return Err(bad(format!(
-                    "no Redis address: set `addresses` (or {ENV_PREFIX}ADDRESSES), or use a redis:// URL"
-                )))
-            }
-            [address] => address,
-            many => {
-                return Err(bad(format!(
-                    "{} addresses given ({}); the redis backend talks to a single node \
-                     (a primary, or an address that always leads to the current primary). \
-                     For a quorum over independent nodes use Redlock \
-                     (redlock://host1:port,host2:port,host3:port, feature `redlock`)",
-                    many.len(),
-                    many.iter().map(|a| redact_address(a)).collect::<Vec<_>>().join(", ")
-                )))
-            }
-        };
-        let (host, port) = parse_address(address).map_err(bad)?;
+        if self.addresses.is_empty() {
+            return Err(bad(format!(
+                "no Redis address: set `addresses` (or {ENV_PREFIX}ADDRESSES), or use a redis:// URL"
+            )));
+        }
+        if self.cluster && self.sentinel_master.is_some() {
+            return Err(bad(
+                "both `cluster` and `sentinel_master` are set; a deployment is a Redis Cluster \
+                 or a master behind Sentinel, not both"
+                    .into(),
+            ));
+        }
         if self.db < 0 {
             return Err(bad(format!("db is {}; it must be 0 or more", self.db)));
         }
@@ -380,13 +558,118 @@ impl Config {
                 return Err(bad(format!("{name} is zero; it must be positive")));
             }
         }
-        Ok(Endpoint {
-            host,
-            port,
-            tls: self.tls,
-            db: self.db,
-            username: self.username.clone(),
-        })
+        if self.min_replicas > 0
+            && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
+        {
+            return Err(bad(format!(
+                "replica_timeout is {:?}; with min_replicas it must be positive and shorter than \
+                 response_timeout ({:?}), which bounds the WAIT's reply",
+                self.replica_timeout, self.response_timeout
+            )));
+        }
+        let endpoints = |default_port: u16| -> Result<Vec<Endpoint>> {
+            self.addresses
+                .iter()
+                .map(|address| {
+                    let (host, port) = parse_address(address, default_port).map_err(bad)?;
+                    Ok(Endpoint {
+                        host,
+                        port,
+                        tls: self.tls,
+                        db: self.db,
+                        username: self.username.clone(),
+                    })
+                })
+                .collect()
+        };
+        if self.cluster {
+            if self.db != 0 {
+                return Err(bad(format!(
+                    "db is {}; a Redis Cluster has only database 0",
+                    self.db
+                )));
+            }
+            return Ok(Deployment::Cluster(endpoints(DEFAULT_PORT)?));
+        }
+        if let Some(master) = &self.sentinel_master {
+            if master.trim().is_empty() {
+                return Err(bad(
+                    "sentinel_master is empty; name the monitored master".into()
+                ));
+            }
+            if self.tls_ca.is_some() || self.tls_client_cert.is_some() {
+                // redis-rs' `Sentinel` (which this backend uses to follow
+                // failovers) takes no certificates, only a TLS mode; its
+                // certificate support is in the different `SentinelClient`.
+                return Err(bad(
+                    "tls_ca, tls_client_cert and tls_client_key are not supported with \
+                     sentinel_master (redis-rs' Sentinel verifies against the system's roots \
+                     only); use certificates the system trusts, or a standalone or cluster \
+                     deployment"
+                        .into(),
+                ));
+            }
+            let mut sentinels = endpoints(DEFAULT_SENTINEL_PORT)?;
+            for sentinel in &mut sentinels {
+                sentinel.db = 0;
+                sentinel.username.clone_from(&self.sentinel_username);
+            }
+            return Ok(Deployment::Sentinel {
+                sentinels,
+                master: master.clone(),
+            });
+        }
+        match self.addresses.as_slice() {
+            [_] => Ok(Deployment::Standalone(endpoints(DEFAULT_PORT)?.remove(0))),
+            many => Err(bad(format!(
+                "{} addresses given ({}); without `cluster` or `sentinel_master` the redis backend \
+                 talks to a single node (a primary, or an address that always leads to the \
+                 current primary). Set `cluster: true` for a Redis Cluster's seed nodes or \
+                 `sentinel_master` for sentinels. For a quorum over independent nodes use \
+                 Redlock (redlock://host1:port,host2:port,host3:port, feature `redlock`)",
+                many.len(),
+                many.iter().map(|a| redact_address(a)).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+
+    /// The one server of a standalone config (tests and messages).
+    #[cfg(test)]
+    pub(crate) fn endpoint(&self) -> Result<Endpoint> {
+        match self.deployment()? {
+            Deployment::Standalone(endpoint) => Ok(endpoint),
+            other => Err(Error::invalid(
+                "config",
+                format!("{other} is not one server"),
+            )),
+        }
+    }
+
+    /// What redis-rs needs to connect to sentinel `endpoint`: the sentinels'
+    /// own credentials, TLS as for the master.
+    pub(crate) fn sentinel_connection_info(&self, endpoint: &Endpoint) -> Result<ConnectionInfo> {
+        let sentinel = Config {
+            username: self.sentinel_username.clone(),
+            password: self.sentinel_password.clone(),
+            db: 0,
+            ..self.clone()
+        };
+        sentinel.connection_info(endpoint, ProtocolVersion::RESP3)
+    }
+
+    /// The redis-rs settings (database, credentials, protocol) for data
+    /// nodes, without an address: what Sentinel connects to the master with.
+    pub(crate) fn redis_settings(&self, protocol: ProtocolVersion) -> RedisConnectionInfo {
+        let mut redis_settings = RedisConnectionInfo::default()
+            .set_db(self.db)
+            .set_protocol(protocol);
+        if let Some(username) = &self.username {
+            redis_settings = redis_settings.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            redis_settings = redis_settings.set_password(password.expose());
+        }
+        redis_settings
     }
 
     /// What redis-rs needs to connect to `endpoint` speaking `protocol`.
@@ -405,15 +688,7 @@ impl Config {
         } else {
             ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port)
         };
-        let mut redis_settings = RedisConnectionInfo::default()
-            .set_db(self.db)
-            .set_protocol(protocol);
-        if let Some(username) = &self.username {
-            redis_settings = redis_settings.set_username(username);
-        }
-        if let Some(password) = &self.password {
-            redis_settings = redis_settings.set_password(password.expose());
-        }
+        let redis_settings = self.redis_settings(protocol);
         let info = addr
             .into_connection_info()
             .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
@@ -430,8 +705,25 @@ impl Config {
     ) -> Result<redis::Client> {
         let info = self.connection_info(endpoint, protocol)?;
         let invalid = |e: redis::RedisError| Error::invalid("config", format!("{endpoint}: {e}"));
-        if !endpoint.tls || (self.tls_ca.is_none() && self.tls_client_cert.is_none()) {
-            return redis::Client::open(info).map_err(invalid);
+        let certificates = match self.tls_certificates()? {
+            Some(certificates) if endpoint.tls => certificates,
+            _ => return redis::Client::open(info).map_err(invalid),
+        };
+        // redis-rs parses the PEM here: a file that holds no certificate or
+        // key is refused now, naming what it could not parse (never the key).
+        redis::Client::build_with_tls(info, certificates).map_err(|e| {
+            Error::invalid(
+                "config",
+                format!("{endpoint}: the TLS files do not hold usable PEM: {e}"),
+            )
+        })
+    }
+
+    /// The configured CA and client certificate, read from their files now;
+    /// `None` without TLS or without either.
+    pub(crate) fn tls_certificates(&self) -> Result<Option<TlsCertificates>> {
+        if !self.tls || (self.tls_ca.is_none() && self.tls_client_cert.is_none()) {
+            return Ok(None);
         }
         let client_tls = match (&self.tls_client_cert, &self.tls_client_key) {
             (Some(cert), Some(key)) => Some(ClientTlsConfig {
@@ -444,21 +736,10 @@ impl Config {
             Some(ca) => Some(read_pem("tls_ca", ca)?),
             None => None,
         };
-        // redis-rs parses the PEM here: a file that holds no certificate or
-        // key is refused now, naming what it could not parse (never the key).
-        redis::Client::build_with_tls(
-            info,
-            TlsCertificates {
-                client_tls,
-                root_cert,
-            },
-        )
-        .map_err(|e| {
-            Error::invalid(
-                "config",
-                format!("{endpoint}: the TLS files do not hold usable PEM: {e}"),
-            )
-        })
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
     }
 
     /// TLS files only with TLS, and a client certificate only with its key.
@@ -480,7 +761,65 @@ impl Config {
     }
 }
 
-/// The one server a [`Config`] names, checked. `Display` is the URL without the
+/// The deployment a [`Config`] names, checked. `Display` is its URL without
+/// the password, for messages and `Debug`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Deployment {
+    /// One server.
+    Standalone(Endpoint),
+    /// Seed nodes of a Redis Cluster.
+    Cluster(Vec<Endpoint>),
+    /// Sentinels, and the name of the master they monitor.
+    Sentinel {
+        sentinels: Vec<Endpoint>,
+        master: String,
+    },
+}
+
+impl fmt::Display for Deployment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |endpoints: &[Endpoint]| {
+            endpoints
+                .iter()
+                .map(|e| format_address(&e.host, e.port))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            Deployment::Standalone(endpoint) => endpoint.fmt(f),
+            Deployment::Cluster(seeds) => {
+                let scheme = if seeds.first().is_some_and(|e| e.tls) {
+                    "rediss+cluster"
+                } else {
+                    "redis+cluster"
+                };
+                let user = match seeds.first().and_then(|e| e.username.as_deref()) {
+                    Some(name) => format!("{name}@"),
+                    None => String::new(),
+                };
+                write!(f, "{scheme}://{user}{}", list(seeds))
+            }
+            Deployment::Sentinel { sentinels, master } => {
+                let scheme = if sentinels.first().is_some_and(|e| e.tls) {
+                    "rediss+sentinel"
+                } else {
+                    "redis+sentinel"
+                };
+                write!(f, "{scheme}://{}/{master}", list(sentinels))
+            }
+        }
+    }
+}
+
+/// What a URL's scheme says the addresses are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Standalone,
+    Cluster,
+    Sentinel,
+}
+
+/// One server a [`Config`] names, checked. `Display` is the URL without the
 /// password, for messages and `Debug`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Endpoint {
@@ -504,63 +843,6 @@ impl fmt::Display for Endpoint {
     }
 }
 
-/// A password: shown as `***` by `Debug`, so it never reaches logs through a
-/// `{:?}` of the config. Read it with [`expose`](Password::expose).
-///
-/// In JSON and YAML it is a string (in YAML an unquoted `password: 0123` is
-/// read as the text written). A value of another type, such as a JSON number,
-/// is rejected without echoing it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Password(String);
-
-impl Password {
-    /// Wraps a password.
-    pub fn new(password: impl Into<String>) -> Self {
-        Password(password.into())
-    }
-
-    /// The password itself. Do not log it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Password {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
-
-impl From<String> for Password {
-    fn from(password: String) -> Self {
-        Password(password)
-    }
-}
-
-impl From<&str> for Password {
-    fn from(password: &str) -> Self {
-        Password(password.to_owned())
-    }
-}
-
-impl Serialize for Password {
-    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Password {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        // The format's own type error would quote the offending value: the
-        // password itself.
-        String::deserialize(deserializer)
-            .map(Password)
-            .map_err(|_| {
-                serde::de::Error::custom("the password must be a string (quote it in YAML)")
-            })
-    }
-}
-
 /// The contents of a PEM file named by the config's `field`.
 fn read_pem(field: &str, path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path)
@@ -572,37 +854,6 @@ fn non_empty_path(value: String) -> Option<PathBuf> {
     Some(value).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
-/// Durations as human-readable text (`"1s"`, `"250ms"`).
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_duration(*value))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!("{text:?} is not a duration like \"500ms\": {e}"))
-        })
-    }
-}
-
-fn parse_duration(name: &str, value: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(value.trim())
-        .map_err(|e| format!("{name} {value:?} is not a duration like \"500ms\": {e}"))
-}
-
-fn parse_bool(value: &str) -> std::result::Result<bool, String> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" | "" => Ok(false),
-        _ => Err(format!("{value:?} is not a boolean (true/false)")),
-    }
-}
-
 fn parse_db(path: &str) -> std::result::Result<i64, String> {
     match path.trim_start_matches('/') {
         "" => Ok(0),
@@ -611,14 +862,6 @@ fn parse_db(path: &str) -> std::result::Result<i64, String> {
             .map(i64::from)
             .map_err(|_| format!("the path {path:?} is not a database number")),
     }
-}
-
-/// Percent-decodes a URL's user name or password; `None` if empty.
-fn decoded(text: &str) -> std::result::Result<Option<String>, &'static str> {
-    let text = percent_decode_str(text)
-        .decode_utf8()
-        .map_err(|_| "not UTF-8 after percent-decoding")?;
-    Ok(Some(text.into_owned()).filter(|t| !t.is_empty()))
 }
 
 /// The host of a parsed URL, IPv6 without brackets; `None` if it has none.
@@ -639,8 +882,9 @@ fn format_address(host: &str, port: u16) -> String {
     }
 }
 
-/// Splits `host`, `host:port`, `[v6]` or `[v6]:port`.
-fn parse_address(address: &str) -> std::result::Result<(String, u16), String> {
+/// Splits `host`, `host:port`, `[v6]` or `[v6]:port` (port `default_port`
+/// if none).
+fn parse_address(address: &str, default_port: u16) -> std::result::Result<(String, u16), String> {
     if address.contains('@') {
         // Do not echo it: it may carry a password.
         return Err(
@@ -658,7 +902,31 @@ fn parse_address(address: &str) -> std::result::Result<(String, u16), String> {
         return Err(not_an_address());
     }
     let host = host_of(&url).ok_or_else(not_an_address)?;
-    Ok((host, url.port().unwrap_or(DEFAULT_PORT)))
+    Ok((host, url.port().unwrap_or(default_port)))
+}
+
+/// `url` with the password of its user info (which may precede several
+/// comma-separated hosts, which the url crate cannot parse) replaced by
+/// `***`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return redact(url);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => {
+            let user = match user_info.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => user_info.to_owned(),
+            };
+            format!("{scheme}://{user}@{hosts}{tail}")
+        }
+        // An `@` past the authority: a password with an unencoded `/` or `?`
+        // may sit anywhere, so show nothing past the scheme.
+        None if tail.contains('@') => format!("{scheme}://…"),
+        None => url.to_owned(),
+    }
 }
 
 fn redact_address(address: &str) -> String {
@@ -728,7 +996,21 @@ mod tests {
                 "not a duration",
             ),
             ("redis://:topsecret@/0", "host"),
-            ("http://u:topsecret@h", "neither redis nor rediss"),
+            ("http://u:topsecret@h", "is not one of redis, rediss"),
+            (
+                "redis://u:topsecret@h1:1,h2:2",
+                "names one server; for several use redis+cluster://",
+            ),
+            ("redis+cluster://u:topsecret@h1:1,h2:2/3", "only database 0"),
+            ("redis+sentinel://u:topsecret@s1,s2", "must name the master"),
+            (
+                "redis+sentinel://u:topsecret@s1/m?min_replicas=x",
+                "not a number",
+            ),
+            (
+                "redis+cluster://u:topsecret@h1,u:pw@h2",
+                "must not carry credentials",
+            ),
         ];
         for (url, expected) in cases {
             let err = Config::from_url(url).unwrap_err();
@@ -850,20 +1132,153 @@ responseTimeout: 100ms
         assert!(matches!(err, Error::InvalidInput { .. }));
         let message = err.to_string();
         assert!(
-            message.contains("single node") && message.contains("Redlock"),
+            message.contains("single node")
+                && message.contains("cluster")
+                && message.contains("sentinel_master"),
             "{message}"
         );
     }
 
     #[test]
+    fn cluster_urls_list_their_seed_nodes() {
+        let config =
+            Config::from_url("rediss+cluster://app:pw@10.0.0.1:7000,[::1]:7001,node3?prefix=x:")
+                .unwrap();
+        assert!(config.cluster && config.tls);
+        assert_eq!(
+            config.addresses,
+            ["10.0.0.1:7000", "[::1]:7001", "node3:6379"]
+        );
+        assert_eq!(config.password, Some(Password::new("pw")));
+        assert_eq!(config.key_prefix, "x:");
+        let deployment = config.deployment().unwrap();
+        assert_eq!(
+            deployment.to_string(),
+            "rediss+cluster://app@10.0.0.1:7000,[::1]:7001,node3:6379"
+        );
+        assert!(matches!(deployment, Deployment::Cluster(seeds) if seeds.len() == 3));
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_master_in_the_path() {
+        let config = Config::from_url(
+            "redis+sentinel://:pw@s1,s2:26380/my%20master?db=2&min_replicas=1&replica_timeout=50ms",
+        )
+        .unwrap();
+        assert_eq!(config.sentinel_master.as_deref(), Some("my master"));
+        assert_eq!(config.addresses, ["s1:26379", "s2:26380"]);
+        assert_eq!(config.db, 2);
+        assert_eq!(config.min_replicas, 1);
+        assert_eq!(config.replica_timeout, Duration::from_millis(50));
+        let deployment = config.deployment().unwrap();
+        assert_eq!(
+            deployment.to_string(),
+            "redis+sentinel://s1:26379,s2:26380/my master"
+        );
+        let Deployment::Sentinel { sentinels, master } = deployment else {
+            panic!("not a sentinel deployment");
+        };
+        assert_eq!(master, "my master");
+        // The sentinels are asked with their own credentials and database 0.
+        assert!(sentinels.iter().all(|s| s.db == 0 && s.username.is_none()));
+    }
+
+    #[test]
+    fn the_seed_address_list_configures_clusters_and_sentinels() {
+        let yaml = "
+addresses: ['10.0.0.1:7000', '10.0.0.2:7000']
+cluster: true
+";
+        let config = Config::from_yaml(yaml).unwrap();
+        assert!(matches!(
+            config.deployment().unwrap(),
+            Deployment::Cluster(_)
+        ));
+        let json = r#"{"addresses": ["s1", "s2"], "sentinelMaster": "orders",
+                       "sentinelPassword": "spw", "minReplicas": 1, "replicaTimeout": "20ms"}"#;
+        let config = Config::from_json(json).unwrap();
+        assert_eq!(config.sentinel_password, Some(Password::new("spw")));
+        assert!(!format!("{config:?}").contains("spw"));
+        assert_eq!(
+            config.deployment().unwrap().to_string(),
+            "redis+sentinel://s1:26379,s2:26379/orders"
+        );
+        let env = Config::from_env_vars([
+            ("DISTLOCK_REDIS_ADDRESSES", "s1:1,s2:2"),
+            ("DISTLOCK_REDIS_SENTINEL_MASTER", "orders"),
+            ("DISTLOCK_REDIS_SENTINEL_USERNAME", "watcher"),
+            ("DISTLOCK_REDIS_SENTINEL_PASSWORD", "spw"),
+            ("DISTLOCK_REDIS_MIN_REPLICAS", "2"),
+            ("DISTLOCK_REDIS_REPLICA_TIMEOUT", "30ms"),
+        ])
+        .unwrap();
+        assert_eq!(env.sentinel_master.as_deref(), Some("orders"));
+        assert_eq!(env.sentinel_username.as_deref(), Some("watcher"));
+        assert_eq!(
+            (env.min_replicas, env.replica_timeout),
+            (2, Duration::from_millis(30))
+        );
+        let cluster = Config::from_env_vars([
+            ("DISTLOCK_REDIS_ADDRESSES", "a:1,b:2"),
+            ("DISTLOCK_REDIS_CLUSTER", "true"),
+        ])
+        .unwrap();
+        assert!(cluster.cluster);
+    }
+
+    #[test]
+    fn contradictory_deployments_are_rejected() {
+        let both = Config {
+            addresses: vec!["a".into()],
+            cluster: true,
+            sentinel_master: Some("m".into()),
+            ..Config::default()
+        };
+        let err = both.deployment().unwrap_err().to_string();
+        assert!(err.contains("not both"), "{err}");
+        let cluster_db = Config {
+            addresses: vec!["a".into()],
+            cluster: true,
+            db: 1,
+            ..Config::default()
+        };
+        let err = cluster_db.deployment().unwrap_err().to_string();
+        assert!(err.contains("only database 0"), "{err}");
+        let slow_wait = Config {
+            addresses: vec!["a".into()],
+            min_replicas: 1,
+            replica_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            ..Config::default()
+        };
+        let err = slow_wait.deployment().unwrap_err().to_string();
+        assert!(err.contains("shorter than response_timeout"), "{err}");
+    }
+
+    #[test]
+    fn multi_host_urls_are_redacted() {
+        assert_eq!(
+            redact_url("redis+cluster://u:secret@h1:1,h2:2/?prefix=a"),
+            "redis+cluster://u:***@h1:1,h2:2/?prefix=a"
+        );
+        assert_eq!(redact_url("redis+cluster://h1,h2"), "redis+cluster://h1,h2");
+        assert_eq!(redact_url("redis://u:se/cret@h"), "redis://…");
+    }
+
+    #[test]
     fn addresses_are_host_and_port_only() {
-        assert_eq!(parse_address("h").unwrap(), ("h".to_owned(), DEFAULT_PORT));
-        assert_eq!(parse_address("[::1]:7").unwrap(), ("::1".to_owned(), 7));
-        assert!(parse_address("redis://h:1")
+        assert_eq!(
+            parse_address("h", DEFAULT_PORT).unwrap(),
+            ("h".to_owned(), DEFAULT_PORT)
+        );
+        assert_eq!(
+            parse_address("[::1]:7", DEFAULT_PORT).unwrap(),
+            ("::1".to_owned(), 7)
+        );
+        assert!(parse_address("redis://h:1", DEFAULT_PORT)
             .unwrap_err()
             .contains("is a URL"));
-        assert!(parse_address("h:1/2").is_err());
-        let err = parse_address("u:pw@h:1").unwrap_err();
+        assert!(parse_address("h:1/2", DEFAULT_PORT).is_err());
+        let err = parse_address("u:pw@h:1", DEFAULT_PORT).unwrap_err();
         assert!(!err.contains("pw"), "{err}");
     }
 
@@ -884,5 +1299,24 @@ responseTimeout: 100ms
             .contains("response_timeout"));
         let negative = Config { db: -1, ..base };
         assert!(negative.endpoint().is_err());
+    }
+
+    #[test]
+    fn tls_files_apply_to_clusters_and_are_refused_behind_sentinel() {
+        let cluster =
+            Config::from_url("rediss+cluster://10.0.0.1:7000,10.0.0.2:7000?ca=/nonexistent/ca.pem")
+                .unwrap();
+        assert!(matches!(
+            cluster.deployment().unwrap(),
+            Deployment::Cluster(_)
+        ));
+        // The cluster builder reads the CA like a standalone client does.
+        let err = cluster.tls_certificates().err().unwrap().to_string();
+        assert!(err.contains("tls_ca /nonexistent/ca.pem"), "{err}");
+        let sentinel = Config::from_url("rediss+sentinel://s1,s2/orders?ca=/etc/ca.pem").unwrap();
+        let err = sentinel.deployment().unwrap_err().to_string();
+        assert!(err.contains("not supported with sentinel_master"), "{err}");
+        let plain = Config::from_url("rediss+sentinel://s1,s2/orders").unwrap();
+        assert!(plain.deployment().is_ok());
     }
 }

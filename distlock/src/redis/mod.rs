@@ -1,4 +1,7 @@
-//! Locks in one Redis server (`redis://`, `rediss://`; feature `redis`).
+//! Locks in Redis (feature `redis`): one server (`redis://`, `rediss://`), a
+//! Redis Cluster (`redis+cluster://`, `rediss+cluster://`), or a master found
+//! through Sentinel (`redis+sentinel://.../MASTER_NAME`), optionally waiting
+//! for replicas to acknowledge each grant (`?min_replicas=N`).
 //!
 //! A lock is one key, `<prefix>{<key>}` (prefix default `lock:`), holding the
 //! owner token of the holder and expiring after the ttl:
@@ -99,10 +102,81 @@
 //!   to leave unsubscribes; [`Locker::try_lock`] never subscribes.
 //! - **Keys**: `<prefix>{<key>}`; see [`RedisLocker::backend_key`]. On a
 //!   cluster, a key starting with `}` has an empty hash tag, which Redis
-//!   ignores (then lock and fence key may land in different slots).
+//!   ignores (then lock and fence key may land in different slots and the
+//!   scripts fail with `CROSSSLOT`: an error, never a wrong answer). A key
+//!   containing `{` or `}` is hashed by Redis' first-brace rule, still one
+//!   tag for all of the lock's keys.
 //! - **Marks** ([`Locker::advance_mark`]): `<prefix>{<name>}:mark`, without
 //!   expiry, raised by one script; lost with everything else by a restart
 //!   without persistence (a scheduler could then re-run the last tick).
+//!
+//! # Deployments
+//!
+//! - **One server** (`redis://host:port`): a redis-rs `ConnectionManager`.
+//! - **Redis Cluster** (`redis+cluster://h1:p1,h2:p2,...`, or
+//!   [`Config::cluster`] with the seed nodes as [`Config::addresses`]): a
+//!   redis-rs cluster-async connection learns the slot map from any seed,
+//!   sends each script to the master of its key's slot (every script's keys
+//!   share the lock's hash tag, so one slot), and follows `MOVED` and `ASK`,
+//!   so a slot migration while a lock is held is invisible to its holder: its
+//!   refresh and release reach the key on its new node. Release
+//!   notifications use **sharded pub/sub** (Redis 7+): the release script
+//!   `SPUBLISH`es on the key's channel (same slot), and waiters `SSUBSCRIBE`
+//!   through a RESP3 cluster connection of the locker's own, which
+//!   redis-rs routes to the slot's node and resubscribes after reconnects;
+//!   when a slot migrates, the old node drops the subscription and the
+//!   locker subscribes again on the new one. On a Redis 6 cluster (no
+//!   sharded pub/sub) releases still work and waiters poll. A master that
+//!   dies without a replica to take over makes every operation on its slots
+//!   fail ([`Error::Backend`] or [`Error::DeadlineExceeded`]: an outage, never
+//!   contention), while other masters' locks work if the cluster runs with
+//!   `cluster-require-full-coverage no` (otherwise the whole cluster refuses
+//!   commands until the slots are served again). Only database 0 exists.
+//! - **Sentinel** (`redis+sentinel://s1:26379,s2:26379/MASTER_NAME`, or
+//!   [`Config::sentinel_master`] with the sentinels as addresses): the locker
+//!   asks the sentinels (redis-rs' `Sentinel`, which checks the named server
+//!   reports itself master) and keeps one reconnecting connection to that
+//!   master. When the server answers `READONLY` (demoted by a failover) or
+//!   cannot be reached, the locker asks the sentinels again; a command
+//!   refused that way is sent once more to the new master, so callers see at
+//!   most the failures of the switch itself (the acquire retry on a dropped
+//!   connection applies as on one server). The locker is not rebuilt. A lease
+//!   whose grant the new master lacks is lost at its next refresh
+//!   ([`Error::NotHeld`]; with [`crate::Lease::keep_alive`] its lost signal
+//!   fires). The subscriber connects to the master named when it opens; a
+//!   failover closes it (Sentinel kills the reconfigured servers' clients),
+//!   waiters poll, and the next waiter connects to the new master. The
+//!   locker learns of a failover from its own commands, not from Sentinel's
+//!   `+switch-master` events: until Sentinel reconfigures a demoted master
+//!   that is still alive (Sentinel does so when it next sees it, within
+//!   seconds), this locker may keep writing to it, like any client that
+//!   keeps its connection.
+//!
+//! # Replica acknowledgement
+//!
+//! With `?min_replicas=N&replica_timeout=T` ([`Config::min_replicas`],
+//! [`Config::replica_timeout`], default 100 ms) every grant is followed by
+//! `WAIT N T` on the node that took it (on a cluster, the master of the
+//! key's slot). Fewer than `N` acknowledgements within `T` fail the acquire:
+//! the lock is released at once, by its token, and the error is
+//! [`Error::Backend`] (an outage, so the circuit breaker counts it), never
+//! contention. Contention itself does not wait. Cost: one more round trip
+//! plus the replicas' acknowledgement per grant (see the throughput bench).
+//! Every acquire is then bounded by the operation bound plus twice the
+//! response timeout (the `WAIT` and the release).
+//!
+//! This narrows the failover window the section below describes; **it does
+//! not close it**: `WAIT` is not a transaction (a grant a replica has not
+//! acknowledged is still visible on the master, to everybody, until it is
+//! released), a replica that acknowledged can still fall behind or be
+//! skipped by the failover, and Redis does not promise that a failover
+//! promotes a replica that acknowledged. The connection is multiplexed: the
+//! `WAIT` covers every write sent on it before, so it can only wait longer
+//! than needed; but if the connection is replaced between the grant and the
+//! `WAIT` (it broke and reconnected), the `WAIT` runs on a connection with
+//! no writes and vouches for nothing. Where two holders would be a
+//! correctness failure, use the fencing token, or a backend with
+//! consensus.
 //!
 //! # ACL: the least a lock user needs
 //!
@@ -127,11 +201,27 @@
 //! token. Without `+subscribe` or the channels (`&lock:*`) waiters poll,
 //! and without `+publish` releases still work (waiters then poll).
 //!
+//! The other deployments send more (read from redis-rs 1.8's sources; the
+//! standalone list above is what `MONITOR` showed):
+//!
+//! - **Redis Cluster**: add [`ACL_CLUSTER_RULES`] (`+cluster|slots`, the
+//!   slot map redis-rs loads from the seeds and refreshes after `MOVED`;
+//!   `+spublish`, which the release script calls instead of `PUBLISH`;
+//!   `+ssubscribe +sunsubscribe` for waiters). The sharded channels are
+//!   covered by the same `&lock:*` pattern. No `READONLY` is sent (the
+//!   locker never reads from replicas), so none is needed.
+//! - **Sentinel**: on the master add `+role` (redis-rs checks that the server
+//!   the sentinels name reports itself master; `+info` for its fallback,
+//!   `INFO REPLICATION`). On the sentinels, their user
+//!   ([`Config::sentinel_username`]) needs `+sentinel|masters` (how the
+//!   master is found) and `+ping`.
+//! - **Replica acknowledgement** ([`Config::min_replicas`]): add `+wait`.
+//!
 //! # What it does not guarantee
 //!
-//! - **Single node, not Redlock.** Exclusivity rests on one key on one server.
-//!   Only one address is accepted; for a quorum across independent nodes see
-//!   the `redlock` module (feature `redlock`).
+//! - **Not Redlock.** Exclusivity rests on one key on one master (on a
+//!   cluster, the master of the key's slot). For a quorum across independent
+//!   nodes see the `redlock` module (feature `redlock`).
 //! - **Failover can hand the lock to a second holder.** Redis replicates
 //!   asynchronously: a primary can acknowledge the `SET`, then fail before a
 //!   replica has it; the promoted replica has no lock and grants it again.
@@ -155,16 +245,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::ProtocolVersion;
+use redis::sentinel::SentinelNodeConnectionInfo;
+use redis::{ProtocolVersion, TlsMode};
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
+use crate::util::{decode_mark, encode_mark};
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
     ReleaseWatch, Result, DEFAULT_RELEASE_TIMEOUT,
 };
 
 mod config;
+mod connection;
 mod errors;
 mod keys;
 mod releases;
@@ -172,16 +265,15 @@ mod scripts;
 
 pub use config::{
     Config, Password, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT,
-    DEFAULT_RESPONSE_TIMEOUT, ENV_PREFIX,
+    DEFAULT_REPLICA_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SENTINEL_PORT, ENV_PREFIX,
 };
 
+use config::Deployment;
+use connection::{ClusterSettings, Connection, SentinelConnection};
 use errors::{Outcome, Target};
 use keys::KeySpace;
-use releases::ReleaseHub;
-use scripts::{
-    decode_mark, encode_mark, ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT,
-    RELEASE_SCRIPT,
-};
+use releases::{ReleaseHub, SubscriberSource};
+use scripts::{ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
 
 const BACKEND: &str = "redis";
 
@@ -194,6 +286,16 @@ const BACKEND: &str = "redis";
 /// ```
 pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpire +del +exists \
      +publish +ping +subscribe +unsubscribe +pttl";
+
+/// What a lock user on a Redis Cluster needs on top of [`ACL_RULES`] (see
+/// the module docs, "ACL"): the slot map, sharded publish from the release
+/// script, and sharded subscriptions for waiters.
+///
+/// ```
+/// let rules = format!("{} {}", distlock::redis::ACL_RULES, distlock::redis::ACL_CLUSTER_RULES);
+/// assert!(rules.ends_with("+cluster|slots +spublish +ssubscribe +sunsubscribe"));
+/// ```
+pub const ACL_CLUSTER_RULES: &str = "+cluster|slots +spublish +ssubscribe +sunsubscribe";
 
 /// How often the connection manager retries a broken connection before the
 /// waiting command fails (it retries again on the next command). With the
@@ -214,7 +316,8 @@ const RECONNECT_PAUSES: Duration = Duration::from_millis(700);
 ///
 /// Build it with [`RedisLocker::from_config`] from a [`Config`], or with
 /// [`RedisLocker::from_url`]; [`crate::connect`] does the latter for
-/// `redis://` and `rediss://` URLs. See the [module docs](self) for what it
+/// `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`,
+/// `redis+sentinel://` and `rediss+sentinel://` URLs. See the [module docs](self) for what it
 /// guarantees and what it does not.
 #[derive(Clone)]
 pub struct RedisLocker {
@@ -222,13 +325,28 @@ pub struct RedisLocker {
 }
 
 struct Inner {
-    connection: ConnectionManager,
+    connection: Connection,
     /// [`RedisLocker::operation_bound`]: no call takes longer.
     operation_bound: Duration,
+    /// The bound of one acquire: the operation bound, plus the `WAIT` and a
+    /// release when replica acknowledgement is on.
+    acquire_bound: Duration,
     keys: KeySpace,
     /// Where errors say they happened.
     target: Target,
     releases: ReleaseHub,
+    /// The release script's publish command: `SPUBLISH` on a cluster (sharded
+    /// pub/sub, delivered by the key's shard only), `PUBLISH` elsewhere.
+    publish: &'static str,
+    /// `Some` when each grant must reach that many replicas (`WAIT`).
+    replicas: Option<ReplicaAck>,
+}
+
+/// [`Config::min_replicas`] and [`Config::replica_timeout`], when set.
+#[derive(Debug, Clone, Copy)]
+struct ReplicaAck {
+    min_replicas: u32,
+    timeout: Duration,
 }
 
 impl fmt::Debug for RedisLocker {
@@ -241,14 +359,26 @@ impl fmt::Debug for RedisLocker {
 }
 
 impl RedisLocker {
-    /// Connects to the server `config` names, failing if it cannot be reached
-    /// or rejects the credentials (one attempt plus the reconnect retries,
-    /// all within `connect_timeout + response_timeout`).
+    /// Connects to the deployment `config` names (one server, a Redis
+    /// Cluster's seed nodes, or sentinels and their master), failing if it
+    /// cannot be reached or rejects the credentials (one attempt plus the
+    /// reconnect retries, all within [`RedisLocker::operation_bound`]).
     ///
-    /// [`Error::InvalidInput`] for a config that names no server or more than
-    /// one, [`Error::Backend`] if connecting fails (an authentication failure
-    /// says so), [`Error::DeadlineExceeded`] if it does not finish within the
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a config that names no server, several
+    /// without saying they are a cluster or sentinels, or has invalid
+    /// settings; [`Error::Backend`] if connecting fails (an authentication
+    /// failure says so; for Sentinel, also when no sentinel names a reachable
+    /// master); [`Error::DeadlineExceeded`] if it does not finish within the
     /// bound.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt; nothing is left
+    /// behind on the server.
+    ///
+    /// # Examples
     ///
     /// ```no_run
     /// use distlock::redis::{Config, RedisLocker};
@@ -259,32 +389,147 @@ impl RedisLocker {
     /// # }
     /// ```
     pub async fn from_config(config: Config) -> Result<Self> {
-        let parts = Parts::new(config)?;
-        let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
-            ConnectionManager::new_with_config(parts.command_client.clone(), parts.manager.clone())
-                .await
-                .map_err(|e| parts.target.error("connect", e, false))
-        })
-        .await?;
-        Ok(parts.into_locker(connection))
+        let parts = Parts::new(&config)?;
+        let (connection, subscriber, publish) = match &parts.deployment {
+            Deployment::Standalone(endpoint) => {
+                let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
+                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
+                    ConnectionManager::new_with_config(command_client, parts.manager.clone())
+                        .await
+                        .map_err(|e| parts.target.error("connect", e, false))
+                })
+                .await?;
+                (
+                    Connection::Standalone(connection),
+                    SubscriberSource::Node(subscriber_client),
+                    "PUBLISH",
+                )
+            }
+            Deployment::Cluster(seeds) => {
+                let settings = ClusterSettings {
+                    seeds: seeds
+                        .iter()
+                        .map(|seed| config.connection_info(seed, ProtocolVersion::RESP3))
+                        .collect::<Result<_>>()?,
+                    certificates: config.tls_certificates()?,
+                    connect_timeout: config.connect_timeout,
+                    response_timeout: config.response_timeout,
+                };
+                let client = settings.client(None).map_err(|e| parts.invalid(e))?;
+                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| parts.target.error("connect", e, false))
+                })
+                .await?;
+                (
+                    Connection::Cluster(connection),
+                    SubscriberSource::Cluster(settings),
+                    "SPUBLISH",
+                )
+            }
+            Deployment::Sentinel { sentinels, master } => {
+                let node = |protocol| {
+                    let info = SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(config.redis_settings(protocol));
+                    if config.tls {
+                        info.set_tls_mode(TlsMode::Secure)
+                    } else {
+                        info
+                    }
+                };
+                let connection = SentinelConnection::new(
+                    sentinels
+                        .iter()
+                        .map(|sentinel| config.sentinel_connection_info(sentinel))
+                        .collect::<Result<_>>()?,
+                    master.clone(),
+                    config.db,
+                    node(ProtocolVersion::RESP3),
+                    node(ProtocolVersion::RESP2),
+                    parts.manager.clone(),
+                )
+                .map_err(|e| parts.invalid(e))?;
+                bounded(BACKEND, "connect", parts.operation_bound, async {
+                    connection
+                        .connect()
+                        .await
+                        .map_err(|e| parts.target.error("connect", e, false))
+                })
+                .await?;
+                (
+                    Connection::Sentinel(connection.clone()),
+                    SubscriberSource::Sentinel(connection),
+                    "PUBLISH",
+                )
+            }
+        };
+        Ok(parts.into_locker(config, connection, subscriber, publish))
     }
 
-    /// A locker on the server `config` names that connects on first use
+    /// A locker on the one server `config` names that connects on first use
     /// (and keeps reconnecting), so it can be built while the server is
-    /// down: the Redlock backend's nodes, a minority of which may be.
+    /// down: the Redlock backend's nodes, a minority of which may be. Only a
+    /// standalone server without replica acknowledgement: a Redlock node is
+    /// an independent server, and Redlock's acquire does not `WAIT`.
     #[cfg(feature = "redlock")]
     pub(crate) fn from_config_lazy(config: Config) -> Result<Self> {
-        let parts = Parts::new(config)?;
-        let connection = ConnectionManager::new_lazy_with_config(
-            parts.command_client.clone(),
-            parts.manager.clone(),
-        )
-        .map_err(|e| parts.target.error("connect", e, false))?;
-        Ok(parts.into_locker(connection))
+        let parts = Parts::new(&config)?;
+        let Deployment::Standalone(endpoint) = &parts.deployment else {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "{}: a Redlock node is one independent server, not a Redis Cluster or a \
+                     master behind Sentinel",
+                    parts.deployment
+                ),
+            ));
+        };
+        if config.min_replicas > 0 {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "{endpoint}: min_replicas is {}; Redlock's nodes are independent servers \
+                     and its acquire does not wait for replicas (leave it 0)",
+                    config.min_replicas
+                ),
+            ));
+        }
+        let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
+        let connection =
+            ConnectionManager::new_lazy_with_config(command_client, parts.manager.clone())
+                .map_err(|e| parts.target.error("connect", e, false))?;
+        Ok(parts.into_locker(
+            config,
+            Connection::Standalone(connection),
+            SubscriberSource::Node(subscriber_client),
+            "PUBLISH",
+        ))
     }
 
-    /// Connects to the server a `redis://` or `rediss://` URL names (see
-    /// [`Config::from_url`] for the format).
+    /// Connects to the deployment a URL names (see [`Config::from_url`] for
+    /// the schemes and parameters).
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::from_url`] and [`RedisLocker::from_config`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`RedisLocker::from_config`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use distlock::redis::RedisLocker;
+    ///
+    /// # async fn demo() -> Result<(), distlock::Error> {
+    /// let cluster = RedisLocker::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
+    /// let sentinel = RedisLocker::from_url("redis+sentinel://10.0.0.5,10.0.0.6/orders").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn from_url(url: &str) -> Result<Self> {
         Self::from_config(Config::from_url(url)?).await
     }
@@ -346,7 +591,7 @@ impl RedisLocker {
         })
     }
 
-    fn connection(&self) -> ConnectionManager {
+    fn connection(&self) -> Connection {
         self.inner.connection.clone()
     }
 
@@ -411,6 +656,16 @@ impl RedisLocker {
                 return Err(self.inner.target.error("acquire", err, outcome_unknown));
             }
         };
+        if let Some(ack) = self.inner.replicas {
+            // Still armed: a failed or short WAIT leaves a grant to undo,
+            // unless it was released already.
+            if let Err((error, released)) = self.confirm_replicas(key, ack, pending.owner()).await {
+                if released {
+                    pending.settle();
+                }
+                return Err(error);
+            }
+        }
         let parts = LeaseParts {
             key: key.to_owned(),
             owner: pending.settle(),
@@ -458,6 +713,53 @@ impl RedisLocker {
         &self.inner.target.endpoint
     }
 
+    /// Waits (`WAIT`, on the node that took the grant) until
+    /// `ack.min_replicas` replicas have every write this connection made,
+    /// the grant included. On a shortfall it releases the grant by `owner`
+    /// at once and fails (`true`: released); if that release fails, or the
+    /// `WAIT` itself does (`false`), the caller's armed [`PendingAcquire`]
+    /// releases it in the background.
+    ///
+    /// The connection is multiplexed, so the `WAIT` also covers other tasks'
+    /// writes sent before it: it can only wait longer than needed, never
+    /// vouch for less.
+    async fn confirm_replicas(
+        &self,
+        key: &str,
+        ack: ReplicaAck,
+        owner: &str,
+    ) -> std::result::Result<(), (Error, bool)> {
+        let timeout_millis = u64::try_from(ack.timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(ack.min_replicas).arg(timeout_millis);
+        let acknowledged: u32 = self
+            .connection()
+            .query_on_node_of(&self.inner.keys.lock_key(key), wait)
+            .await
+            .map_err(|e| (self.inner.target.error("acquire", e, true), false))?;
+        if acknowledged >= ack.min_replicas {
+            return Ok(());
+        }
+        let (released, undo) = match Locker::unlock(self, key, owner).await {
+            Ok(()) | Err(Error::NotHeld { .. }) => (true, "it was released"),
+            Err(_) => (
+                false,
+                "releasing it failed, so it is being released by its owner token in the \
+                 background (failing that, it expires at its ttl)",
+            ),
+        };
+        let error = Error::backend(
+            BACKEND,
+            "acquire",
+            format!(
+                "{}: only {acknowledged} replica(s) acknowledged the grant of {key:?} within \
+                 {:?}, {} required (min_replicas); {undo}",
+                self.inner.target.endpoint, ack.timeout, ack.min_replicas
+            ),
+        );
+        Err((error, released))
+    }
+
     async fn run_acquire_script(
         &self,
         key: &str,
@@ -474,24 +776,18 @@ impl RedisLocker {
     }
 }
 
-/// Everything a locker needs besides its command connection, checked and
-/// built from a [`Config`]: shared by the eager and the lazy constructor.
+/// What every constructor derives from a [`Config`] before it connects:
+/// the checked deployment, the bounds and the connection manager settings.
 struct Parts {
-    command_client: redis::Client,
+    deployment: Deployment,
     manager: ConnectionManagerConfig,
     operation_bound: Duration,
-    keys: KeySpace,
     target: Target,
-    releases: ReleaseHub,
 }
 
 impl Parts {
-    fn new(config: Config) -> Result<Self> {
-        let endpoint = config.endpoint()?;
-        let command_client = config.client(&endpoint, ProtocolVersion::RESP3)?;
-        // The subscriber speaks RESP2: a connection in SUBSCRIBE mode is what
-        // redis-rs' `PubSub` is built for, and any server version supports it.
-        let subscriber_client = config.client(&endpoint, ProtocolVersion::RESP2)?;
+    fn new(config: &Config) -> Result<Self> {
+        let deployment = config.deployment()?;
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))
@@ -499,34 +795,74 @@ impl Parts {
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
         Ok(Parts {
-            command_client,
-            manager,
-            operation_bound: operation_bound(config.connect_timeout, config.response_timeout),
-            keys: KeySpace::new(config.key_prefix),
             target: Target {
-                endpoint: endpoint.to_string(),
+                endpoint: deployment.to_string(),
                 connect_timeout: config.connect_timeout,
                 response_timeout: config.response_timeout,
             },
-            releases: ReleaseHub::new(
-                subscriber_client,
-                config.connect_timeout,
-                config.response_timeout,
-            ),
+            deployment,
+            manager,
+            operation_bound: operation_bound(config.connect_timeout, config.response_timeout),
         })
     }
 
-    fn into_locker(self, connection: ConnectionManager) -> RedisLocker {
+    /// A client that redis-rs refused to build: bad input, naming the
+    /// deployment.
+    fn invalid(&self, error: redis::RedisError) -> Error {
+        Error::invalid("config", format!("{}: {error}", self.deployment))
+    }
+
+    fn into_locker(
+        self,
+        config: Config,
+        connection: Connection,
+        subscriber: SubscriberSource,
+        publish: &'static str,
+    ) -> RedisLocker {
+        let replicas = (config.min_replicas > 0).then_some(ReplicaAck {
+            min_replicas: config.min_replicas,
+            timeout: config.replica_timeout,
+        });
+        let acquire_bound = match replicas {
+            // The WAIT's reply (held up to the replica timeout, which is
+            // shorter than the response timeout) and the release of a grant
+            // too few replicas acknowledged.
+            Some(_) => self
+                .operation_bound
+                .saturating_add(config.response_timeout)
+                .saturating_add(config.response_timeout),
+            None => self.operation_bound,
+        };
         RedisLocker {
             inner: Arc::new(Inner {
                 connection,
                 operation_bound: self.operation_bound,
-                keys: self.keys,
+                acquire_bound,
+                keys: KeySpace::new(config.key_prefix),
                 target: self.target,
-                releases: self.releases,
+                releases: ReleaseHub::new(
+                    subscriber,
+                    config.connect_timeout,
+                    config.response_timeout,
+                ),
+                publish,
+                replicas,
             }),
         }
     }
+}
+
+/// The command client (RESP3) and the subscriber's (RESP2: a connection in
+/// `SUBSCRIBE` mode is what redis-rs' `PubSub` is built for, and any server
+/// version supports it) for one server, with the configured TLS files.
+fn standalone_clients(
+    config: &Config,
+    endpoint: &config::Endpoint,
+) -> Result<(redis::Client, redis::Client)> {
+    Ok((
+        config.client(endpoint, ProtocolVersion::RESP3)?,
+        config.client(endpoint, ProtocolVersion::RESP2)?,
+    ))
 }
 
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
@@ -628,7 +964,7 @@ impl Locker for RedisLocker {
         bounded(
             BACKEND,
             "acquire",
-            self.inner.operation_bound,
+            self.inner.acquire_bound,
             self.acquire(key, ttl),
         )
         .await
@@ -642,6 +978,7 @@ impl Locker for RedisLocker {
                     .key(self.inner.keys.lock_key(key))
                     .arg(owner)
                     .arg(self.inner.keys.release_channel(key))
+                    .arg(self.inner.publish)
                     .invoke_async(&mut self.connection())
                     .await
             })

@@ -29,19 +29,93 @@
 //! Subscribe and unsubscribe are serialised per connection (`control`), which
 //! keeps the channel table and the server's subscriptions in step: an entry
 //! exists exactly while the server has confirmed the subscription.
+//!
+//! Where the subscriber connects depends on the deployment
+//! ([`SubscriberSource`]):
+//!
+//! - **one server**: `SUBSCRIBE` on a RESP2 connection to it;
+//! - **Sentinel**: the same, on the master the sentinels name when the
+//!   connection is opened. A failover closes it (Sentinel's `CLIENT KILL`
+//!   of the reconfigured servers' clients, or the old master's death), so
+//!   waiters poll and the next waiter connects to the new master;
+//! - **Cluster**: sharded pub/sub (`SSUBSCRIBE`, Redis 7+) through a RESP3
+//!   redis-rs cluster connection, which sends each subscription to the node
+//!   serving the channel's slot (the lock's slot: the channel shares its hash
+//!   tag), and resubscribes after reconnects and slot-map changes. When a slot
+//!   migrates, its old node drops the subscription with an `SUNSUBSCRIBE` push;
+//!   the session subscribes again, which redis-rs sends to the slot's new
+//!   node. The `PING` heartbeat goes to every node, so a dead node closes the
+//!   session: waiters then poll until the next waiter opens a new one. A
+//!   cluster without sharded pub/sub (Redis 6) refuses `SSUBSCRIBE`: its
+//!   waiters poll.
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use redis::aio::{PubSubSink, PubSubStream};
-use redis::{RedisError, RedisResult};
+use redis::aio::PubSubSink;
+use redis::cluster_async::ClusterConnection;
+use redis::{PushKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::AbortHandle;
 
+use super::connection::{ClusterSettings, SentinelConnection};
 use crate::ReleaseWatch;
+
+/// Where a [`ReleaseHub`] opens its subscriber connection (see the module
+/// docs).
+pub(crate) enum SubscriberSource {
+    /// `SUBSCRIBE` on this server (a RESP2 client).
+    Node(redis::Client),
+    /// `SUBSCRIBE` on the master the sentinels name at connection time.
+    Sentinel(SentinelConnection),
+    /// `SSUBSCRIBE` through a RESP3 cluster connection of its own.
+    Cluster(ClusterSettings),
+}
+
+/// How a session subscribes, unsubscribes and pings.
+enum Sink {
+    PubSub(PubSubSink),
+    Cluster(ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::PubSub(sink) => sink.clone().subscribe(channel).await,
+            Sink::Cluster(cluster) => cluster.clone().ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::PubSub(sink) => sink.clone().unsubscribe(channel).await,
+            Sink::Cluster(cluster) => cluster.clone().sunsubscribe(channel).await,
+        }
+    }
+
+    async fn ping(&self) -> RedisResult<()> {
+        match self {
+            Sink::PubSub(sink) => sink.clone().ping::<Value>().await.map(drop),
+            // redis-rs sends PING to every node of the cluster.
+            Sink::Cluster(cluster) => redis::cmd("PING")
+                .query_async::<Value>(&mut cluster.clone())
+                .await
+                .map(drop),
+        }
+    }
+}
+
+/// What the server tells a session.
+enum Event {
+    /// A message on this channel: a release.
+    Message(String),
+    /// The server dropped this (sharded) subscription: its slot moved.
+    Dropped(String),
+}
 
 /// The longest pause between PINGs of a subscriber connection with waiters
 /// (the pause is the response timeout, capped here: tokio's interval cannot
@@ -51,7 +125,7 @@ const MAX_PING_INTERVAL: Duration = Duration::from_secs(10);
 /// Lazily connects, and reconnects after a failure, the one subscriber
 /// connection of a locker.
 pub(crate) struct ReleaseHub {
-    client: redis::Client,
+    source: SubscriberSource,
     connect_timeout: Duration,
     response_timeout: Duration,
     /// Held only to read or install the live session, never across an await.
@@ -64,14 +138,14 @@ struct Live {
 }
 
 impl ReleaseHub {
-    /// A hub that connects with `client` when the first waiter arrives.
+    /// A hub that connects to `source` when the first waiter arrives.
     pub(crate) fn new(
-        client: redis::Client,
+        source: SubscriberSource,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
         ReleaseHub {
-            client,
+            source,
             connect_timeout,
             response_timeout,
             current: Mutex::new(None),
@@ -94,7 +168,7 @@ impl ReleaseHub {
         // Outside the lock: a hanging connect (a blackholed server) must not
         // hold up waiters that could use a connection someone else opens, nor
         // make them wait for more than their own bound.
-        let pubsub = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
+        let (sink, messages) = tokio::time::timeout(self.connect_timeout, self.connect())
             .await
             .map_err(|_| timed_out("connecting the subscriber connection"))??;
         let mut current = lock(&self.current);
@@ -102,7 +176,6 @@ impl ReleaseHub {
             // Another waiter connected first: use its connection, drop ours.
             return Ok(live.session.clone());
         }
-        let (sink, messages) = pubsub.split();
         let (idle_sender, idle_channels) = mpsc::unbounded_channel();
         let session = Arc::new(Session {
             sink,
@@ -130,6 +203,45 @@ impl ReleaseHub {
             dead.task.abort();
         }
         Ok(session)
+    }
+
+    /// Opens a subscriber connection: how it subscribes, and what it hears.
+    async fn connect(&self) -> RedisResult<(Sink, BoxStream<'static, Event>)> {
+        let pubsub = match &self.source {
+            SubscriberSource::Node(client) => client.get_async_pubsub().await?,
+            SubscriberSource::Sentinel(sentinel) => {
+                sentinel
+                    .subscriber_client()
+                    .await?
+                    .get_async_pubsub()
+                    .await?
+            }
+            SubscriberSource::Cluster(settings) => {
+                let (pushes, received) = mpsc::unbounded_channel();
+                let connection = settings
+                    .client(Some(pushes))?
+                    .get_async_connection()
+                    .await?;
+                let events = futures_util::stream::unfold(received, |mut received| async move {
+                    received.recv().await.map(|push| (push, received))
+                })
+                .filter_map(|push| async move {
+                    let channel = match push.data.first() {
+                        Some(Value::BulkString(bytes)) => String::from_utf8(bytes.clone()).ok()?,
+                        _ => return None,
+                    };
+                    match push.kind {
+                        PushKind::SMessage => Some(Event::Message(channel)),
+                        PushKind::SUnsubscribe => Some(Event::Dropped(channel)),
+                        _ => None,
+                    }
+                });
+                return Ok((Sink::Cluster(connection), events.boxed()));
+            }
+        };
+        let (sink, messages) = pubsub.split();
+        let events = messages.map(|message| Event::Message(message.get_channel_name().to_owned()));
+        Ok((Sink::PubSub(sink), events.boxed()))
     }
 
     fn live(&self) -> Option<Arc<Session>> {
@@ -161,7 +273,7 @@ impl Drop for ReleaseHub {
 
 /// One subscriber connection and the waiters it serves.
 struct Session {
-    sink: PubSubSink,
+    sink: Sink,
     /// Held across each `SUBSCRIBE`/`UNSUBSCRIBE` and its confirmation.
     control: tokio::sync::Mutex<()>,
     channels: Mutex<Channels>,
@@ -201,8 +313,7 @@ impl Session {
     /// PINGs the server: an error if no answer comes within `response_timeout`
     /// (RESP2 allows `PING` in subscribe mode; the answer is `["pong", ""]`).
     async fn ping(&self, response_timeout: Duration) -> RedisResult<()> {
-        let mut sink = self.sink.clone();
-        let answered = tokio::time::timeout(response_timeout, sink.ping::<redis::Value>()).await;
+        let answered = tokio::time::timeout(response_timeout, self.sink.ping()).await;
         answered.map_err(|_| timed_out("PING on the subscriber connection"))??;
         Ok(())
     }
@@ -216,9 +327,8 @@ impl Session {
         let wake = match self.add_waiter(&channel)? {
             Some(wake) => wake,
             None => {
-                let mut sink = self.sink.clone();
                 let confirmed =
-                    tokio::time::timeout(response_timeout, sink.subscribe(&channel)).await;
+                    tokio::time::timeout(response_timeout, self.sink.subscribe(&channel)).await;
                 if let Err(err) = confirmed_in_time(confirmed, "subscribing") {
                     // An unanswered or failed SUBSCRIBE leaves the connection in
                     // an unknown state: start afresh with the next waiter.
@@ -298,10 +408,25 @@ impl Session {
                 _ => return Ok(()),
             };
         }
-        let mut sink = self.sink.clone();
         confirmed_in_time(
-            tokio::time::timeout(response_timeout, sink.unsubscribe(&channel)).await,
+            tokio::time::timeout(response_timeout, self.sink.unsubscribe(&channel)).await,
             "unsubscribing",
+        )
+    }
+
+    /// Subscribes to `channel` again after the server dropped it (its slot
+    /// moved to another node), if it still has waiters. A subscription that
+    /// is still live (the push was the echo of our own unsubscribe, raced by
+    /// a new waiter's subscribe) is confirmed again: `SSUBSCRIBE` is
+    /// idempotent.
+    async fn resubscribe(&self, channel: String, response_timeout: Duration) -> RedisResult<()> {
+        let _control = self.control.lock().await;
+        if !self.channels().by_name.contains_key(&channel) {
+            return Ok(());
+        }
+        confirmed_in_time(
+            tokio::time::timeout(response_timeout, self.sink.subscribe(&channel)).await,
+            "subscribing again after a slot migration",
         )
     }
 
@@ -343,7 +468,7 @@ impl Drop for CloseOnExit {
 /// answering.
 async fn run_session(
     session: Arc<Session>,
-    mut messages: PubSubStream,
+    mut messages: BoxStream<'static, Event>,
     mut idle_channels: mpsc::UnboundedReceiver<String>,
     response_timeout: Duration,
 ) {
@@ -357,7 +482,14 @@ async fn run_session(
     loop {
         tokio::select! {
             message = messages.next() => match message {
-                Some(message) => session.notify(message.get_channel_name()),
+                Some(Event::Message(channel)) => session.notify(&channel),
+                Some(Event::Dropped(channel)) => {
+                    if let Err(error) = session.resubscribe(channel, response_timeout).await {
+                        tracing::debug!(component = "distlock", backend = super::BACKEND, %error,
+                            "subscribing again failed; dropping the subscriber connection");
+                        return;
+                    }
+                }
                 None => {
                     tracing::debug!(component = "distlock", backend = super::BACKEND,
                         "subscriber connection closed; waiters fall back to polling");

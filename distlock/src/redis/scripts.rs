@@ -42,17 +42,23 @@ end
 return 0
 ";
 
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel.
+/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel,
+/// `ARGV[3]` the publish command (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns 1 if the token matched and the lock was deleted, else 0 (nothing
 /// deleted).
 ///
 /// The release is announced on the key's channel so waiters wake at once.
-/// `pcall`: a user whose ACL forbids publishing on the channel can still
-/// release; its waiters then find the release by polling.
+/// On a cluster it is `SPUBLISH` (sharded pub/sub, Redis 7+): the channel
+/// shares the lock key's hash tag, so it is in the script's slot and the
+/// message stays on that shard, where the waiters subscribed with
+/// `SSUBSCRIBE`; a classic `PUBLISH` would be broadcast to every node.
+/// `pcall`: a user whose ACL forbids publishing on the channel (or a server
+/// without `SPUBLISH`) can still release; its waiters then find the release
+/// by polling.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
-    redis.pcall('PUBLISH', ARGV[2], 'released')
+    redis.pcall(ARGV[3], ARGV[2], 'released')
     return 1
 end
 return 0
@@ -79,7 +85,7 @@ return 1
 ";
 
 /// `KEYS[1]` mark key; `ARGV[1]` the new value, encoded by
-/// [`encode_mark`]. Returns `{1, previous}` if the mark was absent (previous
+/// `util::encode_mark`. Returns `{1, previous}` if the mark was absent (previous
 /// `''`) or lower and is now `ARGV[1]`, else `{0, current}` (unchanged).
 ///
 /// The values are compared as strings: Lua numbers are doubles, which
@@ -94,22 +100,6 @@ redis.call('SET', KEYS[1], ARGV[1])
 return {1, current or ''}
 ";
 
-/// A mark as stored: `value + 2^63` as 20 zero-padded decimal digits, so
-/// string order is integer order across the whole `i64` range.
-pub(crate) fn encode_mark(value: i64) -> String {
-    // Flipping the sign bit maps i64 order onto u64 order.
-    format!("{:020}", (value as u64) ^ (1 << 63))
-}
-
-/// The inverse of [`encode_mark`]; `None` for anything it did not write.
-pub(crate) fn decode_mark(stored: &str) -> Option<i64> {
-    if stored.len() != 20 || !stored.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let offset: u64 = stored.parse().ok()?;
-    Some((offset ^ (1 << 63)) as i64)
-}
-
 // The SHA1 of each script is computed once per process.
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
@@ -117,26 +107,3 @@ pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::ne
 pub(crate) static FORGET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET));
 pub(crate) static ADVANCE_MARK_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ADVANCE_MARK));
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn the_mark_encoding_orders_like_the_integers(a: i64, b: i64) {
-            let (ea, eb) = (encode_mark(a), encode_mark(b));
-            prop_assert_eq!(ea.len(), 20);
-            prop_assert_eq!(decode_mark(&ea), Some(a));
-            prop_assert_eq!(ea.cmp(&eb), a.cmp(&b));
-        }
-    }
-
-    #[test]
-    fn foreign_mark_values_are_refused() {
-        for stored in ["", "42", "-0000000000000000001", "1000000000000000000x"] {
-            assert_eq!(decode_mark(stored), None, "{stored:?}");
-        }
-    }
-}

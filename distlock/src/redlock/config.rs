@@ -338,6 +338,23 @@ impl Config {
             return Err(bad("node_timeout is zero; it must be positive".into()));
         }
         parse_factor(&self.drift_factor.to_string()).map_err(bad)?;
+        // The nodes are independent standalone servers: a cluster or a
+        // Sentinel deployment per node is not Redlock, and Redlock's acquire
+        // does not wait for replicas, so accepting these would ignore them.
+        if self.nodes.cluster || self.nodes.sentinel_master.is_some() {
+            return Err(bad(
+                "`cluster` and `sentinel_master` do not apply to Redlock: each node is one \
+                 independent server"
+                    .into(),
+            ));
+        }
+        if self.nodes.min_replicas > 0 {
+            return Err(bad(format!(
+                "min_replicas is {}; Redlock does not wait for replicas (its nodes are \
+                 independent servers), leave it 0",
+                self.nodes.min_replicas
+            )));
+        }
         Ok(())
     }
 }
@@ -475,5 +492,25 @@ mod tests {
         assert!(err.contains("listed twice"), "{err}");
         let none = Config::default().check().unwrap_err().to_string();
         assert!(none.contains("no Redlock nodes"), "{none}");
+    }
+
+    #[test]
+    fn redis_deployments_and_replica_waits_are_refused_for_nodes() {
+        let waits = Config::from_url("redlock://a:1,b:2,c:3?min_replicas=1").unwrap();
+        let err = waits.check().unwrap_err().to_string();
+        assert!(err.contains("min_replicas is 1"), "{err}");
+        for (cluster, sentinel_master) in [(true, None), (false, Some("m".to_owned()))] {
+            let config = Config {
+                nodes: redis::Config {
+                    addresses: vec!["a:1".into(), "b:2".into(), "c:3".into()],
+                    cluster,
+                    sentinel_master,
+                    ..redis::Config::default()
+                },
+                ..Config::default()
+            };
+            let err = config.check().unwrap_err().to_string();
+            assert!(err.contains("do not apply to Redlock"), "{err}");
+        }
     }
 }

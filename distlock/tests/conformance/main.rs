@@ -8,12 +8,20 @@
 //! Postgres modules start their own servers (test-servers) and are built
 //! with their backend's feature only.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod observability;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
+mod redis_sentinel;
 #[cfg(feature = "redlock")]
 mod redlock;

@@ -1,7 +1,8 @@
 //! What the Redis backend promises beyond the shared contract (which
 //! `tests/conformance` checks), on real redis-servers each test starts:
 //! configuration and authentication, the circuit breaker over a dying
-//! server, faults, and release notifications. One binary with a module per
+//! server, faults, release notifications, Redis Cluster (slot migration, a
+//! killed master), Sentinel (a failover) and replica acknowledgement. One binary with a module per
 //! area, built with the `redis` feature only.
 
 #[path = "../common/mod.rs"]
@@ -11,10 +12,13 @@ mod support;
 #[cfg(feature = "redlock")]
 mod acl;
 mod breaker;
+mod cluster;
 mod config;
 mod faults;
 #[cfg(feature = "redlock")]
 mod redlock;
+mod replicas;
+mod sentinel;
 #[cfg(feature = "redlock")]
 mod tls;
 mod wakeup;

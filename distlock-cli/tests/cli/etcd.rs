@@ -1,0 +1,198 @@
+//! `distlock run --url etcd://...` end to end against real etcd processes:
+//! conflict (75), a lease revoked from outside (76), and how long a
+//! SIGKILLed holder keeps the lock (the orphan bound), on one node and
+//! across a leader kill.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock::Locker;
+use test_servers::{EtcdCluster, EtcdServer};
+
+use crate::support::{stderr, wait_for_exit, BIN};
+
+/// Waits until `etcdctl` shows a key under `name/`, or panics.
+fn wait_for_holder(show: impl Fn() -> String, name: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let keys = show();
+        if let Some(key) = keys
+            .lines()
+            .find(|line| line.starts_with(&format!("{name}/")))
+        {
+            return key.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no holder of {name} appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn_holder(url: &str, key: &str, ttl: &str) -> Child {
+    Command::new(BIN)
+        .args([
+            "run", "--url", url, "--key", key, "--ttl", ttl, "--", "sleep", "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn distlock run")
+}
+
+#[tokio::test]
+async fn run_exits_75_while_another_client_holds_the_etcd_lock() {
+    let server = EtcdServer::start();
+    let locker = distlock::connect(&server.url()).await.unwrap();
+    let lease = locker
+        .try_lock("busy", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let output = Command::new(BIN)
+        .args(["run", "--url", &server.url(), "--key", "busy", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    // The token carries the lease and revision: release from another process.
+    let output = Command::new(BIN)
+        .args([
+            "release",
+            "--url",
+            &server.url(),
+            "--key",
+            "busy",
+            "--owner",
+            lease.owner(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(matches!(
+        lease.release().await,
+        Err(distlock::Error::NotHeld { .. })
+    ));
+    let output = Command::new(BIN)
+        .args(["run", "--url", &server.url(), "--key", "busy", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn run_exits_76_when_its_lease_is_revoked_from_outside() {
+    let server = EtcdServer::start();
+    let mut holder = spawn_holder(&server.url(), "revoked", "3s");
+    let key = wait_for_holder(
+        || server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:revoked/"]),
+        "lock:revoked",
+    );
+    let lease = key.rsplit('/').next().unwrap().to_owned();
+    let revoked_at = Instant::now();
+    server.etcdctl_ok(&["lease", "revoke", &lease]);
+    let code = wait_for_exit(&mut holder, Duration::from_secs(10));
+    eprintln!(
+        "distlock run exited {code} {:?} after `etcdctl lease revoke`",
+        revoked_at.elapsed()
+    );
+    assert_eq!(code, 76);
+}
+
+/// SIGKILLs a `distlock run` holder of `key` and measures how long until
+/// another client gets the lock; `between` runs right after the kill.
+async fn orphan_bound(
+    url: &str,
+    key: &str,
+    ttl_secs: u64,
+    keys: impl Fn() -> String,
+    between: impl FnOnce(),
+) -> Duration {
+    let ttl = format!("{ttl_secs}s");
+    let mut holder = spawn_holder(url, key, &ttl);
+    let locker = distlock::connect(url).await.unwrap();
+    // Held once its key is in etcd (probing with try_lock could take the
+    // lock first and make `distlock run` exit 75).
+    wait_for_holder(keys, &format!("lock:{key}"));
+    holder.kill().expect("SIGKILL the holder");
+    let killed_at = Instant::now();
+    let _ = holder.wait();
+    between();
+    let lease = loop {
+        match locker
+            .lock(key, Duration::from_secs(5), Duration::from_secs(30))
+            .await
+        {
+            Ok(lease) => break lease,
+            // Errors while a leader is elected: try again.
+            Err(error) if error.is_outage() => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
+    let freed_after = killed_at.elapsed();
+    lease.release().await.unwrap();
+    freed_after
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_holder_frees_the_lock_within_one_lease_ttl() {
+    let server = EtcdServer::start();
+    let ttl = 2;
+    let freed = orphan_bound(
+        &server.url(),
+        "orphan",
+        ttl,
+        || server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:orphan/"]),
+        || {},
+    )
+    .await;
+    eprintln!("orphan bound, one node, ttl {ttl}s: lock free {freed:?} after SIGKILL");
+    // etcd checks for expired leases every 500 ms: one ttl plus that, and
+    // slack for a loaded machine.
+    assert!(
+        freed >= Duration::from_millis(ttl * 1000 - 700),
+        "{freed:?}"
+    );
+    assert!(freed < Duration::from_secs(ttl + 3), "{freed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_holder_across_a_leader_kill_frees_the_lock_within_two_ttls() {
+    let mut cluster = EtcdCluster::start(3);
+    let url = cluster.url();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
+    let ttl = 2;
+    let keys_of = |cluster: &EtcdCluster| {
+        let output = cluster.etcdctl(&["get", "--prefix", "--keys-only", "lock:orphan-failover/"]);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let snapshot = std::sync::Mutex::new(&mut cluster);
+    let freed = orphan_bound(
+        &url,
+        "orphan-failover",
+        ttl,
+        || keys_of(&snapshot.lock().unwrap()),
+        || {
+            // A leader change resets the remaining ttl of every lease.
+            std::thread::sleep(Duration::from_millis(1200));
+            snapshot.lock().unwrap().kill(leader);
+        },
+    )
+    .await;
+    eprintln!(
+        "orphan bound, three nodes, ttl {ttl}s, leader killed 1.2s after the holder: \
+         lock free {freed:?} after SIGKILL"
+    );
+    assert!(
+        freed >= Duration::from_millis(ttl * 1000 - 700),
+        "{freed:?}"
+    );
+    assert!(freed < Duration::from_secs(2 * ttl + 5), "{freed:?}");
+    cluster.restart(leader);
+}
+
+#[test]
+fn three_etcd_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
+    let server = EtcdServer::start();
+    let tally = crate::cron::three_replicas(&server.url(), "etcd");
+    crate::cron::assert_exactly_once(&tally);
+}

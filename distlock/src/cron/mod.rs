@@ -1,0 +1,465 @@
+//! Replica-safe cron (feature `cron`): every replica runs the same
+//! [`Scheduler`] over the same [`Locker`], and each tick of each job runs
+//! once across them, whatever their clocks say.
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlock::cron::{Job, JobContext, Scheduler};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = distlock::connect("memory://").await?;
+//! let mut scheduler = Scheduler::new(locker).replica_id("web-1");
+//! scheduler.add(
+//!     Job::new("sweep", "*/5 * * * * *") // every 5 s (six fields: seconds first)
+//!         .time_zone("Europe/Berlin")
+//!         .at_most(Duration::from_secs(60)),
+//!     |ctx: JobContext| async move {
+//!         println!("{} at {} on {}", ctx.job(), ctx.scheduled_at(), ctx.replica());
+//!         Ok(())
+//!     },
+//! )?;
+//! let running = scheduler.start()?;
+//! // ... until the service shuts down:
+//! running.shutdown(Duration::from_secs(30)).await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How a tick runs
+//!
+//! For tick `T` (its scheduled instant, UTC) of job `J`, on every replica
+//! whose clock reaches `T`:
+//!
+//! 0. **Peek** at the job's mark (`Locker::advance_mark("cron:J", 0)`, which
+//!    changes nothing): at or past `T` means the tick already started
+//!    somewhere: skip ("already ran").
+//! 1. **Claim the tick**: `try_lock("cron:J@T", at_most)`, one attempt. Held
+//!    means another replica is on it: skip ("held elsewhere"), never queue.
+//! 2. With [`Overlap::Forbid`] (the default), **take the job's key**
+//!    `cron:J`, held for as long as the run lasts. Held means an earlier run
+//!    still runs: skip ("previous run still running").
+//! 3. **Advance the mark** `cron:J` to `T` while both are held
+//!    ([`Locker::advance_mark`]): atomic and only growing, so exactly one
+//!    replica advances it to `T`; the others find it there ("already ran").
+//!    A backend error here means the tick may have been taken: the job does
+//!    not run ("failed to claim").
+//! 4. **Run** the handler with a [`JobContext`], keeping both claims alive
+//!    ([`Lease::keep_alive`](crate::Lease::keep_alive), bounded by
+//!    [`Job::at_most`]); a lost lock stops it.
+//! 5. **Release** the job's key at once, and the tick's claim once
+//!    [`Job::at_least`] after `T` has passed; then forget the tick's key
+//!    ([`Locker::forget`]), so per-tick state does not pile up on the backend.
+//!
+//! # Guarantees
+//!
+//! - **Exactly once per tick, at most once per start.** With marks (memory,
+//!   and every backend whose [`Capabilities::marks`](crate::Capabilities::marks)
+//!   is true) no tick starts twice, whatever the clock skew between replicas:
+//!   the mark is checked and written while the tick is claimed. A replica
+//!   that crashes after step 3 has used the tick: it is **not** re-run
+//!   elsewhere (as ShedLock, this is "at most once" for a tick whose runner
+//!   died). A tick is run by some replica as long as one is up and on time.
+//! - **No overlap** with [`Overlap::Forbid`]: the job's key excludes a second
+//!   run while one lasts, on any replica.
+//! - **The job stops before its lock can lapse**: its claims are kept alive;
+//!   a refresh that says `NotHeld`, a dead session, or [`Job::at_most`]
+//!   reached fires [`JobContext::lost`] and drops the handler's future
+//!   (unless it stops itself: [`Job::handler_watches_loss`]).
+//!
+//! # Clock skew
+//!
+//! A replica whose clock **lags** by any amount tries each tick late, finds
+//! the mark at or past it, and skips it: no duplicate (ShedLock double-runs
+//! here once the skew exceeds `lockAtLeastFor`:
+//! <https://github.com/lukas-krecan/ShedLock#lock-assumptions>). A replica
+//! whose clock runs **ahead** starts ticks early, by its skew. If it runs
+//! ahead by more than the period, it advances the mark past ticks the others
+//! have not reached yet; a tick it skipped itself (say, because an earlier
+//! run still ran) is then missed by everybody. That is the bound: **no skew
+//! causes a duplicate; a skew ahead of more than the period can cause
+//! misses.** Keep replicas on NTP.
+//!
+//! **Backends without marks** ([`Error::Unsupported`]
+//! from `advance_mark`) fall back to ShedLock's `lockAtLeastFor` semantics,
+//! with a warning logged once per job: the tick's claim is held until
+//! `max(at_least, max_skew)` after `T` (capped at `at_most`), so replicas
+//! lagging by less than [`Job::max_skew`] (default 5 s) find it held; a
+//! larger lag can re-run a finished tick. [`Missed::CatchUp`] is off there.
+//!
+//! # Daylight saving time
+//!
+//! Schedules are read in the job's IANA time zone by croner
+//! (<https://github.com/hexagon/croner-rust#daylight-saving-time-dst-handling>):
+//!
+//! - **Gap** (spring forward, 02:00 → 03:00): a fixed-time job (`30 2 * * *`)
+//!   runs at the first instant after the gap, the same day; an interval or
+//!   wildcard job (`*/15 * * * *`) skips the times that do not exist.
+//! - **Overlap** (fall back, 03:00 → 02:00): a fixed-time job runs once, in
+//!   the first pass; an interval job runs in both passes (they are distinct
+//!   UTC instants, so distinct ticks).
+//!
+//! Ticks are identified by their UTC instant, so a DST change never makes
+//! two replicas disagree about which tick is which.
+//!
+//! # Missed ticks
+//!
+//! A tick nobody tried (every replica down) or everybody skipped (a run
+//! longer than the period under [`Overlap::Forbid`]) is skipped by default.
+//! [`Missed::CatchUp`] runs the latest such tick once, within a bounded
+//! look-back, when a replica starts or a run ends on it. A replica that wakes
+//! later than a tick it slept for (a paused process, a clock that jumped)
+//! runs the latest due tick and reports the ones before it as
+//! [`TickOutcome::Missed`].
+//!
+//! # Shutdown
+//!
+//! [`RunningScheduler::shutdown`] stops starting ticks, lets running jobs
+//! finish within the grace period (tick claims stay held until `at_least`
+//! within it), then fires [`JobContext::stop_requested`] and drops the jobs
+//! still running [`Scheduler::stop_timeout`] later. Their claims are
+//! released, or where that fails freed by the backend's safety net.
+//!
+//! # Observability
+//!
+//! One [`TickReport`] per tick per replica ([`Scheduler::on_tick`]), a
+//! `cron_tick` span per tick (job, scheduled_at, replica, outcome), an info
+//! event per tick, and through the [`metrics`] facade:
+//!
+//! | name | kind | labels |
+//! | --- | --- | --- |
+//! | `distlock_cron_ticks_total` | counter | job, outcome ([`TickOutcome::label`]) |
+//! | `distlock_cron_run_duration_seconds` | histogram | job |
+//! | `distlock_cron_lag_seconds` | histogram | job (scheduled instant to start) |
+//!
+//! Labels never carry a key or an instant. Wrap the locker with
+//! [`LockerExt::with_metrics`](crate::LockerExt::with_metrics) and
+//! [`with_tracing`](crate::LockerExt::with_tracing) to see each claim too.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::{Error, Locker, Result};
+
+mod clock;
+mod job;
+mod tick;
+
+pub use chrono;
+pub use clock::{Clock, SkewedClock, SystemClock, TokioClock};
+pub use job::{Job, Missed, Overlap, DEFAULT_AT_MOST, DEFAULT_MAX_SKEW, MAX_JOB_NAME_LEN};
+pub use tick::{JobContext, JobResult, TickOutcome, TickReport};
+
+use job::{since, Compiled};
+use tick::{Handler, JobEnv, Observer, Phase};
+
+/// Default [`Scheduler::stop_timeout`].
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs named jobs on cron schedules, each tick once across every replica
+/// that runs the same jobs over the same backend (see the [module
+/// docs](self)).
+pub struct Scheduler {
+    shared: Shared,
+    jobs: Vec<(Compiled, Handler)>,
+}
+
+/// What every job of a scheduler shares.
+struct Shared {
+    locker: Arc<dyn Locker>,
+    clock: Arc<dyn Clock>,
+    replica: Arc<str>,
+    observer: Option<Observer>,
+    stop_timeout: Duration,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("locker", &self.shared.locker)
+            .field("replica", &self.shared.replica)
+            .field(
+                "jobs",
+                &self
+                    .jobs
+                    .iter()
+                    .map(|(job, _)| &job.name)
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    /// A scheduler with no jobs over `locker`, on the system clock, named
+    /// `hostname:pid`.
+    pub fn new(locker: Arc<dyn Locker>) -> Self {
+        Scheduler {
+            shared: Shared {
+                locker,
+                clock: Arc::new(SystemClock),
+                replica: default_replica_id().into(),
+                observer: None,
+                stop_timeout: DEFAULT_STOP_TIMEOUT,
+            },
+            jobs: Vec::new(),
+        }
+    }
+
+    /// Names this replica in logs, reports and [`JobContext::replica`]
+    /// (default `hostname:pid`).
+    pub fn replica_id(mut self, id: impl Into<String>) -> Self {
+        self.shared.replica = id.into().into();
+        self
+    }
+
+    /// Reads the time from `clock` instead of the system's (tests: a
+    /// [`TokioClock`] on paused time, a [`SkewedClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.shared.clock = Arc::new(clock);
+        self
+    }
+
+    /// Calls `observer` once per tick per replica with what happened. It
+    /// runs on the tick's task: keep it quick.
+    pub fn on_tick(mut self, observer: impl Fn(&TickReport) + Send + Sync + 'static) -> Self {
+        self.shared.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// How long a job still running when the shutdown's grace period ends
+    /// may take to stop after [`JobContext::stop_requested`] fires, before
+    /// its future is dropped (default [`DEFAULT_STOP_TIMEOUT`]).
+    pub fn stop_timeout(mut self, timeout: Duration) -> Self {
+        self.shared.stop_timeout = timeout;
+        self
+    }
+
+    /// Adds `job`, run by `handler` on every tick this replica wins.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the job and the field for anything
+    /// [`Job::validate`] rejects, or for a second job of the same name.
+    pub fn add<F, Fut>(&mut self, job: Job, handler: F) -> Result<()>
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = JobResult> + Send + 'static,
+    {
+        let compiled = job.compile()?;
+        if self
+            .jobs
+            .iter()
+            .any(|(other, _)| other.name == compiled.name)
+        {
+            return Err(Error::invalid(
+                "job name",
+                format!("job {:?} is defined twice", compiled.name),
+            ));
+        }
+        let handler: Handler = Arc::new(move |context| handler(context).boxed());
+        self.jobs.push((compiled, handler));
+        Ok(())
+    }
+
+    /// Starts every job on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] outside a tokio runtime.
+    pub fn start(self) -> Result<RunningScheduler> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::invalid(
+                "runtime",
+                "Scheduler::start must be called inside a tokio runtime",
+            )
+        })?;
+        let (phase, watcher) = watch::channel(Phase::Running);
+        let mut loops = JoinSet::new();
+        let mut names = HashSet::new();
+        for (job, handler) in self.jobs {
+            names.insert(job.name.clone());
+            let env = Arc::new(JobEnv::new(job, handler, &self.shared, watcher.clone()));
+            loops.spawn_on(job_loop(env), &runtime);
+        }
+        Ok(RunningScheduler {
+            phase,
+            loops,
+            stop_timeout: self.shared.stop_timeout,
+        })
+    }
+
+    /// Runs every job until `shutdown` resolves, then shuts down with
+    /// `grace` (see [`RunningScheduler::shutdown`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops every job's future at once; their leases
+    /// are released in the background.
+    pub async fn run(self, shutdown: impl Future<Output = ()>, grace: Duration) -> Result<()> {
+        let running = self.start()?;
+        shutdown.await;
+        running.shutdown(grace).await;
+        Ok(())
+    }
+}
+
+/// A started [`Scheduler`]. Dropping it stops every job at once (their
+/// futures are dropped, their leases released in the background); prefer
+/// [`shutdown`](Self::shutdown).
+#[derive(Debug)]
+pub struct RunningScheduler {
+    phase: watch::Sender<Phase>,
+    loops: JoinSet<()>,
+    stop_timeout: Duration,
+}
+
+impl RunningScheduler {
+    /// Graceful shutdown: no new ticks start; running jobs may finish
+    /// within `grace` (and tick claims stay held until `at_least` within
+    /// it); then [`JobContext::stop_requested`] fires and jobs still running
+    /// [`Scheduler::stop_timeout`] later are dropped. Returns when every
+    /// claim is released; at most about `grace + stop_timeout` plus the
+    /// releases' own bound.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops every job still running.
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.phase.send_replace(Phase::Draining);
+        if self.join_within(grace).await {
+            return;
+        }
+        self.phase.send_replace(Phase::Stopping);
+        // Past the stop timeout the tick tasks drop their handlers and
+        // release; give the releases their own bound.
+        let releases = crate::DEFAULT_RELEASE_TIMEOUT.saturating_mul(2);
+        if self
+            .join_within(self.stop_timeout.saturating_add(releases))
+            .await
+        {
+            return;
+        }
+        tracing::warn!(
+            component = "distlock",
+            "cron jobs did not stop in time; dropping them"
+        );
+        self.loops.shutdown().await;
+    }
+
+    /// True if every job loop ended within `limit`.
+    async fn join_within(&mut self, limit: Duration) -> bool {
+        let all = async { while self.loops.join_next().await.is_some() {} };
+        tokio::time::timeout(limit, all).await.is_ok()
+    }
+}
+
+/// `hostname:pid`, or `pid` alone if the host name cannot be read.
+fn default_replica_id() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most
+    // that many bytes.
+    let ok = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } == 0;
+    let end = buffer.iter().position(|b| *b == 0).unwrap_or(buffer.len());
+    let host = String::from_utf8_lossy(&buffer[..end]);
+    match ok && !host.is_empty() {
+        true => format!("{host}:{}", std::process::id()),
+        false => std::process::id().to_string(),
+    }
+}
+
+/// Ticks counted when reporting a late wake-up, at most.
+const MISSED_COUNT_LIMIT: u64 = 10_000;
+/// The longest sleep between two looks at the clock: a wall clock that is
+/// stepped (NTP, a test's skew) is noticed within this.
+const CLOCK_RECHECK: Duration = Duration::from_secs(1);
+
+/// One job on this replica: sleep to each tick, hand it to a task, repeat
+/// until the scheduler drains; then wait for the tick tasks.
+async fn job_loop(env: Arc<JobEnv>) {
+    let mut tasks = JoinSet::new();
+    let mut phase = env.phase.clone();
+    let look_back = match env.job.missed {
+        Missed::CatchUp { look_back } => Some(look_back),
+        Missed::Skip => None,
+    };
+    let mut cursor = env.clock.now();
+    if let Some(look_back) = look_back {
+        catch_up(&env, &mut tasks, cursor, look_back);
+    }
+    while *phase.borrow() == Phase::Running {
+        let Some(next) = env.job.next_after(cursor) else {
+            tracing::warn!(component = "distlock", job = %env.job.name, "the schedule has no further tick; the job stops");
+            break;
+        };
+        let left = since(next, env.clock.now());
+        if !left.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(left.min(CLOCK_RECHECK)) => {}
+                changed = phase.changed() => if changed.is_err() { break },
+                () = env.run_ended.notified(), if look_back.is_some() => {
+                    if let Some(look_back) = look_back {
+                        catch_up(&env, &mut tasks, env.clock.now(), look_back);
+                    }
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+            continue;
+        }
+        // Due. If this replica woke late, the latest due tick runs and the
+        // ones before it are reported missed.
+        let now = env.clock.now();
+        let due = env
+            .job
+            .latest_at_or_before(now)
+            .filter(|due| *due > next)
+            .unwrap_or(next);
+        if due > next {
+            let count = count_between(&env.job, next, due);
+            tick::report(&env, next, false, TickOutcome::Missed { count });
+        }
+        cursor = due;
+        tasks.spawn(tick::tick(env.clone(), due, false));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Ticks from `first` (included) to `last` (excluded), up to
+/// [`MISSED_COUNT_LIMIT`].
+fn count_between(job: &Compiled, first: DateTime<Utc>, last: DateTime<Utc>) -> u64 {
+    let mut count = 0;
+    let mut at = first;
+    while at < last && count < MISSED_COUNT_LIMIT {
+        count += 1;
+        match job.next_after(at) {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    count
+}
+
+/// Tries the latest tick at or before `now`, if it lies within
+/// `look_back`: the mark decides whether anyone ran it.
+fn catch_up(env: &Arc<JobEnv>, tasks: &mut JoinSet<()>, now: DateTime<Utc>, look_back: Duration) {
+    let Some(latest) = env.job.latest_at_or_before(now) else {
+        return;
+    };
+    if since(now, latest) <= look_back {
+        tasks.spawn(tick::tick(env.clone(), latest, true));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,625 @@
+//! What an [`EtcdLocker`](super::EtcdLocker) connects to and how: [`Config`],
+//! read from a URL, environment variables, JSON or YAML, as the Redis
+//! backend's.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+pub use crate::config_util::Password;
+use crate::config_util::{decoded, duration_text, parse_bool, parse_duration};
+use crate::{Error, Result};
+
+/// The key prefix used unless configured otherwise: the distlock key `K` is
+/// the etcd lock name `lock:K`, the name `etcdctl lock lock:K` takes.
+pub const DEFAULT_KEY_PREFIX: &str = "lock:";
+/// How long establishing a connection to one member may take, unless
+/// configured otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long one request (a transaction, a get, a lease grant) may take,
+/// unless configured otherwise. etcd-client has no default: without one a
+/// request to a cluster that lost its quorum waits for ever.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a lease keep-alive may go unanswered before the keep-alive
+/// stream is reopened, and the HTTP/2 ping timeout of the connections,
+/// unless configured otherwise.
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The port used when an endpoint names none.
+pub const DEFAULT_PORT: u16 = 2379;
+/// Environment variables read by [`Config::from_env`] start with this.
+pub const ENV_PREFIX: &str = "DISTLOCK_ETCD_";
+
+/// The query parameters [`Config::from_url`] understands.
+const URL_PARAMETERS: &str = "prefix, connect_timeout, request_timeout, keepalive_timeout, ca_file";
+
+/// How to reach an etcd cluster and how to name locks in it.
+///
+/// Build it from a URL ([`Config::from_url`]), the environment
+/// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
+/// ([`Config::from_yaml`]), or in code from [`Config::default`]. Field names
+/// in JSON and YAML are camelCase (`keyPrefix`, `connectTimeout`, ...); the
+/// snake_case spellings are accepted too, unknown fields are rejected.
+///
+/// `Debug` never shows the password (see [`Password`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::etcd::Config;
+///
+/// let config = Config {
+///     endpoints: vec!["10.0.0.5:2379".into(), "10.0.0.6:2379".into()],
+///     password: Some("s3cret".into()),
+///     username: Some("app".into()),
+///     request_timeout: Duration::from_millis(500),
+///     ..Config::default()
+/// };
+/// assert_eq!(config.key_prefix, "lock:");
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// etcd user (etcd's auth). `None` for a cluster without auth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// The user's password.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Password>,
+    /// Prepended to every key: the caller's key `k` is the etcd lock name
+    /// `<key_prefix>k`, whose lock keys are `<key_prefix>k/<lease id in
+    /// hex>`. Default [`DEFAULT_KEY_PREFIX`].
+    #[serde(alias = "key_prefix")]
+    pub key_prefix: String,
+    /// `host:port` of each member (the port defaults to 2379). Requests are
+    /// balanced over every endpoint; a member that is down is skipped.
+    pub endpoints: Vec<String>,
+    /// Connect with TLS (rustls on the `ring` provider), verifying the
+    /// members against the system's root certificates, or against
+    /// [`ca_file`](Config::ca_file), as an `etcd+https://` URL does.
+    pub tls: bool,
+    /// A PEM file of the certificate authority that signed the members'
+    /// certificates (implies [`tls`](Config::tls)).
+    #[serde(alias = "ca_file", skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Bound on establishing a connection to one member. Default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
+    #[serde(alias = "connect_timeout", with = "duration_text")]
+    pub connect_timeout: Duration,
+    /// Bound on every request: each transaction, get, lease grant or
+    /// revoke, and each step of a wait other than the wait itself.
+    /// Default [`DEFAULT_REQUEST_TIMEOUT`]. An acquire whose answer timed
+    /// out may have written its key: it is deleted by lease and owner before
+    /// the error is reported (see the [module docs](super)).
+    #[serde(alias = "request_timeout", with = "duration_text")]
+    pub request_timeout: Duration,
+    /// How long one lease keep-alive may go unanswered before the stream is
+    /// reopened (the lease is given up only when its ttl is nearly spent),
+    /// and the HTTP/2 keep-alive ping interval and timeout of the
+    /// connections, so a dead connection is noticed even while idle.
+    /// Default [`DEFAULT_KEEPALIVE_TIMEOUT`].
+    #[serde(alias = "keepalive_timeout", with = "duration_text")]
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            username: None,
+            password: None,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            endpoints: Vec::new(),
+            tls: false,
+            ca_file: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `etcd://[user:password@]host1[:port][,host2[:port]...][/][?params]`,
+    /// or `etcd+https://...` for TLS.
+    ///
+    /// User name and password are percent-decoded. Parameters: `prefix`
+    /// (the key prefix; may be empty), `connect_timeout`, `request_timeout`
+    /// and `keepalive_timeout` (durations such as `2s` or `250ms`), and
+    /// `ca_file` (a PEM path; implies TLS). Anything else is
+    /// [`Error::InvalidInput`], as is a URL without an endpoint. Error
+    /// messages never contain the password.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::etcd::Config;
+    ///
+    /// let config = Config::from_url(
+    ///     "etcd+https://app:p%40ss@etcd-1:2379,etcd-2,[::1]:2381?prefix=jobs:&request_timeout=500ms",
+    /// )?;
+    /// assert_eq!(config.endpoints, ["etcd-1:2379", "etcd-2:2379", "[::1]:2381"]);
+    /// assert_eq!(config.username.as_deref(), Some("app"));
+    /// assert_eq!(config.password.as_ref().map(|p| p.expose()), Some("p@ss"));
+    /// assert!(config.tls);
+    /// assert_eq!(config.key_prefix, "jobs:");
+    /// assert_eq!(config.request_timeout, Duration::from_millis(500));
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Config> {
+        let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact_url(url)));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("not a URL".into()))?;
+        let tls = match scheme {
+            "etcd" => false,
+            "etcd+https" => true,
+            other => {
+                return Err(bad(format!(
+                    "scheme {other:?} is neither etcd nor etcd+https"
+                )))
+            }
+        };
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(at) => rest.split_at(at),
+            None => (rest, ""),
+        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        if !path.is_empty() && path != "/" {
+            return Err(bad(format!(
+                "the path {path:?} means nothing here; etcd has no databases"
+            )));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let mut config = Config {
+            tls,
+            ..Config::default()
+        };
+        if let Some(userinfo) = userinfo {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            config.username = decoded(user).map_err(|e| bad(format!("user name: {e}")))?;
+            config.password = match password {
+                Some(text) => decoded(text)
+                    .map_err(|e| bad(format!("password: {e}")))?
+                    .map(Password::new),
+                None => None,
+            };
+        }
+        for host in hosts.split(',').filter(|h| !h.is_empty()) {
+            let (host, port) = parse_address(host).map_err(&bad)?;
+            config.endpoints.push(format_address(&host, port));
+        }
+        if config.endpoints.is_empty() {
+            return Err(bad("the URL names no endpoint".into()));
+        }
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            match &*name {
+                "prefix" => config.key_prefix = value.into_owned(),
+                "connect_timeout" => {
+                    config.connect_timeout = parse_duration(&name, &value).map_err(&bad)?
+                }
+                "request_timeout" => {
+                    config.request_timeout = parse_duration(&name, &value).map_err(&bad)?
+                }
+                "keepalive_timeout" => {
+                    config.keepalive_timeout = parse_duration(&name, &value).map_err(&bad)?
+                }
+                "ca_file" => {
+                    config.ca_file = Some(PathBuf::from(value.into_owned()));
+                    config.tls = true;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?}; known: {URL_PARAMETERS}"
+                    )))
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Reads the `DISTLOCK_ETCD_*` environment variables over the defaults:
+    ///
+    /// | variable | field |
+    /// | --- | --- |
+    /// | `DISTLOCK_ETCD_USERNAME` | [`username`](Config::username) (empty: none) |
+    /// | `DISTLOCK_ETCD_PASSWORD` | [`password`](Config::password) (empty: none) |
+    /// | `DISTLOCK_ETCD_KEY_PREFIX` | [`key_prefix`](Config::key_prefix) (set but empty: no prefix) |
+    /// | `DISTLOCK_ETCD_ENDPOINTS` | [`endpoints`](Config::endpoints), comma-separated |
+    /// | `DISTLOCK_ETCD_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
+    /// | `DISTLOCK_ETCD_CA_FILE` | [`ca_file`](Config::ca_file) |
+    /// | `DISTLOCK_ETCD_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
+    /// | `DISTLOCK_ETCD_REQUEST_TIMEOUT` | [`request_timeout`](Config::request_timeout) |
+    /// | `DISTLOCK_ETCD_KEEPALIVE_TIMEOUT` | [`keepalive_timeout`](Config::keepalive_timeout) |
+    ///
+    /// Other variables with the prefix are ignored. A malformed value is
+    /// [`Error::InvalidInput`] naming the variable.
+    pub fn from_env() -> Result<Config> {
+        let mut vars = Vec::new();
+        for (name, value) in std::env::vars_os() {
+            let Some(name) = name.to_str().filter(|n| n.starts_with(ENV_PREFIX)) else {
+                continue;
+            };
+            let value = value.into_string().map_err(|_| {
+                Error::invalid(
+                    "config",
+                    format!("environment variable {name} is not UTF-8"),
+                )
+            })?;
+            vars.push((name.to_owned(), value));
+        }
+        Config::from_env_vars(vars)
+    }
+
+    /// [`from_env`](Config::from_env) over the given `(name, value)` pairs
+    /// instead of the process environment.
+    ///
+    /// ```
+    /// use distlock::etcd::Config;
+    ///
+    /// let config = Config::from_env_vars([
+    ///     ("DISTLOCK_ETCD_ENDPOINTS", "etcd-1:2379, etcd-2:2379"),
+    ///     ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
+    ///     ("PATH", "/usr/bin"),
+    /// ])?;
+    /// assert_eq!(config.endpoints, ["etcd-1:2379", "etcd-2:2379"]);
+    /// assert_eq!(config.key_prefix, "jobs:");
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn from_env_vars<I, K, V>(vars: I) -> Result<Config>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: Into<String>,
+    {
+        let mut config = Config::default();
+        for (name, value) in vars {
+            let name = name.as_ref();
+            let Some(field) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let value: String = value.into();
+            let bad = |reason: String| Error::invalid("config", format!("{name}: {reason}"));
+            match field {
+                "USERNAME" => config.username = Some(value).filter(|v| !v.is_empty()),
+                "PASSWORD" => {
+                    config.password = Some(value).filter(|v| !v.is_empty()).map(Password::new)
+                }
+                "KEY_PREFIX" => config.key_prefix = value,
+                "ENDPOINTS" => {
+                    config.endpoints = value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|a| !a.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                }
+                "TLS" => config.tls = parse_bool(&value).map_err(bad)?,
+                "CA_FILE" => config.ca_file = Some(value).filter(|v| !v.is_empty()).map(Into::into),
+                "CONNECT_TIMEOUT" => {
+                    config.connect_timeout = parse_duration(name, &value).map_err(bad)?
+                }
+                "REQUEST_TIMEOUT" => {
+                    config.request_timeout = parse_duration(name, &value).map_err(bad)?
+                }
+                "KEEPALIVE_TIMEOUT" => {
+                    config.keepalive_timeout = parse_duration(name, &value).map_err(bad)?
+                }
+                _ => {}
+            }
+        }
+        Ok(config)
+    }
+
+    /// Reads a JSON object with the fields of [`Config`] (all optional).
+    ///
+    /// ```
+    /// use distlock::etcd::Config;
+    ///
+    /// let config = Config::from_json(r#"{"endpoints": ["etcd:2379"], "keyPrefix": "jobs:"}"#)?;
+    /// assert_eq!(config.key_prefix, "jobs:");
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn from_json(text: &str) -> Result<Config> {
+        serde_json::from_str(text)
+            .map_err(|e| Error::invalid("config", format!("invalid etcd config JSON: {e}")))
+    }
+
+    /// Reads a YAML mapping with the fields of [`Config`] (all optional).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::etcd::Config;
+    ///
+    /// let config = Config::from_yaml("
+    /// endpoints: [etcd-1:2379, etcd-2:2379]
+    /// password: 'hunter2'
+    /// requestTimeout: 750ms
+    /// ")?;
+    /// assert_eq!(config.request_timeout, Duration::from_millis(750));
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    pub fn from_yaml(text: &str) -> Result<Config> {
+        serde_yaml_ng::from_str(text)
+            .map_err(|e| Error::invalid("config", format!("invalid etcd config YAML: {e}")))
+    }
+
+    /// Checks the config and resolves its endpoints to the URLs etcd-client
+    /// connects to (`http://h:p` or `https://h:p`).
+    pub(crate) fn endpoint_urls(&self) -> Result<Vec<String>> {
+        let bad = |reason: String| Error::invalid("config", reason);
+        if self.endpoints.is_empty() {
+            return Err(bad(format!(
+                "no etcd endpoint: set `endpoints` (or {ENV_PREFIX}ENDPOINTS), or use an etcd:// URL"
+            )));
+        }
+        for (name, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+            ("keepalive_timeout", self.keepalive_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(bad(format!("{name} is zero; it must be positive")));
+            }
+        }
+        if self.password.is_some() && self.username.is_none() {
+            return Err(bad(
+                "a password without a user name; etcd authenticates a named user".into(),
+            ));
+        }
+        let scheme = if self.uses_tls() { "https" } else { "http" };
+        self.endpoints
+            .iter()
+            .map(|endpoint| {
+                let (host, port) = parse_address(endpoint).map_err(bad)?;
+                Ok(format!("{scheme}://{}", format_address(&host, port)))
+            })
+            .collect()
+    }
+
+    /// Whether connections use TLS.
+    pub(crate) fn uses_tls(&self) -> bool {
+        self.tls || self.ca_file.is_some()
+    }
+
+    /// The cluster as a URL without the password, for messages.
+    pub(crate) fn display_url(&self) -> String {
+        let scheme = if self.uses_tls() {
+            "etcd+https"
+        } else {
+            "etcd"
+        };
+        let user = match &self.username {
+            Some(name) => format!("{name}@"),
+            None => String::new(),
+        };
+        format!("{scheme}://{user}{}", self.endpoints.join(","))
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display_url())
+    }
+}
+
+/// The URL with any password replaced by `***`: `util::redact` cannot parse
+/// the multi-host form, so the user information is cut by hand.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "…".to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let shown = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_owned()
+            };
+            format!("{scheme}://{shown}@{hosts}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// `host:port`, bracketing IPv6 hosts.
+fn format_address(host: &str, port: u16) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
+        _ => format!("{host}:{port}"),
+    }
+}
+
+/// Splits `host`, `host:port`, `[v6]` or `[v6]:port` (IPv6 without brackets
+/// in the result).
+fn parse_address(address: &str) -> std::result::Result<(String, u16), String> {
+    if address.contains('@') {
+        return Err(
+            "an endpoint must not carry credentials; set username and password instead".into(),
+        );
+    }
+    if address.contains("://") {
+        return Err(format!(
+            "{address:?} is a URL; endpoints are host:port (set tls for TLS)"
+        ));
+    }
+    let not_an_address = || format!("{address:?} is not a host:port address");
+    let url = Url::parse(&format!("http://{}", address.trim())).map_err(|_| not_an_address())?;
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err(not_an_address());
+    }
+    let host = match url.host().ok_or_else(not_an_address)? {
+        url::Host::Domain("") => return Err(not_an_address()),
+        url::Host::Domain(domain) => domain.to_owned(),
+        url::Host::Ipv4(ip) => ip.to_string(),
+        url::Host::Ipv6(ip) => ip.to_string(),
+    };
+    // `http` has a default port that `Url` hides: ask for it explicitly.
+    let port = match url.port() {
+        Some(port) => port,
+        None if address.trim().ends_with(":80") => 80,
+        None => DEFAULT_PORT,
+    };
+    Ok((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_give_every_field() {
+        let config = Config::from_url(
+            "etcd://alice:p%40ss%3Aword@e1:2379,e2:2380/?prefix=app:&connect_timeout=3s&keepalive_timeout=250ms",
+        )
+        .unwrap();
+        assert_eq!(config.username.as_deref(), Some("alice"));
+        assert_eq!(config.password, Some(Password::new("p@ss:word")));
+        assert_eq!(config.endpoints, ["e1:2379", "e2:2380"]);
+        assert!(!config.tls);
+        assert_eq!(config.key_prefix, "app:");
+        assert_eq!(config.connect_timeout, Duration::from_secs(3));
+        assert_eq!(config.keepalive_timeout, Duration::from_millis(250));
+        assert_eq!(config.request_timeout, DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(
+            config.endpoint_urls().unwrap(),
+            ["http://e1:2379", "http://e2:2380"]
+        );
+        let tls = Config::from_url("etcd://h?ca_file=/etc/ca.pem").unwrap();
+        assert!(tls.uses_tls());
+        assert_eq!(tls.endpoint_urls().unwrap(), ["https://h:2379"]);
+        assert_eq!(Config::from_url("etcd://h:80").unwrap().endpoints, ["h:80"]);
+    }
+
+    #[test]
+    fn bad_urls_say_why_without_the_password() {
+        let cases = [
+            ("etcd://u:topsecret@h/db", "no databases"),
+            ("etcd://u:topsecret@h?pool=3", "unknown parameter \"pool\""),
+            (
+                "etcd://u:topsecret@h?request_timeout=soon",
+                "not a duration",
+            ),
+            ("etcd://u:topsecret@/", "no endpoint"),
+            ("etcd://u:topsecret@h:notaport", "not a host:port"),
+            ("http://u:topsecret@h", "neither etcd nor etcd+https"),
+        ];
+        for (url, expected) in cases {
+            let err = Config::from_url(url).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                matches!(err, Error::InvalidInput { what: "url", .. }),
+                "{message}"
+            );
+            assert!(message.contains(expected), "{url}: {message}");
+            assert!(
+                !message.contains("topsecret"),
+                "leaks the password: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_and_display_never_show_the_password() {
+        let config = Config::from_url("etcd+https://bob:hunter2@h:1,g:2").unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && debug.contains("***"),
+            "{debug}"
+        );
+        assert_eq!(config.to_string(), "etcd+https://bob@h:1,g:2");
+        assert_eq!(
+            redact_url("etcd://bob:hunter2@h:1,g:2/?prefix=x"),
+            "etcd://bob:***@h:1,g:2/?prefix=x"
+        );
+    }
+
+    #[test]
+    fn env_vars_override_the_defaults() {
+        let config = Config::from_env_vars([
+            ("DISTLOCK_ETCD_USERNAME", "svc"),
+            ("DISTLOCK_ETCD_PASSWORD", "pw"),
+            ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
+            ("DISTLOCK_ETCD_ENDPOINTS", " a:1 , b:2,"),
+            ("DISTLOCK_ETCD_TLS", "yes"),
+            ("DISTLOCK_ETCD_CA_FILE", "/ca.pem"),
+            ("DISTLOCK_ETCD_CONNECT_TIMEOUT", "2s"),
+            ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "50ms"),
+            ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "3s"),
+            ("DISTLOCK_ETCD_SOMETHING_ELSE", "ignored"),
+        ])
+        .unwrap();
+        assert_eq!(
+            config,
+            Config {
+                username: Some("svc".into()),
+                password: Some("pw".into()),
+                key_prefix: "jobs:".into(),
+                endpoints: vec!["a:1".into(), "b:2".into()],
+                tls: true,
+                ca_file: Some("/ca.pem".into()),
+                connect_timeout: Duration::from_secs(2),
+                request_timeout: Duration::from_millis(50),
+                keepalive_timeout: Duration::from_secs(3),
+            }
+        );
+        let err = Config::from_env_vars([("DISTLOCK_ETCD_TLS", "maybe")]).unwrap_err();
+        assert!(err.to_string().contains("DISTLOCK_ETCD_TLS"), "{err}");
+    }
+
+    #[test]
+    fn json_and_yaml_read_the_same_fields() {
+        let json = r#"{"username":"u","password":"p","keyPrefix":"x:","endpoints":["h:1"],
+                       "tls":true,"connectTimeout":"2s","requestTimeout":"100ms","keepaliveTimeout":"1s"}"#;
+        let yaml = "
+username: u
+password: p
+key_prefix: 'x:'
+endpoints: ['h:1']
+tls: true
+connect_timeout: 2s
+requestTimeout: 100ms
+keepaliveTimeout: 1s
+";
+        let from_json = Config::from_json(json).unwrap();
+        assert_eq!(from_json, Config::from_yaml(yaml).unwrap());
+        let text = serde_json::to_string(&from_json).unwrap();
+        assert_eq!(Config::from_json(&text).unwrap(), from_json);
+        let err = Config::from_yaml("endpionts: [h]").unwrap_err().to_string();
+        assert!(err.contains("endpionts"), "{err}");
+    }
+
+    #[test]
+    fn configs_are_checked_before_connecting() {
+        let none = Config::default().endpoint_urls().unwrap_err().to_string();
+        assert!(none.contains("no etcd endpoint"), "{none}");
+        let base = Config {
+            endpoints: vec!["h".into()],
+            ..Config::default()
+        };
+        let zero = Config {
+            request_timeout: Duration::ZERO,
+            ..base.clone()
+        };
+        assert!(zero
+            .endpoint_urls()
+            .unwrap_err()
+            .to_string()
+            .contains("request_timeout"));
+        let anonymous = Config {
+            password: Some("pw".into()),
+            ..base
+        };
+        assert!(anonymous.endpoint_urls().is_err());
+    }
+}

@@ -1,0 +1,114 @@
+//! etcd-client's errors as distlock's: every failure is an outage
+//! ([`Error::Backend`]), never contention, with the client's error kept as
+//! the source and the cluster it happened on in the message.
+
+use std::fmt;
+
+use crate::Error;
+
+use super::BACKEND;
+
+/// An etcd-client error with where it happened (the cluster, without the
+/// password).
+#[derive(Debug)]
+pub(super) struct Failure {
+    cluster: String,
+    source: etcd_client::Error,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.cluster, self.source)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// A failure this backend detected itself (not an etcd-client error).
+#[derive(Debug)]
+pub(super) struct Plain(pub(super) String);
+
+impl fmt::Display for Plain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Plain {}
+
+/// `source` as [`Error::Backend`] of `operation` on `cluster`.
+/// `outcome_unknown`: the request may have been applied (see
+/// [`Error::is_outcome_unknown`]).
+pub(super) fn backend(
+    cluster: &str,
+    operation: &'static str,
+    source: etcd_client::Error,
+    outcome_unknown: bool,
+) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        operation,
+        outcome_unknown,
+        source: Box::new(Failure {
+            cluster: cluster.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// A failure this backend found itself, as [`Error::Backend`].
+pub(super) fn plain(operation: &'static str, message: String) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        operation,
+        outcome_unknown: false,
+        source: Box::new(Plain(message)),
+    }
+}
+
+/// Whether a request that failed with `error` was certainly not applied:
+/// the server refused it before proposing it (bad arguments, auth, a lease
+/// it does not know). Anything else (a transport error, a timeout, no
+/// leader, an unknown status) may have been applied.
+pub(super) fn certainly_not_applied(error: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match error {
+        etcd_client::Error::GRpcStatus(status) if !not_sent(error) => matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::NotFound
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+                | Code::ResourceExhausted
+        ),
+        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => true,
+        other => not_sent(other),
+    }
+}
+
+/// Whether `error` means the request never left this process (no
+/// connection to the member the balancer picked: refused, or no route), so
+/// sending it again, to another member, cannot apply it twice.
+pub(super) fn not_sent(error: &etcd_client::Error) -> bool {
+    let text = match error {
+        etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable => {
+            status.message().to_owned()
+        }
+        etcd_client::Error::TransportError(error) => format!("{error:?}"),
+        _ => return false,
+    };
+    text.contains("connect error") || text.contains("ConnectError")
+}
+
+/// Whether etcd says the lease a request named does not exist (it expired
+/// or was revoked): the session behind it is gone.
+pub(super) fn lease_not_found(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status)
+        if status.message().contains("requested lease not found"))
+}

@@ -1,0 +1,90 @@
+//! Durable marks ([`crate::Locker::advance_mark`]) on etcd: one key per mark,
+//! raised by compare-and-put transactions.
+//!
+//! The key is `<key prefix><name>:mark` with every `/` and `%` of the name
+//! percent-encoded: a key with a `/` in it would sit inside the queue of the
+//! lock named by what comes before the `/` (`P/` is lock `P`'s queue), and
+//! the mutex recipe would count it as a contender. The value is
+//! [`encode_mark`]'s fixed-width encoding, which etcd's byte-wise value
+//! comparison orders like the integers.
+
+use etcd_client::{Compare, CompareOp, KvClient, Txn, TxnOp, TxnOpResponse};
+
+use crate::util::encode_mark;
+
+/// The etcd key of mark `name` under `key_prefix`.
+pub(super) fn mark_key(key_prefix: &str, name: &str) -> String {
+    let escaped = name.replace('%', "%25").replace('/', "%2F");
+    format!("{key_prefix}{escaped}:mark")
+}
+
+/// What the transactions found, values still encoded.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Raw {
+    Advanced { previous: Option<String> },
+    AlreadyAt { current: String },
+}
+
+/// How often a mark created by another client between our two
+/// transactions sends us round again. Marks are never deleted by distlock,
+/// so a second round finds the key; the bound only stops a loop against a
+/// client that keeps deleting it.
+const ROUNDS: usize = 3;
+
+/// Raises the mark at `key` to `value` if it is lower or absent.
+///
+/// etcd fails a value comparison on a missing key, so two transactions
+/// cover the two cases: "lower than `value`: read it, then put" and, if the
+/// key is missing, "create revision 0: put".
+pub(super) async fn advance(
+    mut client: KvClient,
+    key: &str,
+    value: i64,
+) -> Result<Option<Raw>, etcd_client::Error> {
+    let encoded = encode_mark(value);
+    for _ in 0..ROUNDS {
+        let raise = Txn::new()
+            .when([Compare::value(key, CompareOp::Less, encoded.as_str())])
+            .and_then([
+                TxnOp::get(key, None),
+                TxnOp::put(key, encoded.as_str(), None),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        let response = client.txn(raise).await?;
+        let stored = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(get)) => get
+                .kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            _ => None,
+        };
+        match (response.succeeded(), stored) {
+            (true, previous) => return Ok(Some(Raw::Advanced { previous })),
+            (false, Some(current)) => return Ok(Some(Raw::AlreadyAt { current })),
+            (false, None) => {}
+        }
+        let create = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, encoded.as_str(), None)]);
+        if client.txn(create).await?.succeeded() {
+            return Ok(Some(Raw::Advanced { previous: None }));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mark_keys_never_fall_inside_a_lock_queue() {
+        assert_eq!(mark_key("lock:", "cron:report"), "lock:cron:report:mark");
+        assert_eq!(
+            mark_key("lock:", "jobs/nightly"),
+            "lock:jobs%2Fnightly:mark"
+        );
+        assert_eq!(mark_key("lock:", "100%/x"), "lock:100%25%2Fx:mark");
+        assert!(!mark_key("lock:", "a/b/c").contains('/'));
+    }
+}

@@ -1,0 +1,314 @@
+//! etcd's mutex recipe, as `concurrency.Mutex` writes it
+//! (<https://github.com/etcd-io/etcd/blob/main/client/v3/concurrency/mutex.go>),
+//! so that our locks, `etcdctl lock` and Go services order themselves in one
+//! queue:
+//!
+//! - the lock name `P` has one key per contender, `P/<lease id in hex>`,
+//!   attached to the contender's lease and written in a transaction only if
+//!   absent;
+//! - the holder is the key under `P/` with the lowest create revision;
+//! - a waiter watches the key just ahead of it (the highest create revision
+//!   below its own) until it is deleted, then looks again, until none is
+//!   left ahead.
+//!
+//! Our keys' values are the secret part of the owner token (etcd's mutex
+//! writes an empty value and never reads it), so that release and refresh
+//! check the grant's create revision *and* a secret nobody else has.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use tokio::time::Instant;
+
+/// The prefix of every contender's key of lock name `name`: `name/`.
+pub(super) fn queue_prefix(name: &str) -> String {
+    format!("{name}/")
+}
+
+/// The key a contender holding lease `lease` writes for `name`:
+/// `name/<lease in lowercase hex>`, as Go's `fmt.Sprintf("%s%x", pfx, lease)`.
+pub(super) fn contender_key(name: &str, lease: i64) -> String {
+    format!("{name}/{lease:x}")
+}
+
+/// What a granted lock's owner token carries: enough to release or check
+/// the lock from any process, without the lease value.
+///
+/// Format: `<lease id, hex>:<create revision, decimal>:<secret, 32 hex>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Token {
+    pub(super) lease: i64,
+    pub(super) revision: i64,
+    pub(super) secret: String,
+}
+
+impl Token {
+    pub(super) fn encode(&self) -> String {
+        format!("{:x}:{}:{}", self.lease, self.revision, self.secret)
+    }
+
+    /// `None` for anything not in the format: such a token holds nothing.
+    pub(super) fn parse(token: &str) -> Option<Token> {
+        let mut parts = token.split(':');
+        let lease = i64::from_str_radix(parts.next()?, 16).ok()?;
+        let revision = parts.next()?.parse().ok()?;
+        let secret = parts.next()?.to_owned();
+        let well_formed = parts.next().is_none()
+            && lease > 0
+            && revision > 0
+            && secret.len() == 32
+            && secret.bytes().all(|b| b.is_ascii_hexdigit());
+        well_formed.then_some(Token {
+            lease,
+            revision,
+            secret,
+        })
+    }
+}
+
+/// The answer to the acquire transaction.
+#[derive(Debug)]
+pub(super) enum Enqueued {
+    /// Our key was written at `revision` (its create revision, the fencing
+    /// token if granted); the first key in the queue has create revision
+    /// `first`.
+    Written { revision: i64, first: i64 },
+    /// A key of our lease for this name already existed, created at
+    /// `revision`: an orphan of an earlier attempt whose clean-up failed.
+    Orphan { revision: i64 },
+}
+
+/// One request: the acquire transaction of `mutex.go`'s `tryAcquire`: if
+/// our key is absent, write it (with the secret, on our lease) and read the
+/// queue's first key; otherwise read our key.
+pub(super) async fn enqueue(
+    mut client: etcd_client::KvClient,
+    name: &str,
+    lease: i64,
+    secret: &str,
+) -> Result<Enqueued, etcd_client::Error> {
+    let key = contender_key(name, lease);
+    let first = TxnOp::get(
+        queue_prefix(name),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    );
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(
+                key.clone(),
+                secret,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            first,
+        ])
+        .or_else([TxnOp::get(key, None)]);
+    let response = client.txn(txn).await?;
+    let revision = response.header().map_or(0, |h| h.revision());
+    let responses = response.op_responses();
+    let create_revision_of = |index: usize| match responses.get(index) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
+        _ => None,
+    };
+    if response.succeeded() {
+        // Our own key is in the queue, so the first one exists.
+        let first = create_revision_of(1).unwrap_or(revision);
+        Ok(Enqueued::Written { revision, first })
+    } else {
+        Ok(Enqueued::Orphan {
+            revision: create_revision_of(0).unwrap_or(0),
+        })
+    }
+}
+
+/// Deletes `key` if it still has create revision `revision` (when given)
+/// and holds `secret`; says whether it did. Never deletes a newer grant's
+/// key: that has another create revision and another secret.
+pub(super) async fn delete_if_ours(
+    mut client: etcd_client::KvClient,
+    key: &str,
+    revision: Option<i64>,
+    secret: &str,
+) -> Result<bool, etcd_client::Error> {
+    let mut compares = vec![Compare::value(key, CompareOp::Equal, secret)];
+    if let Some(revision) = revision {
+        compares.push(Compare::create_revision(key, CompareOp::Equal, revision));
+    }
+    let txn = Txn::new()
+        .when(compares)
+        .and_then([TxnOp::delete(key, None)]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
+/// Deletes `key` if its create revision is `revision` (an orphan of ours
+/// whose secret is lost).
+pub(super) async fn delete_orphan(
+    mut client: etcd_client::KvClient,
+    key: &str,
+    revision: i64,
+) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(key, None)]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
+/// Whether `key` still holds the grant `revision` with `secret`: a
+/// compare-only transaction, one linearizable round trip.
+pub(super) async fn still_ours(
+    mut client: etcd_client::KvClient,
+    key: &str,
+    revision: i64,
+    secret: &str,
+) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new().when([
+        Compare::create_revision(key, CompareOp::Equal, revision),
+        Compare::value(key, CompareOp::Equal, secret),
+    ]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
+/// How many contenders `name`'s queue has (holder included).
+pub(super) async fn queue_length(
+    mut client: etcd_client::KvClient,
+    name: &str,
+) -> Result<i64, etcd_client::Error> {
+    let response = client
+        .get(
+            queue_prefix(name),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await?;
+    Ok(response.count())
+}
+
+/// The key just ahead of the contender with create revision `revision`
+/// (`mutex.go`'s `waitDeletes`: the last-created key below it), and the
+/// revision the read was made at; `None` once nothing is ahead.
+pub(super) async fn ahead_of(
+    mut client: etcd_client::KvClient,
+    name: &str,
+    revision: i64,
+) -> Result<Option<(Vec<u8>, i64)>, etcd_client::Error> {
+    let response = client
+        .get(
+            queue_prefix(name),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_max_create_revision(revision.saturating_sub(1))
+                    .with_limit(1),
+            ),
+        )
+        .await?;
+    let read_at = response.header().map_or(0, |h| h.revision());
+    Ok(response
+        .kvs()
+        .first()
+        .map(|kv| (kv.key().to_vec(), read_at)))
+}
+
+/// How a watch for a deletion ended.
+pub(super) enum Watched {
+    /// The key was deleted (released, or its lease expired).
+    Deleted,
+    /// `deadline` passed first.
+    TimedOut,
+}
+
+/// Watches `key` from revision `after + 1` until it is deleted or
+/// `deadline` passes. `request_timeout` bounds opening the watch.
+pub(super) async fn wait_deleted(
+    watch: &mut etcd_client::WatchClient,
+    key: Vec<u8>,
+    after: i64,
+    deadline: Option<Instant>,
+    request_timeout: Duration,
+) -> Result<Watched, WatchFailure> {
+    let options = WatchOptions::new().with_start_revision(after.saturating_add(1));
+    let mut stream =
+        match tokio::time::timeout(request_timeout, watch.watch(key, Some(options))).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => return Err(WatchFailure::Etcd(error)),
+            Err(_) => return Err(WatchFailure::TimedOut),
+        };
+    let wait = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(response)) => {
+                    if response
+                        .events()
+                        .iter()
+                        .any(|event| event.event_type() == EventType::Delete)
+                    {
+                        return Ok(Watched::Deleted);
+                    }
+                    if response.canceled() {
+                        // Compacted past our start, or the member lost its
+                        // leader (`require_leader`): look at the queue again.
+                        return Err(WatchFailure::Canceled(response.cancel_reason().to_owned()));
+                    }
+                }
+                Ok(None) => return Err(WatchFailure::Canceled("the watch stream ended".into())),
+                Err(error) => return Err(WatchFailure::Etcd(error)),
+            }
+        }
+    };
+    tokio::select! {
+        ended = wait => ended,
+        () = crate::deadline::sleep_until(deadline) => Ok(Watched::TimedOut),
+    }
+}
+
+/// Why a watch ended without an answer.
+#[derive(Debug)]
+pub(super) enum WatchFailure {
+    Etcd(etcd_client::Error),
+    Canceled(String),
+    TimedOut,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_those_of_etcds_mutex() {
+        assert_eq!(
+            contender_key("lock:k", 0x694d_77a1_b2c3),
+            "lock:k/694d77a1b2c3"
+        );
+        assert_eq!(queue_prefix("lock:k"), "lock:k/");
+    }
+
+    #[test]
+    fn tokens_round_trip_and_reject_anything_else() {
+        let token = Token {
+            lease: 0x7587_8a1e_40b1_2c03,
+            revision: 42,
+            secret: "0123456789abcdef0123456789abcdef".into(),
+        };
+        let text = token.encode();
+        assert_eq!(text, "75878a1e40b12c03:42:0123456789abcdef0123456789abcdef");
+        assert_eq!(Token::parse(&text), Some(token));
+        for bad in [
+            "",
+            "0123456789abcdef0123456789abcdef",
+            "zz:1:0123456789abcdef0123456789abcdef",
+            "1:0:0123456789abcdef0123456789abcdef",
+            "1:2:short",
+            "1:2:0123456789abcdef0123456789abcdef:extra",
+        ] {
+            assert_eq!(Token::parse(bad), None, "{bad:?}");
+        }
+    }
+}

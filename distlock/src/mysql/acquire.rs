@@ -1,0 +1,429 @@
+//! Taking a lock: one attempt on the name's shared session, or a native
+//! wait (`GET_LOCK(name, seconds)`) on a connection of its own, or, when
+//! `max_waiters` such connections are already open, polling on the shared
+//! session.
+//!
+//! Both are cancel-safe. The session's actor runs every statement to its
+//! end whoever still waits for it; an attempt whose answer nobody takes
+//! (the caller dropped the future, its bound passed, the grant could not be
+//! recorded) is released by the actor on the same connection, before the
+//! key's reservation ends, so no other attempt of this locker can slip in
+//! between. A native wait abandoned while the server is still waiting is
+//! ended on the server with `KILL QUERY` and its connection closed, so
+//! nothing is granted to a waiter nobody listens to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::errors::{self, BACKEND};
+use super::fencing::{Sql, MAX_WAIT};
+use super::names::{owner_digest, LockName};
+use super::pool::Pool;
+use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
+use super::session::{Answer, Request, Session};
+use super::Inner;
+use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
+use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
+
+/// What one attempt on the shared session found.
+enum Tried {
+    Granted(Lease),
+    /// Held elsewhere, or by (or for) another caller of this locker.
+    Contended,
+    /// An abandoned attempt on this key is still being cleaned up.
+    CleaningUp,
+}
+
+/// What `GET_LOCK` answered.
+enum Got {
+    Granted(Option<u64>),
+    /// 0: held elsewhere (or, for a wait, still held when it timed out).
+    Refused,
+}
+
+impl Inner {
+    /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
+    /// caller of this locker), an error while an abandoned attempt on the
+    /// key is still being cleaned up.
+    pub(super) async fn try_acquire(
+        &self,
+        name: LockName<'_>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Option<Lease>> {
+        match self.try_once(&name, ttl, lease_locker).await? {
+            Tried::Granted(lease) => Ok(Some(lease)),
+            Tried::Contended => Ok(None),
+            Tried::CleaningUp => Err(self.cleanup_pending(&name, "acquire")),
+        }
+    }
+
+    /// The answer while an abandoned attempt's cleanup holds the key's
+    /// reservation: the server may hold the lock for nobody until the
+    /// cleanup releases it, so neither "held elsewhere" nor "not held" would
+    /// be true.
+    pub(super) fn cleanup_pending(&self, name: &LockName<'_>, operation: &'static str) -> Error {
+        Error::backend(
+            BACKEND,
+            operation,
+            format!(
+                "an earlier attempt on {:?} is still being cleaned up (its answer from {} was never taken, \
+                 so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
+                name.key, self.settings.target, self.settings.query_timeout
+            ),
+        )
+    }
+
+    async fn try_once(
+        &self,
+        name: &LockName<'_>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Tried> {
+        let ticket = match self.registry.reserve(name.server.clone()) {
+            Ok(ticket) => ticket,
+            Err(Busy::Contended) => return Ok(Tried::Contended),
+            Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
+        };
+        let mut attempt = Attempt {
+            registry: self.registry.clone(),
+            ticket: ticket.clone(),
+            reserved: Some(Reserved::new(self.registry.clone(), ticket)),
+            answered: false,
+        };
+        let session = self.pool.shared(&name.server).await?;
+        let owner = new_owner_token();
+        let digest = owner_digest(&owner);
+        let limit = self.settings.query_timeout;
+        let request = Request {
+            sql: self.sql.acquire(name, &digest, Duration::ZERO),
+            limit,
+            undo: Some(Sql::undo(name)),
+            keep: attempt.reserved.take().map(|r| Box::new(r) as _),
+            close_if_abandoned: false,
+        };
+        let context = || format!("try {:?} on {}", name.key, self.settings.target);
+        let answer = bounded(BACKEND, "acquire", limit, async {
+            session
+                .run(request)
+                .await
+                .map_err(|e| errors::backend("acquire", context(), e))
+        })
+        .await
+        // The statement was sent: it may have taken the lock.
+        .map_err(Error::with_outcome_unknown)?;
+        attempt.answered = true;
+        match self.got(&answer, &context)? {
+            Got::Granted(token) => {
+                let lease = self.record_grant(name, ttl, owner, token, session, lease_locker)?;
+                answer.settle();
+                Ok(Tried::Granted(lease))
+            }
+            Got::Refused => {
+                answer.settle();
+                Ok(Tried::Contended)
+            }
+        }
+    }
+
+    /// Reads `GET_LOCK`'s answer. An error leaves `answer` unsettled: its
+    /// undo then releases whatever the statement took.
+    fn got(&self, answer: &Answer, context: &dyn Fn() -> String) -> Result<Got> {
+        let bad = |why: String| Error::backend(BACKEND, "acquire", format!("{}: {why}", context()));
+        match answer.int(0).map_err(bad)? {
+            Some(1) => {
+                let token = answer.int(1).map_err(bad)?;
+                let token = match (self.sql.fencing(), token) {
+                    (false, _) => None,
+                    (true, Some(token)) => Some(u64::try_from(token).map_err(|_| {
+                        bad(format!(
+                            "the fencing counter is negative ({token}); was the table edited?"
+                        ))
+                    })?),
+                    (true, None) => return Err(bad("the server returned no fencing token".into())),
+                };
+                Ok(Got::Granted(token))
+            }
+            Some(0) => Ok(Got::Refused),
+            Some(other) => Err(bad(format!("GET_LOCK returned {other}"))),
+            // MySQL's documented error answer; a `KILL QUERY` of the
+            // statement gives it too. Never contention.
+            None => Err(bad(
+                "GET_LOCK returned NULL: the statement was killed (KILL QUERY) or the server failed".into(),
+            )),
+        }
+    }
+
+    /// Waits on the server for up to `timeout` (which is not zero), or polls
+    /// if no waiter connection is free. Returns within `timeout` +
+    /// [`DEADLINE_GRACE`] whatever the server does.
+    pub(super) async fn wait_acquire(
+        &self,
+        name: LockName<'_>,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let started = Instant::now();
+        let deadline = checked_deadline(started, timeout);
+        bounded(
+            BACKEND,
+            "acquire",
+            timeout.saturating_add(DEADLINE_GRACE),
+            self.wait_steps(&name, ttl, started, deadline, lease_locker),
+        )
+        .await
+    }
+
+    async fn wait_steps(
+        &self,
+        name: &LockName<'_>,
+        ttl: Duration,
+        started: Instant,
+        deadline: Option<Instant>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let remaining = || {
+            deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            })
+        };
+        // Most locks are free: one round trip on a shared session.
+        match self.try_once(name, ttl, lease_locker.clone()).await? {
+            Tried::Granted(lease) => return Ok(lease),
+            Tried::Contended | Tried::CleaningUp => {}
+        }
+        let Some(session) = self.pool.waiter().await? else {
+            return self
+                .poll_acquire(name, ttl, started, remaining(), lease_locker)
+                .await;
+        };
+        let owner = new_owner_token();
+        let digest = owner_digest(&owner);
+        let mut wait = WaitGuard {
+            session: Some(session.clone()),
+            pool: self.pool.clone(),
+            query_timeout: self.settings.query_timeout,
+        };
+        let context = || format!("wait for {:?} on {}", name.key, self.settings.target);
+        loop {
+            let wait_for = remaining().min(MAX_WAIT);
+            // The server ends the wait itself; this bound only catches a
+            // server that stopped answering.
+            let request = Request {
+                sql: self.sql.acquire(name, &digest, wait_for),
+                limit: wait_for.saturating_add(self.settings.query_timeout),
+                undo: Some(Sql::undo(name)),
+                keep: None,
+                close_if_abandoned: true,
+            };
+            let answer = session
+                .run(request)
+                .await
+                .map_err(|e| errors::backend("acquire", context(), e));
+            let answer = match answer {
+                Ok(answer) => answer,
+                // The session closed itself (it failed or went silent).
+                Err(e) => {
+                    wait.disarm();
+                    return Err(e);
+                }
+            };
+            // Answered: the server is no longer waiting.
+            let got = self.got(&answer, &context);
+            wait.disarm();
+            match got? {
+                Got::Granted(token) => {
+                    let lease =
+                        self.record_grant(name, ttl, owner, token, session, lease_locker)?;
+                    answer.settle();
+                    return Ok(lease);
+                }
+                Got::Refused if remaining().is_zero() => {
+                    answer.settle();
+                    self.pool.recycle(session);
+                    return Err(Error::Timeout {
+                        key: name.key.to_owned(),
+                        waited: started.elapsed(),
+                    });
+                }
+                // A wait longer than a year: go on.
+                Got::Refused => {
+                    answer.settle();
+                    wait.session = Some(session.clone());
+                }
+            }
+        }
+    }
+
+    /// Waits by polling, when all `max_waiters` waiter connections are in
+    /// use: the shared waiting loop (`try_lock` with jittered backoff,
+    /// bounded by the deadline).
+    async fn poll_acquire(
+        &self,
+        name: &LockName<'_>,
+        ttl: Duration,
+        started: Instant,
+        remaining: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let timed_out = || Error::Timeout {
+            key: name.key.to_owned(),
+            waited: started.elapsed(),
+        };
+        if remaining.is_zero() {
+            return Err(timed_out());
+        }
+        tracing::debug!(
+            component = "distlock",
+            backend = BACKEND,
+            key = name.key,
+            max_waiters = self.settings.max_waiters,
+            "every waiter connection is in use; polling"
+        );
+        let policy = WaitPolicy::default();
+        match crate::wait::acquire(&*lease_locker, name.key, ttl, remaining, &policy).await {
+            Err(Error::Timeout { .. }) => Err(timed_out()),
+            other => other,
+        }
+    }
+
+    /// Turns a grant on `session` into a lease and records it.
+    fn record_grant(
+        &self,
+        name: &LockName<'_>,
+        ttl: Duration,
+        owner: String,
+        fencing_token: Option<u64>,
+        session: Arc<Session>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let closed_after_grant = || {
+            Error::backend(
+                BACKEND,
+                "acquire",
+                format!(
+                    "the connection to {} closed right after {:?} was granted; the server has released it",
+                    self.settings.target, name.key
+                ),
+            )
+        };
+        if session.is_closed() {
+            return Err(closed_after_grant());
+        }
+        let lease = Lease::new(
+            LeaseParts {
+                key: name.key.to_owned(),
+                owner: owner.clone(),
+                fencing_token,
+                ttl,
+                valid_until: None,
+            },
+            lease_locker,
+        );
+        let held = Held {
+            owner,
+            session,
+            lost: lease.lost_notifier(),
+        };
+        self.registry
+            .grant(name.server.clone(), held)
+            .map_err(|SessionClosed| closed_after_grant())?;
+        Ok(lease)
+    }
+}
+
+/// A key's reservation, ended when dropped: it travels with the request
+/// that may take the lock, so it ends only after the request is settled
+/// (and, if nobody took the answer, after the lock was released).
+pub(super) struct Reserved {
+    registry: Arc<Registry>,
+    ticket: Option<Ticket>,
+}
+
+impl Reserved {
+    pub(super) fn new(registry: Arc<Registry>, ticket: Ticket) -> Self {
+        Reserved {
+            registry,
+            ticket: Some(ticket),
+        }
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.registry.release(ticket);
+        }
+    }
+}
+
+/// The caller's side of an attempt: dropped after the request was queued
+/// but before its answer arrived, it marks the reservation as cleaning up,
+/// so callers meanwhile are told the truth (unknown), not "contention".
+struct Attempt {
+    registry: Arc<Registry>,
+    ticket: Ticket,
+    /// Until the request is queued.
+    reserved: Option<Reserved>,
+    answered: bool,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.reserved.is_none() && !self.answered {
+            self.registry.cleaning_up(self.ticket.clone());
+        }
+    }
+}
+
+/// A native wait in progress. Dropped armed (the caller gave up), it ends
+/// the wait on the server with `KILL QUERY`, through a shared session; the
+/// waiter's actor closes its connection as soon as nobody waits for the
+/// answer (and releases the lock had it been granted first), so nothing
+/// stays granted to a waiter that is gone.
+struct WaitGuard {
+    session: Option<Arc<Session>>,
+    pool: Arc<Pool>,
+    query_timeout: Duration,
+}
+
+impl WaitGuard {
+    fn disarm(&mut self) {
+        self.session = None;
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, limit) = (self.pool.clone(), self.query_timeout);
+        let id = session.connection_id;
+        runtime.spawn(async move {
+            let kill = async {
+                let shared = pool.shared("").await?;
+                shared
+                    .run(Request::new(format!("KILL QUERY {id}"), limit))
+                    .await
+                    .map(Answer::settle)
+                    .map_err(|e| errors::backend("acquire", "kill an abandoned wait", e))
+            };
+            match bounded(BACKEND, "acquire", limit, kill).await {
+                Ok(()) => {}
+                // The wait had already ended (or the connection with it).
+                Err(error) => tracing::debug!(
+                    component = "distlock", backend = BACKEND, %error,
+                    "KILL QUERY of an abandoned wait failed; closing its connection ends it when the server notices"
+                ),
+            }
+            drop(session);
+        });
+    }
+}

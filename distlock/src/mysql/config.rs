@@ -1,0 +1,623 @@
+//! Settings of a [`MysqlLocker`](super::MysqlLocker): from a URL, then
+//! adjusted through [`MysqlLockerBuilder`].
+
+use std::borrow::Cow;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use url::Url;
+
+use super::fencing::FencingTable;
+use super::MysqlLocker;
+use crate::util::redact;
+use crate::{Error, Result};
+
+/// Shared sessions carrying locks taken without waiting, by default.
+pub const DEFAULT_SESSIONS: usize = 4;
+/// Idle connections kept for the next native wait, by default.
+pub const DEFAULT_IDLE_WAITERS: usize = 2;
+/// Waiter connections (for native waits and the locks they win, idle ones
+/// included) a locker may have open at once, by default.
+pub const DEFAULT_MAX_WAITERS: usize = 16;
+/// The largest `max_waiters` accepted: tokio's semaphore limit.
+const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
+/// How long any one statement (or ping) may go unanswered, by default.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long opening a connection may take, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an otherwise idle session is pinged, by default.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// The `wait_timeout` every session sets for itself, by default: the server
+/// ends a session (and frees its locks) after this much silence.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(15);
+/// The client's TCP keepalive idle time (mysql_async sets only this one).
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
+/// Room left for timer slack and the network's one-way delay in the
+/// partition grace (see [`MysqlLockerBuilder::wait_timeout`]).
+const GRACE_MARGIN: Duration = Duration::from_secs(1);
+
+/// Whether TLS is used and what is checked, as MySQL's `--ssl-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SslMode {
+    /// Plain TCP.
+    Disabled,
+    /// TLS if the server offers it (without checking its certificate),
+    /// plain TCP otherwise: MySQL's default. A server that offers no TLS
+    /// costs one extra connection attempt, once per locker.
+    #[default]
+    Preferred,
+    /// TLS, without checking the certificate (encryption against passive
+    /// eavesdropping only).
+    Required,
+    /// TLS, with a trusted certificate that names the host connected to.
+    VerifyIdentity,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self> {
+        match value.to_ascii_uppercase().as_str() {
+            "DISABLED" => Ok(SslMode::Disabled),
+            "PREFERRED" => Ok(SslMode::Preferred),
+            "REQUIRED" => Ok(SslMode::Required),
+            // mysql_async 0.37 skips only the host check by matching the
+            // text "NotValidForName" in rustls' error, which rustls 0.23
+            // no longer prints ("certificate not valid for name …"): every
+            // VERIFY_CA connection would fail. Refused rather than faked.
+            "VERIFY_CA" => Err(Error::invalid(
+                "url",
+                "ssl-mode=VERIFY_CA is not supported (mysql_async cannot skip only the host check with \
+                 rustls 0.23); use VERIFY_IDENTITY with the host name the certificate names, or REQUIRED",
+            )),
+            "VERIFY_IDENTITY" => Ok(SslMode::VerifyIdentity),
+            _ => Err(Error::invalid(
+                "url",
+                format!(
+                    "ssl-mode={value:?}: expected DISABLED, PREFERRED, REQUIRED or VERIFY_IDENTITY"
+                ),
+            )),
+        }
+    }
+}
+
+/// Builds a [`MysqlLocker`]: start from a URL with
+/// [`MysqlLocker::builder`], adjust, then [`build`](Self::build).
+///
+/// Every option can also be given in the URL (see the
+/// [module docs](super#url)); a builder call overrides the URL.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use distlock::mysql::{MysqlLocker, SslMode};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = MysqlLocker::builder("mysql://app:secret@db.internal:3306/app")?
+///     .ssl_mode(SslMode::VerifyIdentity)
+///     .fencing_table(Some("ops"), "distlock_fencing")
+///     .sessions(8)
+///     .query_timeout(Duration::from_secs(3))
+///     .build()
+///     .await?;
+/// # let _ = locker;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MysqlLockerBuilder {
+    host: String,
+    port: u16,
+    user: Option<String>,
+    password: Option<String>,
+    database: Option<String>,
+    ssl_mode: SslMode,
+    ssl_ca: Option<PathBuf>,
+    fencing_enabled: bool,
+    fencing_table: Option<(Option<String>, String)>,
+    sessions: usize,
+    idle_waiters: usize,
+    max_waiters: usize,
+    query_timeout: Duration,
+    connect_timeout: Duration,
+    ping_interval: Duration,
+    wait_timeout: Duration,
+}
+
+impl fmt::Debug for MysqlLockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlLockerBuilder")
+            .field("target", &self.target())
+            .field("ssl_mode", &self.ssl_mode)
+            .field("fencing", &self.fencing_enabled)
+            .field("sessions", &self.sessions)
+            .field("max_waiters", &self.max_waiters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlLockerBuilder {
+    /// Parses a `mysql://` or `mariadb://` URL (see the
+    /// [module docs](super#url) for the parameters).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = Url::parse(url)
+            .map_err(|e| Error::invalid("url", format!("{:?} is not a URL: {e}", redact(url))))?;
+        if !matches!(parsed.scheme(), "mysql" | "mariadb") {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{}:// is not a MySQL URL; use mysql:// or mariadb://",
+                    parsed.scheme()
+                ),
+            ));
+        }
+        let host = match parsed.host() {
+            Some(url::Host::Domain(name)) => name.to_owned(),
+            Some(url::Host::Ipv4(ip)) => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            None => {
+                return Err(Error::invalid(
+                    "url",
+                    format!("{:?} names no host", redact(url)),
+                ))
+            }
+        };
+        let decode = |text: &str| -> Result<String> {
+            percent_encoding::percent_decode_str(text)
+                .decode_utf8()
+                .map(Cow::into_owned)
+                .map_err(|_| {
+                    Error::invalid("url", "a part of the URL is not valid UTF-8 once decoded")
+                })
+        };
+        let user = Some(decode(parsed.username())?).filter(|u| !u.is_empty());
+        let password = parsed.password().map(decode).transpose()?;
+        let database =
+            Some(decode(parsed.path().trim_start_matches('/'))?).filter(|d| !d.is_empty());
+        let mut builder = MysqlLockerBuilder {
+            host,
+            port: parsed.port().unwrap_or(3306),
+            user,
+            password,
+            database,
+            ssl_mode: SslMode::default(),
+            ssl_ca: None,
+            fencing_enabled: true,
+            fencing_table: None,
+            sessions: DEFAULT_SESSIONS,
+            idle_waiters: DEFAULT_IDLE_WAITERS,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+        };
+        for (name, value) in parsed.query_pairs() {
+            builder.apply_param(&name, &value)?;
+        }
+        Ok(builder)
+    }
+
+    fn apply_param(&mut self, name: &str, value: &str) -> Result<()> {
+        let seconds = |value: &str| parse_number::<u64>(name, value).map(Duration::from_secs);
+        match name {
+            "fencing" => self.fencing_enabled = parse_switch(name, value)?,
+            "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
+            "sessions" => self.sessions = parse_number(name, value)?,
+            "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
+            "max_waiters" => self.max_waiters = parse_number(name, value)?,
+            "query_timeout" => self.query_timeout = seconds(value)?,
+            "connect_timeout" => self.connect_timeout = seconds(value)?,
+            "wait_timeout" => self.wait_timeout = seconds(value)?,
+            "ping_interval" => {
+                self.ping_interval = Duration::from_millis(parse_number(name, value)?)
+            }
+            "ssl-mode" | "ssl_mode" => self.ssl_mode = SslMode::parse(value)?,
+            "ssl-ca" | "ssl_ca" => self.ssl_ca = Some(PathBuf::from(value)),
+            other => {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "unknown parameter {other:?}; distlock's MySQL URLs take fencing, fencing_table, \
+                         sessions, idle_waiters, max_waiters, query_timeout, connect_timeout, wait_timeout, \
+                         ping_interval, ssl-mode and ssl-ca"
+                    ),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns fencing tokens on (the default) or off. Off, acquires are a bare
+    /// `GET_LOCK`, no table is created, and leases carry no fencing token.
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing_enabled = enabled;
+        self
+    }
+
+    /// Where fencing counters live: `table` in `schema`, or in the URL's
+    /// database when `None`. Default: `distlock_fencing` in the URL's
+    /// database. Created if missing.
+    pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
+        self.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
+        self
+    }
+
+    /// How many shared sessions carry locks taken without waiting (default
+    /// [`DEFAULT_SESSIONS`]). Each key always uses the same one. At least 1.
+    pub fn sessions(mut self, sessions: usize) -> Self {
+        self.sessions = sessions;
+        self
+    }
+
+    /// How many idle connections are kept for the next native wait (default
+    /// [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use. They count toward
+    /// [`max_waiters`](Self::max_waiters).
+    pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
+        self.idle_waiters = idle_waiters;
+        self
+    }
+
+    /// How many waiter connections may be open at once (default
+    /// [`DEFAULT_MAX_WAITERS`]); when all are in use, `lock` polls the
+    /// shared sessions instead. At least 1.
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.max_waiters = max_waiters;
+        self
+    }
+
+    /// How long any one statement or ping may go unanswered before its
+    /// session is closed and the call fails (default
+    /// [`DEFAULT_QUERY_TIMEOUT`]). A native wait gets its own timeout plus
+    /// this.
+    pub fn query_timeout(mut self, timeout: Duration) -> Self {
+        self.query_timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection may take (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How often an idle session is pinged (default
+    /// [`DEFAULT_PING_INTERVAL`]): it keeps the session inside its
+    /// `wait_timeout`, and bounds how late a holder learns that its session
+    /// was killed.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval;
+        self
+    }
+
+    /// The `wait_timeout` every session sets for itself (default
+    /// [`DEFAULT_WAIT_TIMEOUT`], whole seconds): how long the server keeps a
+    /// silent client's session, and its locks. It must be at least
+    /// `ping_interval + query_timeout + 1 s`, so that a holder cut off from
+    /// the server closes its session (and fires its lost signals) before the
+    /// server can free its locks: the difference is the partition grace.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
+    /// Whether TLS is used and what is checked (default: the URL's
+    /// `ssl-mode`, else [`SslMode::Preferred`]).
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.ssl_mode = mode;
+        self
+    }
+
+    /// A CA certificate file (PEM) trusted besides the Mozilla roots, for
+    /// [`SslMode::VerifyIdentity`].
+    pub fn ssl_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssl_ca = Some(path.into());
+        self
+    }
+
+    /// Opens the first session (so a wrong password or an unreachable server
+    /// fails here, not at the first lock), creates the fencing table if
+    /// missing, and returns the locker.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an unusable option; [`Error::Backend`] or
+    /// [`Error::DeadlineExceeded`] if the server cannot be reached, refuses
+    /// the login, or the table cannot be created.
+    pub async fn build(self) -> Result<MysqlLocker> {
+        MysqlLocker::start(self.into_settings()?).await
+    }
+
+    /// `mysql://user@host:port/db`: never the password.
+    fn target(&self) -> String {
+        let user = self
+            .user
+            .as_deref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!(
+            "mysql://{user}{host}:{}/{}",
+            self.port,
+            self.database.as_deref().unwrap_or_default()
+        )
+    }
+
+    pub(super) fn into_settings(self) -> Result<Settings> {
+        if self.sessions == 0 {
+            return Err(Error::invalid("sessions", "at least one session is needed"));
+        }
+        if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
+            return Err(Error::invalid(
+                "max_waiters",
+                format!("max_waiters must be 1 to {MAX_MAX_WAITERS}"),
+            ));
+        }
+        for (what, value) in [
+            ("query_timeout", self.query_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("ping_interval", self.ping_interval),
+        ] {
+            if value.is_zero() {
+                return Err(Error::invalid(what, format!("{what} must be positive")));
+            }
+        }
+        let least_wait = self
+            .ping_interval
+            .saturating_add(self.query_timeout)
+            .saturating_add(GRACE_MARGIN);
+        if self.wait_timeout < least_wait || self.wait_timeout.as_secs() > 31_536_000 {
+            return Err(Error::invalid(
+                "wait_timeout",
+                format!(
+                    "wait_timeout is {:?}; it must be at least ping_interval + query_timeout + 1 s ({least_wait:?}) \
+                     so that a cut-off holder learns it before the server frees its locks, and at most a year",
+                    self.wait_timeout
+                ),
+            ));
+        }
+        let fencing = match (self.fencing_enabled, &self.fencing_table) {
+            (false, _) => None,
+            (true, Some((schema, table))) => Some(FencingTable::new(schema.as_deref(), table)?),
+            (true, None) => Some(FencingTable::default()),
+        };
+        if let Some(path) = &self.ssl_ca {
+            if !path.is_file() {
+                return Err(Error::invalid(
+                    "ssl-ca",
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+        }
+        let tls = self.ssl_opts();
+        let plain = self.opts(None);
+        let with_tls = tls.map(|tls| self.opts(Some(tls)));
+        Ok(Settings {
+            target: self.target(),
+            plain,
+            with_tls,
+            ssl_mode: self.ssl_mode,
+            fencing,
+            sessions: self.sessions,
+            idle_waiters: self.idle_waiters,
+            max_waiters: self.max_waiters,
+            query_timeout: self.query_timeout,
+            connect_timeout: self.connect_timeout,
+            ping_interval: self.ping_interval,
+            wait_timeout: self.wait_timeout,
+        })
+    }
+
+    fn ssl_opts(&self) -> Option<mysql_async::SslOpts> {
+        let base = mysql_async::SslOpts::default();
+        let base = match &self.ssl_ca {
+            Some(path) => base.with_root_certs(vec![path.clone().into()]),
+            None => base,
+        };
+        match self.ssl_mode {
+            SslMode::Disabled => None,
+            SslMode::Preferred | SslMode::Required => Some(
+                base.with_danger_accept_invalid_certs(true)
+                    .with_danger_skip_domain_validation(true),
+            ),
+            SslMode::VerifyIdentity => Some(base),
+        }
+    }
+
+    /// The driver's options. Every session is one `Conn` of its own, never
+    /// a `mysql_async::Pool` (whose reset on return releases `GET_LOCK`).
+    fn opts(&self, tls: Option<mysql_async::SslOpts>) -> mysql_async::Opts {
+        mysql_async::OptsBuilder::default()
+            .ip_or_hostname(self.host.clone())
+            .tcp_port(self.port)
+            .user(self.user.clone())
+            .pass(self.password.clone())
+            .db_name(self.database.clone())
+            // On a loopback address mysql_async would otherwise reconnect
+            // through the server's Unix socket: no TCP keepalive there, and
+            // a second connection for every session.
+            .prefer_socket(false)
+            .tcp_keepalive(Some(TCP_KEEPALIVE_IDLE))
+            .tcp_nodelay(true)
+            .stmt_cache_size(0)
+            // Given here, these spare a settings query per connection.
+            .wait_timeout(Some(self.wait_timeout.as_secs() as usize))
+            .max_allowed_packet(Some(4 << 20))
+            .ssl_opts(tls)
+            .init(vec![setup_sql(self.wait_timeout, self.query_timeout)])
+            .into()
+    }
+}
+
+/// The one statement every session runs as it opens:
+///
+/// - its own `wait_timeout`, so a silent client's locks are freed in seconds
+///   rather than the default 8 hours, while the pings keep a live one open;
+/// - `innodb_lock_wait_timeout` and `lock_wait_timeout` of half the query
+///   timeout (at least 1 s), so a fencing-row update blocked by another
+///   client fails on the server before the client gives up on the session;
+/// - `autocommit` on (each fencing bump commits at once);
+/// - on MariaDB, `max_statement_time` off: a role default would turn a
+///   native wait into an error.
+fn setup_sql(wait_timeout: Duration, query_timeout: Duration) -> String {
+    let lock_wait = (query_timeout.as_secs() / 2).max(1);
+    format!(
+        "SET SESSION wait_timeout = {}, innodb_lock_wait_timeout = {lock_wait}, \
+         lock_wait_timeout = {lock_wait}, autocommit = 1 /*M!100108 , max_statement_time = 0 */",
+        wait_timeout.as_secs()
+    )
+}
+
+/// Everything a running locker needs, fixed at build time.
+pub(super) struct Settings {
+    /// `mysql://user@host:port/db`: for errors and `Debug`, no password.
+    pub(super) target: String,
+    pub(super) plain: mysql_async::Opts,
+    pub(super) with_tls: Option<mysql_async::Opts>,
+    pub(super) ssl_mode: SslMode,
+    pub(super) fencing: Option<FencingTable>,
+    pub(super) sessions: usize,
+    pub(super) idle_waiters: usize,
+    pub(super) max_waiters: usize,
+    pub(super) query_timeout: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) ping_interval: Duration,
+    pub(super) wait_timeout: Duration,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("target", &self.target)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("fencing", &self.fencing)
+            .field("sessions", &self.sessions)
+            .field("max_waiters", &self.max_waiters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// How long a lock may still be held on the server after this client
+    /// closed its session because the server went silent (a ping or
+    /// statement unanswered for `query_timeout`), counted from that moment:
+    ///
+    /// - the client closes a silent session at most `ping_interval +
+    ///   query_timeout` after it last heard from the server (an idle session
+    ///   is pinged after `ping_interval`; any statement is bounded by
+    ///   `query_timeout`);
+    /// - the server frees the session's locks `wait_timeout` after the last
+    ///   command it received, which it answered no later than the client
+    ///   heard that answer;
+    ///
+    /// so the server frees them no earlier than `wait_timeout −
+    /// ping_interval − query_timeout` after the client's detection, less a
+    /// second for timer slack and the network's delay. 15 − 1 − 5 − 1 = 8 s
+    /// with the defaults. None of this holds for a holder paused (or whose
+    /// runtime stalls) through it: fencing tokens are the remedy.
+    pub(super) fn partition_grace(&self) -> Duration {
+        self.wait_timeout
+            .saturating_sub(self.ping_interval)
+            .saturating_sub(self.query_timeout)
+            .saturating_sub(GRACE_MARGIN)
+    }
+}
+
+fn parse_switch(name: &str, value: &str) -> Result<bool> {
+    match value {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        other => Err(Error::invalid(
+            "url",
+            format!("{name}={other:?}: expected on or off"),
+        )),
+    }
+}
+
+fn parse_number<T: FromStr>(name: &str, value: &str) -> Result<T> {
+    value.parse().map_err(|_| {
+        Error::invalid(
+            "url",
+            format!("{name}={value:?}: expected a non-negative integer"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str) -> Result<Settings> {
+        MysqlLockerBuilder::from_url(url)?.into_settings()
+    }
+
+    #[test]
+    fn parameters_are_read() {
+        let s = settings(
+            "mariadb://app:pw@db:3307/jobs?sessions=2&fencing_table=ops.fence&ssl-mode=REQUIRED\
+             &query_timeout=3&wait_timeout=20&ping_interval=500&max_waiters=3&idle_waiters=1",
+        )
+        .unwrap();
+        assert_eq!(s.sessions, 2);
+        assert_eq!(
+            s.fencing,
+            Some(FencingTable::new(Some("ops"), "fence").unwrap())
+        );
+        assert_eq!(s.ssl_mode, SslMode::Required);
+        assert!(s.with_tls.is_some());
+        assert_eq!(s.query_timeout, Duration::from_secs(3));
+        assert_eq!(s.ping_interval, Duration::from_millis(500));
+        assert_eq!((s.max_waiters, s.idle_waiters), (3, 1));
+        assert_eq!(s.target, "mysql://app@db:3307/jobs");
+        assert_eq!(s.plain.db_name(), Some("jobs"));
+        assert_eq!(s.plain.tcp_port(), 3307);
+        assert!(!s.plain.prefer_socket());
+    }
+
+    #[test]
+    fn defaults_leave_a_partition_grace_of_eight_seconds() {
+        let s = settings("mysql://u@h/d").unwrap();
+        assert_eq!(s.partition_grace(), Duration::from_secs(8));
+        assert_eq!(s.ssl_mode, SslMode::Preferred);
+        assert_eq!(s.fencing, Some(FencingTable::default()));
+        assert_eq!(s.plain.tcp_keepalive(), Some(TCP_KEEPALIVE_IDLE));
+        assert!(s.plain.init()[0].contains("wait_timeout = 15"));
+        let s = settings("mysql://u@h/d?fencing=off&ssl-mode=disabled").unwrap();
+        assert_eq!(s.fencing, None);
+        assert!(s.with_tls.is_none());
+    }
+
+    #[test]
+    fn bad_urls_are_invalid_input_without_the_password() {
+        for url in [
+            "postgres://u:hunter2@h/d",
+            "mysql://u:hunter2@h/d?ssl-mode=sometimes",
+            "mysql://u:hunter2@h/d?sessions=many",
+            "mysql://u:hunter2@h/d?sessions=0",
+            "mysql://u:hunter2@h/d?max_waiters=0",
+            "mysql://u:hunter2@h/d?fencing_table=a.b.c",
+            "mysql://u:hunter2@h/d?wait_timeout=5",
+            "mysql://u:hunter2@h/d?bogus=1",
+            "mysql://u:hunter2@h:notaport/d",
+            "mysql://u:hunter2@h/d?ssl-ca=/nonexistent/ca.pem",
+            "mysql://u:hunter2@h/d?ssl-mode=VERIFY_CA",
+        ] {
+            let err = settings(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidInput { .. }), "{url}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let builder = MysqlLockerBuilder::from_url("mysql://u:hunter2@h/d").unwrap();
+        assert!(!format!("{builder:?}").contains("hunter2"));
+        let s = builder.into_settings().unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"), "{s:?}");
+    }
+}

@@ -1,0 +1,322 @@
+//! The fencing-token table and every SQL statement the backend sends.
+//!
+//! One row per lock name; its `token` is bumped in the same round trip that
+//! takes the lock, only if the lock was taken, and committed at once
+//! (autocommit): tokens strictly increase across grants, clients and
+//! restarts of either side. `owner_digest` records a digest of the holder's
+//! owner token (never the token itself), so another client can tell "held
+//! under that owner" from "held by somebody else".
+//!
+//! Statements are sent as text (a multi-statement query is one round trip)
+//! and inline only values generated here: lock names (plain characters and
+//! `~`, see [`super::lock_name`]), hex digests, integers, backquoted
+//! identifiers and hex literals. Never caller text.
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+
+use super::errors;
+use super::names::{hex_literal, LockName};
+use crate::{Error, Result};
+
+/// The default table name, in the URL's database.
+pub const DEFAULT_TABLE: &str = "distlock_fencing";
+
+/// The longest identifier MySQL accepts.
+const MAX_IDENTIFIER: usize = 64;
+
+/// Where fencing counters live: a table, optionally in another database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FencingTable {
+    schema: Option<String>,
+    table: String,
+}
+
+impl Default for FencingTable {
+    fn default() -> Self {
+        FencingTable {
+            schema: None,
+            table: DEFAULT_TABLE.to_owned(),
+        }
+    }
+}
+
+impl FencingTable {
+    /// A table named `table` in `schema` (or the URL's database), checked.
+    pub(super) fn new(schema: Option<&str>, table: &str) -> Result<Self> {
+        if let Some(schema) = schema {
+            check_identifier("schema", schema)?;
+        }
+        check_identifier("table", table)?;
+        Ok(FencingTable {
+            schema: schema.map(str::to_owned),
+            table: table.to_owned(),
+        })
+    }
+
+    /// Splits `table` or `schema.table` (the URL form), unchecked.
+    pub(super) fn split(qualified: &str) -> (Option<String>, String) {
+        match qualified.split_once('.') {
+            Some((schema, table)) => (Some(schema.to_owned()), table.to_owned()),
+            None => (None, qualified.to_owned()),
+        }
+    }
+
+    /// The table `table` in this table's schema.
+    pub(super) fn sibling(&self, table: &str) -> Self {
+        FencingTable {
+            schema: self.schema.clone(),
+            table: table.to_owned(),
+        }
+    }
+
+    /// The name to put in SQL: each part backquoted.
+    pub(super) fn quoted(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("{}.{}", quote(schema), quote(&self.table)),
+            None => quote(&self.table),
+        }
+    }
+
+    /// `information_schema` condition matching this table.
+    fn exists_sql(&self) -> String {
+        let schema = match &self.schema {
+            Some(schema) => format!("CONVERT({} USING utf8mb4)", hex_literal(schema.as_bytes())),
+            None => "DATABASE()".to_owned(),
+        };
+        format!(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = {schema} \
+             AND TABLE_NAME = CONVERT({} USING utf8mb4)",
+            hex_literal(self.table.as_bytes())
+        )
+    }
+}
+
+/// MySQL identifiers: 1 to 64 characters, no zero byte, no dot (the URL
+/// form splits on it), no trailing space (MySQL refuses those).
+fn check_identifier(what: &str, name: &str) -> Result<()> {
+    let problem = if name.is_empty() {
+        "is empty"
+    } else if name.chars().count() > MAX_IDENTIFIER {
+        "is longer than MySQL's 64-character identifier limit"
+    } else if name.contains('\0') {
+        "contains a zero byte"
+    } else if name.contains('.') {
+        "contains a dot"
+    } else if name.ends_with(' ') {
+        "ends with a space"
+    } else {
+        return Ok(());
+    };
+    Err(Error::invalid(
+        "fencing table",
+        format!("the {what} name {name:?} {problem}"),
+    ))
+}
+
+/// An identifier backquoted for SQL, inner backquotes doubled.
+fn quote(identifier: &str) -> String {
+    format!("`{}`", identifier.replace('`', "``"))
+}
+
+/// Creates `table` with `create` (a `CREATE TABLE IF NOT EXISTS`) unless it
+/// exists. Checks first, so a user without `CREATE` works once the table
+/// exists (MySQL checks the privilege even when the table is there).
+pub(super) async fn ensure_table(
+    conn: &mut mysql_async::Conn,
+    table: &FencingTable,
+    create: &str,
+    limit: Duration,
+) -> Result<()> {
+    let context = || format!("create the table {}", table.quoted());
+    let work = async {
+        let exists: Option<u64> = conn.query_first(table.exists_sql()).await?;
+        if exists.unwrap_or(0) == 0 {
+            conn.query_drop(create).await?;
+        }
+        Ok::<_, mysql_async::Error>(())
+    };
+    match tokio::time::timeout(limit, work).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(errors::driver("connect", context(), e)),
+        Err(_) => Err(Error::DeadlineExceeded {
+            backend: errors::BACKEND,
+            operation: "connect",
+            after: limit,
+        }),
+    }
+}
+
+/// Every statement text, built from the locker's fencing table.
+#[derive(Debug, Clone)]
+pub(super) struct Sql {
+    table: Option<String>,
+}
+
+impl Sql {
+    pub(super) fn new(fencing: Option<&FencingTable>) -> Self {
+        Sql {
+            table: fencing.map(FencingTable::quoted),
+        }
+    }
+
+    /// True when leases get fencing tokens.
+    pub(super) fn fencing(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS` for the fencing table.
+    pub(super) fn create_table(table: &FencingTable) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+                lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
+                token BIGINT NOT NULL, \
+                owner_digest CHAR(32) CHARACTER SET ascii NOT NULL, \
+                granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
+            table.quoted()
+        )
+    }
+
+    /// One attempt, waiting up to `wait` on the server (zero: not at all).
+    /// Its last result set is one row: `GET_LOCK`'s answer (1 taken, 0 held
+    /// elsewhere or timed out, NULL an error such as `KILL QUERY`) and, with
+    /// fencing, the token the grant bumped (NULL unless taken).
+    ///
+    /// With fencing it is five statements in one round trip: take the lock
+    /// into a session variable; only if it was taken, bump the counter row,
+    /// or insert it when there was none; read both back. An `UPDATE` by
+    /// primary key locks that one row, where `INSERT … ON DUPLICATE KEY
+    /// UPDATE` takes a next-key lock on the duplicate (InnoDB's locking
+    /// docs), which also covers the gap below it, so concurrent grants of
+    /// neighbouring names could wait for each other. Nobody else writes the
+    /// row meanwhile: every writer holds the named lock. A failure after the lock was taken (the row locked by
+    /// another client past `innodb_lock_wait_timeout`) leaves the lock held;
+    /// the session runs [`Sql::undo`] before answering.
+    pub(super) fn acquire(
+        &self,
+        name: &LockName<'_>,
+        owner_digest: &str,
+        wait: Duration,
+    ) -> String {
+        debug_assert!(owner_digest.bytes().all(|b| b.is_ascii_hexdigit()));
+        let lit = name.literal();
+        let wait = wait_seconds(wait);
+        match &self.table {
+            Some(table) => format!(
+                "SET @distlock_got = GET_LOCK({lit}, {wait}); \
+                 UPDATE {table} SET token = token + 1, owner_digest = '{owner_digest}', \
+                 granted_at = CURRENT_TIMESTAMP(6) WHERE lock_name = {lit} AND @distlock_got = 1; \
+                 SET @distlock_bumped = ROW_COUNT(); \
+                 INSERT INTO {table} (lock_name, token, owner_digest) \
+                 SELECT {lit}, 1, '{owner_digest}' FROM DUAL WHERE @distlock_got = 1 AND @distlock_bumped = 0; \
+                 SELECT @distlock_got, (SELECT token FROM {table} WHERE lock_name = {lit} AND @distlock_got = 1)"
+            ),
+            None => format!("SELECT GET_LOCK({lit}, {wait}), NULL"),
+        }
+    }
+
+    /// Releases the lock if this session holds it, answering nothing: what
+    /// an attempt whose outcome is unknown leaves behind. This session
+    /// never holds the name for anyone else (see the registry), so this
+    /// releases only what the attempt took.
+    pub(super) fn undo(name: &LockName<'_>) -> String {
+        format!("DO RELEASE_LOCK({})", name.literal())
+    }
+
+    /// 1 released, 0 held by another session, NULL no such lock.
+    pub(super) fn release(name: &LockName<'_>) -> String {
+        format!("SELECT RELEASE_LOCK({})", name.literal())
+    }
+
+    /// 1 if this session holds the lock (and so, that it is alive).
+    pub(super) fn holds(name: &LockName<'_>) -> String {
+        format!(
+            "SELECT COALESCE(IS_USED_LOCK({}) = CONNECTION_ID(), 0)",
+            name.literal()
+        )
+    }
+
+    /// The connection holding the lock (NULL if free) and, with fencing,
+    /// whether its last grant was to `owner_digest` (NULL without a row).
+    pub(super) fn holder(&self, name: &LockName<'_>, owner_digest: &str) -> String {
+        let lit = name.literal();
+        match &self.table {
+            Some(table) => format!(
+                "SELECT IS_USED_LOCK({lit}), \
+                 (SELECT owner_digest = '{owner_digest}' FROM {table} WHERE lock_name = {lit})"
+            ),
+            None => format!("SELECT IS_USED_LOCK({lit}), NULL"),
+        }
+    }
+
+    /// Takes the lock if free and, under it, deletes the counter row, then
+    /// releases it; answers 1 if the name was free. Without fencing only
+    /// says whether it is free.
+    pub(super) fn forget(&self, name: &LockName<'_>) -> String {
+        let lit = name.literal();
+        match &self.table {
+            Some(table) => format!(
+                "SET @distlock_free = GET_LOCK({lit}, 0); \
+                 DELETE FROM {table} WHERE lock_name = {lit} AND @distlock_free = 1; \
+                 SELECT @distlock_free, IF(@distlock_free = 1, RELEASE_LOCK({lit}), NULL)"
+            ),
+            None => format!("SELECT IS_FREE_LOCK({lit}), NULL"),
+        }
+    }
+}
+
+/// The largest `GET_LOCK` timeout sent: a year. Longer waits are several.
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(31_536_000);
+
+/// `GET_LOCK`'s timeout in seconds with millisecond precision, rounded up
+/// (a wait must not end before the caller's deadline), at most
+/// [`MAX_WAIT`]. MariaDB and MySQL 5.7+ take fractional seconds.
+fn wait_seconds(wait: Duration) -> String {
+    if wait.is_zero() {
+        return "0".to_owned();
+    }
+    let ms = wait.min(MAX_WAIT).as_nanos().div_ceil(1_000_000);
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_checked_and_quoted() {
+        let table = FencingTable::new(Some("ops"), "fence `v1`").unwrap();
+        assert_eq!(table.quoted(), "`ops`.`fence ``v1```");
+        assert_eq!(FencingTable::default().quoted(), "`distlock_fencing`");
+        for (schema, table) in [
+            (None, ""),
+            (Some(""), "t"),
+            (None, "a.b"),
+            (None, "nul\0"),
+            (None, "trailing "),
+        ] {
+            assert!(
+                FencingTable::new(schema, table).is_err(),
+                "{schema:?} {table:?}"
+            );
+        }
+        assert!(FencingTable::new(None, &"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn wait_timeouts_round_up_to_milliseconds() {
+        assert_eq!(wait_seconds(Duration::ZERO), "0");
+        assert_eq!(wait_seconds(Duration::from_micros(1)), "0.001");
+        assert_eq!(wait_seconds(Duration::from_millis(1500)), "1.500");
+        assert_eq!(wait_seconds(Duration::MAX), "31536000.000");
+    }
+
+    #[test]
+    fn without_fencing_no_statement_names_a_table() {
+        let sql = Sql::new(None);
+        let name = LockName::new("k");
+        assert!(!sql.acquire(&name, "ab", Duration::ZERO).contains("INSERT"));
+        assert!(!sql.forget(&name).contains("DELETE"));
+    }
+}

@@ -1,0 +1,415 @@
+//! MySQL and MariaDB named locks (`mysql://`, `mariadb://`; feature
+//! `mysql`).
+//!
+//! A lock is `GET_LOCK(name, 0)` on a name derived from the key
+//! ([`lock_name`]), held on a session that distlock keeps open, and never
+//! returns to any pool, for as long as the lock is held. When that session
+//! ends, the server drops the lock: a crashed holder never strands one.
+//! Needs MySQL 5.7+ or MariaDB 10.0.2+ (one session holding many named
+//! locks).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock::Locker;
+//! use distlock::mysql::MysqlLocker;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = MysqlLocker::from_url("mysql://app:secret@db.internal:3306/app").await?;
+//! // Waits on the server (no polling) for up to 10 s.
+//! let lease = locker.lock("nightly-report", Duration::from_secs(60), Duration::from_secs(10)).await?;
+//! println!("fencing token {:?}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # ⚠ Connection pools and proxies
+//!
+//! A `GET_LOCK` belongs to the session that took it, and a session reset
+//! (`COM_RESET_CONNECTION`, which `mysql_async::Pool` and most pools run when
+//! a connection is returned) or a change of user silently releases it. This
+//! backend therefore never uses a pool. Do not point it at a proxy that
+//! multiplexes client sessions onto server sessions (ProxySQL with
+//! multiplexing, RDS Proxy): two clients could then share one server session,
+//! on which `GET_LOCK` is re-entrant, and both would "hold" the lock.
+//!
+//! # Semantics
+//!
+//! - **ttl is not enforced.** A lock is held until it is released or its
+//!   session ends. The ttl only paces [`Lease::keep_alive`](crate::Lease::keep_alive) (which here
+//!   verifies the lock every ttl/3) and bounds
+//!   [`KeepAlive::max_hold`](crate::KeepAlive::max_hold). A holder that is
+//!   alive but hung keeps the lock: use `max_hold`.
+//! - **Holder crash.** The lock is free when the server ends the holder's
+//!   session:
+//!   - the holder process exits or is killed (even `SIGKILL`): its kernel
+//!     closes the socket, the server sees it at once, and the lock is free
+//!     within milliseconds;
+//!   - the holder's host dies or is cut off: the server ends the session
+//!     when it has heard nothing for the session's `wait_timeout`, which
+//!     distlock sets to 15 s ([`DEFAULT_WAIT_TIMEOUT`]) instead of the
+//!     server's 8 hours, while it pings every idle session each second
+//!     ([`DEFAULT_PING_INTERVAL`]) so that a live holder is never idle that
+//!     long. The lock is freed 14 to 15 s after the holder went silent;
+//!   - `KILL` of the session: at once.
+//! - **Lost locks.** When a session ends, every lease on it fires
+//!   [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost):
+//!   - the server closed or killed it (`KILL`, a restart, its own
+//!     `wait_timeout`): the holder learns it at its next ping or statement,
+//!     at most about 1 s later ([`DEFAULT_PING_INTERVAL`]). The lock may
+//!     already be free, so [`Lease::valid_until`](crate::Lease::valid_until) is
+//!     the instant of the signal;
+//!   - the server went silent (a ping or statement unanswered for
+//!     `query_timeout`, 5 s): the holder closes the session at most
+//!     `ping_interval + query_timeout` = 6 s after it last heard from the
+//!     server, and the server cannot free the lock earlier than
+//!     `wait_timeout` after it, so the lease stays valid for a grace of
+//!     `wait_timeout − ping_interval − query_timeout − 1 s` = **8 s** after
+//!     the signal (with the defaults). `distlock run` SIGKILLs its command
+//!     by then, minus its drift margin.
+//!
+//!   The client's TCP keepalive idles 1 s ([`TCP_KEEPALIVE_IDLE`]), but
+//!   mysql_async sets only that; the interval and count stay the kernel's
+//!   (75 s, 9 probes), so the bound above comes from the pings, not from
+//!   TCP. The server's own TCP keepalive is a global setting distlock does
+//!   not change. These bounds count from the last packet each side heard,
+//!   on their clocks: a holder paused (or whose runtime stalls) past
+//!   `wait_timeout` loses its lock with no warning before it, which is
+//!   what fencing tokens are for.
+//! - **Fencing.** Each grant bumps a counter row of the lock name in the
+//!   round trip that takes the lock, while the lock is held, committed at
+//!   once (see [Fencing table](#fencing-table)): tokens strictly increase
+//!   across grants, clients and restarts, as durable as InnoDB's commits
+//!   (`innodb_flush_log_at_trx_commit`).
+//! - **Marks** ([`Locker::advance_mark`]): one row per mark in
+//!   `distlock_marks`, beside the fencing table, created on the first mark;
+//!   raised by one upsert that reports the value it replaced.
+//! - **Release by owner** works only on the locker that acquired the lock:
+//!   only the holding session can `RELEASE_LOCK`. Elsewhere,
+//!   [`Locker::unlock`] with the right owner token is [`Error::Unsupported`]
+//!   (naming the holder's connection id), with a wrong one [`Error::NotHeld`].
+//!   `RELEASE_LOCK` answers 1 (released), 0 (held by another session) or
+//!   NULL (no such lock); the last two are [`Error::NotHeld`].
+//! - **Refresh** asks the holding session whether it still holds the lock
+//!   (`IS_USED_LOCK(name) = CONNECTION_ID()`).
+//! - **Answers.** `GET_LOCK` answers 1 (taken), 0 (held elsewhere: `Ok(None)`,
+//!   or [`Error::Timeout`] after a wait) or NULL, an error (a `KILL QUERY` of
+//!   the statement gives NULL): NULL is [`Error::Backend`], never contention.
+//! - **Waiting.** [`Locker::lock`] first tries once; if the key is held, it
+//!   waits on the server (`GET_LOCK(name, seconds)`, fractional seconds),
+//!   which grants the lock the moment it is released: no polling. A
+//!   cancelled wait is ended on the server with `KILL QUERY` and its
+//!   connection closed, so nothing stays granted. Each such wait needs a
+//!   connection of its own; when `max_waiters` are in use, further waits
+//!   poll instead (see [Connections](#connections)).
+//! - **Exclusivity within one locker.** Many locks share a few sessions and
+//!   `GET_LOCK` is re-entrant within a session, so the locker itself refuses
+//!   a second grant of a name it holds: a second `try_lock` through the same
+//!   locker is contention, as from any other client.
+//! - **Dropped leases** are released in the background on the current tokio
+//!   runtime. A lease dropped outside a runtime stays held until its session
+//!   closes.
+//! - **Every call is bounded.** [`Locker::lock`] returns within its
+//!   `timeout` + [`DEADLINE_GRACE`](crate::DEADLINE_GRACE); the other calls
+//!   wait at most `query_timeout` for their statement (opening a session
+//!   first is bounded by `connect_timeout + query_timeout`). A statement
+//!   unanswered for its bound closes its session (its locks are then lost,
+//!   and freed by the server).
+//! - **Abandoned attempts.** A [`Locker::try_lock`] dropped (or timed out)
+//!   after its statement was queued still runs to its end on the session;
+//!   if it took the lock, the lock is released on the same session right
+//!   after. Until then, `try_lock` and [`Locker::unlock`] of that key through
+//!   the same locker are [`Error::Backend`] ("still being cleaned up").
+//! - **Server-side settings.** Every session sets its own `wait_timeout`,
+//!   `innodb_lock_wait_timeout` and `lock_wait_timeout` (half the query
+//!   timeout, so a fencing row locked by another client fails one attempt
+//!   instead of stalling a shared session), `autocommit = 1`, and on MariaDB
+//!   `max_statement_time = 0`.
+//! - **Not guaranteed**: anything across a failover. Named locks are not
+//!   replicated (not by asynchronous replication, semi-synchronous
+//!   replication nor Galera, whose docs list `GET_LOCK` as unsupported); a
+//!   promoted replica starts with none, so two holders can then overlap:
+//!   fencing tokens are the remedy, and they are only as good as the
+//!   replication of the fencing table. Lock names are server-wide, not per
+//!   database: two applications on one server share one name space (use
+//!   [`PrefixLocker`](crate::PrefixLocker)).
+//!
+//! # Connections
+//!
+//! A locker (with its clones) has at most **`sessions` + `max_waiters`**
+//! connections open at once, 4 + 16 = 20 with the defaults:
+//!
+//! - `sessions` ([`DEFAULT_SESSIONS`], 4) shared sessions, carrying every
+//!   lock taken without waiting, however many: **1,000 held leases use 4
+//!   connections**;
+//! - at most `max_waiters` ([`DEFAULT_MAX_WAITERS`], 16) waiter connections,
+//!   idle ones included: each [`Locker::lock`] waiting on the server for a
+//!   held key has one, keeps it while it holds the lock it won, and then
+//!   leaves it idle for the next wait if fewer than `idle_waiters`
+//!   ([`DEFAULT_IDLE_WAITERS`], 2) are idle, or closes it.
+//!
+//! When all `max_waiters` are in use, a further [`Locker::lock`] on a held
+//! key polls instead: repeated `try_lock` on the key's shared session with
+//! jittered backoff (5 ms growing to 200 ms, as
+//! [`WaitPolicy::default`](crate::WaitPolicy)), bounded by its timeout.
+//! Creating the marks table uses one short-lived connection more, once.
+//! Each key always uses the same shared session, so a session's death loses
+//! about a quarter of the held locks, not all.
+//!
+//! # Keys
+//!
+//! See [`lock_name`]: a key made of lowercase letters, digits and `_ . : /
+//! -`, at most 64 bytes, is the lock name itself; any other becomes a
+//! readable prefix plus 128 bits of its SHA-256, so `Job` and `job` never
+//! collide or wrongly match, and no name exceeds MySQL's 64 characters.
+//! [`Locker::backend_key`] gives the name of a key.
+//!
+//! # Fencing table
+//!
+//! `distlock_fencing` in the URL's database unless configured (URL
+//! `fencing_table=schema.table`, or [`MysqlLockerBuilder::fencing_table`]);
+//! created if missing, which needs `CREATE` once (and a database in the URL
+//! or the table name):
+//!
+//! ```sql
+//! CREATE TABLE distlock_fencing (
+//!     lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+//!     token BIGINT NOT NULL,              -- the last fencing token granted
+//!     owner_digest CHAR(32) CHARACTER SET ascii NOT NULL, -- SHA-256 (128 bits, hex) of its owner token
+//!     granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+//! ) ENGINE=InnoDB;
+//! ```
+//!
+//! Rows are deleted only by [`Locker::forget`]. With fencing off
+//! (`fencing=off`, [`MysqlLockerBuilder::fencing`]) an acquire is a bare
+//! `GET_LOCK`, no table is used, and leases have no fencing token. Either
+//! way an acquire is one round trip (with fencing, five statements in one
+//! query).
+//!
+//! # URL
+//!
+//! `mysql://user:password@host:port/database?param=value&...` (or
+//! `mariadb://`; user, password and database percent-encoded), with:
+//!
+//! | parameter | meaning | default |
+//! | --- | --- | --- |
+//! | `fencing` | `on` / `off` | `on` |
+//! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
+//! | `sessions` | shared sessions | 4 |
+//! | `idle_waiters` | idle wait connections kept | 2 |
+//! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
+//! | `query_timeout` | seconds any statement or ping may go unanswered | 5 |
+//! | `connect_timeout` | seconds to open a connection | 5 |
+//! | `ping_interval` | milliseconds between pings of an idle session | 1000 |
+//! | `wait_timeout` | seconds of silence after which the server ends a session | 15 |
+//! | `ssl-mode` | `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_IDENTITY` | `PREFERRED` |
+//! | `ssl-ca` | CA file (PEM) trusted besides the Mozilla roots | none |
+//!
+//! # TLS
+//!
+//! rustls with the `ring` provider. `PREFERRED` and `REQUIRED` encrypt
+//! without checking the certificate (as MySQL's client does);
+//! `VERIFY_IDENTITY` checks that it chains to a trusted root (`ssl-ca`, and
+//! the Mozilla roots) and names the host. `VERIFY_CA` is refused: mysql_async
+//! 0.37 recognises rustls' host-mismatch error by its old text, so it would
+//! fail every connection. Client certificates are not supported. Passwords
+//! never appear in errors, logs or `Debug` output.
+
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+mod acquire;
+mod config;
+mod errors;
+mod fencing;
+mod forget;
+mod marks;
+mod names;
+mod pool;
+mod registry;
+mod release;
+mod session;
+
+pub use config::{
+    MysqlLockerBuilder, SslMode, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_WAITERS,
+    DEFAULT_MAX_WAITERS, DEFAULT_PING_INTERVAL, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
+    DEFAULT_WAIT_TIMEOUT, TCP_KEEPALIVE_IDLE,
+};
+pub use fencing::DEFAULT_TABLE as DEFAULT_FENCING_TABLE;
+pub use names::{lock_name, MAX_NAME_LEN};
+
+use self::config::Settings;
+use self::fencing::Sql;
+use self::names::LockName;
+use self::pool::Pool;
+use self::registry::Registry;
+use self::session::OnClosed;
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, Result};
+
+/// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
+/// held locks. See the [module docs](self) for what it guarantees.
+#[derive(Clone)]
+pub struct MysqlLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Arc<Settings>,
+    sql: Sql,
+    pool: Arc<Pool>,
+    registry: Arc<Registry>,
+    /// The marks table is known to exist (created on the first mark).
+    marks_ready: AtomicBool,
+}
+
+impl MysqlLocker {
+    /// Connects with the defaults and the URL's parameters (see the
+    /// [module docs](self#url)).
+    ///
+    /// Opens one session now, so a wrong password, an unknown database or
+    /// an unreachable server is an error here, and creates the fencing
+    /// table if missing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL or option (never showing
+    /// the password); [`Error::Backend`] with the server's message, or
+    /// [`Error::DeadlineExceeded`], if the server cannot be used.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::builder(url)?.build().await
+    }
+
+    /// Options, starting from a URL (see [`MysqlLockerBuilder`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL.
+    pub fn builder(url: &str) -> Result<MysqlLockerBuilder> {
+        MysqlLockerBuilder::from_url(url)
+    }
+
+    async fn start(settings: Settings) -> Result<Self> {
+        let settings = Arc::new(settings);
+        let registry = Arc::new(Registry::new(errors::BACKEND));
+        let weak = Arc::downgrade(&registry);
+        let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
+            if let Some(registry) = weak.upgrade() {
+                registry.session_closed(session_id, why, grace);
+            }
+        });
+        let inner = Arc::new(Inner {
+            pool: Arc::new(Pool::new(settings.clone(), on_closed)),
+            sql: Sql::new(settings.fencing.as_ref()),
+            marks_ready: AtomicBool::new(false),
+            settings,
+            registry,
+        });
+        inner.pool.shared("").await?;
+        Ok(MysqlLocker { inner })
+    }
+
+    /// How many locks this locker (and its clones) holds right now.
+    pub fn held_count(&self) -> usize {
+        self.inner.registry.held_count()
+    }
+
+    fn lease_locker(&self) -> Arc<dyn Locker> {
+        Arc::new(self.clone())
+    }
+}
+
+impl fmt::Debug for MysqlLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = &self.inner.settings;
+        f.debug_struct("MysqlLocker")
+            .field("target", &settings.target)
+            .field("fencing", &self.inner.sql.fencing())
+            .field("sessions", &settings.sessions)
+            .field("max_waiters", &settings.max_waiters)
+            .field("held", &self.held_count())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Locker for MysqlLocker {
+    fn backend(&self) -> &'static str {
+        errors::BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: false,
+            refresh: true,
+            unlock_by_owner: false,
+            release_wakeup: true,
+            // The server-side wait wakes waiters; nothing announces releases.
+            release_notifications: false,
+            fencing: self.inner.sql.fencing(),
+            marks: true,
+        }
+    }
+
+    /// The `GET_LOCK` name of `key` ([`lock_name`]).
+    fn backend_key(&self, key: &str) -> String {
+        lock_name(key)
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        self.inner
+            .try_acquire(LockName::new(key), ttl, self.lease_locker())
+            .await
+    }
+
+    /// Waits on the server, not by polling, unless `max_waiters` waiter
+    /// connections are in use (see the [module docs](self#connections)).
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        validate::acquire(key, ttl)?;
+        let name = LockName::new(key);
+        if timeout.is_zero() {
+            return self
+                .inner
+                .try_acquire(name, ttl, self.lease_locker())
+                .await?
+                .ok_or_else(|| Error::NotAcquired {
+                    key: key.to_owned(),
+                });
+        }
+        self.inner
+            .wait_acquire(name, ttl, timeout, self.lease_locker())
+            .await
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        self.inner.release(LockName::new(key), owner).await
+    }
+
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        self.inner.verify(LockName::new(key), owner).await
+    }
+
+    /// Deletes `key`'s fencing row in one round trip, under a `GET_LOCK`
+    /// that only a free name grants. A key any session holds, or that this
+    /// locker is taking, is [`Error::NotAcquired`].
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        self.inner.forget(LockName::new(key)).await
+    }
+
+    /// One upsert on the marks table (`distlock_marks`, beside the fencing
+    /// table), created on the locker's first mark; the mark's row is keyed
+    /// by the name's [`lock_name`]. A lost answer leaves the outcome
+    /// unknown.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        self.inner.advance_mark(LockName::new(name), value).await
+    }
+}

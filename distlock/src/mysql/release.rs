@@ -1,0 +1,141 @@
+//! Releasing and verifying held locks.
+
+use super::errors::{self, BACKEND};
+use super::fencing::Sql;
+use super::names::{owner_digest, LockName};
+use super::registry::Busy;
+use super::session::{Request, Role};
+use super::Inner;
+use crate::deadline::bounded;
+use crate::{Error, LostReason, Result};
+
+impl Inner {
+    /// Releases `name` if `owner` holds it through this locker; otherwise
+    /// says whether somebody else holds it under that owner.
+    pub(super) async fn release(&self, name: LockName<'_>, owner: &str) -> Result<()> {
+        let Some(held) = self.registry.take(&name.server, owner) else {
+            return self.release_elsewhere(name, owner).await;
+        };
+        // The entry is gone before the release is queued, with no await in
+        // between: an attempt on this name that now reserves it and reaches
+        // the same session is queued after the release.
+        let limit = self.settings.query_timeout;
+        let context = || {
+            format!(
+                "release {:?} on {}; the server frees it when the session ends",
+                name.key, self.settings.target
+            )
+        };
+        let answer = bounded(BACKEND, "release", limit, async {
+            held.session
+                .run(Request::new(Sql::release(&name), limit))
+                .await
+                .map_err(|e| errors::backend("release", context(), e))
+        })
+        .await?;
+        let released = answer
+            .int(0)
+            .map_err(|why| Error::backend(BACKEND, "release", format!("{}: {why}", context())))?;
+        answer.settle();
+        if released == Some(1) {
+            if held.session.role == Role::Waiter {
+                self.pool.recycle(held.session);
+            }
+            return Ok(());
+        }
+        // 0: another session holds it; NULL: nobody does. Either way this
+        // session lost it (the server freed it: a `RELEASE_LOCK` or
+        // `RELEASE_ALL_LOCKS()` run on it by hand?).
+        held.lost.notify(LostReason::NotHeld);
+        Err(Error::NotHeld {
+            key: name.key.to_owned(),
+        })
+    }
+
+    /// A release of a lock this locker does not hold. It cannot release it
+    /// (only the session holding a `GET_LOCK` can), but it can say which
+    /// error applies: `Unsupported` if another client holds it under
+    /// `owner`, `NotHeld` if nobody does.
+    async fn release_elsewhere(&self, name: LockName<'_>, owner: &str) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            key: name.key.to_owned(),
+        };
+        match self.registry.state(&name.server) {
+            Some(Busy::Contended) => return Err(not_held()),
+            Some(Busy::CleaningUp) => return Err(self.cleanup_pending(&name, "release")),
+            None => {}
+        }
+        let session = self.pool.shared(&name.server).await?;
+        let limit = self.settings.query_timeout;
+        let context = || {
+            format!(
+                "look up the holder of {:?} on {}",
+                name.key, self.settings.target
+            )
+        };
+        let sql = self.sql.holder(&name, &owner_digest(owner));
+        let answer = bounded(BACKEND, "release", limit, async {
+            session
+                .run(Request::new(sql, limit))
+                .await
+                .map_err(|e| errors::backend("release", context(), e))
+        })
+        .await?;
+        let bad = |why: String| Error::backend(BACKEND, "release", format!("{}: {why}", context()));
+        let (holder, same_owner) = (answer.int(0).map_err(bad)?, answer.int(1).map_err(bad)?);
+        answer.settle();
+        let Some(connection) = holder else {
+            return Err(not_held());
+        };
+        let reason = match (self.sql.fencing(), same_owner) {
+            (true, Some(1)) => format!(
+                "{:?} is held under this owner token by another client (connection {connection}); a GET_LOCK \
+                 lock can only be released by the session holding it: release it from that client, or end \
+                 its session (KILL {connection}) to free it",
+                name.key
+            ),
+            (true, _) => return Err(not_held()),
+            (false, _) => format!(
+                "{:?} is held by connection {connection}; without the fencing table this client cannot tell \
+                 whether under this owner token, and only the session holding it can release it",
+                name.key
+            ),
+        };
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            operation: "release",
+            reason,
+        })
+    }
+
+    /// Confirms `owner` still holds `name` on a live session: a round trip
+    /// on the holding session, asking the server.
+    pub(super) async fn verify(&self, name: LockName<'_>, owner: &str) -> Result<()> {
+        let not_held = || Error::NotHeld {
+            key: name.key.to_owned(),
+        };
+        let Some(session) = self.registry.session_of(&name.server, owner) else {
+            return Err(not_held());
+        };
+        let limit = self.settings.query_timeout;
+        let context = || format!("verify {:?} is held on {}", name.key, self.settings.target);
+        let answer = bounded(BACKEND, "refresh", limit, async {
+            session
+                .run(Request::new(Sql::holds(&name), limit))
+                .await
+                .map_err(|e| errors::backend("refresh", context(), e))
+        })
+        .await?;
+        let holds = answer
+            .int(0)
+            .map_err(|why| Error::backend(BACKEND, "refresh", format!("{}: {why}", context())))?;
+        answer.settle();
+        if holds == Some(1) {
+            return Ok(());
+        }
+        if let Some(held) = self.registry.take(&name.server, owner) {
+            held.lost.notify(LostReason::NotHeld);
+        }
+        Err(not_held())
+    }
+}

@@ -1,0 +1,22 @@
+//! The conformance suite on a master found through Sentinel (one master, one
+//! replica, three sentinels; no failover here, see `tests/redis/sentinel.rs`
+//! for that): every client a new `redis+sentinel://` locker opened through
+//! `distlock::connect`.
+
+use std::sync::{Arc, OnceLock};
+
+use distlock::Locker;
+use test_servers::RedisSentinelSet;
+
+fn sentinel_url() -> String {
+    static SET: OnceLock<RedisSentinelSet> = OnceLock::new();
+    SET.get_or_init(RedisSentinelSet::start).url()
+}
+
+distlock::conformance_suite!(|| async {
+    let locker: Arc<dyn Locker> = distlock::connect(&sentinel_url())
+        .await
+        .expect("connect through the test sentinels");
+    assert_eq!(locker.backend(), "redis");
+    locker
+});

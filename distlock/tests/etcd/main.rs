@@ -1,0 +1,8 @@
+//! The etcd backend beyond the shared conformance suite, against real etcd
+//! processes test-servers starts: interop with `etcdctl lock` both ways,
+//! a lease lost under a holder, and a three-node cluster losing its leader
+//! and its quorum.
+
+mod cluster;
+mod interop;
+mod session;
