@@ -10,8 +10,9 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// The backend is chosen by URL (--url, else $DISTLOCK_URL, else lock files in
 /// a per-user state directory): file:///dir, redis://host:6379,
-/// redis+cluster://h1:7000,h2:7000, redis+sentinel://s1:26379,s2:26379/MASTER,
-/// postgres://user@host/db, mysql://user@host:3306/db, etcd://h1:2379,h2:2379, memory://.
+/// redlock://host1:6379,host2:6379,host3:6379, redis+cluster://h1:7000,h2:7000,
+/// redis+sentinel://s1:26379,s2:26379/MASTER, postgres://user@host/db,
+/// mysql://user@host:3306/db, etcd://h1:2379,h2:2379, memory://.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]
 pub(crate) struct Cli {

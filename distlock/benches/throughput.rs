@@ -1,15 +1,18 @@
-//! Acquire+release cycles per second on the Redis, Postgres, etcd and MySQL backends, 1
-//! and 16 concurrent tasks; for Redis also as deployed: a three-master
-//! Cluster, a master behind Sentinel, and a primary with one replica and
-//! `min_replicas=1` (each grant waits for the replica's `WAIT`) (each on its own key, so the figure is round
-//! trips, not contention), next to each backend's physical floor: the same
-//! cycle as bare commands on the same kind of connection (`SET NX PX` + `DEL`
-//! on a redis-rs `ConnectionManager`; `pg_try_advisory_lock` +
-//! `pg_advisory_unlock` on one tokio-postgres connection per task; for etcd
-//! the same two transactions through etcd-client, put-if-absent + read the
-//! queue's first key, then compare-and-delete, and beside them etcd-client's
-//! `lock`/`unlock` RPCs, etcd's server-side lock, on one lease; `GET_LOCK` + `RELEASE_LOCK` on one mysql_async
-//! connection per task for MySQL (MariaDB)).
+//! Acquire+release cycles per second on the Redis, Redlock (3 nodes),
+//! Postgres, etcd and MySQL backends, 1 and 16 concurrent tasks; for Redis
+//! also as deployed: a three-master Cluster, a master behind Sentinel, and a
+//! primary with one replica and `min_replicas=1` (each grant waits for the
+//! replica's `WAIT`) (each on its own key, so the figure is round trips, not
+//! contention), next to each backend's physical floor: the same cycle as bare
+//! commands on the same kind of connection (`SET NX PX` + `DEL` on a redis-rs
+//! `ConnectionManager`; `pg_try_advisory_lock` + `pg_advisory_unlock` on one
+//! tokio-postgres connection per task; for etcd the same two transactions
+//! through etcd-client, put-if-absent + read the queue's first key, then
+//! compare-and-delete, and beside them etcd-client's `lock`/`unlock` RPCs,
+//! etcd's server-side lock, on one lease; `GET_LOCK` + `RELEASE_LOCK` on one
+//! mysql_async connection per task for MySQL (MariaDB)). Redlock is measured
+//! beside the standalone Redis backend: it sends the same scripts to three
+//! servers at once and waits for two.
 //!
 //! A measurement, not a check: it asserts nothing about speed. The servers
 //! are private ones test-servers starts on free loopback ports. Run it with:
@@ -31,6 +34,7 @@ use distlock::etcd::EtcdLocker;
 use distlock::mysql::MysqlLocker;
 use distlock::postgres::PostgresLocker;
 use distlock::redis::RedisLocker;
+use distlock::redlock::RedlockLocker;
 use distlock::Locker;
 use etcd_client::{
     Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -62,6 +66,8 @@ fn main() {
             redis_cycles().await;
             println!();
             redis_deployment_cycles().await;
+            println!();
+            redlock_cycles().await;
             println!();
             postgres_cycles().await;
             println!();
@@ -156,6 +162,41 @@ async fn redis_cycles() {
         println!(
             "{tasks:>5}  {distlock:>18.0}  {floor:>28.0}  {:>5.2}",
             distlock / floor
+        );
+    }
+}
+
+async fn redlock_cycles() {
+    let servers: Vec<RedisServer> = (0..4).map(|_| RedisServer::start()).collect();
+    let standalone = RedisLocker::from_url(&servers[3].url())
+        .await
+        .expect("connect to the bench redis-server");
+    let hosts: Vec<String> = servers[..3]
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let redlock = RedlockLocker::from_url(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .expect("connect to the bench Redlock nodes");
+    println!("tasks  redlock (3 nodes) cycles/s  redis standalone cycles/s  ratio");
+    for tasks in TASKS {
+        let quorum = {
+            let redlock = redlock.clone();
+            cycles_per_second(tasks, move |task| {
+                distlock_cycle(redlock.clone(), REDIS_TTL, task)
+            })
+            .await
+        };
+        let single = {
+            let standalone = standalone.clone();
+            cycles_per_second(tasks, move |task| {
+                distlock_cycle(standalone.clone(), REDIS_TTL, task)
+            })
+            .await
+        };
+        println!(
+            "{tasks:>5}  {quorum:>26.0}  {single:>25.0}  {:>5.2}",
+            quorum / single
         );
     }
 }

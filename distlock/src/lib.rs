@@ -61,6 +61,7 @@
 //! | `redis://host:6379`, `rediss://` | `redis` | `redis` | at ttl expiry (Redis enforces the ttl) |
 //! | `redis+cluster://h1:7000,h2:7000`, `rediss+cluster://` | `redis` (Redis Cluster) | `redis` | at ttl expiry |
 //! | `redis+sentinel://s1:26379,s2:26379/MASTER`, `rediss+sentinel://` | `redis` (master found through Sentinel) | `redis` | at ttl expiry |
+//! | `redlock://h1:6379,h2:6379,h3:6379` | `redlock` | `redlock` | at ttl expiry on each node; no fencing tokens (see its docs) |
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 //! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
 //! | `mysql://user@host:3306/db`, `mariadb://` | `mysql` | `mysql` | when the server ends the session: at once if the process dies, 14 to 15 s if its host vanishes |
@@ -96,6 +97,8 @@ pub mod postgres;
 mod prefix;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 #[cfg(any(feature = "postgres", feature = "etcd", feature = "mysql"))]
 mod session_registry;
 pub mod validate;

@@ -17,6 +17,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "rediss+cluster",
     "redis+sentinel",
     "rediss+sentinel",
+    "redlock",
     "postgres",
     "postgresql",
     "etcd",
@@ -35,6 +36,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `redis://[user:pass@]host[:port][/db][?prefix=..]`, `rediss://...` | `distlock::redis::RedisLocker` on one server (feature `redis`; see `distlock::redis::Config::from_url`) |
 /// | `redis+cluster://host1:port,host2:port,...`, `rediss+cluster://...` | `distlock::redis::RedisLocker` on a Redis Cluster (feature `redis`) |
 /// | `redis+sentinel://sentinel1:port,sentinel2:port/MASTER_NAME`, `rediss+sentinel://...` | `distlock::redis::RedisLocker` on the master Sentinel names, following failovers (feature `redis`) |
+/// | `redlock://[user:pass@]host1:port,host2:port,host3:port[/db][?prefix=..&node_timeout=..]` | `distlock::redlock::RedlockLocker` (feature `redlock`; see `distlock::redlock::Config::from_url`) |
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
 /// | `etcd://[user:pass@]host[:port][,host2...][?prefix=..]`, `etcd+https://...` | `distlock::etcd::EtcdLocker` (feature `etcd`; see `distlock::etcd::Config::from_url`) |
 /// | `mysql://[user[:pass]@]host[:port]/db[?...]`, `mariadb://...` | `distlock::mysql::MysqlLocker` (feature `mysql`; parameters in its module docs) |
@@ -51,7 +53,20 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
-    // Before `Url::parse`, which rejects libpq's multi-host form (`h1:5432,h2:5432`).
+    // Before `Url::parse`, which rejects multi-host forms (`h1:5432,h2:5432`).
+    #[cfg(feature = "redlock")]
+    if url.starts_with("redlock://") {
+        return Ok(Arc::new(
+            crate::redlock::RedlockLocker::from_url(url).await?,
+        ));
+    }
+    #[cfg(not(feature = "redlock"))]
+    if url.starts_with("redlock://") {
+        return Err(Error::invalid(
+            "url",
+            "redlock:// needs distlock's cargo feature `redlock`, which is not enabled",
+        ));
+    }
     #[cfg(feature = "postgres")]
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(

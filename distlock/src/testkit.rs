@@ -349,7 +349,9 @@ pub async fn fencing_tokens_strictly_increase(h: &Harness) {
 
 /// The backends of this crate, which all document [`Locker::forget`]: a
 /// wrapper around one of them that answers `Unsupported` did not forward it.
-const FORGETTING_BACKENDS: [&str; 6] = ["memory", "file", "redis", "postgres", "etcd", "mysql"];
+const FORGETTING_BACKENDS: [&str; 7] = [
+    "memory", "file", "redis", "redlock", "postgres", "etcd", "mysql",
+];
 
 /// [`Locker::forget`] of a held key is contention and leaves the holder's
 /// lock intact; of a released key it succeeds (twice, too), after which the

@@ -20,14 +20,16 @@ mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
+mod tls;
 
 pub use etcd::{EtcdCluster, EtcdServer};
 pub use mariadb::{MariaDbOptions, MariaDbServer};
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
-pub use redis::{RedisOptions, RedisServer};
+pub use redis::{RedisOptions, RedisServer, RedisTls};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinelSet, SENTINEL_MASTER_NAME};
+pub use tls::TestCertificates;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {

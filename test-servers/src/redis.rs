@@ -18,8 +18,28 @@ pub struct RedisOptions {
     pub password: Option<String>,
     /// `appendonly yes` (so locks and fence counters survive a restart).
     pub appendonly: bool,
+    /// Serve TLS only (`--tls-port`, plain port 0) with these files.
+    pub tls: Option<RedisTls>,
     /// `--replicaof 127.0.0.1 PORT`: start as a replica of that server.
     pub replica_of: Option<u16>,
+}
+
+/// A TLS-only server's certificate, key and CA (see
+/// [`crate::TestCertificates`]).
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    /// The server's certificate (`--tls-cert-file`).
+    pub cert: PathBuf,
+    /// Its private key (`--tls-key-file`).
+    pub key: PathBuf,
+    /// The CA that client certificates must chain to, and that
+    /// [`RedisServer::cli`] trusts (`--tls-ca-cert-file`).
+    pub ca: PathBuf,
+    /// Whether clients must present a certificate (`--tls-auth-clients
+    /// yes`) or may (`optional`).
+    pub require_client_cert: bool,
+    /// The client certificate and key [`RedisServer::cli`] presents.
+    pub cli_client: Option<(PathBuf, PathBuf)>,
 }
 
 /// A `redis-server` owned by one test; killed when dropped.
@@ -55,8 +75,32 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let mut command = Command::new(&self.binary);
+        let port = self.port.to_string();
+        match &self.options.tls {
+            None => {
+                command.args(["--port", &port]);
+            }
+            Some(tls) => {
+                command
+                    .args(["--port", "0", "--tls-port", &port])
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .args([
+                        "--tls-auth-clients",
+                        if tls.require_client_cert {
+                            "yes"
+                        } else {
+                            "optional"
+                        },
+                    ]);
+            }
+        }
         command
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args([
                 "--appendonly",
@@ -88,12 +132,23 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://[:password@]127.0.0.1:port`.
+    /// `redis://[:password@]127.0.0.1:port`, or for a TLS server
+    /// `rediss://[:password@]127.0.0.1:port?ca=CA` (no client certificate).
     pub fn url(&self) -> String {
-        match &self.options.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
-        }
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let auth = match &self.options.password {
+            Some(password) => format!(":{password}@"),
+            None => String::new(),
+        };
+        let query = match &self.options.tls {
+            Some(tls) => format!("?ca={}", tls.ca.display()),
+            None => String::new(),
+        };
+        format!("{scheme}://{auth}127.0.0.1:{}{query}", self.port)
     }
 
     /// The server's process id.
@@ -131,6 +186,12 @@ impl RedisServer {
         let cli = find_binary("redis-cli", "redis-tools");
         let mut command = Command::new(cli);
         command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(tls) = &self.options.tls {
+            command.arg("--tls").arg("--cacert").arg(&tls.ca);
+            if let Some((cert, key)) = &tls.cli_client {
+                command.arg("--cert").arg(cert).arg("--key").arg(key);
+            }
+        }
         if let Some(password) = &self.options.password {
             command.args(["--no-auth-warning", "-a", password]);
         }

@@ -15,3 +15,5 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redlock")]
+mod redlock;

@@ -190,6 +190,21 @@ impl Lease {
         self
     }
 
+    /// Makes every refresh of this lease count `discount(ttl)` less validity
+    /// than its ttl: after a refresh sent at `t` for `ttl`, the lease is
+    /// known held until `t + ttl - discount(ttl)` instead of `t + ttl`.
+    /// For backends whose grant is only as good as several clocks agree
+    /// (Redlock's clock-drift allowance); build the grant's own
+    /// [`LeaseParts::valid_until`] with the same discount. Set once: a
+    /// second call is ignored.
+    pub fn with_validity_discount(
+        self,
+        discount: impl Fn(Duration) -> Duration + Send + Sync + 'static,
+    ) -> Self {
+        self.status.set_discount(Box::new(discount));
+        self
+    }
+
     /// A handle through which the backend can report that this lease's lock is
     /// gone (for example because the connection that held it died).
     pub fn lost_notifier(&self) -> LostNotifier {

@@ -4,7 +4,7 @@
 //! ever moves from held to ended; every change goes through this file.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -67,9 +67,13 @@ pub(super) struct Shared {
     status: watch::Sender<LeaseStatus>,
     /// Run once, when the lease ends (see [`Lease::on_end`]).
     on_end: Mutex<Vec<EndCallback>>,
+    /// How much shorter than its ttl a refresh's validity is (see
+    /// [`Lease::with_validity_discount`]); none: the full ttl.
+    discount: OnceLock<ValidityDiscount>,
 }
 
 type EndCallback = Box<dyn FnOnce(LostReason) + Send>;
+type ValidityDiscount = Box<dyn Fn(Duration) -> Duration + Send + Sync>;
 
 impl Shared {
     /// A new lease's state.
@@ -77,6 +81,20 @@ impl Shared {
         Shared {
             status: watch::channel(status).0,
             on_end: Mutex::default(),
+            discount: OnceLock::new(),
+        }
+    }
+
+    /// Sets the validity discount once (later calls are ignored).
+    pub(super) fn set_discount(&self, discount: ValidityDiscount) {
+        let _ = self.discount.set(discount);
+    }
+
+    /// The validity of a refresh for `ttl`: the ttl less the discount.
+    fn validity_for(&self, ttl: Duration) -> Duration {
+        match self.discount.get() {
+            Some(discount) => ttl.saturating_sub(discount(ttl)),
+            None => ttl,
         }
     }
 
@@ -288,7 +306,8 @@ impl fmt::Debug for LostSignal {
 }
 
 /// Records a successful refresh sent at `from` for `ttl`: the lease is held
-/// until `from + ttl` (if it expires at all). A lease whose known validity had
+/// until `from + ttl` less the backend's validity discount (if it expires at
+/// all). A lease whose known validity had
 /// already ended is not revived (its signal may have fired: work was told to
 /// stop): it is marked expired and `Err(reason)` returned.
 pub(super) fn extend_validity(
@@ -297,6 +316,7 @@ pub(super) fn extend_validity(
     ttl: Duration,
 ) -> Result<(), LostReason> {
     let now = Instant::now();
+    let validity = shared.validity_for(ttl);
     let mut refused = None;
     shared.status.send_if_modified(|s| {
         if let Some(reason) = s.lost {
@@ -311,7 +331,7 @@ pub(super) fn extend_validity(
         s.renewed_at = from;
         if s.valid_until.is_some() {
             // A validity too far away for an Instant is "until released".
-            s.valid_until = crate::deadline::checked_deadline(from, ttl);
+            s.valid_until = crate::deadline::checked_deadline(from, validity);
         }
         true
     });

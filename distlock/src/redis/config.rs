@@ -3,10 +3,12 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::{
-    ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo,
+    ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion,
+    RedisConnectionInfo, TlsCertificates,
 };
 use serde::{Deserialize, Serialize};
 use url::{Host, Url};
@@ -35,7 +37,8 @@ pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 
 /// The query parameters [`Config::from_url`] understands.
 const URL_PARAMETERS: &str =
-    "prefix, connect_timeout, response_timeout, min_replicas, replica_timeout, db (sentinel only)";
+    "prefix, connect_timeout, response_timeout, min_replicas, replica_timeout, db (sentinel only), \
+     ca, client_cert, client_key";
 
 /// The URL schemes [`Config::from_url`] reads.
 const SCHEMES: &str =
@@ -57,9 +60,10 @@ const SCHEMES: &str =
 /// ([`Config::from_yaml`]), or in code from [`Config::default`]. The field
 /// names in JSON and YAML are those of the Go seed this backend descends from
 /// (`username`, `password`, `keyPrefix`, `addresses`, plus `db`, `tls`,
-/// `connectTimeout`, `responseTimeout`, `cluster`, `sentinelMaster`,
-/// `sentinelUsername`, `sentinelPassword`, `minReplicas`, `replicaTimeout`);
-/// the snake_case spellings are accepted too, unknown fields are rejected.
+/// `tlsCa`, `tlsClientCert`, `tlsClientKey`, `connectTimeout`,
+/// `responseTimeout`, `cluster`, `sentinelMaster`, `sentinelUsername`,
+/// `sentinelPassword`, `minReplicas`, `replicaTimeout`); the snake_case
+/// spellings are accepted too, unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -96,6 +100,8 @@ pub struct Config {
     /// or [`sentinel_master`](Config::sentinel_master), exactly one: the
     /// backend then talks to a single node (a primary, or an address that
     /// always leads to the current primary).
+    /// The Redlock backend (`distlock::redlock`, feature `redlock`) reads
+    /// its list of independent nodes from here.
     pub addresses: Vec<String>,
     /// Database number (`SELECT`). Default 0; a cluster has only database 0.
     pub db: i64,
@@ -129,9 +135,30 @@ pub struct Config {
     /// the reply that long.
     #[serde(alias = "replica_timeout", with = "duration_text")]
     pub replica_timeout: Duration,
-    /// Connect with TLS (rustls, verifying the server against the system's
-    /// root certificates), as a `rediss://` URL does.
+    /// Connect with TLS (rustls on the `ring` provider), as a `rediss://`
+    /// URL does. The server's certificate must be valid for the host name
+    /// of the address (an IP address must be in the certificate's subject
+    /// alternative names) and chain to the system's root certificates, or
+    /// to [`tls_ca`](Config::tls_ca) if set.
     pub tls: bool,
+    /// A PEM file of the CA certificates that sign the server's
+    /// certificate (URL parameter `ca`): they *replace* the system's roots.
+    /// Needs [`tls`](Config::tls). Read when the locker is built. Applies
+    /// to one server, a cluster's nodes and Redlock's nodes; refused with
+    /// [`sentinel_master`](Config::sentinel_master) (as are the client
+    /// certificate files), since redis-rs' `Sentinel` takes no certificates.
+    #[serde(alias = "tls_ca", skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// A PEM file with the client certificate (and its chain) to present,
+    /// for servers that demand one (`tls-auth-clients yes`; URL parameter
+    /// `client_cert`). Needs [`tls`](Config::tls) and
+    /// [`tls_client_key`](Config::tls_client_key).
+    #[serde(alias = "tls_client_cert", skip_serializing_if = "Option::is_none")]
+    pub tls_client_cert: Option<PathBuf>,
+    /// The PEM file of the client certificate's private key (URL parameter
+    /// `client_key`). Its contents are never logged or put in errors.
+    #[serde(alias = "tls_client_key", skip_serializing_if = "Option::is_none")]
+    pub tls_client_key: Option<PathBuf>,
     /// Bound on establishing one connection (TCP, TLS, `HELLO`/`AUTH`).
     /// Default [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
     /// `connect_timeout + response_timeout + 0.7 s` bounds every call of the
@@ -155,6 +182,9 @@ impl Default for Config {
             addresses: Vec::new(),
             db: 0,
             tls: false,
+            tls_ca: None,
+            tls_client_cert: None,
+            tls_client_key: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             cluster: false,
@@ -183,9 +213,13 @@ impl Config {
     /// User name and password are percent-decoded. Parameters:
     /// `prefix` (the key prefix; may be empty), `connect_timeout`,
     /// `response_timeout` and `replica_timeout` (durations such as `2s` or
-    /// `250ms`), `min_replicas` (a number), and for Sentinel `db` (the
-    /// master's database; the path holds the master's name). Anything else is
-    /// [`Error::InvalidInput`], as is a URL without a host. Error messages
+    /// `250ms`), `min_replicas` (a number), for Sentinel `db` (the master's
+    /// database; the path holds the master's name), and for TLS (`rediss`
+    /// schemes) the PEM files `ca` (a private CA for the server's
+    /// certificate), `client_cert` and `client_key` (a client certificate,
+    /// for servers that require one): [`Config::tls_ca`],
+    /// [`Config::tls_client_cert`], [`Config::tls_client_key`]. Anything else
+    /// is [`Error::InvalidInput`], as is a URL without a host. Error messages
     /// never contain the password.
     ///
     /// ```
@@ -201,6 +235,9 @@ impl Config {
     /// assert_eq!((config.db, config.tls), (2, true));
     /// assert_eq!(config.key_prefix, "billing:");
     /// assert_eq!(config.response_timeout, Duration::from_millis(250));
+    ///
+    /// let private_ca = Config::from_url("rediss://10.0.0.5:6380?ca=/etc/redis/ca.pem")?;
+    /// assert_eq!(private_ca.tls_ca.as_deref(), Some(std::path::Path::new("/etc/redis/ca.pem")));
     ///
     /// let cluster = Config::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?;
     /// assert!(cluster.cluster);
@@ -321,6 +358,9 @@ impl Config {
                 "db" if kind == Kind::Sentinel => {
                     config.db = parse_db(&value).map_err(&bad)?;
                 }
+                "ca" => config.tls_ca = Some(PathBuf::from(&*value)),
+                "client_cert" => config.tls_client_cert = Some(PathBuf::from(&*value)),
+                "client_key" => config.tls_client_key = Some(PathBuf::from(&*value)),
                 other => {
                     return Err(bad(format!(
                         "unknown parameter {other:?}; known: {URL_PARAMETERS}"
@@ -341,6 +381,9 @@ impl Config {
     /// | `DISTLOCK_REDIS_ADDRESSES` | [`addresses`](Config::addresses), comma-separated |
     /// | `DISTLOCK_REDIS_DB` | [`db`](Config::db) |
     /// | `DISTLOCK_REDIS_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
+    /// | `DISTLOCK_REDIS_TLS_CA` | [`tls_ca`](Config::tls_ca), a PEM file (empty: none) |
+    /// | `DISTLOCK_REDIS_TLS_CLIENT_CERT` | [`tls_client_cert`](Config::tls_client_cert) (empty: none) |
+    /// | `DISTLOCK_REDIS_TLS_CLIENT_KEY` | [`tls_client_key`](Config::tls_client_key) (empty: none) |
     /// | `DISTLOCK_REDIS_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
     /// | `DISTLOCK_REDIS_RESPONSE_TIMEOUT` | [`response_timeout`](Config::response_timeout), e.g. `500ms` |
     /// | `DISTLOCK_REDIS_CLUSTER` | [`cluster`](Config::cluster): a boolean as for `TLS` |
@@ -420,6 +463,9 @@ impl Config {
                         .map_err(|e| bad(format!("{value:?} is not a database number: {e}")))?
                 }
                 "TLS" => config.tls = parse_bool(&value).map_err(bad)?,
+                "TLS_CA" => config.tls_ca = non_empty_path(value),
+                "TLS_CLIENT_CERT" => config.tls_client_cert = non_empty_path(value),
+                "TLS_CLIENT_KEY" => config.tls_client_key = non_empty_path(value),
                 "CONNECT_TIMEOUT" => {
                     config.connect_timeout = parse_duration(name, &value).map_err(bad)?
                 }
@@ -503,6 +549,7 @@ impl Config {
         if self.db < 0 {
             return Err(bad(format!("db is {}; it must be 0 or more", self.db)));
         }
+        self.check_tls_files().map_err(bad)?;
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
@@ -550,6 +597,18 @@ impl Config {
                     "sentinel_master is empty; name the monitored master".into()
                 ));
             }
+            if self.tls_ca.is_some() || self.tls_client_cert.is_some() {
+                // redis-rs' `Sentinel` (which this backend uses to follow
+                // failovers) takes no certificates, only a TLS mode; its
+                // certificate support is in the different `SentinelClient`.
+                return Err(bad(
+                    "tls_ca, tls_client_cert and tls_client_key are not supported with \
+                     sentinel_master (redis-rs' Sentinel verifies against the system's roots \
+                     only); use certificates the system trusts, or a standalone or cluster \
+                     deployment"
+                        .into(),
+                ));
+            }
             let mut sentinels = endpoints(DEFAULT_SENTINEL_PORT)?;
             for sentinel in &mut sentinels {
                 sentinel.db = 0;
@@ -566,8 +625,8 @@ impl Config {
                 "{} addresses given ({}); without `cluster` or `sentinel_master` the redis backend \
                  talks to a single node (a primary, or an address that always leads to the \
                  current primary). Set `cluster: true` for a Redis Cluster's seed nodes or \
-                 `sentinel_master` for sentinels; a quorum over independent nodes (Redlock) is \
-                 not this backend",
+                 `sentinel_master` for sentinels. For a quorum over independent nodes use \
+                 Redlock (redlock://host1:port,host2:port,host3:port, feature `redlock`)",
                 many.len(),
                 many.iter().map(|a| redact_address(a)).collect::<Vec<_>>().join(", ")
             ))),
@@ -634,6 +693,71 @@ impl Config {
             .into_connection_info()
             .map_err(|e| Error::invalid("config", format!("{endpoint}: {e}")))?;
         Ok(info.set_redis_settings(redis_settings))
+    }
+
+    /// A redis-rs client for `endpoint` speaking `protocol`, with the
+    /// configured CA and client certificate if any (read from their files
+    /// now).
+    pub(crate) fn client(
+        &self,
+        endpoint: &Endpoint,
+        protocol: ProtocolVersion,
+    ) -> Result<redis::Client> {
+        let info = self.connection_info(endpoint, protocol)?;
+        let invalid = |e: redis::RedisError| Error::invalid("config", format!("{endpoint}: {e}"));
+        let certificates = match self.tls_certificates()? {
+            Some(certificates) if endpoint.tls => certificates,
+            _ => return redis::Client::open(info).map_err(invalid),
+        };
+        // redis-rs parses the PEM here: a file that holds no certificate or
+        // key is refused now, naming what it could not parse (never the key).
+        redis::Client::build_with_tls(info, certificates).map_err(|e| {
+            Error::invalid(
+                "config",
+                format!("{endpoint}: the TLS files do not hold usable PEM: {e}"),
+            )
+        })
+    }
+
+    /// The configured CA and client certificate, read from their files now;
+    /// `None` without TLS or without either.
+    pub(crate) fn tls_certificates(&self) -> Result<Option<TlsCertificates>> {
+        if !self.tls || (self.tls_ca.is_none() && self.tls_client_cert.is_none()) {
+            return Ok(None);
+        }
+        let client_tls = match (&self.tls_client_cert, &self.tls_client_key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read_pem("tls_client_cert", cert)?,
+                client_key: read_pem("tls_client_key", key)?,
+            }),
+            _ => None,
+        };
+        let root_cert = match &self.tls_ca {
+            Some(ca) => Some(read_pem("tls_ca", ca)?),
+            None => None,
+        };
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+
+    /// TLS files only with TLS, and a client certificate only with its key.
+    fn check_tls_files(&self) -> std::result::Result<(), String> {
+        let any_file = self.tls_ca.is_some()
+            || self.tls_client_cert.is_some()
+            || self.tls_client_key.is_some();
+        if any_file && !self.tls {
+            return Err(
+                "tls_ca, tls_client_cert and tls_client_key need TLS (a rediss:// URL, or tls: true)"
+                    .into(),
+            );
+        }
+        match (&self.tls_client_cert, &self.tls_client_key) {
+            (Some(_), None) => Err("tls_client_cert is set without tls_client_key".into()),
+            (None, Some(_)) => Err("tls_client_key is set without tls_client_cert".into()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -717,6 +841,17 @@ impl fmt::Display for Endpoint {
         let address = format_address(&self.host, self.port);
         write!(f, "{scheme}://{user}{address}/{}", self.db)
     }
+}
+
+/// The contents of a PEM file named by the config's `field`.
+fn read_pem(field: &str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::invalid("config", format!("{field} {}: {e}", path.display())))
+}
+
+/// An environment variable's path, `None` if empty.
+fn non_empty_path(value: String) -> Option<PathBuf> {
+    Some(value).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 fn parse_db(path: &str) -> std::result::Result<i64, String> {
@@ -1164,5 +1299,24 @@ cluster: true
             .contains("response_timeout"));
         let negative = Config { db: -1, ..base };
         assert!(negative.endpoint().is_err());
+    }
+
+    #[test]
+    fn tls_files_apply_to_clusters_and_are_refused_behind_sentinel() {
+        let cluster =
+            Config::from_url("rediss+cluster://10.0.0.1:7000,10.0.0.2:7000?ca=/nonexistent/ca.pem")
+                .unwrap();
+        assert!(matches!(
+            cluster.deployment().unwrap(),
+            Deployment::Cluster(_)
+        ));
+        // The cluster builder reads the CA like a standalone client does.
+        let err = cluster.tls_certificates().err().unwrap().to_string();
+        assert!(err.contains("tls_ca /nonexistent/ca.pem"), "{err}");
+        let sentinel = Config::from_url("rediss+sentinel://s1,s2/orders?ca=/etc/ca.pem").unwrap();
+        let err = sentinel.deployment().unwrap_err().to_string();
+        assert!(err.contains("not supported with sentinel_master"), "{err}");
+        let plain = Config::from_url("rediss+sentinel://s1,s2/orders").unwrap();
+        assert!(plain.deployment().is_ok());
     }
 }

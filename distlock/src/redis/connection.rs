@@ -112,6 +112,8 @@ impl ConnectionLike for Connection {
 #[derive(Clone)]
 pub(crate) struct ClusterSettings {
     pub(crate) seeds: Vec<ConnectionInfo>,
+    /// The configured CA and client certificate, if any.
+    pub(crate) certificates: Option<redis::TlsCertificates>,
     pub(crate) connect_timeout: std::time::Duration,
     pub(crate) response_timeout: std::time::Duration,
 }
@@ -130,6 +132,9 @@ impl ClusterSettings {
             .use_protocol(redis::ProtocolVersion::RESP3);
         if let Some(pushes) = pushes {
             builder = builder.push_sender(pushes);
+        }
+        if let Some(certificates) = &self.certificates {
+            builder = builder.certs(certificates.clone());
         }
         builder.build()
     }

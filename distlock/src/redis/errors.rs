@@ -26,7 +26,10 @@ pub(crate) enum Outcome {
 /// applied"; everything else, including a server error raised half-way
 /// through a script, may have taken effect.
 pub(crate) fn outcome(err: &RedisError) -> Outcome {
+    // `NOPERM` refuses a command before it runs; a script refused a
+    // command half-way ("can't run this command") may have written already.
     let before_sending = is_authentication_failure(err)
+        || err.code() == Some("NOPERM")
         || err.is_connection_refusal()
         || matches!(
             err.kind(),
@@ -44,6 +47,18 @@ pub(crate) fn outcome(err: &RedisError) -> Outcome {
 pub(crate) fn is_authentication_failure(err: &RedisError) -> bool {
     err.kind() == ErrorKind::AuthenticationFailed
         || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
+}
+
+/// The server refused a command, key or channel to this ACL user: `NOPERM`
+/// for a command sent directly, or the error a script gets for a command
+/// it may not run (Redis 7: "The user executing the script can't run this
+/// command or subcommand").
+pub(crate) fn is_permission_denied(err: &RedisError) -> bool {
+    if err.code() == Some("NOPERM") {
+        return true;
+    }
+    let text = err.to_string();
+    text.contains("can't run this command") || text.contains("no permissions")
 }
 
 /// The server an operation talked to, and the bounds it ran under: what an
@@ -77,6 +92,13 @@ impl Target {
         } else if is_authentication_failure(&err) {
             format!(
                 "authentication failed at {endpoint}: the server rejected the user name or password ({err})"
+            )
+        } else if is_permission_denied(&err) {
+            format!(
+                "permission denied at {endpoint}: the ACL user may not run a command, or use a \
+                 key or channel, that the backend needs (the rules it needs: \
+                 {}) ({err})",
+                super::ACL_RULES
             )
         } else if err.is_timeout() {
             format!(

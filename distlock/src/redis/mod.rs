@@ -178,11 +178,50 @@
 //! correctness failure, use the fencing token, or a backend with
 //! consensus.
 //!
+//! # ACL: the least a lock user needs
+//!
+//! The backend sends `EVALSHA` (every operation is a script), `SCRIPT LOAD`
+//! (after the server forgot a script), `PING` (the subscriber's heartbeat;
+//! Redlock's check of its nodes), `SUBSCRIBE` and `UNSUBSCRIBE` (waiters),
+//! `PTTL` ([`RedisLocker::remaining_ttl`]), `SELECT` when `db` is not 0, and
+//! `HELLO`/`AUTH` (allowed to every user); its scripts call `SET`, `GET`,
+//! `INCR`, `PEXPIRE`, `DEL`, `EXISTS` and `PUBLISH`, which Redis checks
+//! against the user as well. With the default prefix `lock:`:
+//!
+//! ```text
+//! ACL SETUSER lockuser on >PASSWORD resetkeys ~lock:* resetchannels &lock:* -@all
+//!     +evalsha +script|load +set +get +incr +pexpire +del +exists +publish
+//!     +ping +subscribe +unsubscribe +pttl
+//! ```
+//!
+//! (add `+select` for a database other than 0; [`ACL_RULES`] holds the
+//! command part). A user missing one of these gets [`Error::Backend`]
+//! saying "permission denied" and quoting the server, never contention; an
+//! acquire refused half-way through its script is released by its owner
+//! token. Without `+subscribe` or the channels (`&lock:*`) waiters poll,
+//! and without `+publish` releases still work (waiters then poll).
+//!
+//! The other deployments send more (read from redis-rs 1.8's sources; the
+//! standalone list above is what `MONITOR` showed):
+//!
+//! - **Redis Cluster**: add [`ACL_CLUSTER_RULES`] (`+cluster|slots`, the
+//!   slot map redis-rs loads from the seeds and refreshes after `MOVED`;
+//!   `+spublish`, which the release script calls instead of `PUBLISH`;
+//!   `+ssubscribe +sunsubscribe` for waiters). The sharded channels are
+//!   covered by the same `&lock:*` pattern. No `READONLY` is sent (the
+//!   locker never reads from replicas), so none is needed.
+//! - **Sentinel**: on the master add `+role` (redis-rs checks that the server
+//!   the sentinels name reports itself master; `+info` for its fallback,
+//!   `INFO REPLICATION`). On the sentinels, their user
+//!   ([`Config::sentinel_username`]) needs `+sentinel|masters` (how the
+//!   master is found) and `+ping`.
+//! - **Replica acknowledgement** ([`Config::min_replicas`]): add `+wait`.
+//!
 //! # What it does not guarantee
 //!
 //! - **Not Redlock.** Exclusivity rests on one key on one master (on a
-//!   cluster, the master of the key's slot). A quorum across independent
-//!   nodes is not this locker.
+//!   cluster, the master of the key's slot). For a quorum across independent
+//!   nodes see the `redlock` module (feature `redlock`).
 //! - **Failover can hand the lock to a second holder.** Redis replicates
 //!   asynchronously: a primary can acknowledge the `SET`, then fail before a
 //!   replica has it; the promoted replica has no lock and grants it again.
@@ -237,6 +276,26 @@ use releases::{ReleaseHub, SubscriberSource};
 use scripts::{ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
 
 const BACKEND: &str = "redis";
+
+/// The commands a lock user needs, as `ACL SETUSER` rules (see the module
+/// docs, "ACL"); add the key and channel patterns of your prefix
+/// (`~lock:* &lock:*`) and `+select` for a database other than 0.
+///
+/// ```
+/// assert!(distlock::redis::ACL_RULES.starts_with("-@all +evalsha"));
+/// ```
+pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpire +del +exists \
+     +publish +ping +subscribe +unsubscribe +pttl";
+
+/// What a lock user on a Redis Cluster needs on top of [`ACL_RULES`] (see
+/// the module docs, "ACL"): the slot map, sharded publish from the release
+/// script, and sharded subscriptions for waiters.
+///
+/// ```
+/// let rules = format!("{} {}", distlock::redis::ACL_RULES, distlock::redis::ACL_CLUSTER_RULES);
+/// assert!(rules.ends_with("+cluster|slots +spublish +ssubscribe +sunsubscribe"));
+/// ```
+pub const ACL_CLUSTER_RULES: &str = "+cluster|slots +spublish +ssubscribe +sunsubscribe";
 
 /// How often the connection manager retries a broken connection before the
 /// waiting command fails (it retries again on the next command). With the
@@ -330,35 +389,14 @@ impl RedisLocker {
     /// # }
     /// ```
     pub async fn from_config(config: Config) -> Result<Self> {
-        let deployment = config.deployment()?;
-        let target = Target {
-            endpoint: deployment.to_string(),
-            connect_timeout: config.connect_timeout,
-            response_timeout: config.response_timeout,
-        };
-        let operation_bound = operation_bound(config.connect_timeout, config.response_timeout);
-        let invalid = |e: redis::RedisError| Error::invalid("config", format!("{deployment}: {e}"));
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(RECONNECT_MAX_DELAY);
-        let (connection, subscriber, publish) = match &deployment {
+        let parts = Parts::new(&config)?;
+        let (connection, subscriber, publish) = match &parts.deployment {
             Deployment::Standalone(endpoint) => {
-                let command_client =
-                    redis::Client::open(config.connection_info(endpoint, ProtocolVersion::RESP3)?)
-                        .map_err(invalid)?;
-                // The subscriber speaks RESP2: a connection in SUBSCRIBE mode
-                // is what redis-rs' `PubSub` is built for, and any server
-                // version supports it.
-                let subscriber_client =
-                    redis::Client::open(config.connection_info(endpoint, ProtocolVersion::RESP2)?)
-                        .map_err(invalid)?;
-                let connection = bounded(BACKEND, "connect", operation_bound, async {
-                    ConnectionManager::new_with_config(command_client, manager_config)
+                let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
+                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
+                    ConnectionManager::new_with_config(command_client, parts.manager.clone())
                         .await
-                        .map_err(|e| target.error("connect", e, false))
+                        .map_err(|e| parts.target.error("connect", e, false))
                 })
                 .await?;
                 (
@@ -373,15 +411,16 @@ impl RedisLocker {
                         .iter()
                         .map(|seed| config.connection_info(seed, ProtocolVersion::RESP3))
                         .collect::<Result<_>>()?,
+                    certificates: config.tls_certificates()?,
                     connect_timeout: config.connect_timeout,
                     response_timeout: config.response_timeout,
                 };
-                let client = settings.client(None).map_err(invalid)?;
-                let connection = bounded(BACKEND, "connect", operation_bound, async {
+                let client = settings.client(None).map_err(|e| parts.invalid(e))?;
+                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
                     client
                         .get_async_connection()
                         .await
-                        .map_err(|e| target.error("connect", e, false))
+                        .map_err(|e| parts.target.error("connect", e, false))
                 })
                 .await?;
                 (
@@ -409,14 +448,14 @@ impl RedisLocker {
                     config.db,
                     node(ProtocolVersion::RESP3),
                     node(ProtocolVersion::RESP2),
-                    manager_config,
+                    parts.manager.clone(),
                 )
-                .map_err(invalid)?;
-                bounded(BACKEND, "connect", operation_bound, async {
+                .map_err(|e| parts.invalid(e))?;
+                bounded(BACKEND, "connect", parts.operation_bound, async {
                     connection
                         .connect()
                         .await
-                        .map_err(|e| target.error("connect", e, false))
+                        .map_err(|e| parts.target.error("connect", e, false))
                 })
                 .await?;
                 (
@@ -426,35 +465,47 @@ impl RedisLocker {
                 )
             }
         };
-        let replicas = (config.min_replicas > 0).then_some(ReplicaAck {
-            min_replicas: config.min_replicas,
-            timeout: config.replica_timeout,
-        });
-        let acquire_bound = match replicas {
-            // The WAIT's reply (held up to the replica timeout, which is
-            // shorter than the response timeout) and the release of a grant
-            // too few replicas acknowledged.
-            Some(_) => operation_bound
-                .saturating_add(config.response_timeout)
-                .saturating_add(config.response_timeout),
-            None => operation_bound,
-        };
-        Ok(RedisLocker {
-            inner: Arc::new(Inner {
-                connection,
-                operation_bound,
-                acquire_bound,
-                keys: KeySpace::new(config.key_prefix),
-                target,
-                releases: ReleaseHub::new(
-                    subscriber,
-                    config.connect_timeout,
-                    config.response_timeout,
+        Ok(parts.into_locker(config, connection, subscriber, publish))
+    }
+
+    /// A locker on the one server `config` names that connects on first use
+    /// (and keeps reconnecting), so it can be built while the server is
+    /// down: the Redlock backend's nodes, a minority of which may be. Only a
+    /// standalone server without replica acknowledgement: a Redlock node is
+    /// an independent server, and Redlock's acquire does not `WAIT`.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn from_config_lazy(config: Config) -> Result<Self> {
+        let parts = Parts::new(&config)?;
+        let Deployment::Standalone(endpoint) = &parts.deployment else {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "{}: a Redlock node is one independent server, not a Redis Cluster or a \
+                     master behind Sentinel",
+                    parts.deployment
                 ),
-                publish,
-                replicas,
-            }),
-        })
+            ));
+        };
+        if config.min_replicas > 0 {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "{endpoint}: min_replicas is {}; Redlock's nodes are independent servers \
+                     and its acquire does not wait for replicas (leave it 0)",
+                    config.min_replicas
+                ),
+            ));
+        }
+        let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
+        let connection =
+            ConnectionManager::new_lazy_with_config(command_client, parts.manager.clone())
+                .map_err(|e| parts.target.error("connect", e, false))?;
+        Ok(parts.into_locker(
+            config,
+            Connection::Standalone(connection),
+            SubscriberSource::Node(subscriber_client),
+            "PUBLISH",
+        ))
     }
 
     /// Connects to the deployment a URL names (see [`Config::from_url`] for
@@ -625,6 +676,43 @@ impl RedisLocker {
         Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
     }
 
+    /// One run of the acquire script for `owner`, a token the caller chose,
+    /// without the retry and the undo guard of [`Locker::try_lock`]: the
+    /// Redlock backend runs it on each of its nodes and undoes by token
+    /// itself. `Ok(true)`: the key holds `owner` now (a new grant, or it
+    /// already did and its ttl was re-armed); `Ok(false)`: another token
+    /// holds it. An error says whether the script may have run
+    /// ([`Error::is_outcome_unknown`]). Bounded by the caller.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn acquire_as(&self, key: &str, owner: &str, ttl: Duration) -> Result<bool> {
+        match self.run_acquire_script(key, owner, ttl).await {
+            Ok(fence) => Ok(fence != 0),
+            Err(err) => {
+                let unknown = errors::outcome(&err) == Outcome::Unknown;
+                Err(self.inner.target.error("acquire", err, unknown))
+            }
+        }
+    }
+
+    /// `PING`, under the operation bound: the Redlock backend's check that a
+    /// node answers (and, on a lazy locker, its first connection).
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn ping(&self) -> Result<()> {
+        self.bounded("connect", async {
+            redis::cmd("PING")
+                .query_async::<()>(&mut self.connection())
+                .await
+        })
+        .await
+    }
+
+    /// Where this locker's errors say they happened: the server's URL
+    /// without password.
+    #[cfg(feature = "redlock")]
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.inner.target.endpoint
+    }
+
     /// Waits (`WAIT`, on the node that took the grant) until
     /// `ack.min_replicas` replicas have every write this connection made,
     /// the grant included. On a shortfall it releases the grant by `owner`
@@ -686,6 +774,95 @@ impl RedisLocker {
             .invoke_async(&mut self.connection())
             .await
     }
+}
+
+/// What every constructor derives from a [`Config`] before it connects:
+/// the checked deployment, the bounds and the connection manager settings.
+struct Parts {
+    deployment: Deployment,
+    manager: ConnectionManagerConfig,
+    operation_bound: Duration,
+    target: Target,
+}
+
+impl Parts {
+    fn new(config: &Config) -> Result<Self> {
+        let deployment = config.deployment()?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(RECONNECT_MAX_DELAY);
+        Ok(Parts {
+            target: Target {
+                endpoint: deployment.to_string(),
+                connect_timeout: config.connect_timeout,
+                response_timeout: config.response_timeout,
+            },
+            deployment,
+            manager,
+            operation_bound: operation_bound(config.connect_timeout, config.response_timeout),
+        })
+    }
+
+    /// A client that redis-rs refused to build: bad input, naming the
+    /// deployment.
+    fn invalid(&self, error: redis::RedisError) -> Error {
+        Error::invalid("config", format!("{}: {error}", self.deployment))
+    }
+
+    fn into_locker(
+        self,
+        config: Config,
+        connection: Connection,
+        subscriber: SubscriberSource,
+        publish: &'static str,
+    ) -> RedisLocker {
+        let replicas = (config.min_replicas > 0).then_some(ReplicaAck {
+            min_replicas: config.min_replicas,
+            timeout: config.replica_timeout,
+        });
+        let acquire_bound = match replicas {
+            // The WAIT's reply (held up to the replica timeout, which is
+            // shorter than the response timeout) and the release of a grant
+            // too few replicas acknowledged.
+            Some(_) => self
+                .operation_bound
+                .saturating_add(config.response_timeout)
+                .saturating_add(config.response_timeout),
+            None => self.operation_bound,
+        };
+        RedisLocker {
+            inner: Arc::new(Inner {
+                connection,
+                operation_bound: self.operation_bound,
+                acquire_bound,
+                keys: KeySpace::new(config.key_prefix),
+                target: self.target,
+                releases: ReleaseHub::new(
+                    subscriber,
+                    config.connect_timeout,
+                    config.response_timeout,
+                ),
+                publish,
+                replicas,
+            }),
+        }
+    }
+}
+
+/// The command client (RESP3) and the subscriber's (RESP2: a connection in
+/// `SUBSCRIBE` mode is what redis-rs' `PubSub` is built for, and any server
+/// version supports it) for one server, with the configured TLS files.
+fn standalone_clients(
+    config: &Config,
+    endpoint: &config::Endpoint,
+) -> Result<(redis::Client, redis::Client)> {
+    Ok((
+        config.client(endpoint, ProtocolVersion::RESP3)?,
+        config.client(endpoint, ProtocolVersion::RESP2)?,
+    ))
 }
 
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock

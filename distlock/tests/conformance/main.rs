@@ -23,3 +23,5 @@ mod redis;
 mod redis_cluster;
 #[cfg(feature = "redis")]
 mod redis_sentinel;
+#[cfg(feature = "redlock")]
+mod redlock;

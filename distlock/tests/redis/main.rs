@@ -9,10 +9,16 @@
 mod common;
 mod support;
 
+#[cfg(feature = "redlock")]
+mod acl;
 mod breaker;
 mod cluster;
 mod config;
 mod faults;
+#[cfg(feature = "redlock")]
+mod redlock;
 mod replicas;
 mod sentinel;
+#[cfg(feature = "redlock")]
+mod tls;
 mod wakeup;

@@ -1,0 +1,744 @@
+//! Locks held by a majority of independent Redis nodes: Redlock
+//! (`redlock://h1:port,h2:port,h3:port`; feature `redlock`).
+//!
+//! The algorithm is antirez's
+//! (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>):
+//! N Redis servers that know nothing of each other (not replicas, not a
+//! cluster), each holding the Redis backend's lock key
+//! (`<prefix>{<key>}`, see [`crate::redis`]) with the holder's owner token
+//! and the ttl.
+//!
+//! - **acquire** sends the Redis backend's acquire script (`SET NX PX` for
+//!   one owner token) to every node at once, each call bounded by
+//!   [`Config::node_timeout`] (and by the ttl). It succeeds once a majority
+//!   (`N/2 + 1`) said yes *and* the validity left at that moment, `ttl -
+//!   elapsed - drift` with `drift = ttl × drift_factor + 2 ms`, is above
+//!   [`Config::min_validity`]. The lease's
+//!   [`valid_until`](crate::Lease::valid_until) is that drift-adjusted
+//!   validity: `sent + ttl - drift`, counted from before the first request
+//!   left (as redsync, `mutex.go` in <https://github.com/go-redsync/redsync>,
+//!   and node-redlock, `src/index.ts` in
+//!   <https://github.com/mike-marcacci/node-redlock>, compute it). Nodes that
+//!   have not answered when the majority is reached are not waited for:
+//!   their calls finish in the background (within the node timeout), and
+//!   the release and refresh reach every node anyway.
+//! - **a failed acquire** (no majority, or too little validity left) is
+//!   released on every node by its owner token, in the background, and
+//!   reported as contention (`Ok(None)`) only when enough nodes *answered*
+//!   that the key is held elsewhere that no majority was possible. When
+//!   nodes failed or did not answer and a majority was therefore out of
+//!   reach, it is [`Error::Backend`] naming each failed node: an outage,
+//!   which a [`BreakerLocker`](crate::BreakerLocker) turns into
+//!   [`Error::Unavailable`] while it lasts. Never contention.
+//! - **release** runs the release script (compare-and-delete by owner
+//!   token) on every node. It succeeds once a majority answered and at
+//!   least one deleted the key; [`Error::NotHeld`] if a majority answered
+//!   and none held it. Like every call here it returns as soon as a
+//!   majority has decided it; the other nodes' calls finish in the
+//!   background, each bounded by the node timeout.
+//! - **refresh** runs the refresh script (compare-and-`PEXPIRE`) on every
+//!   node; a node that does not hold the key any more *and where it is
+//!   free* (it restarted without persistence, or the key expired there) is
+//!   locked again with the same token. It succeeds with a majority;
+//!   [`Error::NotHeld`] (the lease's lost signal fires) once so many nodes
+//!   hold the key for someone else that no majority is left; otherwise an
+//!   outage error, and the lease keeps its earlier validity (the keepalive
+//!   retries until it lapses, then the signal fires with
+//!   [`LostReason::Expired`](crate::LostReason::Expired)). A refresh's
+//!   validity is drift-adjusted too.
+//! - **waiting**: [`Locker::lock`] polls with backoff and is woken by the
+//!   release script's `PUBLISH` on any node: a waiter subscribes on every
+//!   node (each node's subscriber connection is shared by its waiters, as
+//!   in [`crate::redis`]), so waking costs one subscriber connection per
+//!   node and locker. A node that cannot be subscribed is left out; if none
+//!   can, waiters poll. A lock freed by expiry publishes nothing.
+//! - **Connections**: each node has its own reconnecting connection (the
+//!   Redis backend's, one per node), opened on first use, so a locker can
+//!   be built while a minority of nodes is down. [`RedlockLocker::from_config`]
+//!   fails only if fewer than a majority answer a `PING`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock::Locker;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = distlock::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").await?;
+//! if let Some(lease) = locker.try_lock("nightly", Duration::from_secs(30)).await? {
+//!     assert_eq!(lease.fencing_token(), None); // Redlock has none: see below
+//!     // ... work that stops on lease.lost_signal() ...
+//!     lease.release().await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # When Redlock is safe, and when it is not
+//!
+//! Redlock's exclusivity rests on timing assumptions, not on consensus.
+//! Martin Kleppmann's critique
+//! (<https://martin.kleppmann.com/2016/02/08/how-to-do-distributed-locking.html>)
+//! and antirez's reply (<http://antirez.com/news/101>) agree on the facts
+//! below and disagree on how often they bite:
+//!
+//! - **Process pauses.** A holder paused (GC, `SIGSTOP`, a swapped-out
+//!   page, a VM migration) past its validity keeps working on a lock that
+//!   expired and was granted to someone else. No lock with a ttl can
+//!   prevent that; [`crate::Lease::run_while_held`], the lost signal and
+//!   `distlock run` stop the work before the *known* validity ends, which
+//!   covers pauses of the watching thread, not of the whole process.
+//! - **Clock jumps.** Each node expires the key on its own clock. A node
+//!   whose clock jumps forward (an operator, an NTP step) frees the key
+//!   early; two such nodes in a three-node Redlock can grant the lock to a
+//!   second holder while the first is within its validity. The drift
+//!   allowance covers clocks that *run* at slightly different rates, not
+//!   jumps: run the nodes with slewing time synchronisation.
+//! - **Restarts without persistence.** A node that restarts empty forgets
+//!   every lock it held; with one more node of the same majority failing or
+//!   expiring early, a second holder gets a majority. antirez's remedy is
+//!   to keep a restarted node out for at least the longest ttl (delayed
+//!   restarts), or `appendonly yes` with `appendfsync always`. distlock
+//!   does not delay restarts: operate the nodes so.
+//! - **Network delays** longer than the validity make a grant's replies
+//!   arrive after its keys expired: the validity check refuses such grants,
+//!   but a reply delayed *after* the check is the pause case again.
+//!
+//! Within those assumptions (bounded pauses, bounded clock drift, nodes
+//! that keep their data or stay away for a ttl) a majority grant is
+//! exclusive, and it tolerates the crash or partition of a minority of
+//! nodes, which a single Redis node or a failover pair does not.
+//!
+//! **Where two holders would be a correctness failure, not merely wasted
+//! work, do not use Redlock: use the Postgres backend (or etcd, when it
+//! lands), whose leases carry fencing tokens that the protected resource
+//! can check.**
+//!
+//! # Fencing: none
+//!
+//! Leases carry no fencing token ([`Capabilities::fencing`] is false). The
+//! acquire script bumps a counter on each node (`<prefix>{<key>}:fence`,
+//! deleted by [`Locker::forget`]), but no combination of per-node counters
+//! is a sound token: the counter moves on a node even for attempts that
+//! failed to reach a majority elsewhere, so the largest counter of one
+//! majority can exceed the largest of a later majority (two majorities
+//! share a node, not their maxima), and a node restarted without
+//! persistence starts again from zero. A monotonic token needs agreement
+//! among the nodes, which is what Redlock does not have (Kleppmann, above).
+//! distlock would rather expose no token than one that can go backwards.
+//!
+//! # Marks: none
+//!
+//! [`Locker::advance_mark`] is [`Error::Unsupported`]
+//! ([`Capabilities::marks`] false): a "mark raised on a majority" can be
+//! read back lower from a different majority after a restart, and two
+//! concurrent advances can each win on a different majority, so it would
+//! not be the linearizable high-water mark the scheduler relies on. Use a
+//! single-node backend's marks (Redis, Postgres, file) beside a Redlock.
+//!
+//! # What else it does not guarantee
+//!
+//! - **The same server twice counts twice.** Nodes are told apart by their
+//!   address as written; the config refuses an address listed twice, but
+//!   not one server reached under two names (`localhost:6379` and
+//!   `127.0.0.1:6379`). List each server once.
+//! - **An even number of nodes** needs more than half of them: four nodes
+//!   tolerate one failure, like three. Use 3 or 5.
+//! - **Forget needs every node**: [`Locker::forget`] deletes the per-node
+//!   counters only if every node answers and none holds the key.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
+
+use crate::deadline::bounded;
+use crate::redis::RedisLocker;
+use crate::{
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
+    Result, DEFAULT_RELEASE_TIMEOUT,
+};
+
+mod config;
+mod quorum;
+
+pub use config::{
+    Config, DEFAULT_DRIFT_FACTOR, DEFAULT_MIN_VALIDITY, DEFAULT_NODE_TIMEOUT, ENV_PREFIX,
+};
+
+use quorum::{drift, majority, remaining_validity, QuorumFailure, Tally};
+
+const BACKEND: &str = "redlock";
+
+/// The Redlock backend. Cheap to clone; clones share the nodes'
+/// connections.
+///
+/// Build it with [`RedlockLocker::from_config`] or
+/// [`RedlockLocker::from_url`]; [`crate::connect`] does the latter for
+/// `redlock://` URLs. Read the [module docs](self) before relying on it.
+#[derive(Clone)]
+pub struct RedlockLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<RedisLocker>,
+    quorum: usize,
+    node_timeout: Duration,
+    drift_factor: f64,
+    min_validity: Duration,
+}
+
+impl fmt::Debug for RedlockLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<&str> = self.inner.nodes.iter().map(|n| n.endpoint()).collect();
+        f.debug_struct("RedlockLocker")
+            .field("nodes", &endpoints)
+            .field("quorum", &self.inner.quorum)
+            .field("node_timeout", &self.inner.node_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockLocker {
+    /// Builds a locker on the nodes `config` lists and checks that a
+    /// majority of them answer a `PING` (each within the nodes' connect and
+    /// response timeouts). Nodes that do not are reconnected to on use.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a config without nodes, with a node
+    /// listed twice, or otherwise malformed (see [`Config`]);
+    /// [`Error::Backend`] naming each failed node if fewer than a majority
+    /// answered (an authentication failure says so).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use distlock::redlock::{Config, RedlockLocker};
+    ///
+    /// # async fn demo() -> Result<(), distlock::Error> {
+    /// let locker = RedlockLocker::from_config(Config::from_env()?).await?;
+    /// assert!(locker.nodes() >= 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_config(config: Config) -> Result<Self> {
+        config.check()?;
+        let mut nodes = Vec::with_capacity(config.nodes.addresses.len());
+        for address in &config.nodes.addresses {
+            let node = crate::redis::Config {
+                addresses: vec![address.clone()],
+                ..config.nodes.clone()
+            };
+            nodes.push(RedisLocker::from_config_lazy(node)?);
+        }
+        let quorum = majority(nodes.len());
+        let pings = futures_util::future::join_all(nodes.iter().map(|node| node.ping())).await;
+        let mut tally = Tally::default();
+        for (node, answer) in nodes.iter().zip(pings) {
+            tally.count(node.endpoint(), answer.map(|()| true));
+        }
+        if tally.yes < quorum {
+            return Err(Error::backend(
+                BACKEND,
+                "connect",
+                QuorumFailure::new(
+                    format!(
+                        "only {} of {} Redlock nodes answered; a majority ({quorum}) is needed",
+                        tally.yes,
+                        nodes.len()
+                    ),
+                    tally.failures,
+                ),
+            ));
+        }
+        for (endpoint, error) in &tally.failures {
+            tracing::warn!(component = "distlock", backend = BACKEND, node = endpoint, %error,
+                "a Redlock node does not answer; the majority does, so the locker works without it and reconnects on use");
+        }
+        Ok(RedlockLocker {
+            inner: Arc::new(Inner {
+                nodes,
+                quorum,
+                node_timeout: config.node_timeout,
+                drift_factor: config.drift_factor,
+                min_validity: config.min_validity,
+            }),
+        })
+    }
+
+    /// Builds a locker from a `redlock://` URL (see [`Config::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_config`](Self::from_config), and [`Error::InvalidInput`]
+    /// for a malformed URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::from_config(Config::from_url(url)?).await
+    }
+
+    /// How many nodes this locker uses.
+    pub fn nodes(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// How many nodes a grant, a refresh and a release need: `nodes / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// The bound on each call to each node ([`Config::node_timeout`]).
+    pub fn node_timeout(&self) -> Duration {
+        self.inner.node_timeout
+    }
+
+    /// The clock-drift allowance for a lock of `ttl`: `ttl × drift_factor +
+    /// 2 ms`. A lease's validity is its ttl less this, less the time the
+    /// grant took.
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: distlock::redlock::RedlockLocker) {
+    /// use std::time::Duration;
+    /// // With the default factor (1 %):
+    /// assert_eq!(locker.drift(Duration::from_secs(10)), Duration::from_millis(102));
+    /// # }
+    /// ```
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        drift(ttl, self.inner.drift_factor)
+    }
+
+    /// The Redis key that holds the lock on `key` on every node:
+    /// `<prefix>{<key>}`.
+    pub fn backend_key(&self, key: &str) -> String {
+        self.first_node().backend_key(key)
+    }
+
+    fn first_node(&self) -> &RedisLocker {
+        // `Config::check` refuses a config without nodes.
+        &self.inner.nodes[0]
+    }
+
+    /// The bound on one node's part of an acquire of `ttl`.
+    fn acquire_bound(&self, ttl: Duration) -> Duration {
+        self.inner.node_timeout.min(ttl)
+    }
+
+    /// Runs `call` on every node at once, each bounded by `bound`, and
+    /// counts the answers until `decided` says they settle the question.
+    /// Calls still running then finish in the background (still bounded):
+    /// a slow or silent minority never delays the caller, and the operation
+    /// still reaches every node that answers in time. (Dropped instead, a
+    /// request not yet written would never be sent.)
+    async fn on_nodes<F, Fut>(
+        &self,
+        operation: &'static str,
+        bound: Duration,
+        call: F,
+        decided: impl Fn(&Tally) -> bool,
+    ) -> Tally
+    where
+        F: Fn(RedisLocker) -> Fut,
+        Fut: Future<Output = Result<bool>> + Send + 'static,
+    {
+        let mut calls: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| {
+                let call = bounded(BACKEND, operation, bound, call(node.clone()));
+                async move { (index, call.await) }
+            })
+            .collect();
+        let mut tally = Tally::default();
+        while let Some((index, answer)) = calls.next().await {
+            let endpoint = self.inner.nodes.get(index).map_or("?", |n| n.endpoint());
+            tally.count(endpoint, answer);
+            if decided(&tally) {
+                break;
+            }
+        }
+        if !calls.is_empty() {
+            tokio::spawn(async move { while calls.next().await.is_some() {} });
+        }
+        tally
+    }
+
+    /// The [`Error::Backend`] of a call that did not reach a quorum.
+    fn quorum_error(&self, operation: &'static str, summary: String, tally: Tally) -> Error {
+        let unknown = tally.outcome_unknown();
+        let error = Error::backend(
+            BACKEND,
+            operation,
+            QuorumFailure::new(summary, tally.failures),
+        );
+        if unknown {
+            error.with_outcome_unknown()
+        } else {
+            error
+        }
+    }
+
+    /// One attempt on every node; see the module docs. Not bounded by
+    /// itself: every node call is. Every exit that may leave the key on a
+    /// node, including being dropped, releases it by token in the
+    /// background.
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let nodes = self.inner.nodes.len();
+        let quorum = self.inner.quorum;
+        let pending = PendingAcquire {
+            locker: self,
+            key,
+            owner: Some(new_owner_token()),
+            ttl,
+        };
+        let owner = pending.owner();
+        let bound = self.acquire_bound(ttl);
+        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
+        let started = Instant::now();
+        // The validity counts from the moment the majority is in; slower
+        // nodes are not waited for (their calls go on in the background, so
+        // the lock lands on every node that answers in time).
+        let tally = self
+            .on_nodes(
+                "acquire",
+                bound,
+                |node| {
+                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    async move { node.acquire_as(&key, &owner, ttl).await }
+                },
+                |tally| tally.yes >= quorum,
+            )
+            .await;
+        let elapsed = started.elapsed();
+        let drift = self.drift(ttl);
+        let validity = remaining_validity(ttl, elapsed, drift);
+        let min_validity = self.inner.min_validity;
+        if tally.yes >= quorum && validity.is_some_and(|left| left > min_validity) {
+            let valid_until = ttl
+                .checked_sub(drift)
+                .and_then(|valid| started.checked_add(valid));
+            let factor = self.inner.drift_factor;
+            let parts = LeaseParts {
+                key: key.to_owned(),
+                owner: pending.settle(),
+                fencing_token: None,
+                ttl,
+                valid_until,
+            };
+            let lease = Lease::new(parts, Arc::new(self.clone()))
+                .with_validity_discount(move |ttl| quorum::drift(ttl, factor));
+            return Ok(Some(lease));
+        }
+        if tally.yes == 0 && !tally.outcome_unknown() {
+            // No node has our token: nothing to undo.
+            pending.settle();
+        }
+        // From here `pending` is dropped armed (unless settled above): the
+        // attempt is released on every node by its token in the background.
+        if tally.yes >= quorum {
+            let summary = format!(
+                "granted by {} of {nodes} nodes, but only {:?} of the {ttl:?} ttl was left \
+                 after {elapsed:?} and the {drift:?} drift allowance (minimum {min_validity:?}): \
+                 the nodes answered too slowly for this ttl; released",
+                tally.yes,
+                validity.unwrap_or_default()
+            );
+            return Err(self.quorum_error("acquire", summary, tally));
+        }
+        if tally.refused_by_majority(nodes) {
+            return Ok(None);
+        }
+        let summary = format!(
+            "granted by {} and refused by {} of {nodes} nodes; the others failed, so no majority \
+             ({quorum}) could be reached; released",
+            tally.yes, tally.no
+        );
+        Err(self.quorum_error("acquire", summary, tally))
+    }
+}
+
+/// An acquire that may have left its token on some nodes: armed until the
+/// attempt is settled, it releases the key on every node by that token when
+/// dropped (a failed or abandoned attempt, a dropped future).
+struct PendingAcquire<'a> {
+    locker: &'a RedlockLocker,
+    key: &'a str,
+    /// `None` once settled.
+    owner: Option<String>,
+    ttl: Duration,
+}
+
+impl PendingAcquire<'_> {
+    fn owner(&self) -> &str {
+        self.owner.as_deref().unwrap_or_default()
+    }
+
+    /// Nothing to undo: returns the owner token.
+    fn settle(mut self) -> String {
+        self.owner.take().unwrap_or_default()
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            // By a token nobody else has, so safe to repeat; never past the
+            // ttl, after which every node has freed the key anyway.
+            crate::background::release(
+                tokio::runtime::Handle::try_current().ok(),
+                Arc::new(self.locker.clone()),
+                self.key.to_owned(),
+                owner,
+                self.ttl.min(DEFAULT_RELEASE_TIMEOUT),
+                "a Redlock acquire that did not reach a majority, or was abandoned",
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl Locker for RedlockLocker {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: true,
+            refresh: true,
+            unlock_by_owner: true,
+            release_wakeup: true,
+            release_notifications: true,
+            fencing: false,
+            marks: false,
+        }
+    }
+
+    fn backend_key(&self, key: &str) -> String {
+        RedlockLocker::backend_key(self, key)
+    }
+
+    /// One attempt on every node (see the [module docs](self)), bounded by
+    /// the node timeout (or the ttl, if shorter) per node.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] when failed or silent nodes kept the majority out
+    /// of reach, or the grant left too little validity (each failed node is
+    /// named); [`Error::InvalidInput`] for a bad key or ttl. Contention is
+    /// `Ok(None)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped attempt is released on every node by its
+    /// owner token in the background (failing that, its keys expire at the
+    /// ttl).
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        self.acquire(key, ttl).await
+    }
+
+    /// Releases on every node by owner token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if a majority answered and none held it;
+    /// [`Error::Backend`] if fewer than a majority answered (the key then
+    /// expires at its ttl where it was not deleted).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may have deleted the key on some nodes; releasing
+    /// again by token is safe.
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        let quorum = self.inner.quorum;
+        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
+        let tally = self
+            .on_nodes(
+                "release",
+                self.inner.node_timeout,
+                |node| {
+                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    async move {
+                        match node.unlock(&key, &owner).await {
+                            Ok(()) => Ok(true),
+                            Err(Error::NotHeld { .. }) => Ok(false),
+                            Err(error) => Err(error),
+                        }
+                    }
+                },
+                // A majority answered: the lock is released (or was not
+                // ours); the rest are deleted in the background.
+                |tally| tally.yes + tally.no >= quorum,
+            )
+            .await;
+        if tally.yes + tally.no < self.inner.quorum {
+            let summary = format!(
+                "released on {} of {} nodes; fewer than a majority answered, so the lock may \
+                 still be held until its ttl",
+                tally.yes,
+                self.nodes()
+            );
+            return Err(self.quorum_error("release", summary, tally));
+        }
+        if tally.yes == 0 {
+            return Err(Error::NotHeld {
+                key: key.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Extends the lock on every node; re-locks it, by the same token, on a
+    /// node where it is gone and free (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] once nodes holding the key for someone else leave
+    /// no majority; [`Error::Backend`] if fewer than a majority could be
+    /// extended for other reasons, or the refresh took so long that less
+    /// than [`Config::min_validity`] would be left.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped refresh may have extended some nodes; the lease keeps its
+    /// earlier validity.
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        let (quorum, nodes) = (self.inner.quorum, self.nodes());
+        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
+        let started = Instant::now();
+        let tally = self
+            .on_nodes(
+                "refresh",
+                self.inner.node_timeout,
+                |node| {
+                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    async move {
+                        match node.refresh(&key, &owner, ttl).await {
+                            Ok(()) => Ok(true),
+                            // Gone here: a restart without persistence, or an
+                            // early expiry. Re-lock it if it is free; `false`
+                            // if another token holds it.
+                            Err(Error::NotHeld { .. }) => node.acquire_as(&key, &owner, ttl).await,
+                            Err(error) => Err(error),
+                        }
+                    }
+                },
+                |tally| tally.yes >= quorum || tally.refused_by_majority(nodes),
+            )
+            .await;
+        if tally.yes >= self.inner.quorum {
+            let elapsed = started.elapsed();
+            let drift = self.drift(ttl);
+            let min_validity = self.inner.min_validity;
+            return match remaining_validity(ttl, elapsed, drift) {
+                Some(left) if left > min_validity => Ok(()),
+                left => Err(self.quorum_error(
+                    "refresh",
+                    format!(
+                        "extended on {} of {nodes} nodes, but only {:?} of the {ttl:?} ttl \
+                         was left after {elapsed:?} (minimum {min_validity:?})",
+                        tally.yes,
+                        left.unwrap_or_default()
+                    ),
+                    tally,
+                )),
+            };
+        }
+        if tally.refused_by_majority(nodes) {
+            return Err(Error::NotHeld {
+                key: key.to_owned(),
+            });
+        }
+        let summary = format!(
+            "extended on {} of {nodes} nodes, held by another owner on {}; the others failed, so \
+             no majority ({}) was reached",
+            tally.yes, tally.no, self.inner.quorum
+        );
+        Err(self.quorum_error("refresh", summary, tally))
+    }
+
+    /// Deletes the per-node counters of `key` (see the [module
+    /// docs](self), "Fencing") if no node holds it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotAcquired`] if any node holds `key`; [`Error::Backend`]
+    /// if any node failed (each node's deletion is atomic; nodes that
+    /// answered may have forgotten it).
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        let shared_key: Arc<str> = key.into();
+        let tally = self
+            .on_nodes(
+                "forget",
+                self.inner.node_timeout,
+                |node| {
+                    let key = shared_key.clone();
+                    async move {
+                        match node.forget(&key).await {
+                            Ok(()) => Ok(true),
+                            Err(Error::NotAcquired { .. }) => Ok(false),
+                            Err(error) => Err(error),
+                        }
+                    }
+                },
+                // Every node's answer counts.
+                |_| false,
+            )
+            .await;
+        if tally.no > 0 {
+            return Err(Error::NotAcquired {
+                key: key.to_owned(),
+            });
+        }
+        if !tally.failures.is_empty() {
+            let summary = format!(
+                "forgotten on {} of {} nodes; forget needs every node",
+                tally.yes,
+                self.nodes()
+            );
+            return Err(self.quorum_error("forget", summary, tally));
+        }
+        Ok(())
+    }
+
+    /// Subscribes to `key`'s release channel on every node that can be
+    /// subscribed within the node timeout; `Ok(None)` (waiters poll) if
+    /// none can.
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        validate::key(key)?;
+        let bound = self.inner.node_timeout;
+        let watches = futures_util::future::join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|node| bounded(BACKEND, "watch_releases", bound, node.watch_releases(key))),
+        )
+        .await;
+        let streams: Vec<_> = watches
+            .into_iter()
+            .filter_map(|watch| watch.ok().flatten())
+            .map(|watch| {
+                futures_util::stream::unfold(watch, |mut watch| async move {
+                    watch.next().await.then_some(((), watch))
+                })
+                .boxed()
+            })
+            .collect();
+        if streams.is_empty() {
+            return Ok(None);
+        }
+        // Ends when every node's stream has ended.
+        Ok(Some(ReleaseWatch::from_stream(
+            futures_util::stream::select_all(streams),
+        )))
+    }
+}

@@ -1,0 +1,167 @@
+//! The least ACL a lock user needs (`distlock::redis::ACL_RULES`, with the
+//! key and channel patterns of the prefix), tested for real: such a user
+//! can do everything the backend and Redlock do, and a user lacking any one
+//! of the commands gets a clear "permission denied" error, never
+//! contention.
+
+use std::time::Duration;
+
+use distlock::redis::{RedisLocker, ACL_RULES};
+use distlock::redlock::RedlockLocker;
+use distlock::{Error, Locker, MarkAdvance};
+use test_servers::RedisServer;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// Creates `user` (password `pw`) on `server` with `rules`, limited to the
+/// default prefix's keys and channels.
+fn create_user(server: &RedisServer, user: &str, rules: &str) {
+    let mut args = vec![
+        "ACL", "SETUSER", user, "reset", "on", ">pw", "~lock:*", "&lock:*",
+    ];
+    args.extend(rules.split_whitespace());
+    assert_eq!(server.cli(&args), "OK");
+}
+
+fn user_url(server: &RedisServer, user: &str) -> String {
+    format!("redis://{user}:pw@127.0.0.1:{}", server.port())
+}
+
+#[tokio::test]
+async fn the_minimal_user_can_do_everything_the_backend_does() {
+    let server = RedisServer::start();
+    create_user(&server, "lockuser", ACL_RULES);
+    let locker = RedisLocker::from_url(&user_url(&server, "lockuser"))
+        .await
+        .expect("the minimal user connects");
+    let other = RedisLocker::from_url(&user_url(&server, "lockuser"))
+        .await
+        .unwrap();
+    let mut lease = locker.try_lock("k", TTL).await.unwrap().expect("free");
+    assert!(other.try_lock("k", TTL).await.unwrap().is_none());
+    lease.refresh(TTL).await.expect("refresh");
+    assert!(locker.remaining_ttl("k").await.unwrap().is_some());
+    // A waiter subscribes (SUBSCRIBE, and PING while it waits) and is woken
+    // by the release's PUBLISH.
+    let waiter = tokio::spawn(async move {
+        let lease = other.lock("k", TTL, Duration::from_secs(5)).await;
+        (lease, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released_at = Instant::now();
+    lease.release().await.expect("release");
+    let (next, acquired_at) = waiter.await.unwrap();
+    let woke = acquired_at - released_at;
+    eprintln!("the minimal user's waiter acquired {woke:?} after the release");
+    assert!(
+        woke < Duration::from_millis(100),
+        "woken, not polling: {woke:?}"
+    );
+    next.unwrap().release().await.unwrap();
+    locker.forget("k").await.expect("forget");
+    assert_eq!(
+        locker.advance_mark("k", 5).await.unwrap(),
+        MarkAdvance::Advanced { previous: None }
+    );
+    // After the server forgets its scripts, SCRIPT LOAD brings them back.
+    server.cli(&["SCRIPT", "FLUSH"]);
+    let lease = locker.try_lock("k", TTL).await.unwrap().expect("free");
+    lease.release().await.unwrap();
+
+    // Redlock with the same user on three nodes (it also PINGs them).
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    for node in &nodes {
+        create_user(node, "lockuser", ACL_RULES);
+    }
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port()))
+        .collect();
+    let redlock = RedlockLocker::from_url(&format!("redlock://lockuser:pw@{}", hosts.join(",")))
+        .await
+        .expect("the minimal user on every node");
+    let mut lease = redlock.try_lock("k", TTL).await.unwrap().expect("free");
+    lease.refresh(TTL).await.unwrap();
+    lease.release().await.unwrap();
+    redlock.forget("k").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
+    let server = RedisServer::start();
+    // Each command the scripts or the client send, taken away in turn.
+    for (missing, operation) in [
+        ("+evalsha", "acquire"),
+        ("+set", "acquire"),
+        ("+incr", "acquire"),
+        ("+get", "release"),
+        ("+del", "release"),
+        ("+pexpire", "refresh"),
+        ("+exists", "forget"),
+        ("+pttl", "remaining_ttl"),
+    ] {
+        let rules = ACL_RULES.replace(&format!(" {missing}"), "");
+        assert_ne!(rules, ACL_RULES, "{missing} is in ACL_RULES");
+        let user = format!("no-{}", &missing[1..]);
+        create_user(&server, &user, &rules);
+        let locker = RedisLocker::from_url(&user_url(&server, &user))
+            .await
+            .expect("connecting needs none of them");
+        let key = format!("k-{}", &missing[1..]);
+        let result: distlock::Result<()> = match operation {
+            "acquire" => match locker.try_lock(&key, TTL).await {
+                Ok(None) => panic!("without {missing}: contention reported for a free key"),
+                Ok(Some(_)) => panic!("without {missing}: acquired"),
+                Err(error) => Err(error),
+            },
+            "release" | "refresh" => {
+                // Taken by an admin, as the user's lease would be.
+                server.cli(&["SET", &format!("lock:{{{key}}}"), "tok", "PX", "10000"]);
+                if operation == "release" {
+                    locker.unlock(&key, "tok").await
+                } else {
+                    locker.refresh(&key, "tok", TTL).await
+                }
+            }
+            "forget" => locker.forget(&key).await,
+            _ => locker.remaining_ttl(&key).await.map(drop),
+        };
+        let error = result.expect_err(missing);
+        let message = error.to_string();
+        eprintln!("without {missing}: {message}");
+        assert!(
+            matches!(error, Error::Backend { .. }) && !error.is_contention(),
+            "without {missing}: {message}"
+        );
+        assert!(
+            message.contains("permission denied"),
+            "without {missing}: {message}"
+        );
+        assert!(message.contains("+evalsha"), "names the rules: {message}");
+        if missing == "+incr" {
+            // SET ran before INCR was refused: undone by the owner token.
+            let lock_key = format!("lock:{{{key}}}");
+            crate::common::eventually(
+                Duration::from_secs(3),
+                "the half-run acquire undone",
+                || server.cli(&["EXISTS", &lock_key]) == "0",
+            )
+            .await;
+        }
+    }
+
+    // A key outside the user's pattern is refused the same way.
+    create_user(&server, "jobs-only", ACL_RULES);
+    let locker = RedisLocker::from_url(&format!("{}?prefix=jobs:", user_url(&server, "jobs-only")))
+        .await
+        .unwrap();
+    let error = locker.try_lock("k", TTL).await.unwrap_err().to_string();
+    assert!(error.contains("permission denied"), "{error}");
+
+    // Redlock without PING: the nodes cannot be checked, a clear error.
+    create_user(&server, "no-ping", &ACL_RULES.replace(" +ping", ""));
+    let url = format!("redlock://no-ping:pw@127.0.0.1:{}", server.port());
+    let error = RedlockLocker::from_url(&url).await.unwrap_err().to_string();
+    assert!(error.contains("permission denied"), "{error}");
+}
