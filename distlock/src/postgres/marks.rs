@@ -21,14 +21,18 @@ pub(super) struct MarksSql {
     /// `$1` the mark's key (hashed like a lock key), `$2` the value, `$3`
     /// the caller's name (kept for operators reading the table). Returns the
     /// stored mark and the mark before this statement (NULL if it inserted
-    /// the row).
+    /// the row), and no row when the mark already was at or past `$2`.
     ///
-    /// The conflict arm always updates, under the row lock the upsert takes,
-    /// so `previous` is the value this statement replaced even when a
-    /// concurrent upsert committed first (a CTE reading the old row would see
-    /// the statement's snapshot instead, which a racing writer may have
-    /// already moved past).
+    /// The conflict arm runs under the row lock the upsert takes, on the
+    /// latest committed row, so `previous` is the value this statement
+    /// replaced even when a concurrent upsert committed first (a CTE reading
+    /// the old row would see the statement's snapshot instead, which a
+    /// racing writer may have already moved past). A mark that does not
+    /// advance is not rewritten: the scheduler peeks at marks on every tick.
     advance: String,
+    /// `$1` the mark's key: the stored mark. Read after an advance that
+    /// changed nothing; marks only grow, so it is at or past that value.
+    current: String,
 }
 
 impl MarksSql {
@@ -51,10 +55,11 @@ impl MarksSql {
                 "INSERT INTO {table} AS m (mark_key, mark, previous, name) \
                  VALUES ($1::int8, $2::int8, NULL, $3::text) \
                  ON CONFLICT (mark_key) DO UPDATE SET previous = m.mark, \
-                 mark = GREATEST(m.mark, EXCLUDED.mark), \
-                 updated_at = CASE WHEN m.mark < EXCLUDED.mark THEN now() ELSE m.updated_at END \
+                 mark = EXCLUDED.mark, updated_at = now() \
+                 WHERE m.mark < EXCLUDED.mark \
                  RETURNING mark, previous"
             ),
+            current: format!("SELECT mark FROM {table} WHERE mark_key = $1::int8"),
         }
     }
 }
@@ -92,21 +97,30 @@ impl Inner {
         .await
         // The statement may have committed before its answer was lost.
         .map_err(Error::with_outcome_unknown)?;
-        let stored = rows
+        if let Some(row) = rows.first() {
+            let previous = row
+                .try_get(1)
+                .map_err(|e| errors::backend("advance_mark", context(), e))?;
+            return Ok(MarkAdvance::Advanced { previous });
+        }
+        let rows = errors::within(
+            "advance_mark",
+            timeout,
+            context,
+            session.query(&self.marks.current, &[&key.id]),
+        )
+        .await?;
+        let current = rows
             .first()
-            .map(|row| Ok::<_, tokio_postgres::Error>((row.try_get(0)?, row.try_get(1)?)))
+            .map(|row| row.try_get(0))
             .transpose()
             .map_err(|e| errors::backend("advance_mark", context(), e))?;
-        match stored {
-            Some((_, None)) => Ok(MarkAdvance::Advanced { previous: None }),
-            Some((_, Some(previous))) if previous < value => Ok(MarkAdvance::Advanced {
-                previous: Some(previous),
-            }),
-            Some((current, Some(_))) => Ok(MarkAdvance::AlreadyAt { current }),
+        match current {
+            Some(current) => Ok(MarkAdvance::AlreadyAt { current }),
             None => Err(Error::backend(
                 errors::BACKEND,
                 "advance_mark",
-                format!("{}: the server returned no row", context()),
+                format!("{}: the mark was neither advanced nor found", context()),
             )),
         }
     }
