@@ -20,6 +20,9 @@ command -v script >/dev/null 2>&1 || packages+=(bsdutils)  # a terminal for the 
 command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)  # the etcd backend's tests spawn etcd
 command -v etcdctl >/dev/null 2>&1 || packages+=(etcd-client)  # interop with `etcdctl lock`
 command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)  # etcd-client's build script
+# etcd-client's protos import google/protobuf/*.proto, which protoc finds only
+# in libprotobuf-dev (a Recommends of protobuf-compiler, skipped below).
+[ -f /usr/include/google/protobuf/descriptor.proto ] || packages+=(libprotobuf-dev)
 command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
 
 if [ ${#packages[@]} -gt 0 ]; then
