@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::deadline::saturating_deadline;
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 
 /// Thresholds of a [`BreakerLocker`].
@@ -378,6 +379,22 @@ impl<L: Locker> Locker for BreakerLocker<L> {
     /// counted like one.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         self.guarded(self.inner.advance_mark(name, value)).await
+    }
+    /// Never blocked and never counted: an operator looking at a backend
+    /// while the circuit is open should reach it, and a read says nothing
+    /// about acquisitions.
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        self.inner.inspect(key).await
+    }
+    /// As [`inspect`](Self::inspect): never blocked, never counted.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.inner.list(prefix).await
+    }
+    /// Never blocked (an operator's cleanup), counted like a release.
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        let result = self.inner.force_release(key, how).await;
+        self.record(None, &result);
+        result
     }
 }
 

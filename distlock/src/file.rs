@@ -287,6 +287,9 @@ impl Locker for FileLocker {
             release_notifications: false,
             fencing: true,
             marks: true,
+            inspect: false,
+            list: false,
+            force_release: false,
         }
     }
 

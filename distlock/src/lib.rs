@@ -86,6 +86,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
+pub mod inspect;
 mod lease;
 pub mod memory;
 mod metrics;
@@ -156,6 +157,14 @@ pub struct Capabilities {
     /// high-water marks (in-process for [`memory`]), which the cron
     /// scheduler uses so that no replica re-runs a finished tick.
     pub marks: bool,
+    /// [`Locker::inspect`] says who holds a key ([`inspect::HeldLock`]), and
+    /// grants record their [`inspect::Holder`].
+    pub inspect: bool,
+    /// [`Locker::list`] enumerates the held locks under a prefix.
+    pub list: bool,
+    /// [`Locker::force_release`] can free a lock whatever its owner, in at
+    /// least one [`inspect::ForceRelease`] way (the backend's docs say which).
+    pub force_release: bool,
 }
 
 /// What [`Locker::advance_mark`] found and did.
@@ -451,6 +460,114 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Who holds `key` now: `Ok(None)` if nobody does, else what the backend
+    /// knows of the holder ([`inspect::HeldLock`]). Never takes, waits for or
+    /// changes the lock. A lock held by a client that recorded nothing (a
+    /// peer library, `etcdctl lock`) is held by an unknown holder
+    /// (`holder: None`), never free.
+    ///
+    /// The answer is a snapshot: the lock may change hands right after.
+    /// [`Error::Unsupported`] by default ([`Capabilities::inspect`] false).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad key; [`Error::Unsupported`] as
+    /// above; [`Error::Backend`] or [`Error::DeadlineExceeded`] if the
+    /// backend failed or did not answer within its bound: then nothing is
+    /// known, and the lock is not reported free.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::{memory::MemoryLocker, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = MemoryLocker::new();
+    /// assert!(locker.inspect("report").await?.is_none());
+    /// let lease = locker.try_lock("report", Duration::from_secs(30)).await?.unwrap();
+    /// let held = locker.inspect("report").await?.expect("held");
+    /// assert_eq!(held.holder.unwrap().pid, std::process::id());
+    /// assert!(held.ttl_left.unwrap() <= Duration::from_secs(30));
+    /// # drop(lease);
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn inspect(&self, key: &str) -> Result<Option<inspect::HeldLock>> {
+        let _ = key;
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "inspect",
+            reason: "this backend cannot tell who holds a lock".into(),
+        })
+    }
+
+    /// The locks held now whose keys start with `prefix` (every held lock
+    /// for `""`), sorted by key, each as [`inspect`](Locker::inspect) would
+    /// report it. [`Error::Unsupported`] by default, and where the backend
+    /// cannot enumerate its locks ([`Capabilities::list`] false).
+    ///
+    /// A snapshot, not an atomic one on every backend: a lock taken or
+    /// released while the listing runs may or may not be in it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] as above; [`Error::Backend`] or
+    /// [`Error::DeadlineExceeded`] if the backend failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    async fn list(&self, prefix: &str) -> Result<Vec<inspect::HeldLock>> {
+        let _ = prefix;
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "list",
+            reason: "this backend cannot enumerate its locks".into(),
+        })
+    }
+
+    /// Frees `key` whoever holds it, the way `how` says, and returns the
+    /// holder it evicted (`Ok(None)`: nobody held it, nothing was done).
+    /// For operators (`distlock release --force`), never for the guarded
+    /// work itself: the evicted holder may still be working.
+    ///
+    /// The evicted holder learns of it at its next refresh (`NotHeld`, its
+    /// lost signal fires; within ttl/3 under a keepalive) or, with
+    /// [`inspect::ForceRelease::TerminateSession`], when its connection
+    /// dies. Its fencing token makes its late writes rejectable. Every
+    /// forced release is logged at `warn` with who forced it and whom it
+    /// evicted. [`Error::Unsupported`] by default, and for a `how` the
+    /// backend cannot do (its docs say which it can; the reason says what to
+    /// do instead).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad key; [`Error::Unsupported`] as
+    /// above; [`Error::Backend`] or [`Error::DeadlineExceeded`] if the
+    /// backend failed: the lock may or may not have been freed (inspect it).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have freed the lock.
+    async fn force_release(
+        &self,
+        key: &str,
+        how: inspect::ForceRelease,
+    ) -> Result<Option<inspect::HeldLock>> {
+        let _ = (key, how);
+        Err(Error::Unsupported {
+            backend: self.backend(),
+            operation: "force_release",
+            reason: "this backend cannot free a lock it does not own".into(),
+        })
+    }
+
     /// Native wake-up hook for waiting: a subscription that yields when `key`
     /// may have been released. [`lock`](Locker::lock) subscribes *before* each
     /// round of attempts so a release in between is never missed. `Ok(None)`
@@ -494,6 +611,19 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     }
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         (**self).advance_mark(name, value).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<inspect::HeldLock>> {
+        (**self).inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<inspect::HeldLock>> {
+        (**self).list(prefix).await
+    }
+    async fn force_release(
+        &self,
+        key: &str,
+        how: inspect::ForceRelease,
+    ) -> Result<Option<inspect::HeldLock>> {
+        (**self).force_release(key, how).await
     }
 }
 

@@ -12,17 +12,21 @@
 //! - **Waiting**: a release wakes waiters at once; expiry is found by polling.
 //! - **Marks** ([`Locker::advance_mark`]) live as long as the locker: a
 //!   scheduler restarted in a new process starts with none.
+//! - **Inspection**: [`Locker::inspect`] and [`Locker::list`] report every
+//!   field of [`HeldLock`] but `session` (the grant time on this process's
+//!   clock); [`Locker::force_release`] supports [`ForceRelease::Lock`].
 //! - **Not guaranteed**: anything across processes. Two `connect("memory://")`
 //!   calls give two independent lockers; share one by cloning it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
 use crate::wait::LocalReleases;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
@@ -68,6 +72,26 @@ struct Table {
 struct Entry {
     owner: String,
     expires_at: Instant,
+    fencing_token: u64,
+    holder: Holder,
+    granted_at: SystemTime,
+    ttl: Duration,
+}
+
+impl Entry {
+    fn held(&self, key: &str, now: Instant) -> HeldLock {
+        HeldLock {
+            holder: Some(self.holder.clone()),
+            granted: Some(GrantTime {
+                at: self.granted_at,
+                clock: Clock::Holder,
+            }),
+            ttl: Some(self.ttl),
+            ttl_left: Some(self.expires_at.saturating_duration_since(now)),
+            fencing_token: Some(self.fencing_token),
+            ..HeldLock::new(key)
+        }
+    }
 }
 
 const MIN_SWEEP_AT: usize = 1024;
@@ -115,6 +139,9 @@ impl Locker for MemoryLocker {
             release_notifications: true,
             fencing: true,
             marks: true,
+            inspect: true,
+            list: true,
+            force_release: true,
         }
     }
 
@@ -122,6 +149,7 @@ impl Locker for MemoryLocker {
         validate::acquire(key, ttl)?;
         let now = Instant::now();
         let owner = new_owner_token();
+        let holder = Holder::current();
         let fencing_token = {
             let mut table = self.table();
             if table.entries.get(key).is_some_and(|e| e.expires_at > now) {
@@ -131,15 +159,20 @@ impl Locker for MemoryLocker {
                 table.entries.retain(|_, e| e.expires_at > now);
                 table.sweep_at = (table.entries.len() * 2).max(MIN_SWEEP_AT);
             }
+            // Taken under the table lock so grants of one key get increasing tokens.
+            let fencing_token = self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1;
             table.entries.insert(
                 key.to_owned(),
                 Entry {
                     owner: owner.clone(),
                     expires_at: now + ttl,
+                    fencing_token,
+                    holder,
+                    granted_at: SystemTime::now(),
+                    ttl,
                 },
             );
-            // Taken under the table lock so grants of one key get increasing tokens.
-            self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1
+            fencing_token
         };
         let parts = LeaseParts {
             key: key.to_owned(),
@@ -174,6 +207,7 @@ impl Locker for MemoryLocker {
         match self.table().entries.get_mut(key) {
             Some(entry) if entry.owner == owner && entry.expires_at > now => {
                 entry.expires_at = now + ttl;
+                entry.ttl = ttl;
                 Ok(())
             }
             _ => Err(Error::NotHeld {
@@ -202,6 +236,56 @@ impl Locker for MemoryLocker {
         }
         table.entries.remove(key);
         Ok(())
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        let now = Instant::now();
+        let table = self.table();
+        let entry = table.entries.get(key).filter(|e| e.expires_at > now);
+        Ok(entry.map(|entry| entry.held(key, now)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let now = Instant::now();
+        let mut held: Vec<HeldLock> = self
+            .table()
+            .entries
+            .iter()
+            .filter(|(key, entry)| key.starts_with(prefix) && entry.expires_at > now)
+            .map(|(key, entry)| entry.held(key, now))
+            .collect();
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(held)
+    }
+
+    /// [`ForceRelease::Lock`] only: there is no session to end.
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        if how != ForceRelease::Lock {
+            return Err(Error::Unsupported {
+                backend: "memory",
+                operation: "force_release",
+                reason: format!("{how:?}: there is no session to end; use ForceRelease::Lock"),
+            });
+        }
+        let now = Instant::now();
+        let evicted = {
+            let mut table = self.table();
+            match table.entries.get(key) {
+                Some(entry) if entry.expires_at > now => {
+                    let held = entry.held(key, now);
+                    table.entries.remove(key);
+                    Some(held)
+                }
+                _ => None,
+            }
+        };
+        if evicted.is_some() {
+            self.state.releases.notify(key);
+            inspect::log_forced_release("memory", key, how, evicted.as_ref());
+        }
+        Ok(evicted)
     }
 
     /// Marks live as long as the locker (and its clones): durable within

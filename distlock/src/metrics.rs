@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 use tokio::time::Instant;
 
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] to record these metrics:
@@ -81,7 +82,9 @@ impl<L: Locker> MetricsLocker<L> {
     fn observe(&self, lease: Lease) -> Lease {
         let backend = self.inner.backend();
         let granted = Instant::now();
+        gauge!("distlock_leases_held", "backend" => backend).increment(1.0);
         lease.on_end(move |reason| {
+            gauge!("distlock_leases_held", "backend" => backend).decrement(1.0);
             histogram!("distlock_hold_duration_seconds", "backend" => backend)
                 .record(granted.elapsed().as_secs_f64());
             if reason != LostReason::Released {
@@ -98,6 +101,23 @@ impl<L: Locker> MetricsLocker<L> {
             "backend" => self.inner.backend(), "operation" => operation, "outcome" => outcome
         )
         .record(started.elapsed().as_secs_f64());
+    }
+
+    /// The outcome label of a call that only reads or evicts: `found`'s
+    /// name for what it returned, or the error kind (counted as an error).
+    fn read_outcome<T>(
+        &self,
+        operation: &'static str,
+        result: &Result<T>,
+        found: impl FnOnce(&T) -> &'static str,
+    ) -> &'static str {
+        match result {
+            Ok(value) => found(value),
+            Err(error) => {
+                self.error(operation, error);
+                error.kind_name()
+            }
+        }
     }
 
     fn error(&self, operation: &'static str, error: &Error) {
@@ -259,12 +279,48 @@ impl<L: Locker> Locker for MetricsLocker<L> {
         self.timed("advance_mark", outcome, started);
         result
     }
+    /// Timed as operation `inspect` (outcome `held`, `free` or the error kind).
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        let started = Instant::now();
+        let result = self.inner.inspect(key).await;
+        let outcome = self.read_outcome("inspect", &result, held_or_free);
+        self.timed("inspect", outcome, started);
+        result
+    }
+    /// Timed as operation `list` (outcome `listed` or the error kind).
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let started = Instant::now();
+        let result = self.inner.list(prefix).await;
+        let outcome = self.read_outcome("list", &result, |_| "listed");
+        self.timed("list", outcome, started);
+        result
+    }
+    /// Timed as operation `force_release` (outcome `held` when it evicted a
+    /// holder, `free`, or the error kind).
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        let started = Instant::now();
+        let result = self.inner.force_release(key, how).await;
+        let outcome = self.read_outcome("force_release", &result, held_or_free);
+        self.timed("force_release", outcome, started);
+        result
+    }
+}
+
+fn held_or_free(found: &Option<HeldLock>) -> &'static str {
+    match found {
+        Some(_) => "held",
+        None => "free",
+    }
 }
 
 /// Registers units and help texts of every distlock metric with the installed
 /// recorder (optional; exporters show them).
 pub fn describe_metrics() {
-    use metrics::{describe_counter, describe_histogram, Unit};
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        "distlock_leases_held",
+        "Leases this process holds now (granted and not yet ended)."
+    );
     describe_counter!(
         "distlock_attempts_total",
         "Acquire attempts (try_lock calls and lock calls)."

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Capabilities, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 
 /// Prefixes every key before it reaches the inner locker, so several
@@ -126,5 +127,34 @@ impl<L: Locker> Locker for PrefixLocker<L> {
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         crate::validate::key(name)?;
         self.inner.advance_mark(&self.full(name), value).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        crate::validate::key(key)?;
+        let held = self.inner.inspect(&self.full(key)).await;
+        let held = held.map_err(|e| e.map_key(|_| key.to_owned()))?;
+        Ok(held.map(|held| HeldLock {
+            key: key.to_owned(),
+            ..held
+        }))
+    }
+    /// Lists under `prefix + prefix`, and names each lock by the caller's key.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let listed = self.inner.list(&self.full(prefix)).await?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|held| {
+                let key = held.key.strip_prefix(&*self.prefix)?.to_owned();
+                Some(HeldLock { key, ..held })
+            })
+            .collect())
+    }
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        crate::validate::key(key)?;
+        let evicted = self.inner.force_release(&self.full(key), how).await;
+        let evicted = evicted.map_err(|e| e.map_key(|_| key.to_owned()))?;
+        Ok(evicted.map(|held| HeldLock {
+            key: key.to_owned(),
+            ..held
+        }))
     }
 }

@@ -39,11 +39,12 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
+use crate::inspect::{with_label, ForceRelease, HeldLock};
 use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
 
 type Factory = dyn Fn() -> BoxFuture<'static, Arc<dyn Locker>> + Send + Sync;
@@ -900,6 +901,268 @@ pub async fn waiter_wakes_promptly_on_release(h: &Harness) {
     }
 }
 
+/// Asserts that `held` describes `lease`, granted between `before` and
+/// `after` by this process under `label`, as far as `caps` say the backend
+/// can tell.
+fn assert_describes(
+    held: &HeldLock,
+    lease: &crate::Lease,
+    label: &str,
+    caps: crate::Capabilities,
+    (before, after): (SystemTime, SystemTime),
+) {
+    let key = lease.key();
+    assert_eq!(held.key, key, "inspect names the caller's key");
+    let holder = held
+        .holder
+        .as_ref()
+        .unwrap_or_else(|| panic!("{key:?}: a distlock grant records its holder: {held:?}"));
+    assert_eq!(holder.pid, std::process::id(), "holder pid: {held:?}");
+    assert_eq!(
+        holder.host,
+        crate::inspect::host_name(),
+        "holder host: {held:?}"
+    );
+    assert_eq!(holder.label, label, "holder label: {held:?}");
+    let granted = held
+        .granted
+        .unwrap_or_else(|| panic!("{key:?}: the grant time is recorded: {held:?}"));
+    // A server clock on this machine agrees with ours within a second or two.
+    let slack = match granted.clock {
+        crate::inspect::Clock::Holder => Duration::from_millis(5),
+        crate::inspect::Clock::Server => Duration::from_secs(2),
+    };
+    let (earliest, latest) = (before - slack, after + slack);
+    assert!(
+        granted.at >= earliest && granted.at <= latest,
+        "{key:?}: granted at {:?}, outside [{earliest:?}, {latest:?}]",
+        granted.at
+    );
+    assert_eq!(held.ttl, Some(lease.ttl()), "the granted ttl: {held:?}");
+    match caps.expires {
+        true => {
+            let left = held
+                .ttl_left
+                .unwrap_or_else(|| panic!("{key:?}: an expiring lock has a ttl left: {held:?}"));
+            assert!(
+                left <= lease.ttl(),
+                "{key:?}: {left:?} left of {:?}",
+                lease.ttl()
+            );
+        }
+        false => assert_eq!(
+            held.ttl_left, None,
+            "{key:?}: this backend does not expire locks"
+        ),
+    }
+    match caps.fencing {
+        true => assert_eq!(
+            held.fencing_token,
+            lease.fencing_token(),
+            "fencing token: {held:?}"
+        ),
+        false => assert_eq!(
+            held.fencing_token, None,
+            "no fencing on this backend: {held:?}"
+        ),
+    }
+}
+
+fn assert_unsupported<T: std::fmt::Debug>(result: Result<T, Error>, operation: &str) {
+    match result {
+        Err(Error::Unsupported { .. }) => {}
+        other => {
+            panic!("{operation} is not in the capabilities, so it must be Unsupported: {other:?}")
+        }
+    }
+}
+
+/// `inspect` says nobody holds a free key; describes a held one in every
+/// field the backend can tell (holder host, pid and label, grant time, ttl,
+/// ttl left, fencing token), from another client too; and says free again
+/// after release and, where locks expire, after expiry.
+pub async fn inspect_reports_the_holder_then_free(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("inspect");
+    let caps = a.capabilities();
+    if !caps.inspect {
+        assert_unsupported(b.inspect(&key).await, "inspect");
+        return;
+    }
+    assert_eq!(b.inspect(&key).await.expect("inspect a free key"), None);
+    let before = SystemTime::now();
+    let lease = with_label("conformance inspect", acquire(&*a, &key, LONG_TTL)).await;
+    let after = SystemTime::now();
+    for (who, locker) in [("the holder's locker", &a), ("another client", &b)] {
+        let held = locker
+            .inspect(&key)
+            .await
+            .unwrap_or_else(|e| panic!("inspect from {who}: {e}"))
+            .unwrap_or_else(|| panic!("{who} must see {key:?} held"));
+        assert_describes(&held, &lease, "conformance inspect", caps, (before, after));
+    }
+    lease.release().await.expect("release");
+    assert_eq!(b.inspect(&key).await.expect("inspect after release"), None);
+    assert!(matches!(
+        b.inspect("").await,
+        Err(Error::InvalidInput { what: "key", .. })
+    ));
+
+    if caps.expires {
+        let lease = acquire(&*a, &key, SHORT_TTL).await;
+        tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+        assert_eq!(
+            b.inspect(&key).await.expect("inspect after expiry"),
+            None,
+            "an expired lock is free"
+        );
+        drop(lease);
+    }
+}
+
+/// `list(prefix)` reports exactly the locks held under the prefix, sorted
+/// by key and described as `inspect` would, and nothing released.
+pub async fn list_reports_held_locks_under_a_prefix(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let base = h.key("list");
+    let caps = a.capabilities();
+    if !caps.list {
+        assert_unsupported(b.list(&base).await, "list");
+        return;
+    }
+    let prefix = format!("{base}/");
+    let (first, second, released) = (
+        format!("{prefix}a"),
+        format!("{prefix}b"),
+        format!("{prefix}c"),
+    );
+    let outside = format!("{base}-outside");
+    let before = SystemTime::now();
+    let leases = with_label("conformance list", async {
+        let mut leases = Vec::new();
+        // Taken out of order: the listing sorts.
+        for key in [&second, &outside, &first, &released] {
+            leases.push(acquire(&*a, key, LONG_TTL).await);
+        }
+        leases
+    })
+    .await;
+    let after = SystemTime::now();
+    let mut leases = leases.into_iter();
+    let (second_lease, outside_lease, first_lease, released_lease) = (
+        leases.next().expect("four leases"),
+        leases.next().expect("four leases"),
+        leases.next().expect("four leases"),
+        leases.next().expect("four leases"),
+    );
+    released_lease.release().await.expect("release");
+
+    let listed = b.list(&prefix).await.expect("list");
+    let keys: Vec<&str> = listed.iter().map(|held| held.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [first.as_str(), second.as_str()],
+        "listed: {listed:?}"
+    );
+    for (held, lease) in listed.iter().zip([&first_lease, &second_lease]) {
+        assert_describes(held, lease, "conformance list", caps, (before, after));
+    }
+    for lease in [first_lease, second_lease, outside_lease] {
+        lease.release().await.expect("release");
+    }
+    let listed = b.list(&prefix).await.expect("list after release");
+    assert!(listed.is_empty(), "nothing is held any more: {listed:?}");
+}
+
+/// `force_release` frees a held lock whoever holds it and returns the
+/// evicted holder; the old holder's refresh then fails and its lost signal
+/// fires; the next grant's token is higher; the old lease's drop frees
+/// nothing; a free key is `Ok(None)`. Backends that can only end the
+/// holder's session are asked for that by name; backends without it say
+/// `Unsupported`.
+pub async fn force_release_evicts_the_holder(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("force-release");
+    let caps = a.capabilities();
+    let mut lease = with_label("to be evicted", acquire(&*a, &key, LONG_TTL)).await;
+    if !caps.force_release {
+        for how in [ForceRelease::Lock, ForceRelease::TerminateSession] {
+            assert_unsupported(b.force_release(&key, how).await, "force_release");
+        }
+        assert_held_elsewhere(&*b, &key, "an unsupported force release frees nothing").await;
+        lease.release().await.expect("release");
+        return;
+    }
+    let mut lost = lease.lost_signal();
+    let (how, evicted) = match b.force_release(&key, ForceRelease::Lock).await {
+        Err(Error::Unsupported { .. }) => {
+            let how = ForceRelease::TerminateSession;
+            (how, b.force_release(&key, how).await)
+        }
+        other => (ForceRelease::Lock, other),
+    };
+    let evicted = evicted
+        .unwrap_or_else(|e| panic!("force release ({how:?}): {e}"))
+        .expect("a held key's force release returns the evicted holder");
+    assert_eq!(evicted.key, key);
+    assert_eq!(evicted.fencing_token, lease.fencing_token());
+    let holder = evicted.holder.expect("the evicted holder's record");
+    assert_eq!(
+        (holder.pid, holder.label.as_str()),
+        (std::process::id(), "to be evicted")
+    );
+
+    // Free for the next holder (a terminated session's locks are freed once
+    // the server has ended it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next = loop {
+        match b.try_lock(&key, LONG_TTL).await {
+            Ok(Some(next)) => break next,
+            Ok(None) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("{key:?} must be free after a force release ({how:?}): {other:?}"),
+        }
+    };
+    if caps.fencing {
+        assert!(
+            next.fencing_token() > lease.fencing_token(),
+            "the next grant's token is higher"
+        );
+    }
+
+    // The evicted holder learns it at its next refresh (or, its session
+    // ended, when its connection dies).
+    if caps.refresh {
+        match (how, lease.refresh(LONG_TTL).await) {
+            (_, Err(Error::NotHeld { .. })) => {}
+            (ForceRelease::TerminateSession, Err(Error::Lost { .. } | Error::Backend { .. })) => {}
+            (_, other) => panic!("the evicted holder's refresh must fail ({how:?}): {other:?}"),
+        }
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
+            .await
+            .expect("the evicted holder's lost signal fires");
+        if how == ForceRelease::Lock {
+            assert_eq!(reason, LostReason::NotHeld);
+        }
+    }
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_held_elsewhere(
+        &*a,
+        &key,
+        "the evicted lease's drop must not free the next holder's lock",
+    )
+    .await;
+    next.release().await.expect("release by the next holder");
+    assert_eq!(
+        b.force_release(&key, how)
+            .await
+            .expect("force release of a free key"),
+        None
+    );
+}
+
 /// Expands to one `#[tokio::test]` per conformance check, each building its
 /// [`Harness`](crate::testkit::Harness) from `$factory` (see the
 /// [`testkit`](crate::testkit) docs). Needs `tokio` with the `macros` and
@@ -934,6 +1197,9 @@ macro_rules! conformance_suite {
             forget_removes_a_free_key_and_refuses_a_held_one,
             marks_only_advance,
             one_of_concurrent_advances_wins,
+            inspect_reports_the_holder_then_free,
+            list_reports_held_locks_under_a_prefix,
+            force_release_evicts_the_holder,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] so every operation runs in a span named
@@ -85,6 +86,23 @@ impl<L: Locker> TraceLocker<L> {
 fn record_error(span: &Span, error: &Error) {
     span.record("outcome", error.kind_name());
     span.record("error", tracing::field::display(error));
+}
+
+/// Records `found`'s name for a read's answer, or the error.
+fn record_read_outcome<T>(span: &Span, result: &Result<T>, found: impl FnOnce(&T) -> &'static str) {
+    match result {
+        Ok(value) => {
+            span.record("outcome", found(value));
+        }
+        Err(error) => record_error(span, error),
+    }
+}
+
+fn held_or_free(found: &Option<HeldLock>) -> &'static str {
+    match found {
+        Some(_) => "held",
+        None => "free",
+    }
 }
 
 fn record_holder_outcome(span: &Span, success: &'static str, result: &Result<()>) {
@@ -254,5 +272,68 @@ impl<L: Locker> Locker for TraceLocker<L> {
 
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        let span = tracing::info_span!(
+            "distlock.inspect",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            outcome = Empty,
+            error = Empty
+        );
+        self.describe(&span, key);
+        let result = self.inner.inspect(key).instrument(span.clone()).await;
+        record_read_outcome(&span, &result, held_or_free);
+        result
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let span = tracing::info_span!(
+            "distlock.list",
+            component = "distlock",
+            backend = self.inner.backend(),
+            prefix,
+            count = Empty,
+            outcome = Empty,
+            error = Empty
+        );
+        let result = self.inner.list(prefix).instrument(span.clone()).await;
+        if let Ok(listed) = &result {
+            span.record("count", listed.len());
+        }
+        record_read_outcome(&span, &result, |_| "listed");
+        result
+    }
+
+    /// The span also carries the evicted holder's fencing token.
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        let span = tracing::info_span!(
+            "distlock.force_release",
+            component = "distlock",
+            backend = self.inner.backend(),
+            key,
+            backend_key = Empty,
+            method = ?how,
+            outcome = Empty,
+            error = Empty,
+            fencing_token = Empty
+        );
+        self.describe(&span, key);
+        let result = self
+            .inner
+            .force_release(key, how)
+            .instrument(span.clone())
+            .await;
+        if let Ok(Some(token)) = result
+            .as_ref()
+            .map(|held| held.as_ref().and_then(|h| h.fencing_token))
+        {
+            span.record("fencing_token", token);
+        }
+        record_read_outcome(&span, &result, held_or_free);
+        result
     }
 }

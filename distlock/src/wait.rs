@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline, sleep_until};
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, Result, DEADLINE_GRACE};
 
 /// How [`Locker::lock`] polls between attempts.
@@ -297,6 +298,15 @@ impl<L: Locker> Locker for WaitLocker<L> {
     }
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         self.inner.advance_mark(name, value).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.inner.list(prefix).await
+    }
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        self.inner.force_release(key, how).await
     }
 }
 

@@ -367,15 +367,9 @@ impl RunningScheduler {
 
 /// `hostname:pid`, or `pid` alone if the host name cannot be read.
 fn default_replica_id() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most
-    // that many bytes.
-    let ok = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } == 0;
-    let end = buffer.iter().position(|b| *b == 0).unwrap_or(buffer.len());
-    let host = String::from_utf8_lossy(&buffer[..end]);
-    match ok && !host.is_empty() {
-        true => format!("{host}:{}", std::process::id()),
-        false => std::process::id().to_string(),
+    match crate::inspect::host_name() {
+        "" => std::process::id().to_string(),
+        host => format!("{host}:{}", std::process::id()),
     }
 }
 

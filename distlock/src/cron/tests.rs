@@ -386,6 +386,19 @@ impl Locker for NoMarks {
     async fn watch_releases(&self, key: &str) -> crate::Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await
     }
+    async fn inspect(&self, key: &str) -> crate::Result<Option<crate::inspect::HeldLock>> {
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> crate::Result<Vec<crate::inspect::HeldLock>> {
+        self.inner.list(prefix).await
+    }
+    async fn force_release(
+        &self,
+        key: &str,
+        how: crate::inspect::ForceRelease,
+    ) -> crate::Result<Option<crate::inspect::HeldLock>> {
+        self.inner.force_release(key, how).await
+    }
 }
 
 #[tokio::test(start_paused = true)]

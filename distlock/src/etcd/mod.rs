@@ -976,6 +976,9 @@ impl Locker for EtcdLocker {
             release_notifications: false,
             fencing: true,
             marks: true,
+            inspect: false,
+            list: false,
+            force_release: false,
         }
     }
 

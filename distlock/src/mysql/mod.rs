@@ -352,6 +352,9 @@ impl Locker for MysqlLocker {
             release_notifications: false,
             fencing: self.inner.sql.fencing(),
             marks: true,
+            inspect: false,
+            list: false,
+            force_release: false,
         }
     }
 

@@ -423,6 +423,9 @@ fn capabilities(fencing: bool) -> Capabilities {
         release_notifications: false,
         fencing,
         marks: true,
+        inspect: false,
+        list: false,
+        force_release: false,
     }
 }
 

@@ -943,6 +943,9 @@ impl Locker for RedisLocker {
             release_notifications: true,
             fencing: true,
             marks: true,
+            inspect: false,
+            list: false,
+            force_release: false,
         }
     }
 

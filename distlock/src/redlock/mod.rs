@@ -516,6 +516,9 @@ impl Locker for RedlockLocker {
             release_notifications: true,
             fencing: false,
             marks: false,
+            inspect: false,
+            list: false,
+            force_release: false,
         }
     }
 
