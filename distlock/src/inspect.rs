@@ -283,17 +283,7 @@ impl HolderRecord {
             ("ttl_ms", &self.ttl_ms.to_string()),
             ("label", self.holder.label.as_str()),
         ] {
-            out.push('\n');
-            out.push_str(name);
-            out.push('=');
-            for c in value.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '\n' => out.push_str("\\n"),
-                    '\r' => out.push_str("\\r"),
-                    c => out.push(c),
-                }
-            }
+            push_field(&mut out, name, value);
         }
         out
     }
@@ -337,6 +327,33 @@ impl HolderRecord {
         held.ttl = Some(Duration::from_millis(self.ttl_ms));
         held.holder = Some(self.holder);
     }
+}
+
+/// Appends `\nname=value` to a record, escaping `\` and line breaks in
+/// `value`: for backends that store more fields after a [`HolderRecord`]
+/// (decoding ignores fields it does not know; read them with
+/// [`record_field`]).
+pub(crate) fn push_field(out: &mut String, name: &str, value: &str) {
+    out.push('\n');
+    out.push_str(name);
+    out.push('=');
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The value of field `name` in a record's `name=value` lines, if present
+/// and well escaped.
+pub(crate) fn record_field(text: &str, name: &str) -> Option<String> {
+    text.split('\n')
+        .filter_map(|line| line.split_once('='))
+        .find(|(field, _)| *field == name)
+        .and_then(|(_, raw)| unescape(raw))
 }
 
 fn unescape(raw: &str) -> Option<String> {
@@ -427,9 +444,12 @@ mod tests {
     }
 
     #[test]
-    fn fields_of_a_newer_version_are_ignored() {
-        let text = format!("{}\nzone=eu-west-1", record("job").encode());
+    fn fields_of_a_newer_version_are_ignored_and_readable_on_their_own() {
+        let mut text = record("job").encode();
+        push_field(&mut text, "key", "jobs/a=b\nc");
         assert_eq!(HolderRecord::decode(&text), Some(record("job")));
+        assert_eq!(record_field(&text, "key").as_deref(), Some("jobs/a=b\nc"));
+        assert_eq!(record_field(&text, "zone"), None);
     }
 
     #[test]
