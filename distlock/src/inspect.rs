@@ -174,6 +174,44 @@ pub enum ForceRelease {
     TerminateSession,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// What a SQL backend's grant writes into the lock's fencing row beside
+/// its counter, in the statement that takes the lock: the key's name (so
+/// [`Locker::list`](crate::Locker::list) can name and filter locks), the
+/// ttl, and the [`Holder`] unless recording is off. The statement adds the
+/// server's grant time and the holding session's id.
+#[derive(Debug, Clone)]
+pub(crate) struct GrantRecord<'a> {
+    pub(crate) key_name: &'a str,
+    /// The holder's host, pid and label: all `None` when recording is off,
+    /// which clears those columns.
+    pub(crate) host: Option<String>,
+    pub(crate) pid: Option<i64>,
+    pub(crate) label: Option<String>,
+    pub(crate) ttl_ms: i64,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<'a> GrantRecord<'a> {
+    /// The record of a grant made now by [`Holder::current`] (read on the
+    /// caller's task), or without a holder if `record_holder` is false.
+    pub(crate) fn new(key_name: &'a str, ttl: Duration, record_holder: bool) -> Self {
+        let holder = record_holder.then(Holder::current);
+        let pid = holder.as_ref().map(|h| i64::from(h.pid));
+        let (host, label) = match holder {
+            Some(h) => (Some(h.host), Some(h.label)),
+            None => (None, None),
+        };
+        GrantRecord {
+            key_name,
+            host,
+            pid,
+            label,
+            ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
 /// Runs `future` with `label` as the holder label of every lock it
 /// acquires on this task (see the [module docs](self)).
 ///
