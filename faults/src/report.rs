@@ -89,6 +89,7 @@ impl Report {
                 match cell.expect {
                     Expect::Exclusive => "exclusive",
                     Expect::Breaks => "breaks",
+                    Expect::Races => "races",
                 },
                 cell.runs,
                 figures.grants,

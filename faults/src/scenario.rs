@@ -83,6 +83,11 @@ pub enum Expect {
     /// A known break: holds overlap (each explained by the fault), and where
     /// the backend has fencing tokens the register rejects the stale writes.
     Breaks,
+    /// The fault frees the lock on the server and tells the holder at about
+    /// the same moment, in no guaranteed order (the session's death is
+    /// both): holds may overlap by that race, each explained by the fault,
+    /// and the register must reject any stale write where there is fencing.
+    Races,
 }
 
 /// One backend × fault.
@@ -157,7 +162,7 @@ impl Profile {
 /// The registry: every backend and its cells, with the bounds each
 /// backend's docs promise (README, "Backends").
 pub fn registry(profile: &Profile) -> Vec<Backend> {
-    use Expect::{Breaks, Exclusive};
+    use Expect::{Breaks, Exclusive, Races};
     use Fault::*;
     let ttl = profile.ttl;
     let second = Duration::from_secs(1);
@@ -195,10 +200,11 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 cell(Blackhole, Exclusive, Duration::from_secs(15)),
                 cell(BlackholeOutgoing, Exclusive, Duration::from_secs(15)),
                 cell(BlackholeIncoming, Exclusive, Duration::from_secs(15)),
-                cell(Reset, Exclusive, 2 * second),
-                cell(EndSession, Exclusive, 2 * second),
+                // The session's end frees the lock and tells the holder.
+                cell(Reset, Races, 2 * second),
+                cell(EndSession, Races, 2 * second),
                 // Crash recovery, then a grant.
-                cell(Restart, Exclusive, Duration::from_secs(10)),
+                cell(Restart, Races, Duration::from_secs(10)),
             ],
         },
         Backend {
@@ -222,6 +228,80 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 cell(EndSession, Exclusive, ttl.saturating_add(2 * second)),
                 // With appendonly the key survives the restart and expires.
                 cell(Restart, Exclusive, ttl.saturating_add(3 * second)),
+            ],
+        },
+        Backend {
+            name: "sentinel",
+            fencing: true,
+            start: || Ok(Box::new(deploy::SentinelDeployment::start()?)),
+            cells: vec![
+                cell(Kill, Exclusive, ttl.saturating_add(second)),
+                cell(Pause, Breaks, ttl.saturating_add(second)),
+                cell(Blackhole, Exclusive, ttl.saturating_add(2 * second)),
+                cell(EndSession, Exclusive, ttl.saturating_add(2 * second)),
+            ],
+        },
+        Backend {
+            name: "redlock",
+            // Per-node counters do not combine into a sound token.
+            fencing: false,
+            start: || Ok(Box::new(deploy::RedlockDeployment::start()?)),
+            cells: vec![
+                cell(Kill, Exclusive, ttl.saturating_add(second)),
+                // No fencing: the paused holder's stale write is accepted.
+                cell(Pause, Breaks, ttl.saturating_add(second)),
+                cell(Blackhole, Exclusive, ttl.saturating_add(2 * second)),
+                cell(EndSession, Exclusive, ttl.saturating_add(2 * second)),
+                // One node of three, with appendonly: the majority holds.
+                cell(Restart, Exclusive, ttl.saturating_add(3 * second)),
+            ],
+        },
+        Backend {
+            name: "etcd",
+            fencing: true,
+            start: || Ok(Box::new(deploy::EtcdDeployment::start()?)),
+            cells: {
+                // Whole seconds, at least etcd's minimum lease ttl; freed
+                // one lease ttl after the last keep-alive.
+                let lease = ttl.max(2 * second);
+                vec![
+                    cell(Kill, Exclusive, lease.saturating_add(2 * second)),
+                    cell(Pause, Breaks, lease.saturating_add(2 * second)),
+                    cell(Blackhole, Exclusive, lease.saturating_add(3 * second)),
+                    cell(
+                        BlackholeOutgoing,
+                        Exclusive,
+                        lease.saturating_add(3 * second),
+                    ),
+                    cell(
+                        BlackholeIncoming,
+                        Exclusive,
+                        lease.saturating_add(3 * second),
+                    ),
+                    // A revoked lease frees the lock at once; the holder
+                    // hears at its next keep-alive, up to ttl/3 later.
+                    cell(EndSession, Races, 2 * second),
+                    // A restart keeps the lease (its ttl restarts).
+                    cell(
+                        Restart,
+                        Exclusive,
+                        lease.saturating_mul(2).saturating_add(5 * second),
+                    ),
+                ]
+            },
+        },
+        Backend {
+            name: "mysql",
+            fencing: true,
+            start: || Ok(Box::new(deploy::MySqlDeployment::start()?)),
+            cells: vec![
+                cell(Kill, Exclusive, second),
+                cell(Pause, Exclusive, pause),
+                // "14–15 s after its host goes silent"; the holder is told
+                // within 6 s and stops first.
+                cell(Blackhole, Exclusive, Duration::from_secs(18)),
+                cell(EndSession, Races, 2 * second),
+                cell(Restart, Races, Duration::from_secs(15)),
             ],
         },
     ]
@@ -369,6 +449,7 @@ impl<'a> Run<'a> {
             .ok_or("no warm-up grants within 20 s")?;
         let (victim, pid) = self.pick_victim()?;
         let holder = Holder {
+            key: self.key.clone(),
             pid,
             local_ports: self.holder_ports(pid),
         };

@@ -4,17 +4,27 @@
 //! faults (SIGKILL, SIGSTOP, partitions, resets) need only
 //! [`Deployment::server_ports`].
 
+mod etcd;
 mod file;
+mod mysql;
 mod postgres;
 mod redis;
+mod redlock;
+mod sentinel;
 
+pub use etcd::EtcdDeployment;
 pub use file::FileDeployment;
+pub use mysql::MySqlDeployment;
 pub use postgres::PostgresDeployment;
 pub use redis::RedisDeployment;
+pub use redlock::RedlockDeployment;
+pub use sentinel::SentinelDeployment;
 
 /// The process holding the lock when a fault is injected.
 #[derive(Debug, Clone)]
 pub struct Holder {
+    /// The lock's key.
+    pub key: String,
     /// The worker's process id.
     pub pid: u32,
     /// The local ports of its connections to [`Deployment::server_ports`].
@@ -42,4 +52,17 @@ pub trait Deployment {
     fn restart(&mut self) -> Result<(), String> {
         Err("this backend has no server to restart".to_owned())
     }
+}
+
+/// `CLIENT KILL ADDR` on `server` for each of the holder's connections (the
+/// new-style filter form answers a count, never an error, for an address
+/// that is not connected there).
+fn redis_client_kill(server: &test_servers::RedisServer, holder: &Holder) -> Result<(), String> {
+    if holder.local_ports.is_empty() {
+        return Err("the holder has no connection to Redis".to_owned());
+    }
+    for port in &holder.local_ports {
+        server.cli(&["CLIENT", "KILL", "ADDR", &format!("127.0.0.1:{port}")]);
+    }
+    Ok(())
 }

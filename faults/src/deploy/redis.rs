@@ -33,18 +33,8 @@ impl Deployment for RedisDeployment {
         vec![self.server.port()]
     }
 
-    /// `CLIENT KILL ADDR` for each of the holder's connections (the new-style
-    /// filter form answers a count, never an error, for an address that is
-    /// already gone).
     fn end_session(&mut self, holder: &Holder) -> Result<(), String> {
-        if holder.local_ports.is_empty() {
-            return Err("the holder has no connection to Redis".to_owned());
-        }
-        for port in &holder.local_ports {
-            self.server
-                .cli(&["CLIENT", "KILL", "ADDR", &format!("127.0.0.1:{port}")]);
-        }
-        Ok(())
+        super::redis_client_kill(&self.server, holder)
     }
 
     fn restart(&mut self) -> Result<(), String> {
