@@ -299,7 +299,7 @@ pub fn verdict(cell: &Cell, fencing: bool, figures: &Figures) -> Vec<String> {
             failures.push(failure);
         }
     };
-    if fencing {
+    if fencing && cell.expect != Expect::BreaksFencing {
         check(
             figures.stale_writes_accepted == 0,
             format!(
@@ -343,6 +343,12 @@ pub fn verdict(cell: &Cell, fencing: bool, figures: &Figures) -> Vec<String> {
         // Overlaps are allowed when explained; unexplained ones and stale
         // writes are checked above.
         Expect::Races => {}
+        Expect::BreaksFencing => {
+            check(
+                figures.token_regressions > 0,
+                "expected a reused fencing token (a known break) but saw none".to_owned(),
+            );
+        }
         Expect::Breaks => {
             check(
                 figures.overlaps > 0,

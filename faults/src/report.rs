@@ -90,6 +90,7 @@ impl Report {
                     Expect::Exclusive => "exclusive",
                     Expect::Breaks => "breaks",
                     Expect::Races => "races",
+                    Expect::BreaksFencing => "breaks fencing",
                 },
                 cell.runs,
                 figures.grants,

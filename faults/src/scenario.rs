@@ -38,11 +38,20 @@ pub enum Fault {
     EndSession,
     /// The server is killed and started again.
     Restart,
+    /// Redis: the lock's write reaches the master only (replica paused, link
+    /// dropped), then the master is killed and the replica promoted.
+    Failover,
+    /// etcd: the leader is killed (a new one is elected, the old member
+    /// rejoins).
+    LeaderKill,
+    /// A majority of the nodes is killed for longer than the ttl, then
+    /// started again.
+    MajorityLoss,
 }
 
 impl Fault {
     /// Every fault, in table order.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Blackhole,
@@ -51,6 +60,9 @@ impl Fault {
         Fault::Reset,
         Fault::EndSession,
         Fault::Restart,
+        Fault::Failover,
+        Fault::LeaderKill,
+        Fault::MajorityLoss,
     ];
 
     /// Its name on the command line and in the table.
@@ -64,6 +76,9 @@ impl Fault {
             Fault::Reset => "reset",
             Fault::EndSession => "end-session",
             Fault::Restart => "restart",
+            Fault::Failover => "failover",
+            Fault::LeaderKill => "leader-kill",
+            Fault::MajorityLoss => "majority-loss",
         }
     }
 
@@ -88,6 +103,13 @@ pub enum Expect {
     /// both): holds may overlap by that race, each explained by the fault,
     /// and the register must reject any stale write where there is fencing.
     Races,
+    /// A known break that fencing does not catch either: the fence counter
+    /// lives where the lock does and loses the same writes, so a later grant
+    /// reuses a token (asserted), and a downstream resource cannot tell the
+    /// two holders apart. Whether their holds overlap depends on whether the
+    /// old holder hears of the failover first (its connection died with the
+    /// master); overlaps must be explained.
+    BreaksFencing,
 }
 
 /// One backend × fault.
@@ -162,7 +184,7 @@ impl Profile {
 /// The registry: every backend and its cells, with the bounds each
 /// backend's docs promise (README, "Backends").
 pub fn registry(profile: &Profile) -> Vec<Backend> {
-    use Expect::{Breaks, Exclusive, Races};
+    use Expect::{Breaks, BreaksFencing, Exclusive, Races};
     use Fault::*;
     let ttl = profile.ttl;
     let second = Duration::from_secs(1);
@@ -239,6 +261,9 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 cell(Pause, Breaks, ttl.saturating_add(second)),
                 cell(Blackhole, Exclusive, ttl.saturating_add(2 * second)),
                 cell(EndSession, Exclusive, ttl.saturating_add(2 * second)),
+                // Last: it leaves the old master dead. The promoted replica
+                // lacks the lock and the fence counter's last increments.
+                cell(Failover, BreaksFencing, Duration::from_secs(15)),
             ],
         },
         Backend {
@@ -254,7 +279,34 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 cell(EndSession, Exclusive, ttl.saturating_add(2 * second)),
                 // One node of three, with appendonly: the majority holds.
                 cell(Restart, Exclusive, ttl.saturating_add(3 * second)),
+                // No majority: the holder cannot refresh and stops; nobody
+                // is granted, and everyone hears an outage, not contention.
+                cell(
+                    MajorityLoss,
+                    Exclusive,
+                    pause.saturating_add(ttl).saturating_add(3 * second),
+                ),
             ],
+        },
+        Backend {
+            name: "etcd-cluster",
+            fencing: true,
+            start: || Ok(Box::new(deploy::EtcdClusterDeployment::start()?)),
+            cells: {
+                let lease = ttl.max(2 * second);
+                vec![
+                    // The new leader resets lease ttls; the holder's
+                    // keep-alive carries on.
+                    cell(LeaderKill, Exclusive, Duration::from_secs(20)),
+                    cell(
+                        MajorityLoss,
+                        Exclusive,
+                        pause
+                            .saturating_add(lease)
+                            .saturating_add(Duration::from_secs(20)),
+                    ),
+                ]
+            },
         },
         Backend {
             name: "etcd",
@@ -447,6 +499,9 @@ impl<'a> Run<'a> {
         self.spawn_workers()?;
         self.wait_for_grants(self.profile.warmup_grants, 0, Duration::from_secs(20))
             .ok_or("no warm-up grants within 20 s")?;
+        if self.cell.fault == Fault::Failover {
+            self.deployment.prepare_failover()?;
+        }
         let (victim, pid) = self.pick_victim()?;
         let holder = Holder {
             key: self.key.clone(),
@@ -614,13 +669,30 @@ impl<'a> Run<'a> {
                 Ok(None)
             }
             Fault::EndSession => self.deployment.end_session(holder).map(|()| None),
-            Fault::Restart => {
-                let from = now_ns();
-                self.deployment.restart()?;
-                self.down.push((from, now_ns()));
-                Ok(None)
+            Fault::Restart => self.down_while(|deployment| deployment.restart()),
+            Fault::Failover => self.down_while(|deployment| deployment.fail_over()),
+            Fault::LeaderKill => self.deployment.kill_leader().map(|()| None),
+            Fault::MajorityLoss => {
+                let pause = self.profile.pause();
+                self.down_while(|deployment| {
+                    deployment.lose_majority()?;
+                    std::thread::sleep(pause);
+                    deployment.regain_majority()
+                })
             }
         }
+    }
+
+    /// Runs `outage` on the deployment, recording the servers as down
+    /// meanwhile.
+    fn down_while(
+        &mut self,
+        outage: impl FnOnce(&mut dyn Deployment) -> Result<(), String>,
+    ) -> Result<Option<Partition>, String> {
+        let from = now_ns();
+        let outcome = outage(&mut *self.deployment);
+        self.down.push((from, now_ns()));
+        outcome.map(|()| None)
     }
 
     /// SIGTERM (after SIGCONT, for a paused one) to every worker: it ends its

@@ -5,6 +5,7 @@
 //! [`Deployment::server_ports`].
 
 mod etcd;
+mod etcd_cluster;
 mod file;
 mod mysql;
 mod postgres;
@@ -13,6 +14,7 @@ mod redlock;
 mod sentinel;
 
 pub use etcd::EtcdDeployment;
+pub use etcd_cluster::EtcdClusterDeployment;
 pub use file::FileDeployment;
 pub use mysql::MySqlDeployment;
 pub use postgres::PostgresDeployment;
@@ -51,6 +53,35 @@ pub trait Deployment {
     /// data; returns once it accepts connections.
     fn restart(&mut self) -> Result<(), String> {
         Err("this backend has no server to restart".to_owned())
+    }
+
+    /// Arranges for the next writes to reach the primary only (Redis: the
+    /// replica paused and its replication link dropped).
+    fn prepare_failover(&mut self) -> Result<(), String> {
+        Err("this backend has no replica to fail over to".to_owned())
+    }
+
+    /// Kills the primary and promotes the replica; returns once clients can
+    /// find the new primary.
+    fn fail_over(&mut self) -> Result<(), String> {
+        Err("this backend has no replica to fail over to".to_owned())
+    }
+
+    /// Kills the cluster's leader, waits for a new one, and starts the old
+    /// member again.
+    fn kill_leader(&mut self) -> Result<(), String> {
+        Err("this backend has no leader".to_owned())
+    }
+
+    /// Kills a majority of the nodes.
+    fn lose_majority(&mut self) -> Result<(), String> {
+        Err("this backend has no quorum".to_owned())
+    }
+
+    /// Starts the nodes [`lose_majority`](Deployment::lose_majority) killed;
+    /// returns once they serve.
+    fn regain_majority(&mut self) -> Result<(), String> {
+        Err("this backend has no quorum".to_owned())
     }
 }
 

@@ -47,6 +47,22 @@ impl Deployment for RedlockDeployment {
             .try_for_each(|node| super::redis_client_kill(node, holder))
     }
 
+    /// Kills two nodes of three.
+    fn lose_majority(&mut self) -> Result<(), String> {
+        for node in self.nodes.iter_mut().take(2) {
+            node.kill();
+        }
+        Ok(())
+    }
+
+    /// Starts them again (appendonly: they come back with their keys).
+    fn regain_majority(&mut self) -> Result<(), String> {
+        for node in self.nodes.iter_mut().take(2) {
+            node.restart();
+        }
+        Ok(())
+    }
+
     /// Restarts one node (a minority): with appendonly it keeps the lock.
     fn restart(&mut self) -> Result<(), String> {
         let node = self.nodes.first_mut().ok_or("no nodes")?;
