@@ -102,6 +102,11 @@ impl Emitter {
         Emitter { worker }
     }
 
+    /// The worker (contender) it stamps events for.
+    pub fn worker(&self) -> u32 {
+        self.worker
+    }
+
     /// Stamps `kind` now and prints it as one line.
     pub fn emit(&self, kind: EventKind) {
         let event = Event {

@@ -47,11 +47,13 @@ pub enum Fault {
     /// A majority of the nodes is killed for longer than the ttl, then
     /// started again.
     MajorityLoss,
+    /// No fault: the deployment itself is under test (PgBouncer).
+    None,
 }
 
 impl Fault {
     /// Every fault, in table order.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Blackhole,
@@ -63,6 +65,7 @@ impl Fault {
         Fault::Failover,
         Fault::LeaderKill,
         Fault::MajorityLoss,
+        Fault::None,
     ];
 
     /// Its name on the command line and in the table.
@@ -79,13 +82,14 @@ impl Fault {
             Fault::Failover => "failover",
             Fault::LeaderKill => "leader-kill",
             Fault::MajorityLoss => "majority-loss",
+            Fault::None => "none",
         }
     }
 
     /// The victim must still hold the lock while the fault takes effect,
     /// which may take seconds: it is asked to linger (SIGUSR1).
     fn needs_linger(self) -> bool {
-        !matches!(self, Fault::Kill | Fault::Pause)
+        !matches!(self, Fault::Kill | Fault::Pause | Fault::None)
     }
 }
 
@@ -130,8 +134,27 @@ pub struct Backend {
     pub fencing: bool,
     /// Starts its deployment.
     pub start: fn() -> Result<Box<dyn Deployment>, String>,
+    /// How its workers run.
+    pub workers: Workers,
     /// The faults that apply to it.
     pub cells: Vec<Cell>,
+}
+
+/// How a backend's contenders run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// One process each, on a `Locker`: SIGKILL and SIGSTOP hit one holder.
+    Processes,
+    /// All in one process, each with its own connections, on a `Locker`.
+    /// Only for cells without process faults: through PgBouncer 1.18 in
+    /// transaction mode, tokio-postgres clients of different processes
+    /// collide on their prepared statements' names (`s0` already exists on
+    /// the shared server session) and cannot even connect; one process
+    /// numbers its statements once for all its clients.
+    OneProcess,
+    /// As `OneProcess`, with `distlock::postgres::try_lock_xact` inside a
+    /// transaction instead of a `Locker`.
+    OneProcessXact,
 }
 
 /// How long and how hard a run is.
@@ -201,6 +224,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             name: "file",
             fencing: true,
             start: || Ok(Box::new(deploy::FileDeployment::start()?)),
+            workers: Workers::Processes,
             cells: vec![
                 // The kernel frees a dead process's flock at once.
                 cell(Kill, Exclusive, second),
@@ -212,6 +236,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             name: "postgres",
             fencing: true,
             start: || Ok(Box::new(deploy::PostgresDeployment::start()?)),
+            workers: Workers::Processes,
             cells: vec![
                 // The server ends the session the moment the socket closes.
                 cell(Kill, Exclusive, second),
@@ -233,6 +258,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             name: "redis",
             fencing: true,
             start: || Ok(Box::new(deploy::RedisDeployment::start()?)),
+            workers: Workers::Processes,
             cells: vec![
                 // Freed at ttl expiry.
                 cell(Kill, Exclusive, ttl.saturating_add(second)),
@@ -256,6 +282,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             name: "sentinel",
             fencing: true,
             start: || Ok(Box::new(deploy::SentinelDeployment::start()?)),
+            workers: Workers::Processes,
             cells: vec![
                 cell(Kill, Exclusive, ttl.saturating_add(second)),
                 cell(Pause, Breaks, ttl.saturating_add(second)),
@@ -271,6 +298,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             // Per-node counters do not combine into a sound token.
             fencing: false,
             start: || Ok(Box::new(deploy::RedlockDeployment::start()?)),
+            workers: Workers::Processes,
             cells: vec![
                 cell(Kill, Exclusive, ttl.saturating_add(second)),
                 // No fencing: the paused holder's stale write is accepted.
@@ -292,6 +320,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             name: "etcd-cluster",
             fencing: true,
             start: || Ok(Box::new(deploy::EtcdClusterDeployment::start()?)),
+            workers: Workers::Processes,
             cells: {
                 let lease = ttl.max(2 * second);
                 vec![
@@ -312,6 +341,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             name: "etcd",
             fencing: true,
             start: || Ok(Box::new(deploy::EtcdDeployment::start()?)),
+            workers: Workers::Processes,
             cells: {
                 // Whole seconds, at least etcd's minimum lease ttl; freed
                 // one lease ttl after the last keep-alive.
@@ -342,10 +372,29 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 ]
             },
         },
+        // Session locks through a transaction-mode pooler: two clients are
+        // handed one server session, where advisory locks are re-entrant,
+        // so both are granted (the Postgres backend's docs warn of it).
+        Backend {
+            name: "pgbouncer",
+            fencing: true,
+            start: || Ok(Box::new(deploy::PgBouncerDeployment::start()?)),
+            workers: Workers::OneProcess,
+            cells: vec![cell(None, Breaks, second)],
+        },
+        // The remedy: transaction-scoped locks, which a pooler never splits.
+        Backend {
+            name: "pgbouncer-xact",
+            fencing: false,
+            start: || Ok(Box::new(deploy::PgBouncerDeployment::start()?)),
+            workers: Workers::OneProcessXact,
+            cells: vec![cell(None, Exclusive, second)],
+        },
         Backend {
             name: "mysql",
             fencing: true,
             start: || Ok(Box::new(deploy::MySqlDeployment::start()?)),
+            workers: Workers::Processes,
             cells: vec![
                 cell(Kill, Exclusive, second),
                 cell(Pause, Exclusive, pause),
@@ -415,6 +464,7 @@ pub fn run_cell(
 /// One run's moving parts.
 struct Run<'a> {
     deployment: &'a mut dyn Deployment,
+    layout: Workers,
     cell: Cell,
     profile: Profile,
     key: String,
@@ -447,6 +497,7 @@ impl<'a> Run<'a> {
         };
         Ok(Run {
             deployment,
+            layout: backend.workers,
             cell: *cell,
             profile: *profile,
             key: format!("faults-{}-{}-{repetition}", backend.name, cell.fault.name()),
@@ -499,6 +550,11 @@ impl<'a> Run<'a> {
         self.spawn_workers()?;
         self.wait_for_grants(self.profile.warmup_grants, 0, Duration::from_secs(20))
             .ok_or("no warm-up grants within 20 s")?;
+        if self.cell.fault == Fault::None {
+            let at = now_ns();
+            self.wait_for_grants(self.profile.settle_grants * 2, at, Duration::from_secs(20));
+            return Ok(((u32::MAX, 0), at));
+        }
         if self.cell.fault == Fault::Failover {
             self.deployment.prepare_failover()?;
         }
@@ -537,7 +593,11 @@ impl<'a> Run<'a> {
         let url = self.worker_url();
         let exe = std::env::current_exe()
             .map_err(|err| format!("cannot find this program to start workers: {err}"))?;
-        for id in 0..self.profile.workers {
+        let (processes, contenders) = match self.layout {
+            Workers::Processes => (self.profile.workers, 1),
+            Workers::OneProcess | Workers::OneProcessXact => (1, self.profile.workers),
+        };
+        for id in 0..processes {
             let mut command = Command::new(&exe);
             command
                 .arg("worker")
@@ -551,8 +611,12 @@ impl<'a> Run<'a> {
                 // A victim that keeps its lock through the fault lets go
                 // within the bound, so the run can end.
                 .args(["--linger-ms", &millis(self.cell.orphan_bound)])
+                .args(["--contenders", &contenders.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped());
+            if self.layout == Workers::OneProcessXact {
+                command.arg("--xact");
+            }
             let mut child = test_servers::spawn_tied_to_this_process(command)
                 .map_err(|err| format!("cannot start a worker: {err}"))?;
             if let Some(stdout) = child.stdout.take() {
@@ -672,6 +736,7 @@ impl<'a> Run<'a> {
             Fault::Restart => self.down_while(|deployment| deployment.restart()),
             Fault::Failover => self.down_while(|deployment| deployment.fail_over()),
             Fault::LeaderKill => self.deployment.kill_leader().map(|()| None),
+            Fault::None => Ok(None),
             Fault::MajorityLoss => {
                 let pause = self.profile.pause();
                 self.down_while(|deployment| {
@@ -724,7 +789,7 @@ impl<'a> Run<'a> {
             .build()
             .map_err(|err| format!("cannot start a runtime: {err}"))?;
         runtime.block_on(async {
-            let locker = distlock::connect(&self.deployment.url())
+            let locker = distlock::connect(&self.deployment.check_url())
                 .await
                 .map_err(|err| format!("final check: cannot connect: {err}"))?;
             let lease = locker

@@ -64,6 +64,16 @@ pub struct WorkerArgs {
     /// How long a lingering grant (SIGUSR1) is kept at most, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub linger_ms: u64,
+    /// Contenders in this process, each with its own connections, numbered
+    /// from `id`: for deployments that need no process faults (PgBouncer),
+    /// where contenders in one process share tokio-postgres' process-wide
+    /// statement names instead of colliding on a shared server session.
+    #[arg(long, default_value_t = 1)]
+    pub contenders: u32,
+    /// Contend with `distlock::postgres::try_lock_xact` inside a transaction
+    /// of a plain tokio-postgres connection, instead of a `Locker`.
+    #[arg(long)]
+    pub xact: bool,
 }
 
 /// Runs the worker until SIGTERM; the exit code is 0, or 2 if it could not
@@ -92,14 +102,50 @@ pub fn main(args: &WorkerArgs) -> i32 {
 }
 
 async fn run(args: &WorkerArgs, emitter: Emitter) -> Result<(), String> {
-    let mut stop = stop_on_sigterm()?;
+    let stop = stop_on_sigterm()?;
     let linger = flag_on(SignalKind::user_defined1())?;
+    let mut contenders = tokio::task::JoinSet::new();
+    for offset in 0..args.contenders.max(1) {
+        let (args, stop, linger) = (args.clone(), stop.clone(), linger.clone());
+        let id = args.id.saturating_add(offset);
+        contenders.spawn(async move {
+            let emitter = Emitter::new(id);
+            let outcome = if args.xact {
+                contend_xact(&args, emitter, stop).await
+            } else {
+                contend(&args, emitter, stop, &linger).await
+            };
+            if let Err(message) = &outcome {
+                emitter.emit(EventKind::Failed {
+                    message: message.clone(),
+                });
+            }
+            outcome
+        });
+    }
+    let mut failed = None;
+    while let Some(outcome) = contenders.join_next().await {
+        if let Ok(Err(message)) | Err(message) =
+            outcome.map_err(|err| format!("a contender panicked: {err}"))
+        {
+            failed = Some(message);
+        }
+    }
+    let _ = emitter;
+    failed.map_or(Ok(()), Err)
+}
+
+/// One contender on a [`Locker`].
+async fn contend(
+    args: &WorkerArgs,
+    emitter: Emitter,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    linger: &AtomicBool,
+) -> Result<(), String> {
     let locker = distlock::connect(&args.url)
         .await
         .map_err(|err| format!("cannot open {}: {err}", args.url))?;
-    let mut register = RegisterClient::connect(&args.register, args.id)
-        .await
-        .map_err(|err| format!("cannot reach the register at {}: {err}", args.register))?;
+    let mut register = connect_register(args, emitter).await?;
     let ttl = Duration::from_millis(args.ttl_ms);
     let wait = Duration::from_millis(args.wait_ms);
     emitter.emit(EventKind::Ready);
@@ -123,7 +169,7 @@ async fn run(args: &WorkerArgs, emitter: Emitter) -> Result<(), String> {
                     args,
                     emitter,
                     grant,
-                    linger: &linger,
+                    linger,
                 };
                 hold.run(&*locker, lease, &mut register).await?;
             }
@@ -143,6 +189,85 @@ async fn run(args: &WorkerArgs, emitter: Emitter) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// One contender on transaction-scoped advisory locks: each grant is a
+/// transaction, released by its `COMMIT`. No fencing token, no lost signal:
+/// the transaction is the lock.
+async fn contend_xact(
+    args: &WorkerArgs,
+    emitter: Emitter,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let (mut client, connection) = tokio_postgres::connect(&args.url, tokio_postgres::NoTls)
+        .await
+        .map_err(|err| format!("cannot connect to {}: {err}", args.url))?;
+    tokio::spawn(connection);
+    let mut register = connect_register(args, emitter).await?;
+    let key = distlock::postgres::advisory_key("", &args.key);
+    let linger = AtomicBool::new(false);
+    emitter.emit(EventKind::Ready);
+    let mut grant = 0;
+    while !*stop.borrow() {
+        let attempt = crate::events::now_ns();
+        let refused = |contention: bool, message: String| EventKind::Refused {
+            attempt,
+            contention,
+            outage: !contention,
+            kind: if contention {
+                "not_acquired"
+            } else {
+                "backend_error"
+            }
+            .to_owned(),
+            message,
+        };
+        let transaction = match client.transaction().await {
+            Ok(transaction) => transaction,
+            Err(err) => {
+                emitter.emit(refused(false, format!("begin: {err}")));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match distlock::postgres::try_lock_xact(&transaction, key).await {
+            Ok(true) => {
+                grant += 1;
+                emitter.emit(EventKind::Acquired {
+                    grant,
+                    token: None,
+                    attempt,
+                });
+                let hold = Hold {
+                    args,
+                    emitter,
+                    grant,
+                    linger: &linger,
+                };
+                let lost = hold.work(&mut register, None, None).await?;
+                emitter.emit(EventKind::HoldEnded { grant, lost });
+                let error = transaction.commit().await.err().map(|err| err.to_string());
+                emitter.emit(EventKind::Released { grant, error });
+            }
+            Ok(false) => {
+                emitter.emit(refused(true, "held elsewhere".to_owned()));
+                drop(transaction);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(err) => {
+                emitter.emit(refused(false, err.to_string()));
+                drop(transaction);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect_register(args: &WorkerArgs, emitter: Emitter) -> Result<RegisterClient, String> {
+    RegisterClient::connect(&args.register, emitter.worker())
+        .await
+        .map_err(|err| format!("cannot reach the register at {}: {err}", args.register))
 }
 
 /// Becomes true at SIGTERM: the worker finishes its hold, releases, exits.
@@ -196,14 +321,37 @@ impl Hold<'_> {
         }
         self.watch_lost(&lease);
         let token = lease.fencing_token();
-        let mut lost = lease.lost_signal().early_by(drift_margin(ttl));
+        let lost = lease.lost_signal().early_by(drift_margin(ttl));
+        let stopped_by = self.work(register, token, Some(lost)).await?;
+        self.emitter.emit(EventKind::HoldEnded {
+            grant: self.grant,
+            lost: stopped_by,
+        });
+        let error = lease.release().await.err().map(|err| err.to_string());
+        self.emitter.emit(EventKind::Released {
+            grant: self.grant,
+            error,
+        });
+        // A SIGUSR1 that arrived after this hold's last look is for no one.
+        self.linger.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The hold's writes, stopped early by `lost` (if any) firing; returns
+    /// its reason then.
+    async fn work(
+        &self,
+        register: &mut RegisterClient,
+        token: Option<u64>,
+        mut lost: Option<distlock::LostSignal>,
+    ) -> Result<Option<String>, String> {
         let planned = rand::rng().random_range(self.args.hold_min_ms..=self.args.hold_max_ms);
         let writes = u64::from(self.args.writes.max(1));
         let gap = Duration::from_millis(planned / (writes + 1));
         let linger_for = Duration::from_millis(self.args.linger_ms);
         let mut lingering_since = None;
         let mut step = 0;
-        let stopped_by = loop {
+        loop {
             if self.linger.swap(false, Ordering::SeqCst) && lingering_since.is_none() {
                 self.emitter
                     .emit(EventKind::Lingering { grant: self.grant });
@@ -212,14 +360,20 @@ impl Hold<'_> {
             let keep_going =
                 step < writes || lingering_since.is_some_and(|since| since.elapsed() < linger_for);
             if !keep_going {
-                break None;
+                return Ok(None);
             }
+            let lost_fired = async {
+                match lost.as_mut() {
+                    Some(lost) => lost.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 // The timer first: after a pause both are ready, and the
                 // paused program writes before it looks (see the module docs).
                 biased;
                 () = tokio::time::sleep(gap) => {}
-                reason = lost.wait() => break Some(reason.to_string()),
+                reason = lost_fired => return Ok(Some(reason.to_string())),
             }
             let accepted = register
                 .write(self.grant, token)
@@ -234,19 +388,7 @@ impl Hold<'_> {
                 self.increment(register, gap / 2).await?;
             }
             step += 1;
-        };
-        self.emitter.emit(EventKind::HoldEnded {
-            grant: self.grant,
-            lost: stopped_by,
-        });
-        let error = lease.release().await.err().map(|err| err.to_string());
-        self.emitter.emit(EventKind::Released {
-            grant: self.grant,
-            error,
-        });
-        // A SIGUSR1 that arrived after this hold's last look is for no one.
-        self.linger.store(false, Ordering::SeqCst);
-        Ok(())
+        }
     }
 
     /// Logs the lease's lost signal firing (not for the worker's own

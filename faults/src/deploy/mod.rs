@@ -8,6 +8,7 @@ mod etcd;
 mod etcd_cluster;
 mod file;
 mod mysql;
+mod pgbouncer;
 mod postgres;
 mod redis;
 mod redlock;
@@ -17,6 +18,7 @@ pub use etcd::EtcdDeployment;
 pub use etcd_cluster::EtcdClusterDeployment;
 pub use file::FileDeployment;
 pub use mysql::MySqlDeployment;
+pub use pgbouncer::PgBouncerDeployment;
 pub use postgres::PostgresDeployment;
 pub use redis::RedisDeployment;
 pub use redlock::RedlockDeployment;
@@ -37,6 +39,12 @@ pub struct Holder {
 pub trait Deployment {
     /// The URL the workers (and the final check) connect to.
     fn url(&self) -> String;
+
+    /// The URL the final check (is the lock free at the end?) uses: the
+    /// workers' unless the server must be asked past a pooler.
+    fn check_url(&self) -> String {
+        self.url()
+    }
 
     /// The ports of the servers the workers connect to (empty for the file
     /// backend): partitions and resets cut the holder's connections to them.
