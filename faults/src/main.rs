@@ -221,6 +221,18 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                     seconds: 0.0,
                     events: Vec::new(),
                 });
+                if deployment.spent() {
+                    match std::panic::catch_unwind(backend.start)
+                        .map_err(panic_message)
+                        .and_then(|started| started)
+                    {
+                        Ok(fresh) => deployment = fresh,
+                        Err(message) => eprintln!(
+                            "distlock-faults: cannot start {} again: {message}",
+                            backend.name
+                        ),
+                    }
+                }
                 eprintln!(
                     "distlock-faults: {} {} run {}: {} ({:.1} s)",
                     backend.name,

@@ -75,6 +75,12 @@ pub trait Deployment {
         Err("this backend has no replica to fail over to".to_owned())
     }
 
+    /// True once a fault has left the deployment unusable for another run
+    /// (a failover's dead master); the orchestrator starts a new one.
+    fn spent(&self) -> bool {
+        false
+    }
+
     /// Kills the cluster's leader, waits for a new one, and starts the old
     /// member again.
     fn kill_leader(&mut self) -> Result<(), String> {

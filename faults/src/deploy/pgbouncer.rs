@@ -36,6 +36,13 @@ impl Deployment for PgBouncerDeployment {
         self.server.url()
     }
 
+    /// Always, after a run: the prepared statements a run's worker process
+    /// left on the shared server session would collide with the next
+    /// process's (`s0` already exists), so each run gets a fresh pair.
+    fn spent(&self) -> bool {
+        true
+    }
+
     fn server_ports(&self) -> Vec<u16> {
         vec![self.bouncer.port()]
     }

@@ -14,6 +14,8 @@ pub struct SentinelDeployment {
     set: RedisSentinelSet,
     /// [`Deployment::prepare_failover`] ran.
     prepared: bool,
+    /// [`Deployment::fail_over`] ran: the old master is dead.
+    failed_over: bool,
 }
 
 impl SentinelDeployment {
@@ -22,6 +24,7 @@ impl SentinelDeployment {
         Ok(SentinelDeployment {
             set: RedisSentinelSet::start(),
             prepared: false,
+            failed_over: false,
         })
     }
 }
@@ -39,6 +42,10 @@ impl Deployment for SentinelDeployment {
 
     fn end_session(&mut self, holder: &Holder) -> Result<(), String> {
         super::redis_client_kill(self.set.master(), holder)
+    }
+
+    fn spent(&self) -> bool {
+        self.failed_over
     }
 
     /// Pauses the replica, then drops its link on the master (`CLIENT KILL
@@ -61,6 +68,7 @@ impl Deployment for SentinelDeployment {
             return Err("fail_over without prepare_failover".to_owned());
         }
         let replica = self.set.replica().port();
+        self.failed_over = true;
         test_servers::signal(self.set.master().pid(), libc::SIGKILL);
         self.set.replica().resume();
         let sentinels = self.set.sentinel_ports();
