@@ -24,6 +24,7 @@ command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)  # etcd-clien
 # in libprotobuf-dev (a Recommends of protobuf-compiler, skipped below).
 [ -f /usr/include/google/protobuf/descriptor.proto ] || packages+=(libprotobuf-dev)
 command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
+[ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)  # the fault suite's Postgres-behind-PgBouncer cell
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -39,4 +40,7 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+# The fault suite's quick profile (at most 8 minutes here; it prints its
+# time). The debug build, so CI compiles no release tree.
+cargo run -q -p distlock-faults -- run --profile quick --json target/faults-quick.json
 cargo test --workspace --all-features --no-fail-fast "$@"
