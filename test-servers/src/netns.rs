@@ -120,29 +120,13 @@ pub fn cut_port(port: u16) {
         std::env::var_os(SCENARIO_VAR).is_some(),
         "cut_port outside a private network namespace would cut the machine's own traffic"
     );
-    std::fs::write(
-        "/proc/sys/net/ipv4/ip_local_reserved_ports",
-        port.to_string(),
-    )
-    .expect("reserve the cut port in this network namespace");
-    let rules = format!(
+    reserve_ports(&[port]);
+    nft(&format!(
         "add table inet test_servers_cut\n\
          add chain inet test_servers_cut input {{ type filter hook input priority 0; }}\n\
          add rule inet test_servers_cut input tcp sport {port} drop\n\
          add rule inet test_servers_cut input tcp dport {port} drop\n"
-    );
-    let mut nft = Command::new(find_binary("nft", "nftables"))
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("run nft");
-    nft.stdin
-        .take()
-        .expect("nft's stdin")
-        .write_all(rules.as_bytes())
-        .expect("write the nft rules");
-    let status = nft.wait().expect("wait for nft");
-    assert!(status.success(), "nft -f - failed ({status}):\n{rules}");
+    ));
 }
 
 /// Which segments of the cut connections a [`Partition`] drops, seen from
