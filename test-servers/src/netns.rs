@@ -304,3 +304,37 @@ fn run(command: &mut Command, what: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_this_process_s_connection_by_its_ports() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let server_port = listener.local_addr().expect("address").port();
+        let client = std::net::TcpStream::connect(("127.0.0.1", server_port)).expect("connect");
+        let client_port = client.local_addr().expect("address").port();
+        let connections = tcp_connections_of(std::process::id());
+        assert!(
+            connections.contains(&TcpConnection {
+                local_port: client_port,
+                remote_port: server_port,
+            }),
+            "{connections:?} lacks {client_port} -> {server_port}"
+        );
+        assert!(
+            connections
+                .iter()
+                .all(|c| c.local_port != server_port || c.remote_port != 0),
+            "the listener is not a connection: {connections:?}"
+        );
+    }
+
+    #[test]
+    fn reads_the_port_of_a_proc_net_tcp_address() {
+        assert_eq!(hex_port("0100007F:1F90"), Some(8080));
+        assert_eq!(hex_port("00000000000000000000000001000000:0050"), Some(80));
+        assert_eq!(hex_port("garbage"), None);
+    }
+}
