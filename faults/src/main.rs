@@ -208,6 +208,18 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
         for cell in &backend.cells {
             let mut cell_runs = Vec::new();
             for repetition in 1..=profile.repetitions {
+                if deployment.spent() {
+                    match std::panic::catch_unwind(backend.start)
+                        .map_err(panic_message)
+                        .and_then(|started| started)
+                    {
+                        Ok(fresh) => deployment = fresh,
+                        Err(message) => eprintln!(
+                            "distlock-faults: cannot start {} again: {message}",
+                            backend.name
+                        ),
+                    }
+                }
                 let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
                     scenario::run_cell(backend, &mut *deployment, cell, profile, repetition)
                 }))
@@ -221,18 +233,6 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                     seconds: 0.0,
                     events: Vec::new(),
                 });
-                if deployment.spent() {
-                    match std::panic::catch_unwind(backend.start)
-                        .map_err(panic_message)
-                        .and_then(|started| started)
-                    {
-                        Ok(fresh) => deployment = fresh,
-                        Err(message) => eprintln!(
-                            "distlock-faults: cannot start {} again: {message}",
-                            backend.name
-                        ),
-                    }
-                }
                 eprintln!(
                     "distlock-faults: {} {} run {}: {} ({:.1} s)",
                     backend.name,

@@ -200,3 +200,50 @@ impl RegisterClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lower_token_is_rejected_an_equal_one_and_tokenless_writes_are_not() {
+        let register = Register::start().expect("start the register");
+        let mut old = RegisterClient::connect(&register.address(), 0)
+            .await
+            .expect("connect worker 0");
+        let mut new = RegisterClient::connect(&register.address(), 1)
+            .await
+            .expect("connect worker 1");
+        assert!(old.write(1, Some(4)).await.expect("write"));
+        assert!(new.write(1, Some(5)).await.expect("write"));
+        assert!(
+            new.write(1, Some(5)).await.expect("write"),
+            "same grant, same token"
+        );
+        assert!(
+            !old.write(1, Some(4)).await.expect("write"),
+            "a stale token"
+        );
+        assert!(
+            old.write(1, None).await.expect("write"),
+            "no token: unfenced"
+        );
+        let writes = register.writes();
+        let accepted: Vec<bool> = writes.iter().map(|write| write.accepted).collect();
+        assert_eq!(accepted, [true, true, true, false, true]);
+        assert!(writes.windows(2).all(|pair| pair[0].at <= pair[1].at));
+    }
+
+    #[tokio::test]
+    async fn the_counter_is_read_and_set_without_any_check() {
+        let register = Register::start().expect("start the register");
+        let mut client = RegisterClient::connect(&register.address(), 0)
+            .await
+            .expect("connect");
+        assert_eq!(client.read_counter().await.expect("read"), 0);
+        client.set_counter(7).await.expect("set");
+        client.set_counter(3).await.expect("set");
+        assert_eq!(client.read_counter().await.expect("read"), 3);
+        assert_eq!(register.counter(), 3);
+    }
+}

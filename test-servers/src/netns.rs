@@ -120,29 +120,13 @@ pub fn cut_port(port: u16) {
         std::env::var_os(SCENARIO_VAR).is_some(),
         "cut_port outside a private network namespace would cut the machine's own traffic"
     );
-    std::fs::write(
-        "/proc/sys/net/ipv4/ip_local_reserved_ports",
-        port.to_string(),
-    )
-    .expect("reserve the cut port in this network namespace");
-    let rules = format!(
+    reserve_ports(&[port]);
+    nft(&format!(
         "add table inet test_servers_cut\n\
          add chain inet test_servers_cut input {{ type filter hook input priority 0; }}\n\
          add rule inet test_servers_cut input tcp sport {port} drop\n\
          add rule inet test_servers_cut input tcp dport {port} drop\n"
-    );
-    let mut nft = Command::new(find_binary("nft", "nftables"))
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("run nft");
-    nft.stdin
-        .take()
-        .expect("nft's stdin")
-        .write_all(rules.as_bytes())
-        .expect("write the nft rules");
-    let status = nft.wait().expect("wait for nft");
-    assert!(status.success(), "nft -f - failed ({status}):\n{rules}");
+    ));
 }
 
 /// Which segments of the cut connections a [`Partition`] drops, seen from
@@ -319,4 +303,38 @@ fn run(command: &mut Command, what: &str) {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_this_process_s_connection_by_its_ports() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let server_port = listener.local_addr().expect("address").port();
+        let client = std::net::TcpStream::connect(("127.0.0.1", server_port)).expect("connect");
+        let client_port = client.local_addr().expect("address").port();
+        let connections = tcp_connections_of(std::process::id());
+        assert!(
+            connections.contains(&TcpConnection {
+                local_port: client_port,
+                remote_port: server_port,
+            }),
+            "{connections:?} lacks {client_port} -> {server_port}"
+        );
+        assert!(
+            connections
+                .iter()
+                .all(|c| c.local_port != server_port || c.remote_port != 0),
+            "the listener is not a connection: {connections:?}"
+        );
+    }
+
+    #[test]
+    fn reads_the_port_of_a_proc_net_tcp_address() {
+        assert_eq!(hex_port("0100007F:1F90"), Some(8080));
+        assert_eq!(hex_port("00000000000000000000000001000000:0050"), Some(80));
+        assert_eq!(hex_port("garbage"), None);
+    }
 }
