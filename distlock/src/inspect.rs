@@ -130,7 +130,9 @@ pub struct HeldLock {
     pub ttl: Option<Duration>,
     /// How long the lock stays held without a refresh, where the backend
     /// expires locks and can tell; `None` where locks do not expire (file,
-    /// Postgres, MySQL).
+    /// Postgres, MySQL). etcd reports its holder's session lease's time to
+    /// live (whole seconds): how long the lock would outlive a holder that
+    /// stopped renewing now.
     pub ttl_left: Option<Duration>,
     /// The fencing token of the current grant, where the backend has one.
     pub fencing_token: Option<u64>,
