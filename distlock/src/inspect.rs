@@ -130,7 +130,9 @@ pub struct HeldLock {
     pub ttl: Option<Duration>,
     /// How long the lock stays held without a refresh, where the backend
     /// expires locks and can tell; `None` where locks do not expire (file,
-    /// Postgres, MySQL).
+    /// Postgres, MySQL). etcd reports its holder's session lease's time to
+    /// live (whole seconds): how long the lock would outlive a holder that
+    /// stopped renewing now.
     pub ttl_left: Option<Duration>,
     /// The fencing token of the current grant, where the backend has one.
     pub fencing_token: Option<u64>,
@@ -182,7 +184,10 @@ pub enum ForceRelease {
 /// server's grant time and the holding session's id.
 #[derive(Debug, Clone)]
 pub(crate) struct GrantRecord<'a> {
-    pub(crate) key_name: &'a str,
+    /// `None` for a key with a zero byte, which SQL text columns cannot
+    /// hold (Postgres refuses it): such a lock is inspected by its key but
+    /// not listed.
+    pub(crate) key_name: Option<&'a str>,
     /// The holder's host, pid and label: all `None` when recording is off,
     /// which clears those columns.
     pub(crate) host: Option<String>,
@@ -194,16 +199,21 @@ pub(crate) struct GrantRecord<'a> {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<'a> GrantRecord<'a> {
     /// The record of a grant made now by [`Holder::current`] (read on the
-    /// caller's task), or without a holder if `record_holder` is false.
+    /// caller's task), or without a holder if `record_holder` is false. A
+    /// zero byte in a label is recorded as U+FFFD.
     pub(crate) fn new(key_name: &'a str, ttl: Duration, record_holder: bool) -> Self {
         let holder = record_holder.then(Holder::current);
         let pid = holder.as_ref().map(|h| i64::from(h.pid));
+        let without_zero = |text: String| match text.contains('\0') {
+            true => text.replace('\0', "\u{fffd}"),
+            false => text,
+        };
         let (host, label) = match holder {
-            Some(h) => (Some(h.host), Some(h.label)),
+            Some(h) => (Some(without_zero(h.host)), Some(without_zero(h.label))),
             None => (None, None),
         };
         GrantRecord {
-            key_name,
+            key_name: Some(key_name).filter(|name| !name.contains('\0')),
             host,
             pid,
             label,

@@ -34,7 +34,8 @@ pub const DEFAULT_PORT: u16 = 2379;
 pub const ENV_PREFIX: &str = "DISTLOCK_ETCD_";
 
 /// The query parameters [`Config::from_url`] understands.
-const URL_PARAMETERS: &str = "prefix, connect_timeout, request_timeout, keepalive_timeout, ca_file";
+const URL_PARAMETERS: &str =
+    "prefix, connect_timeout, request_timeout, keepalive_timeout, ca_file, holder";
 
 /// How to reach an etcd cluster and how to name locks in it.
 ///
@@ -103,6 +104,13 @@ pub struct Config {
     /// Default [`DEFAULT_KEEPALIVE_TIMEOUT`].
     #[serde(alias = "keepalive_timeout", with = "duration_text")]
     pub keepalive_timeout: Duration,
+    /// Write each grant's holder record (host, pid, label, grant time on
+    /// the holder's clock, ttl) into its lock key's value, for
+    /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
+    /// (URL `holder=off`), the value carries only the grant's secret and
+    /// inspection reports an unknown holder.
+    #[serde(alias = "holder_record")]
+    pub holder_record: bool,
 }
 
 impl Default for Config {
@@ -117,6 +125,7 @@ impl Default for Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            holder_record: true,
         }
     }
 }
@@ -127,8 +136,9 @@ impl Config {
     ///
     /// User name and password are percent-decoded. Parameters: `prefix`
     /// (the key prefix; may be empty), `connect_timeout`, `request_timeout`
-    /// and `keepalive_timeout` (durations such as `2s` or `250ms`), and
-    /// `ca_file` (a PEM path; implies TLS). Anything else is
+    /// and `keepalive_timeout` (durations such as `2s` or `250ms`),
+    /// `ca_file` (a PEM path; implies TLS), and `holder` (`on` / `off`, see
+    /// [`holder_record`](Config::holder_record)). Anything else is
     /// [`Error::InvalidInput`], as is a URL without an endpoint. Error
     /// messages never contain the password.
     ///
@@ -215,6 +225,10 @@ impl Config {
                     config.ca_file = Some(PathBuf::from(value.into_owned()));
                     config.tls = true;
                 }
+                "holder" => {
+                    config.holder_record =
+                        parse_bool(&value).map_err(|e| bad(format!("holder: {e}")))?
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown parameter {other:?}; known: {URL_PARAMETERS}"
@@ -238,6 +252,7 @@ impl Config {
     /// | `DISTLOCK_ETCD_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
     /// | `DISTLOCK_ETCD_REQUEST_TIMEOUT` | [`request_timeout`](Config::request_timeout) |
     /// | `DISTLOCK_ETCD_KEEPALIVE_TIMEOUT` | [`keepalive_timeout`](Config::keepalive_timeout) |
+    /// | `DISTLOCK_ETCD_HOLDER` | [`holder_record`](Config::holder_record): `true`/`false`/`on`/`off` |
     ///
     /// Other variables with the prefix are ignored. A malformed value is
     /// [`Error::InvalidInput`] naming the variable.
@@ -302,6 +317,7 @@ impl Config {
                         .collect()
                 }
                 "TLS" => config.tls = parse_bool(&value).map_err(bad)?,
+                "HOLDER" => config.holder_record = parse_bool(&value).map_err(bad)?,
                 "CA_FILE" => config.ca_file = Some(value).filter(|v| !v.is_empty()).map(Into::into),
                 "CONNECT_TIMEOUT" => {
                     config.connect_timeout = parse_duration(name, &value).map_err(bad)?
@@ -556,6 +572,7 @@ mod tests {
             ("DISTLOCK_ETCD_CONNECT_TIMEOUT", "2s"),
             ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "50ms"),
             ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "3s"),
+            ("DISTLOCK_ETCD_HOLDER", "off"),
             ("DISTLOCK_ETCD_SOMETHING_ELSE", "ignored"),
         ])
         .unwrap();
@@ -571,6 +588,7 @@ mod tests {
                 connect_timeout: Duration::from_secs(2),
                 request_timeout: Duration::from_millis(50),
                 keepalive_timeout: Duration::from_secs(3),
+                holder_record: false,
             }
         );
         let err = Config::from_env_vars([("DISTLOCK_ETCD_TLS", "maybe")]).unwrap_err();

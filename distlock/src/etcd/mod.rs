@@ -33,7 +33,7 @@
 //!   <https://github.com/etcd-io/etcd/issues/22082> is what deleting by
 //!   name alone did).
 //! - **Owner tokens** are `<lease id hex>:<create revision>:<secret>` (the
-//!   secret is 128 random bits, stored as the key's value), so
+//!   secret is 128 random bits, the first line of the key's value), so
 //!   [`Locker::unlock`] and [`Locker::refresh`] work from any process that
 //!   has the token ([`Capabilities::unlock_by_owner`]).
 //!
@@ -120,6 +120,44 @@
 //!   key it may have written is deleted in the background. Dropping a
 //!   release or refresh leaves the lock as the request left it.
 //!
+//! # Inspection
+//!
+//! - **The record** is the value of the contender's key
+//!   `<name>/<lease hex>`: the grant's secret on the first line, then the
+//!   holder record (host, pid, label, grant time on the **holder's** clock,
+//!   [`Clock::Holder`](crate::inspect::Clock::Holder): etcd has no server
+//!   time to read, ttl), written by the acquire transaction itself: no
+//!   extra request. `holder=off` ([`Config::holder_record`]) writes only the
+//!   secret. Release and refresh compare the value's first line, not the
+//!   whole value (two range compares: etcd compares whole values only); a
+//!   key written by a distlock before this (the bare secret) cannot be
+//!   released by token from a newer one, only by its own process or its
+//!   lease.
+//! - [`Locker::inspect`] reads the first key of the queue (lowest create
+//!   revision, as acquire does): its create revision is the fencing token,
+//!   `session` is `lease <hex>` (as `etcdctl lease list` shows it), and
+//!   `ttl_left` is that lease's `TimeToLive` (whole seconds; one request
+//!   more): how long the lock outlives a holder that stopped renewing now.
+//!   A key written by `etcdctl lock` or Go's `concurrency.Mutex` (an empty
+//!   value) is held by an unknown holder, never free.
+//! - [`Locker::list`] is one range read over `<key prefix><prefix>`,
+//!   grouped by lock name (the key up to its last `/`; marks keys have no
+//!   `/` and are skipped), reporting the lowest create revision of each,
+//!   plus one `TimeToLive` per holding lease. As with etcd's recipe, a name
+//!   that is another name plus `/...` shares its queue prefix: the holder
+//!   of `K/x` is also in `K`'s queue.
+//! - [`Locker::force_release`] with [`ForceRelease::Lock`](crate::inspect::ForceRelease::Lock)
+//!   deletes the holder's key, compared on its create revision (so a new
+//!   holder's key is never deleted), which hands the lock to the next
+//!   waiter in the queue. The evicted holder is not told: its next refresh
+//!   (within ttl/3 under a keep-alive) is [`Error::NotHeld`] and fires its
+//!   lost signal; `etcdctl lock` never notices (it does not watch its key).
+//!   With [`ForceRelease::TerminateSession`](crate::inspect::ForceRelease::TerminateSession)
+//!   it revokes the holder's lease instead: **every lock under that lease
+//!   is freed** (a distlock locker has one lease per ttl class for all its
+//!   locks), and their holders learn it at their next keep-alive.
+//!   Logged at `warn` either way.
+//!
 //! # What it does not guarantee
 //!
 //! - **A lock without fencing cannot guarantee mutual exclusion.** Jepsen's
@@ -160,6 +198,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline};
+use crate::inspect::{self as inspect_api, HolderRecord};
 use crate::session_registry::{Busy, Held, Ticket};
 use crate::util::decode_mark;
 use crate::{
@@ -169,6 +208,7 @@ use crate::{
 
 mod config;
 mod errors;
+mod inspect;
 mod marks;
 mod recipe;
 mod session;
@@ -217,6 +257,8 @@ struct Inner {
     freed: Arc<Notify>,
     /// Owner tokens whose release is being retried in the background.
     retrying: Mutex<HashSet<String>>,
+    /// Grants write their holder record into their key's value.
+    holder_record: bool,
 }
 
 impl fmt::Debug for EtcdLocker {
@@ -306,6 +348,7 @@ impl EtcdLocker {
                 registry: Arc::new(Registry::new(BACKEND)),
                 freed: Arc::new(Notify::new()),
                 retrying: Mutex::default(),
+                holder_record: config.holder_record,
             }),
         })
     }
@@ -518,6 +561,9 @@ impl EtcdLocker {
             written: None,
         };
         let secret = new_owner_token();
+        // Read on the caller's task, where its label scope is.
+        let record = self.inner.holder_record.then(|| HolderRecord::now(ttl));
+        let value = recipe::contender_value(&secret, record.as_ref());
         let mut renewed_session = false;
         let (session, revision, first) = loop {
             let session = self.session(ttl).await?;
@@ -531,7 +577,7 @@ impl EtcdLocker {
             });
             let enqueued = self
                 .inner
-                .call(|| recipe::enqueue(self.inner.kv(), &name, session.lease, &secret))
+                .call(|| recipe::enqueue(self.inner.kv(), &name, session.lease, &value))
                 .await;
             match enqueued {
                 Some(Ok(Enqueued::Written { revision, first })) => {
@@ -976,9 +1022,9 @@ impl Locker for EtcdLocker {
             release_notifications: false,
             fencing: true,
             marks: true,
-            inspect: false,
-            list: false,
-            force_release: false,
+            inspect: true,
+            list: true,
+            force_release: true,
         }
     }
 
@@ -1171,6 +1217,33 @@ impl Locker for EtcdLocker {
                 format!("{key} was deleted and recreated by another client on every try"),
             )),
         }
+    }
+    /// Two requests: the first key of the queue (its value's holder record,
+    /// its create revision) and its lease's `TimeToLive` (see the
+    /// [module docs](self#inspection)).
+    async fn inspect(&self, key: &str) -> Result<Option<inspect_api::HeldLock>> {
+        validate::key(key)?;
+        self.inspect_key(key).await
+    }
+
+    /// One range read over `<key prefix><prefix>`, plus one `TimeToLive`
+    /// per holding lease.
+    async fn list(&self, prefix: &str) -> Result<Vec<inspect_api::HeldLock>> {
+        self.list_keys(prefix).await
+    }
+
+    /// [`ForceRelease::Lock`](inspect_api::ForceRelease::Lock) deletes the
+    /// holder's key (compared on its create revision), handing the lock to
+    /// the next waiter; [`ForceRelease::TerminateSession`](inspect_api::ForceRelease::TerminateSession)
+    /// revokes the holder's lease, freeing **every** lock under it (see the
+    /// [module docs](self#inspection)).
+    async fn force_release(
+        &self,
+        key: &str,
+        how: inspect_api::ForceRelease,
+    ) -> Result<Option<inspect_api::HeldLock>> {
+        validate::key(key)?;
+        self.force_release_key(key, how).await
     }
 }
 

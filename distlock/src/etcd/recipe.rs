@@ -11,9 +11,13 @@
 //!   below its own) until it is deleted, then looks again, until none is
 //!   left ahead.
 //!
-//! Our keys' values are the secret part of the owner token (etcd's mutex
-//! writes an empty value and never reads it), so that release and refresh
-//! check the grant's create revision *and* a secret nobody else has.
+//! Our keys' values start with the secret part of the owner token and a
+//! line break, followed by the grant's holder record
+//! ([`HolderRecord::encode`]; nothing with recording off). etcd's mutex
+//! writes an empty value and never reads it. Release and refresh check the
+//! grant's create revision *and* that the value starts with a secret nobody
+//! else has (two range compares, [`secret_compares`]: etcd compares whole
+//! values only).
 
 use std::time::Duration;
 
@@ -22,6 +26,8 @@ use etcd_client::{
     TxnOpResponse, WatchOptions,
 };
 use tokio::time::Instant;
+
+use crate::inspect::HolderRecord;
 
 /// The prefix of every contender's key of lock name `name`: `name/`.
 pub(super) fn queue_prefix(name: &str) -> String {
@@ -32,6 +38,33 @@ pub(super) fn queue_prefix(name: &str) -> String {
 /// `name/<lease in lowercase hex>`, as Go's `fmt.Sprintf("%s%x", pfx, lease)`.
 pub(super) fn contender_key(name: &str, lease: i64) -> String {
     format!("{name}/{lease:x}")
+}
+
+/// The value a contender writes: its secret, a line break, then its holder
+/// record (nothing after the line break without one).
+pub(super) fn contender_value(secret: &str, record: Option<&HolderRecord>) -> String {
+    let record = record.map(HolderRecord::encode).unwrap_or_default();
+    format!("{secret}\n{record}")
+}
+
+/// The holder record in a contender key's value; `None` for a value
+/// without one (`etcdctl lock` and Go's mutex write an empty value, older
+/// distlock versions the bare secret, `holder=off` nothing after it).
+pub(super) fn record_of(value: &[u8]) -> Option<HolderRecord> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (_secret, record) = text.split_once('\n')?;
+    HolderRecord::decode(record)
+}
+
+/// Compares true exactly when `key`'s value starts with `secret` and a line
+/// break (see [`contender_value`]): greater than the bare secret and less
+/// than the secret followed by the byte after `\n`. A secret is 32 hex
+/// digits, so no other grant's value falls in between.
+fn secret_compares(key: &str, secret: &str) -> [Compare; 2] {
+    [
+        Compare::value(key, CompareOp::Greater, secret),
+        Compare::value(key, CompareOp::Less, format!("{secret}\u{b}")),
+    ]
 }
 
 /// What a granted lock's owner token carries: enough to release or check
@@ -82,13 +115,13 @@ pub(super) enum Enqueued {
 }
 
 /// One request: the acquire transaction of `mutex.go`'s `tryAcquire`: if
-/// our key is absent, write it (with the secret, on our lease) and read the
-/// queue's first key; otherwise read our key.
+/// our key is absent, write it (with `value`, [`contender_value`], on our
+/// lease) and read the queue's first key; otherwise read our key.
 pub(super) async fn enqueue(
     mut client: etcd_client::KvClient,
     name: &str,
     lease: i64,
-    secret: &str,
+    value: &str,
 ) -> Result<Enqueued, etcd_client::Error> {
     let key = contender_key(name, lease);
     let first = TxnOp::get(
@@ -105,7 +138,7 @@ pub(super) async fn enqueue(
         .and_then([
             TxnOp::put(
                 key.clone(),
-                secret,
+                value,
                 Some(PutOptions::new().with_lease(lease)),
             ),
             first,
@@ -130,7 +163,7 @@ pub(super) async fn enqueue(
 }
 
 /// Deletes `key` if it still has create revision `revision` (when given)
-/// and holds `secret`; says whether it did. Never deletes a newer grant's
+/// and its value starts with `secret`; says whether it did. Never deletes a newer grant's
 /// key: that has another create revision and another secret.
 pub(super) async fn delete_if_ours(
     mut client: etcd_client::KvClient,
@@ -138,7 +171,7 @@ pub(super) async fn delete_if_ours(
     revision: Option<i64>,
     secret: &str,
 ) -> Result<bool, etcd_client::Error> {
-    let mut compares = vec![Compare::value(key, CompareOp::Equal, secret)];
+    let mut compares = secret_compares(key, secret).to_vec();
     if let Some(revision) = revision {
         compares.push(Compare::create_revision(key, CompareOp::Equal, revision));
     }
@@ -161,7 +194,8 @@ pub(super) async fn delete_orphan(
     Ok(client.txn(txn).await?.succeeded())
 }
 
-/// Whether `key` still holds the grant `revision` with `secret`: a
+/// Whether `key` still holds the grant `revision` with `secret` (its
+/// value starts with it): a
 /// compare-only transaction, one linearizable round trip.
 pub(super) async fn still_ours(
     mut client: etcd_client::KvClient,
@@ -169,9 +203,11 @@ pub(super) async fn still_ours(
     revision: i64,
     secret: &str,
 ) -> Result<bool, etcd_client::Error> {
+    let [above, below] = secret_compares(key, secret);
     let txn = Txn::new().when([
         Compare::create_revision(key, CompareOp::Equal, revision),
-        Compare::value(key, CompareOp::Equal, secret),
+        above,
+        below,
     ]);
     Ok(client.txn(txn).await?.succeeded())
 }

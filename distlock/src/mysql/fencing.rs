@@ -297,15 +297,19 @@ impl Sql {
         };
         // The record's text goes into session variables once, in the first
         // statement, for both the UPDATE and the INSERT to read.
-        let text_or_null = |text: &Option<String>| match text {
+        let text_or_null = |text: Option<&str>| match text {
             Some(text) => text_literal(text),
             None => "NULL".to_owned(),
         };
-        let (host, label) = (text_or_null(&record.host), text_or_null(&record.label));
+        let (host, label) = (
+            text_or_null(record.host.as_deref()),
+            text_or_null(record.label.as_deref()),
+        );
         let pid = record
             .pid
             .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
-        let (key_name, ttl_ms) = (text_literal(record.key_name), record.ttl_ms);
+        let key_name = text_or_null(record.key_name);
+        let ttl_ms = record.ttl_ms;
         format!(
             "SET @distlock_got = GET_LOCK({lit}, {wait}), @distlock_key = {key_name}, \
              @distlock_host = {host}, @distlock_label = {label}; \

@@ -392,11 +392,14 @@ impl Sql {
         );
         if let Some(table) = &self.table {
             // The record's values in `GRANT_COLUMNS` order.
-            let text_or_null = |text: &Option<String>| match text {
+            let text_or_null = |text: Option<&str>| match text {
                 Some(text) => text_literal(text),
                 None => "NULL".to_owned(),
             };
-            let (host, label) = (text_or_null(&record.host), text_or_null(&record.label));
+            let (host, label) = (
+                text_or_null(record.host.as_deref()),
+                text_or_null(record.label.as_deref()),
+            );
             let pid = record
                 .pid
                 .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
@@ -404,7 +407,7 @@ impl Sql {
                 " INSERT INTO {table} AS f (lock_key, token, owner_digest, {GRANT_COLUMNS}) \
                  VALUES ('{key}'::int8, 1, '{owner_digest}', {}, {}, {host}, {pid}, {label}, \
                  pg_backend_pid()) {GRANT_UPDATE};",
-                text_literal(record.key_name),
+                text_or_null(record.key_name),
                 record.ttl_ms,
             ));
         }

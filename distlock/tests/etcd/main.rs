@@ -4,5 +4,6 @@
 //! and its quorum.
 
 mod cluster;
+mod inspect;
 mod interop;
 mod session;

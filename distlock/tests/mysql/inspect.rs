@@ -300,3 +300,33 @@ async fn a_user_without_the_right_to_kill_gets_the_servers_reason() {
     );
     lease.release().await.expect("release");
 }
+
+/// SQL text cannot hold a zero byte (Postgres refuses it): such a key is
+/// still locked and inspected (not listed: no name is stored), and such a
+/// label is recorded with U+FFFD in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant() {
+    let (locker, waiter) = (connect("").await, connect("").await);
+    let base = unique("zero");
+    let key = format!("{base}\0byte");
+    let lease = with_label("a\0b", locker.try_lock(&key, TTL))
+        .await
+        .expect("try")
+        .expect("free");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").label, "a\u{fffd}b");
+    assert!(locker.list(&base).await.expect("list").is_empty());
+    // The native wait's statement too.
+    let wait = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        with_label("c\0d", async move {
+            waiter.lock(&key, TTL, Duration::from_secs(20)).await
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lease.release().await.expect("release");
+    let next = wait.await.expect("join").expect("the waiter wins");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").label, "c\u{fffd}d");
+    next.release().await.expect("release");
+}
