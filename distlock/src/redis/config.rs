@@ -172,7 +172,7 @@ pub struct Config {
     #[serde(alias = "response_timeout", with = "duration_text")]
     pub response_timeout: Duration,
     /// Record who holds each lock (host, pid, label, grant time on the
-    /// server's clock, ttl, fencing token) in a hash beside it,
+    /// server's clock, ttl, fencing token) in a key beside it,
     /// `<prefix>{<key>}:holder`, written by the acquire script itself (no
     /// extra round trip) and expiring with the lock; [`Locker::inspect`]
     /// and [`Locker::list`] report it. Default `true`; URL parameter

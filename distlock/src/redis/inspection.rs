@@ -1,7 +1,7 @@
 //! Who holds a Redis lock: [`Locker::inspect`](crate::Locker::inspect),
 //! [`Locker::list`](crate::Locker::list) and
 //! [`Locker::force_release`](crate::Locker::force_release) for every
-//! deployment, on the holder hash the acquire script writes (see
+//! deployment, on the holder record the acquire script writes (see
 //! `scripts.rs`, `record_holder_lua`).
 
 use std::time::Duration;
@@ -50,6 +50,7 @@ impl RedisLocker {
                 INSPECT_SCRIPT
                     .key(self.inner.keys.lock_key(key))
                     .key(self.inner.keys.holder_key(key))
+                    .key(self.inner.keys.fence_key(key))
                     .invoke_async(&mut self.connection())
                     .await
             })
@@ -143,6 +144,7 @@ impl RedisLocker {
                 FORCE_RELEASE_SCRIPT
                     .key(self.inner.keys.lock_key(key))
                     .key(self.inner.keys.holder_key(key))
+                    .key(self.inner.keys.fence_key(key))
                     .arg(self.inner.keys.release_channel(key))
                     .arg(self.inner.publish)
                     .invoke_async(&mut self.connection())
@@ -154,10 +156,11 @@ impl RedisLocker {
 }
 
 /// Decodes what the inspect and force-release scripts return for a held
-/// lock: `{pttl, grant}`, or `{pttl, grant, host, pid, label, granted_ms,
-/// ttl_ms, fence}` when the holder hash describes the current grant. A
-/// record that does not decode (written by something else) leaves the
-/// holder unknown; a reply of another shape is an error.
+/// lock: `{pttl, grant}`, or `{pttl, grant, ttl_ms, "seconds \n
+/// microseconds \n pid \n host \n label", fence}` when the holder record
+/// describes the current grant (see `scripts.rs`). A record that does not decode (written by
+/// something else) leaves the holder unknown; a reply of another shape is an
+/// error.
 fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
     let malformed = || {
         Error::backend(
@@ -178,32 +181,59 @@ fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
     let mut held = HeldLock::new(key);
     // -1: no expiry (only a foreign client sets such a key).
     held.ttl_left = u64::try_from(pttl).ok().map(Duration::from_millis);
-    let record: Vec<Option<String>> = fields
-        .map(|field| redis::from_redis_value(field).ok().flatten())
+    let record: Vec<String> = fields
+        .filter_map(|field| redis::from_redis_value(field).ok())
         .collect();
-    if let [Some(host), Some(pid), Some(label), Some(granted_ms), Some(ttl_ms), Some(fence)] =
-        record.as_slice()
-    {
-        if let (Ok(pid), Ok(granted_ms), Ok(ttl_ms), Ok(fence)) = (
-            pid.parse::<u32>(),
-            granted_ms.parse::<u64>(),
-            ttl_ms.parse::<u64>(),
-            fence.parse::<u64>(),
-        ) {
-            held.holder = Some(Holder {
-                host: host.clone(),
-                pid,
-                label: label.clone(),
-            });
+    if let [ttl_ms, rest, fence] = record.as_slice() {
+        if let Some(record) = decode_record(ttl_ms, rest, fence) {
+            held.holder = Some(record.holder);
             held.granted = Some(GrantTime {
-                at: inspect::from_unix_millis(granted_ms),
+                at: inspect::from_unix_millis(record.granted_ms),
                 clock: Clock::Server,
             });
-            held.ttl = Some(Duration::from_millis(ttl_ms));
-            held.fencing_token = Some(fence);
+            held.ttl = Some(Duration::from_millis(record.ttl_ms));
+            held.fencing_token = Some(record.fence);
         }
     }
     Ok(LockView { held, grant })
+}
+
+struct Record {
+    holder: Holder,
+    granted_ms: u64,
+    ttl_ms: u64,
+    fence: u64,
+}
+
+fn decode_record(ttl_ms: &str, rest: &str, fence: &str) -> Option<Record> {
+    let mut parts = rest.splitn(5, '\n');
+    let (seconds, micros, pid, host, label) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    Some(Record {
+        holder: Holder {
+            host: host.to_owned(),
+            pid: pid.parse().ok()?,
+            label: label.to_owned(),
+        },
+        granted_ms: seconds
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(1000)?
+            .checked_add(micros.parse::<u64>().ok()? / 1000)?,
+        ttl_ms: ttl_ms.parse().ok()?,
+        fence: fence.parse().ok()?,
+    })
+}
+
+/// The holder as the acquire script takes it: `pid \n host \n label` (see
+/// `scripts.rs`; the label last, so it may contain line breaks).
+pub(super) fn holder_argument(holder: &Holder) -> String {
+    format!("{}\n{}\n{}", holder.pid, holder.host, holder.label)
 }
 
 #[cfg(test)]
@@ -216,27 +246,23 @@ mod tests {
 
     #[test]
     fn a_full_record_fills_every_field_but_the_session() {
+        let holder = Holder {
+            host: "web-1".into(),
+            pid: 4242,
+            label: "nightly\nbackup".into(),
+        };
+        let rest = format!("1764000000\n123456\n{}", holder_argument(&holder));
         let reply = vec![
             Value::Int(29_500),
             text("5f3c"),
-            text("web-1"),
-            text("4242"),
-            text("nightly backup"),
-            text("1764000000123"),
             text("30000"),
+            text(&rest),
             text("7"),
         ];
         let view = lock_view("k", reply).expect("decodes");
         assert_eq!(view.grant, "5f3c");
         let held = view.held;
-        assert_eq!(
-            held.holder,
-            Some(Holder {
-                host: "web-1".into(),
-                pid: 4242,
-                label: "nightly backup".into()
-            })
-        );
+        assert_eq!(held.holder, Some(holder), "a label with a line break");
         assert_eq!(
             held.granted,
             Some(GrantTime {
@@ -260,11 +286,8 @@ mod tests {
         let foreign = vec![
             Value::Int(-1),
             text("ab"),
-            text("h"),
-            text("not a pid"),
-            text("l"),
             text("1"),
-            text("1"),
+            text("1\n1\nnot a pid\nh\nl"),
             text("1"),
         ];
         let held = lock_view("k", foreign).expect("decodes").held;

@@ -4,7 +4,7 @@
 const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the per-key release channel, after the lock key.
 const RELEASED_SUFFIX: &str = ":released";
-/// Suffix of the per-key holder record (a hash), after the lock key.
+/// Suffix of the per-key holder record, after the lock key.
 const HOLDER_SUFFIX: &str = ":holder";
 /// Suffix of a mark ([`crate::Locker::advance_mark`]), after the lock key of
 /// the same name.
@@ -49,7 +49,7 @@ impl KeySpace {
         self.lock_key(name) + MARK_SUFFIX
     }
 
-    /// The hash recording who holds `key`, expiring with the lock.
+    /// The key recording who holds `key`, expiring with the lock.
     pub(crate) fn holder_key(&self, key: &str) -> String {
         self.lock_key(key) + HOLDER_SUFFIX
     }

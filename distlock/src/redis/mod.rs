@@ -156,15 +156,18 @@
 //!
 //! # Inspection
 //!
-//! The acquire script records who holds the lock in a hash beside it,
-//! `<prefix>{<key>}:holder` (same hash tag, so same slot): `host`, `pid`,
-//! `label` ([`crate::inspect::Holder`], read on the caller's task),
-//! `granted_ms` (the server's clock, `TIME`), `ttl_ms`, `fence` (the grant's
-//! fencing token) and `owner`, the SHA-1 of the owner token, which ties the
-//! record to its grant without revealing the token. It is written in the
-//! same script as the grant (no extra round trip), expires with the lock,
-//! is re-armed (and its `ttl_ms` updated) by every refresh and deleted by
-//! the release. [`Config::record_holder`] (`?holder=false`) turns it off.
+//! The acquire script records who holds the lock in a string key beside
+//! it, `<prefix>{<key>}:holder` (same hash tag, so same slot), set with the
+//! lock's `PX`: the ttl, the owner token (which ties the record to its
+//! grant; the lock key holds it anyway, and inspection never returns it),
+//! the grant time (the server's clock, `TIME`), the fencing token, and the
+//! [`crate::inspect::Holder`] (pid, host, label, read on the caller's task),
+//! one per line, the label last. It is written in the same script as the
+//! grant (no extra round trip), expires with the lock, is rewritten with the
+//! new ttl and expiry by every refresh and deleted by the release.
+//! [`Config::record_holder`] (`?holder=false`) turns it off. Cost: about
+//! one `SET` and one `TIME` per acquire on the server (see the throughput
+//! bench's `holder=false` column).
 //!
 //! - [`Locker::inspect`] is one read-only script: the lock key (present:
 //!   held), its `PTTL` (`ttl_left`) and the record if it belongs to the
@@ -233,14 +236,14 @@
 //! `PTTL` ([`RedisLocker::remaining_ttl`]), `SELECT` when `db` is not 0, and
 //! `HELLO`/`AUTH` (allowed to every user), `SCAN` ([`Locker::list`]); its
 //! scripts call `SET`, `GET`, `INCR`, `PEXPIRE`, `DEL`, `EXISTS`,
-//! `PUBLISH`, `PTTL`, and for the holder record `HSET`, `HMGET` and `TIME`,
-//! which Redis checks against the user as well. With the default prefix
+//! `PUBLISH`, `PTTL` and, for the holder record's grant time, `TIME`, which
+//! Redis checks against the user as well. With the default prefix
 //! `lock:`:
 //!
 //! ```text
 //! ACL SETUSER lockuser on >PASSWORD resetkeys ~lock:* resetchannels &lock:* -@all
 //!     +evalsha +script|load +set +get +incr +pexpire +del +exists +publish
-//!     +ping +subscribe +unsubscribe +pttl +hset +hmget +time +scan
+//!     +ping +subscribe +unsubscribe +pttl +time +scan
 //! ```
 //!
 //! (add `+select` for a database other than 0; [`ACL_RULES`] holds the
@@ -340,7 +343,7 @@ const BACKEND: &str = "redis";
 /// assert!(distlock::redis::ACL_RULES.starts_with("-@all +evalsha"));
 /// ```
 pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpire +del +exists \
-     +publish +ping +subscribe +unsubscribe +pttl +hset +hmget +time +scan";
+     +publish +ping +subscribe +unsubscribe +pttl +time +scan";
 
 /// What a lock user on a Redis Cluster needs on top of [`ACL_RULES`] (see
 /// the module docs, "ACL"): the slot map, sharded publish from the release
@@ -844,10 +847,7 @@ impl RedisLocker {
             .arg(owner)
             .arg(ttl_millis(ttl));
         if let Some(holder) = holder {
-            invocation
-                .arg(&holder.host)
-                .arg(holder.pid)
-                .arg(&holder.label);
+            invocation.arg(inspection::holder_argument(holder));
         }
         invocation.invoke_async(&mut self.connection()).await
     }
@@ -1162,7 +1162,7 @@ impl Locker for RedisLocker {
     }
 
     /// One read-only script: the lock key's value (held or not), its `PTTL`
-    /// and its holder hash (see the [module docs](self), "Inspection").
+    /// and its holder record (see the [module docs](self), "Inspection").
     /// Bounded like every call.
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
         self.inspect_lock(key).await

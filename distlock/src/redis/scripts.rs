@@ -13,48 +13,62 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Writes the holder record of the grant just made (inside a script whose
-/// `KEYS[1]` is the lock key, `KEYS[3]` the holder hash, `ARGV[1]` the owner
-/// token, `ARGV[2]` the ttl, `ARGV[3..5]` host, pid and label), given its
-/// fencing token, and expires it with the lock.
+/// `KEYS[3]` is the record's key, `ARGV[1]` the owner token, `ARGV[2]` the
+/// ttl in milliseconds, `ARGV[3]` the holder as `pid \n host \n label`),
+/// expiring with the lock.
 ///
-/// The hash names its grant by `owner`, the SHA-1 of the owner token (the
-/// token itself would let anybody who can read the record release the lock):
-/// a record left by an earlier grant (a holder with recording off, or a
-/// foreign client, took the lock after it) never describes the current one.
-/// `granted_ms` is the server's clock (`TIME`); Redis 5+ replicates scripts
-/// by their effects, so reading it before writing is allowed.
+/// The record is one string, `ttl_ms \n owner \n seconds \n microseconds \n
+/// pid \n host \n label` (the grant time as `TIME` returns it; the label
+/// last, so it may contain line breaks), written by one `SET ... PX` and
+/// built from strings only, because it rides in every acquire and the
+/// server's time per script is what bounds throughput under concurrency: a
+/// hash (`HSET` of seven fields, `PEXPIRE`, a SHA-1 of the token) cost about
+/// twice the server time of this, and turning numbers into strings in Lua
+/// (the grant time in milliseconds, the fencing token) a third more. The
+/// fencing token is not in it: while the grant holds the lock it is the
+/// fence counter's value, which inspection reads. `owner`
+/// ties the record to its grant: one left by an earlier grant (a locker
+/// with recording off, or a foreign client, took the lock after it) never
+/// describes the current one. It is the token the lock key itself holds,
+/// so whoever may read the record may read the lock key anyway; the
+/// inspect script never returns it. The grant time is the server's clock
+/// (`TIME`); Redis 5+ replicates scripts by their effects, so reading it
+/// before writing is allowed.
 macro_rules! record_holder_lua {
     () => {
         r"
-local function record_holder(fence)
+local function record_holder()
     local now = redis.call('TIME')
-    local granted_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-    redis.call('HSET', KEYS[3], 'owner', redis.sha1hex(ARGV[1]), 'host', ARGV[3],
-        'pid', ARGV[4], 'label', ARGV[5], 'granted_ms', string.format('%.0f', granted_ms),
-        'ttl_ms', ARGV[2], 'fence', fence)
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    redis.call('SET', KEYS[3], ARGV[2] .. '\n' .. ARGV[1] .. '\n' .. now[1] .. '\n' .. now[2] ..
+        '\n' .. ARGV[3], 'PX', ARGV[2])
 end
 "
     };
 }
 
 /// Reads what is known of the lock `KEYS[1]` held by `owner` (its value),
-/// with its holder hash `KEYS[2]`: `{pttl, grant}` when the hash does not
-/// describe this grant (a foreign client such as redis-py's `Lock`, or a
-/// holder with recording off), else `{pttl, grant, host, pid, label,
-/// granted_ms, ttl_ms, fence}`. `grant` is the SHA-1 of the owner token: it
-/// tells grants apart (Redlock finds the one a majority of nodes hold)
-/// without revealing the token.
+/// with its holder record `KEYS[2]` (see `record_holder_lua`) and fence
+/// counter `KEYS[3]`: `{pttl, grant}` when the record does not describe
+/// this grant (a foreign client such as redis-py's `Lock`, or a holder with
+/// recording off), else `{pttl, grant, ttl_ms, 'seconds \n microseconds \n
+/// pid \n host \n label', fence}` (the counter's value is the grant's
+/// fencing token: it moves only when a grant is made). `grant`
+/// is the SHA-1 of the owner token: it tells grants apart (Redlock finds the
+/// one a majority of nodes hold) without revealing the token.
 macro_rules! describe_lua {
     () => {
         r"
 local function describe(owner)
     local pttl = redis.call('PTTL', KEYS[1])
     local grant = redis.sha1hex(owner)
-    local r = redis.call('HMGET', KEYS[2], 'owner', 'host', 'pid', 'label', 'granted_ms',
-        'ttl_ms', 'fence')
-    if r[1] == grant then
-        return {pttl, grant, r[2], r[3], r[4], r[5], r[6], r[7]}
+    local record = redis.call('GET', KEYS[2])
+    if record then
+        local ttl_end = string.find(record, '\n', 1, true)
+        local owner_end = ttl_end and string.find(record, '\n', ttl_end + 1, true)
+        if owner_end and string.sub(record, ttl_end + 1, owner_end - 1) == owner then
+            return {pttl, grant, string.sub(record, 1, ttl_end - 1),
+                string.sub(record, owner_end + 1), redis.call('GET', KEYS[3]) or ''}
+        end
     end
     return {pttl, grant}
 end
@@ -62,11 +76,11 @@ end
     };
 }
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder hash; `ARGV[1]`
-/// owner token, `ARGV[2]` ttl in milliseconds, and, when the holder is
-/// recorded, `ARGV[3]` host, `ARGV[4]` pid, `ARGV[5]` label. Returns the
-/// fencing token of the grant (at least 1), or 0 if the lock is held by
-/// another token (contention).
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder record;
+/// `ARGV[1]` owner token, `ARGV[2]` ttl in milliseconds, and, when the
+/// holder is recorded, `ARGV[3]` the holder (`pid \n host \n label`).
+/// Returns the fencing token of the grant (at least 1), or 0 if the lock is
+/// held by another token (contention).
 ///
 /// The counter is bumped only on a new grant, in the same atomic step as the
 /// `SET`, so every grant gets a token greater than every earlier grant's.
@@ -89,7 +103,7 @@ const ACQUIRE: &str = concat!(
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local fence = redis.call('INCR', KEYS[2])
     if ARGV[3] then
-        record_holder(fence)
+        record_holder()
     end
     return fence
 end
@@ -100,7 +114,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
         fence = redis.call('INCR', KEYS[2])
     end
     if ARGV[3] and redis.call('PEXPIRE', KEYS[3], ARGV[2]) == 0 then
-        record_holder(fence)
+        record_holder()
     end
     return fence
 end
@@ -108,7 +122,7 @@ return 0
 "
 );
 
-/// `KEYS[1]` lock key, `KEYS[2]` holder hash; `ARGV[1]` owner token,
+/// `KEYS[1]` lock key, `KEYS[2]` holder record; `ARGV[1]` owner token,
 /// `ARGV[2]` release channel, `ARGV[3]` the publish command (`PUBLISH`, or
 /// `SPUBLISH` on a cluster). Returns 1 if the token matched and the lock
 /// (with its holder record) was deleted, else 0 (nothing deleted).
@@ -130,22 +144,25 @@ end
 return 0
 ";
 
-/// `KEYS[1]` lock key, `KEYS[2]` holder hash; `ARGV[1]` owner token,
+/// `KEYS[1]` lock key, `KEYS[2]` holder record; `ARGV[1]` owner token,
 /// `ARGV[2]` new ttl in milliseconds. Returns 1 if the token matched and the
 /// ttl was reset, else 0. The holder record, if there is one, gets the same
-/// expiry and the new ttl.
+/// expiry and the new ttl as its first field (see `record_holder_lua`).
 const REFRESH: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-    if redis.call('PEXPIRE', KEYS[2], ARGV[2]) == 1 then
-        redis.call('HSET', KEYS[2], 'ttl_ms', ARGV[2])
+    local record = redis.call('GET', KEYS[2])
+    local ttl_end = record and string.find(record, '\n', 1, true)
+    if ttl_end then
+        redis.call('SET', KEYS[2], ARGV[2] .. string.sub(record, ttl_end), 'PX', ARGV[2])
     end
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
 
-/// `KEYS[1]` lock key, `KEYS[2]` holder hash. Returns nil if the lock is
-/// free, else what `describe_lua` reads. Read-only.
+/// `KEYS[1]` lock key, `KEYS[2]` holder record, `KEYS[3]` fence key.
+/// Returns nil if the lock is free, else what `describe_lua` reads.
+/// Read-only.
 const INSPECT: &str = concat!(
     describe_lua!(),
     r"
@@ -157,8 +174,9 @@ return describe(owner)
 "
 );
 
-/// `KEYS[1]` lock key, `KEYS[2]` holder hash; `ARGV[1]` release channel,
-/// `ARGV[2]` the publish command (as for `RELEASE`). Deletes the lock and
+/// `KEYS[1]` lock key, `KEYS[2]` holder record, `KEYS[3]` fence key;
+/// `ARGV[1]` release channel, `ARGV[2]` the publish command (as for
+/// `RELEASE`). Deletes the lock and
 /// its record whoever holds it, publishes the release so waiters wake, and
 /// returns what it evicted (as `INSPECT` reads it), or nil if the lock was
 /// free (nothing done). One script, so what it returns is exactly what it
