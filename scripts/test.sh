@@ -26,6 +26,7 @@ command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)  # etcd-clien
 command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
 command -v python3 >/dev/null 2>&1 || packages+=(python3)  # redis-py, for the Redis interop test
 python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
+[ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)  # the fault suite's Postgres-behind-PgBouncer cell
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -49,4 +50,7 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+# The fault suite's quick profile (at most 8 minutes here; it prints its
+# time). The debug build, so CI compiles no release tree.
+cargo run -q -p distlock-faults -- run --profile quick --json target/faults-quick.json
 cargo test --workspace --all-features --no-fail-fast "$@"

@@ -33,6 +33,16 @@
 //! - **Marks** ([`Locker::advance_mark`]): one file per mark beside the lock
 //!   files (`k-<name>.mark` or `h-<hash>.mark`), rewritten under its own
 //!   `flock`; like fencing counters, not `fsync`ed unless durable.
+//! - **Inspection** (Linux): [`Locker::inspect`] and [`Locker::list`] read
+//!   the kernel's table of `flock`s (`/proc/locks`), never taking a lock
+//!   themselves, so they cannot make a concurrent `try_lock` see contention;
+//!   the holder's record (host, pid, label, grant time on the holder's
+//!   clock, ttl, fencing token) is read from the lock file. A lock taken by
+//!   a distlock older than holder records is held by an unknown holder;
+//!   `ttl_left` and `session` are always `None` (file locks do not expire).
+//!   **No force release**: a `flock` belongs to the holder's open file, so
+//!   [`Locker::force_release`] is [`Error::Unsupported`], naming the pid to
+//!   stop (the kernel frees the lock the moment that process exits).
 //! - **Not guaranteed**: anything on network filesystems (NFS, SMB), where
 //!   `flock` may be emulated or local to one client. Lock files are deleted
 //!   only by [`Locker::forget`] (deleting a lock file races with a process
@@ -53,12 +63,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::inspect::{ForceRelease, HeldLock, HolderRecord};
 use crate::wait::LocalReleases;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
     ReleaseWatch, Result,
 };
 
+mod inspect;
 mod mark;
 
 const BACKEND: &str = "file";
@@ -157,13 +169,25 @@ impl FileLockerBuilder {
     }
 }
 
-/// The record kept in each lock file.
+/// The record kept in each lock file: a first line with the fencing
+/// counter, the holder's pid and owner token (all a distlock before holder
+/// records wrote), then the holder record and the key.
 #[derive(Debug, PartialEq)]
 struct Record {
     fencing_token: u64,
     pid: u32,
     owner: String,
+    /// Absent in files written before holder records.
+    holder: Option<HolderRecord>,
+    /// The key the file locks (its name may be a hash of it); absent in
+    /// files written before holder records.
+    key: Option<String>,
 }
+
+/// The longest record read from a lock file: the first line, a holder
+/// record with a label of [`crate::inspect::MAX_LABEL_LEN`] and a key of
+/// [`validate::MAX_KEY_LEN`], each escaped at worst to twice its length.
+const MAX_RECORD_LEN: usize = 8192;
 
 impl FileLocker {
     /// A locker keeping its lock files in `dir`, created if missing; see
@@ -287,8 +311,9 @@ impl Locker for FileLocker {
             release_notifications: false,
             fencing: true,
             marks: true,
-            inspect: false,
-            list: false,
+            // `/proc/locks` tells which files are locked, by whom.
+            inspect: cfg!(target_os = "linux"),
+            list: cfg!(target_os = "linux"),
             force_release: false,
         }
     }
@@ -309,6 +334,8 @@ impl Locker for FileLocker {
             fencing_token: previous + 1,
             pid: std::process::id(),
             owner: owner.clone(),
+            holder: Some(HolderRecord::now(ttl)),
+            key: Some(key.to_owned()),
         };
         write_record(&file, &record).map_err(io_error)?;
         if self.inner.durable {
@@ -422,6 +449,35 @@ impl Locker for FileLocker {
         }
         // `file` closes here, after the unlink: its flock is what kept every
         // other process out while the file was deleted.
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        inspect::one(&self.path_for(key), key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        inspect::all(&self.inner.dir, prefix).await
+    }
+
+    /// Always [`Error::Unsupported`]: only the holding process can release
+    /// a `flock` (the reason names it).
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        let holder = match self.inspect(key).await {
+            Ok(Some(HeldLock {
+                holder: Some(h), ..
+            })) => format!("process {} on {}", h.pid, h.host),
+            _ => "the holding process".to_owned(),
+        };
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            operation: "force_release",
+            reason: format!(
+                "{how:?}: a flock belongs to the open file of {holder}, and only that process can \
+                 release it; stop it (kill it) and the kernel frees the lock at once"
+            ),
+        })
     }
 
     /// Stores the mark in its own file beside the lock files (the lock
@@ -552,7 +608,7 @@ fn same_file(file: &File, path: &Path) -> bool {
 }
 
 fn read_record(file: &File, path: &Path) -> Result<Option<Record>> {
-    let mut buf = [0u8; 256];
+    let mut buf = vec![0u8; MAX_RECORD_LEN];
     let len = file
         .read_at(&mut buf, 0)
         .map_err(|e| Error::backend(BACKEND, "read the lock file", with_path(e, path)))?;
@@ -575,7 +631,8 @@ fn read_record(file: &File, path: &Path) -> Result<Option<Record>> {
 }
 
 fn parse_record(text: &str) -> Option<Record> {
-    let mut fields = text.split_whitespace();
+    let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+    let mut fields = first.split_whitespace();
     if fields.next()? != RECORD_MAGIC {
         return None;
     }
@@ -583,16 +640,25 @@ fn parse_record(text: &str) -> Option<Record> {
         fencing_token: fields.next()?.parse().ok()?,
         pid: fields.next()?.parse().ok()?,
         owner: fields.next()?.to_owned(),
+        holder: HolderRecord::decode(rest.trim_end_matches('\n')),
+        key: crate::inspect::record_field(rest, "key"),
     })
 }
 
 fn write_record(file: &File, record: &Record) -> io::Result<()> {
     // One positioned write of a record that only grows: a concurrent reader in
     // another process sees the old or the new record, never an empty file.
-    let text = format!(
+    let mut text = format!(
         "{RECORD_MAGIC} {:020} {:010} {}\n",
         record.fencing_token, record.pid, record.owner
     );
+    if let Some(holder) = &record.holder {
+        text.push_str(&holder.encode());
+        if let Some(key) = &record.key {
+            crate::inspect::push_field(&mut text, "key", key);
+        }
+        text.push('\n');
+    }
     file.write_all_at(text.as_bytes(), 0)?;
     if file.metadata()?.len() > text.len() as u64 {
         file.set_len(text.len() as u64)?;
@@ -637,9 +703,31 @@ mod tests {
             fencing_token: 7,
             pid: 42,
             owner: "abc".into(),
+            holder: Some(HolderRecord::now(Duration::from_secs(30))),
+            key: Some("jobs/nightly\nbackup".into()),
         };
         write_record(&file, &record).unwrap();
         assert_eq!(read_record(&file, &path).unwrap(), Some(record));
+        // A shorter record after a longer one leaves no tail behind.
+        let short = Record {
+            fencing_token: 8,
+            pid: 43,
+            owner: "abd".into(),
+            holder: None,
+            key: None,
+        };
+        write_record(&file, &short).unwrap();
+        assert_eq!(read_record(&file, &path).unwrap(), Some(short));
+    }
+
+    #[test]
+    fn a_record_of_a_distlock_before_holder_records_still_reads() {
+        let text = format!("{RECORD_MAGIC} {:020} {:010} owner-token\n", 9, 77);
+        let record = parse_record(&text).expect("the old one-line record");
+        assert_eq!(
+            (record.fencing_token, record.pid, record.holder, record.key),
+            (9, 77, None, None)
+        );
     }
 
     #[test]

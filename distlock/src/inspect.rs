@@ -174,6 +174,44 @@ pub enum ForceRelease {
     TerminateSession,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// What a SQL backend's grant writes into the lock's fencing row beside
+/// its counter, in the statement that takes the lock: the key's name (so
+/// [`Locker::list`](crate::Locker::list) can name and filter locks), the
+/// ttl, and the [`Holder`] unless recording is off. The statement adds the
+/// server's grant time and the holding session's id.
+#[derive(Debug, Clone)]
+pub(crate) struct GrantRecord<'a> {
+    pub(crate) key_name: &'a str,
+    /// The holder's host, pid and label: all `None` when recording is off,
+    /// which clears those columns.
+    pub(crate) host: Option<String>,
+    pub(crate) pid: Option<i64>,
+    pub(crate) label: Option<String>,
+    pub(crate) ttl_ms: i64,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<'a> GrantRecord<'a> {
+    /// The record of a grant made now by [`Holder::current`] (read on the
+    /// caller's task), or without a holder if `record_holder` is false.
+    pub(crate) fn new(key_name: &'a str, ttl: Duration, record_holder: bool) -> Self {
+        let holder = record_holder.then(Holder::current);
+        let pid = holder.as_ref().map(|h| i64::from(h.pid));
+        let (host, label) = match holder {
+            Some(h) => (Some(h.host), Some(h.label)),
+            None => (None, None),
+        };
+        GrantRecord {
+            key_name,
+            host,
+            pid,
+            label,
+            ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
 /// Runs `future` with `label` as the holder label of every lock it
 /// acquires on this task (see the [module docs](self)).
 ///
@@ -283,17 +321,7 @@ impl HolderRecord {
             ("ttl_ms", &self.ttl_ms.to_string()),
             ("label", self.holder.label.as_str()),
         ] {
-            out.push('\n');
-            out.push_str(name);
-            out.push('=');
-            for c in value.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '\n' => out.push_str("\\n"),
-                    '\r' => out.push_str("\\r"),
-                    c => out.push(c),
-                }
-            }
+            push_field(&mut out, name, value);
         }
         out
     }
@@ -337,6 +365,33 @@ impl HolderRecord {
         held.ttl = Some(Duration::from_millis(self.ttl_ms));
         held.holder = Some(self.holder);
     }
+}
+
+/// Appends `\nname=value` to a record, escaping `\` and line breaks in
+/// `value`: for backends that store more fields after a [`HolderRecord`]
+/// (decoding ignores fields it does not know; read them with
+/// [`record_field`]).
+pub(crate) fn push_field(out: &mut String, name: &str, value: &str) {
+    out.push('\n');
+    out.push_str(name);
+    out.push('=');
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The value of field `name` in a record's `name=value` lines, if present
+/// and well escaped.
+pub(crate) fn record_field(text: &str, name: &str) -> Option<String> {
+    text.split('\n')
+        .filter_map(|line| line.split_once('='))
+        .find(|(field, _)| *field == name)
+        .and_then(|(_, raw)| unescape(raw))
 }
 
 fn unescape(raw: &str) -> Option<String> {
@@ -427,9 +482,12 @@ mod tests {
     }
 
     #[test]
-    fn fields_of_a_newer_version_are_ignored() {
-        let text = format!("{}\nzone=eu-west-1", record("job").encode());
+    fn fields_of_a_newer_version_are_ignored_and_readable_on_their_own() {
+        let mut text = record("job").encode();
+        push_field(&mut text, "key", "jobs/a=b\nc");
         assert_eq!(HolderRecord::decode(&text), Some(record("job")));
+        assert_eq!(record_field(&text, "key").as_deref(), Some("jobs/a=b\nc"));
+        assert_eq!(record_field(&text, "zone"), None);
     }
 
     #[test]

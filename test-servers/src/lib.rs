@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 mod etcd;
 mod mariadb;
 pub mod netns;
+mod pgbouncer;
 mod postgres;
 mod proxy;
 mod redis;
@@ -24,6 +25,7 @@ mod tls;
 
 pub use etcd::{EtcdCluster, EtcdServer};
 pub use mariadb::{MariaDbOptions, MariaDbServer};
+pub use pgbouncer::PgBouncer;
 pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::FaultProxy;
 pub use redis::{RedisOptions, RedisServer, RedisTls};

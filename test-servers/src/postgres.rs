@@ -455,7 +455,7 @@ pub(crate) fn make_certificates(dir: &Path) {
     ]);
 }
 
-fn unprivileged_account_if_root() -> Option<Account> {
+pub(crate) fn unprivileged_account_if_root() -> Option<Account> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return None;

@@ -113,6 +113,31 @@ impl FaultProxy {
         self.shared.changed.notify_all();
     }
 
+    /// Resets the open connections whose client end is one of `client_ports`
+    /// (the ports of the client's own sockets), and no other: one process's
+    /// connections break, its neighbours' stay up. Returns how many were
+    /// reset.
+    pub fn cut_clients(&self, client_ports: &[u16]) -> usize {
+        let cut: Vec<_> = {
+            let mut state = self.shared.state();
+            let (cut, kept) = std::mem::take(&mut state.connections)
+                .into_iter()
+                .partition(|connection: &Arc<Connection>| {
+                    connection
+                        .client
+                        .peer_addr()
+                        .is_ok_and(|peer| client_ports.contains(&peer.port()))
+                });
+            state.connections = kept;
+            cut
+        };
+        for connection in &cut {
+            connection.reset();
+        }
+        self.shared.changed.notify_all();
+        cut.len()
+    }
+
     /// Forwards the next chunk any client sends, then drops the server's
     /// reply and resets that connection: the server ran the request, the
     /// client never hears. One-shot.

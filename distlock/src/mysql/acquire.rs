@@ -25,6 +25,7 @@ use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
 use super::session::{Answer, Request, Session};
 use super::Inner;
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
+use crate::inspect::GrantRecord;
 use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
 
 /// What one attempt on the shared session found.
@@ -93,12 +94,14 @@ impl Inner {
             reserved: Some(Reserved::new(self.registry.clone(), ticket)),
             answered: false,
         };
+        // Read on the caller's task, where its label scope is.
+        let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
         let session = self.pool.shared(&name.server).await?;
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let limit = self.settings.query_timeout;
         let request = Request {
-            sql: self.sql.acquire(name, &digest, Duration::ZERO),
+            sql: self.sql.acquire(name, &digest, Duration::ZERO, &record),
             limit,
             undo: Some(Sql::undo(name)),
             keep: attempt.reserved.take().map(|r| Box::new(r) as _),
@@ -202,6 +205,7 @@ impl Inner {
         };
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
+        let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
         let mut wait = WaitGuard {
             session: Some(session.clone()),
             pool: self.pool.clone(),
@@ -213,7 +217,7 @@ impl Inner {
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
             let request = Request {
-                sql: self.sql.acquire(name, &digest, wait_for),
+                sql: self.sql.acquire(name, &digest, wait_for, &record),
                 limit: wait_for.saturating_add(self.settings.query_timeout),
                 undo: Some(Sql::undo(name)),
                 keep: None,

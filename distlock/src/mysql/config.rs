@@ -115,6 +115,7 @@ pub struct MysqlLockerBuilder {
     ssl_ca: Option<PathBuf>,
     fencing_enabled: bool,
     fencing_table: Option<(Option<String>, String)>,
+    holder_record: bool,
     sessions: usize,
     idle_waiters: usize,
     max_waiters: usize,
@@ -184,6 +185,7 @@ impl MysqlLockerBuilder {
             ssl_ca: None,
             fencing_enabled: true,
             fencing_table: None,
+            holder_record: true,
             sessions: DEFAULT_SESSIONS,
             idle_waiters: DEFAULT_IDLE_WAITERS,
             max_waiters: DEFAULT_MAX_WAITERS,
@@ -203,6 +205,7 @@ impl MysqlLockerBuilder {
         match name {
             "fencing" => self.fencing_enabled = parse_switch(name, value)?,
             "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
+            "holder" => self.holder_record = parse_switch(name, value)?,
             "sessions" => self.sessions = parse_number(name, value)?,
             "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
             "max_waiters" => self.max_waiters = parse_number(name, value)?,
@@ -219,13 +222,24 @@ impl MysqlLockerBuilder {
                     "url",
                     format!(
                         "unknown parameter {other:?}; distlock's MySQL URLs take fencing, fencing_table, \
-                         sessions, idle_waiters, max_waiters, query_timeout, connect_timeout, wait_timeout, \
+                         holder, sessions, idle_waiters, max_waiters, query_timeout, connect_timeout, wait_timeout, \
                          ping_interval, ssl-mode and ssl-ca"
                     ),
                 ))
             }
         }
         Ok(())
+    }
+
+    /// Records each grant's [`Holder`](crate::inspect::Holder) (host, pid,
+    /// label) in the lock's fencing row (the default), for
+    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL `holder=off`),
+    /// grants clear those columns instead: inspection still reports the
+    /// lock, its connection, grant time, ttl and token, with an unknown
+    /// holder. Without fencing there is no row and nothing is recorded.
+    pub fn holder_record(mut self, enabled: bool) -> Self {
+        self.holder_record = enabled;
+        self
     }
 
     /// Turns fencing tokens on (the default) or off. Off, acquires are a bare
@@ -403,6 +417,7 @@ impl MysqlLockerBuilder {
             with_tls,
             ssl_mode: self.ssl_mode,
             fencing,
+            holder_record: self.holder_record,
             sessions: self.sessions,
             idle_waiters: self.idle_waiters,
             max_waiters: self.max_waiters,
@@ -463,12 +478,15 @@ impl MysqlLockerBuilder {
 ///   client fails on the server before the client gives up on the session;
 /// - `autocommit` on (each fencing bump commits at once);
 /// - on MariaDB, `max_statement_time` off: a role default would turn a
-///   native wait into an error.
+///   native wait into an error;
+/// - `time_zone` UTC: a `TIMESTAMP` read back in a zone with daylight saving
+///   time is ambiguous in the hour the clocks go back, which would misreport
+///   a grant time by an hour.
 fn setup_sql(wait_timeout: Duration, query_timeout: Duration) -> String {
     let lock_wait = (query_timeout.as_secs() / 2).max(1);
     format!(
         "SET SESSION wait_timeout = {}, innodb_lock_wait_timeout = {lock_wait}, \
-         lock_wait_timeout = {lock_wait}, autocommit = 1 /*M!100108 , max_statement_time = 0 */",
+         lock_wait_timeout = {lock_wait}, autocommit = 1, time_zone = '+00:00' /*M!100108 , max_statement_time = 0 */",
         wait_timeout.as_secs()
     )
 }
@@ -481,6 +499,8 @@ pub(super) struct Settings {
     pub(super) with_tls: Option<mysql_async::Opts>,
     pub(super) ssl_mode: SslMode,
     pub(super) fencing: Option<FencingTable>,
+    /// Grants record their holder in the fencing row.
+    pub(super) holder_record: bool,
     pub(super) sessions: usize,
     pub(super) idle_waiters: usize,
     pub(super) max_waiters: usize,

@@ -18,6 +18,7 @@ use mysql_async::prelude::Queryable;
 
 use super::errors;
 use super::names::{hex_literal, LockName};
+use crate::inspect::GrantRecord;
 use crate::{Error, Result};
 
 /// The default table name, in the URL's database.
@@ -79,6 +80,15 @@ impl FencingTable {
         }
     }
 
+    /// The names of this table's columns.
+    fn columns_sql(&self) -> String {
+        self.exists_sql().replacen(
+            "SELECT COUNT(*) FROM information_schema.TABLES",
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS",
+            1,
+        )
+    }
+
     /// `information_schema` condition matching this table.
     fn exists_sql(&self) -> String {
         let schema = match &self.schema {
@@ -123,10 +133,15 @@ fn quote(identifier: &str) -> String {
 /// Creates `table` with `create` (a `CREATE TABLE IF NOT EXISTS`) unless it
 /// exists. Checks first, so a user without `CREATE` works once the table
 /// exists (MySQL checks the privilege even when the table is there).
+/// `upgrade` lists columns added to the table after its first release
+/// (name, definition): those missing from an existing table are added with
+/// `ALTER TABLE` (MySQL has no `ADD COLUMN IF NOT EXISTS`, and checks the
+/// privilege anyway, so only when some are missing).
 pub(super) async fn ensure_table(
     conn: &mut mysql_async::Conn,
     table: &FencingTable,
     create: &str,
+    upgrade: &[(&str, &str)],
     limit: Duration,
 ) -> Result<()> {
     let context = || format!("create the table {}", table.quoted());
@@ -134,8 +149,9 @@ pub(super) async fn ensure_table(
         let exists: Option<u64> = conn.query_first(table.exists_sql()).await?;
         if exists.unwrap_or(0) == 0 {
             conn.query_drop(create).await?;
+            return Ok(());
         }
-        Ok::<_, mysql_async::Error>(())
+        upgrade_table(conn, table, upgrade).await
     };
     match tokio::time::timeout(limit, work).await {
         Ok(Ok(())) => Ok(()),
@@ -147,6 +163,73 @@ pub(super) async fn ensure_table(
         }),
     }
 }
+
+async fn upgrade_table(
+    conn: &mut mysql_async::Conn,
+    table: &FencingTable,
+    columns: &[(&str, &str)],
+) -> Result<(), mysql_async::Error> {
+    if columns.is_empty() {
+        return Ok(());
+    }
+    let missing = |present: Vec<String>| -> Vec<String> {
+        columns
+            .iter()
+            .filter(|(name, _)| !present.iter().any(|p| p.eq_ignore_ascii_case(name)))
+            .map(|(name, definition)| format!("ADD COLUMN {name} {definition}"))
+            .collect()
+    };
+    let add = missing(conn.query(table.columns_sql()).await?);
+    if add.is_empty() {
+        return Ok(());
+    }
+    let alter = format!("ALTER TABLE {} {}", table.quoted(), add.join(", "));
+    match conn.query_drop(&alter).await {
+        Ok(()) => Ok(()),
+        // Another client added them first (duplicate column, 1060).
+        Err(e) if missing(conn.query(table.columns_sql()).await?).is_empty() => {
+            tracing::debug!(component = "distlock", backend = errors::BACKEND, error = %e, "the record columns were added concurrently");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The columns of a grant's record ([`GrantRecord`]), added after the
+/// table's first release: nullable, so rows written before them (and by
+/// older clients, which leave them alone) read as "no record".
+pub(super) const RECORD_COLUMNS: [(&str, &str); 6] = [
+    (
+        "key_name",
+        "TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    ),
+    ("session_id", "BIGINT UNSIGNED NULL"),
+    ("ttl_ms", "BIGINT NULL"),
+    (
+        "holder_host",
+        "TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    ),
+    ("holder_pid", "BIGINT NULL"),
+    (
+        "holder_label",
+        "TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    ),
+];
+
+/// Text as a SQL expression of hex digits: any characters, nothing to
+/// escape, whatever the session's `sql_mode`.
+fn text_literal(text: &str) -> String {
+    format!("CONVERT({} USING utf8mb4)", hex_literal(text.as_bytes()))
+}
+
+/// What inspection reads of a hold, in this order: the holding connection
+/// (NULL: free), then the lock's row, all NULL without one: `session_id`
+/// (the row is the holder's only if it equals the holding connection),
+/// `token`, the grant time in Unix milliseconds, `ttl_ms`, `holder_host`,
+/// `holder_pid`, `holder_label`, `key_name`.
+const RECORD_SELECT: &str =
+    "f.session_id, f.token, CAST(UNIX_TIMESTAMP(f.granted_at) * 1000 AS SIGNED), \
+     f.ttl_ms, f.holder_host, f.holder_pid, f.holder_label, f.key_name";
 
 /// Every statement text, built from the locker's fencing table.
 #[derive(Debug, Clone)]
@@ -173,8 +256,14 @@ impl Sql {
                 lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
                 token BIGINT NOT NULL, \
                 owner_digest CHAR(32) CHARACTER SET ascii NOT NULL, \
-                granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
-            table.quoted()
+                granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+                {}) ENGINE=InnoDB",
+            table.quoted(),
+            RECORD_COLUMNS
+                .iter()
+                .map(|(name, definition)| format!("{name} {definition}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
 
@@ -198,22 +287,86 @@ impl Sql {
         name: &LockName<'_>,
         owner_digest: &str,
         wait: Duration,
+        record: &GrantRecord<'_>,
     ) -> String {
         debug_assert!(owner_digest.bytes().all(|b| b.is_ascii_hexdigit()));
         let lit = name.literal();
         let wait = wait_seconds(wait);
+        let Some(table) = &self.table else {
+            return format!("SELECT GET_LOCK({lit}, {wait}), NULL");
+        };
+        // The record's text goes into session variables once, in the first
+        // statement, for both the UPDATE and the INSERT to read.
+        let text_or_null = |text: &Option<String>| match text {
+            Some(text) => text_literal(text),
+            None => "NULL".to_owned(),
+        };
+        let (host, label) = (text_or_null(&record.host), text_or_null(&record.label));
+        let pid = record
+            .pid
+            .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
+        let (key_name, ttl_ms) = (text_literal(record.key_name), record.ttl_ms);
+        format!(
+            "SET @distlock_got = GET_LOCK({lit}, {wait}), @distlock_key = {key_name}, \
+             @distlock_host = {host}, @distlock_label = {label}; \
+             UPDATE {table} SET token = token + 1, owner_digest = '{owner_digest}', \
+             granted_at = CURRENT_TIMESTAMP(6), key_name = @distlock_key, ttl_ms = {ttl_ms}, \
+             holder_host = @distlock_host, holder_pid = {pid}, holder_label = @distlock_label, \
+             session_id = CONNECTION_ID() WHERE lock_name = {lit} AND @distlock_got = 1; \
+             SET @distlock_bumped = ROW_COUNT(); \
+             INSERT INTO {table} (lock_name, token, owner_digest, key_name, ttl_ms, holder_host, \
+             holder_pid, holder_label, session_id) \
+             SELECT {lit}, 1, '{owner_digest}', @distlock_key, {ttl_ms}, @distlock_host, {pid}, \
+             @distlock_label, CONNECTION_ID() FROM DUAL WHERE @distlock_got = 1 AND @distlock_bumped = 0; \
+             SELECT @distlock_got, (SELECT token FROM {table} WHERE lock_name = {lit} AND @distlock_got = 1)"
+        )
+    }
+
+    /// Who holds `name`: one row, the holding connection (NULL: free) and
+    /// the lock's record (see [`RECORD_SELECT`]).
+    pub(super) fn inspect(&self, name: &LockName<'_>) -> String {
+        let lit = name.literal();
         match &self.table {
             Some(table) => format!(
-                "SET @distlock_got = GET_LOCK({lit}, {wait}); \
-                 UPDATE {table} SET token = token + 1, owner_digest = '{owner_digest}', \
-                 granted_at = CURRENT_TIMESTAMP(6) WHERE lock_name = {lit} AND @distlock_got = 1; \
-                 SET @distlock_bumped = ROW_COUNT(); \
-                 INSERT INTO {table} (lock_name, token, owner_digest) \
-                 SELECT {lit}, 1, '{owner_digest}' FROM DUAL WHERE @distlock_got = 1 AND @distlock_bumped = 0; \
-                 SELECT @distlock_got, (SELECT token FROM {table} WHERE lock_name = {lit} AND @distlock_got = 1)"
+                "SELECT h.conn, {RECORD_SELECT} FROM (SELECT IS_USED_LOCK({lit}) AS conn) h \
+                 LEFT JOIN {table} f ON f.lock_name = {lit}"
             ),
-            None => format!("SELECT GET_LOCK({lit}, {wait}), NULL"),
+            None => format!(
+                "SELECT IS_USED_LOCK({lit}), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+            ),
         }
+    }
+
+    /// Every held lock whose recorded key starts with `prefix`, as
+    /// [`Sql::inspect`] reports one; `None` without the table (nothing
+    /// names the locks). Scans the table: one row per name ever locked.
+    pub(super) fn list(&self, prefix: &str) -> Option<String> {
+        let table = self.table.as_ref()?;
+        let prefix = format!("{} COLLATE utf8mb4_bin", text_literal(prefix));
+        Some(format!(
+            "SELECT * FROM (SELECT IS_USED_LOCK(f.lock_name) AS conn, {RECORD_SELECT} FROM {table} f \
+             WHERE LEFT(f.key_name, CHAR_LENGTH({prefix})) = {prefix}) h WHERE h.conn IS NOT NULL"
+        ))
+    }
+
+    /// Ends connection `connection` if it still holds `name` (the check and
+    /// the `KILL` in one round trip, through a prepared statement): answers
+    /// 1 if it was killed, 0 if it no longer held the lock.
+    pub(super) fn kill_holder(name: &LockName<'_>, connection: u64) -> String {
+        let lit = name.literal();
+        format!(
+            "SET @distlock_kill = IF(IS_USED_LOCK({lit}) = {connection}, 'KILL {connection}', 'DO 0'); \
+             PREPARE distlock_kill FROM @distlock_kill; EXECUTE distlock_kill; \
+             DEALLOCATE PREPARE distlock_kill; SELECT @distlock_kill <> 'DO 0'"
+        )
+    }
+
+    /// 1 while connection `connection` still holds `name`.
+    pub(super) fn held_by(name: &LockName<'_>, connection: u64) -> String {
+        format!(
+            "SELECT COALESCE(IS_USED_LOCK({}) = {connection}, 0)",
+            name.literal()
+        )
     }
 
     /// Releases the lock if this session holds it, answering nothing: what
@@ -316,7 +469,10 @@ mod tests {
     fn without_fencing_no_statement_names_a_table() {
         let sql = Sql::new(None);
         let name = LockName::new("k");
-        assert!(!sql.acquire(&name, "ab", Duration::ZERO).contains("INSERT"));
+        let record = GrantRecord::new("k", Duration::from_secs(1), true);
+        assert!(!sql
+            .acquire(&name, "ab", Duration::ZERO, &record)
+            .contains("INSERT"));
         assert!(!sql.forget(&name).contains("DELETE"));
     }
 }

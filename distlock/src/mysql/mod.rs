@@ -177,15 +177,70 @@
 //!     lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
 //!     token BIGINT NOT NULL,              -- the last fencing token granted
 //!     owner_digest CHAR(32) CHARACTER SET ascii NOT NULL, -- SHA-256 (128 bits, hex) of its owner token
-//!     granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+//!     granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), -- the last grant, server time
+//!     -- the last grant's record (see Inspection):
+//!     key_name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,  -- the key as the caller named it
+//!     session_id BIGINT UNSIGNED NULL,    -- the connection that was granted it
+//!     ttl_ms BIGINT NULL,                 -- its ttl
+//!     holder_host TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, -- its holder: host, process id, label
+//!     holder_pid BIGINT NULL,
+//!     holder_label TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL
 //! ) ENGINE=InnoDB;
 //! ```
+//!
+//! A table created before the record columns existed gets the missing ones
+//! added (`ALTER TABLE`, which needs `ALTER` on it, once) when a locker
+//! connects; older clients leave them alone, and their grants then read as
+//! held by an unknown holder. The record is written by the same round trip
+//! that takes the lock.
 //!
 //! Rows are deleted only by [`Locker::forget`]. With fencing off
 //! (`fencing=off`, [`MysqlLockerBuilder::fencing`]) an acquire is a bare
 //! `GET_LOCK`, no table is used, and leases have no fencing token. Either
 //! way an acquire is one round trip (with fencing, five statements in one
 //! query).
+//!
+//! # Inspection
+//!
+//! [`Locker::inspect`] is one statement: `IS_USED_LOCK(name)` (the holding
+//! connection, reported as `session: "connection N"`, its id in the
+//! processlist) joined with the name's fencing row, which gives the
+//! [`Holder`](crate::inspect::Holder), the grant time on the **server's**
+//! clock (`CURRENT_TIMESTAMP(6)` of the grant,
+//! [`Clock::Server`](crate::inspect::Clock::Server)), the ttl and the fencing
+//! token. `ttl_left` is always `None`: locks here do not expire.
+//!
+//! - The row is the holder's only if the connection that wrote it is the one
+//!   holding the name now. A plain `GET_LOCK`, a grant by a distlock that
+//!   predates holder records, with `holder=off`, or with `fencing=off` (no
+//!   row) is reported held by an unknown holder (`holder: None`), with its
+//!   connection: never free.
+//! - [`Locker::list`] scans the fencing table (one row per name ever locked,
+//!   until [`Locker::forget`]) for keys starting with the prefix (compared
+//!   byte for byte) and keeps those `IS_USED_LOCK` says are held. It does not
+//!   use `performance_schema.metadata_locks`: that table shows user locks
+//!   only while the performance schema runs with its
+//!   `wait/lock/metadata/sql/mdl` instrument (MariaDB 10.11 starts with the
+//!   performance schema off), and it names the lock, not the key.
+//!   A lock without a row has no key to list it by; without fencing, `list`
+//!   is [`Error::Unsupported`].
+//! - [`Locker::force_release`] supports only
+//!   [`ForceRelease::TerminateSession`]: **`KILL` of the holding connection,
+//!   which frees EVERY lock it holds.** A distlock process keeps many locks
+//!   on each of its few shared connections: all are freed, all their
+//!   holders' lost signals fire
+//!   ([`LostReason::ConnectionLost`](crate::LostReason)), and a plain
+//!   client's open transaction is rolled back. The check that the
+//!   connection still holds the name and the `KILL` run in one round trip
+//!   (a prepared `KILL` chosen by `IS_USED_LOCK`), and the call returns once
+//!   the server has freed the lock (within 5 s). Killing another user's
+//!   connection needs `CONNECTION_ADMIN` (MySQL 8) or `SUPER`; the server's
+//!   refusal (error 1095) is [`Error::Backend`] naming them.
+//!   [`ForceRelease::Lock`] is [`Error::Unsupported`] (only the holding
+//!   connection can `RELEASE_LOCK`), and so is killing the locker's own
+//!   connection: release the lease instead. Nothing stops the evicted
+//!   holder's work but its lost signal (at its next ping, about a second):
+//!   fence its writes.
 //!
 //! # URL
 //!
@@ -196,6 +251,7 @@
 //! | --- | --- | --- |
 //! | `fencing` | `on` / `off` | `on` |
 //! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
+//! | `holder` | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
 //! | `sessions` | shared sessions | 4 |
 //! | `idle_waiters` | idle wait connections kept | 2 |
 //! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
@@ -228,6 +284,7 @@ mod config;
 mod errors;
 mod fencing;
 mod forget;
+mod inspect;
 mod marks;
 mod names;
 mod pool;
@@ -249,6 +306,7 @@ use self::names::LockName;
 use self::pool::Pool;
 use self::registry::Registry;
 use self::session::OnClosed;
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, Result};
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
@@ -352,9 +410,10 @@ impl Locker for MysqlLocker {
             release_notifications: false,
             fencing: self.inner.sql.fencing(),
             marks: true,
-            inspect: false,
-            list: false,
-            force_release: false,
+            inspect: true,
+            // Only the fencing table names the locks.
+            list: self.inner.sql.fencing(),
+            force_release: true,
         }
     }
 
@@ -414,5 +473,28 @@ impl Locker for MysqlLocker {
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
         self.inner.advance_mark(LockName::new(name), value).await
+    }
+
+    /// One statement: `IS_USED_LOCK` of the key's name joined with its
+    /// fencing row (see the [module docs](self#inspection)).
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        self.inner.inspect(&LockName::new(key)).await
+    }
+
+    /// The fencing rows whose key starts with `prefix` and whose name is
+    /// held (`IS_USED_LOCK`): one scan of the table. Locks without a row
+    /// (plain `GET_LOCK`, or no fencing) are not listed; without fencing
+    /// this is [`Error::Unsupported`].
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.inner.list(prefix).await
+    }
+
+    /// [`ForceRelease::TerminateSession`] only: `KILL` of the holding
+    /// connection, which frees **every** lock it holds (see the
+    /// [module docs](self#inspection)).
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        self.inner.force_release(&LockName::new(key), how).await
     }
 }

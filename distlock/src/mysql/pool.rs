@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::config::Settings;
-use super::fencing::{ensure_table, Sql};
+use super::fencing::{ensure_table, Sql, RECORD_COLUMNS};
 use super::marks;
 use super::session::{OnClosed, Role, Session};
 use crate::Result;
@@ -126,7 +126,14 @@ impl Pool {
         if let Some(table) = &self.settings.fencing {
             if !self.table_ready.load(Ordering::Acquire) {
                 let create = Sql::create_table(table);
-                ensure_table(&mut conn, table, &create, self.settings.query_timeout).await?;
+                ensure_table(
+                    &mut conn,
+                    table,
+                    &create,
+                    &RECORD_COLUMNS,
+                    self.settings.query_timeout,
+                )
+                .await?;
                 self.table_ready.store(true, Ordering::Release);
             }
         }
@@ -151,6 +158,7 @@ impl Pool {
             &mut conn,
             &table,
             &marks::create_table(&table),
+            &[],
             self.settings.query_timeout,
         )
         .await;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::errors::{self, is_lock_timeout, BACKEND};
+use super::fencing::GrantRecord;
 use super::keys::{owner_digest, LockKey};
 use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
 use super::session::{Session, WaitError};
@@ -93,6 +94,8 @@ impl Inner {
             sent_on: None,
             query_timeout: self.settings.query_timeout,
         };
+        // Read on the caller's task, where its label scope is.
+        let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
         let session = self.pool.shared(key.id).await?;
         let owner = new_owner_token();
         // Only the fencing table records the owner.
@@ -108,7 +111,7 @@ impl Inner {
             "acquire",
             self.settings.query_timeout,
             context,
-            session.try_lock(key.id, &digest, self.fencing()),
+            session.try_lock(key.id, &digest, &record, self.fencing()),
         )
         .await
         // The statement was sent: it may have taken the lock.
@@ -179,6 +182,7 @@ impl Inner {
         };
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
+        let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
         let mut wait = WaitGuard {
             session: Some(session.clone()),
             tls: self.settings.tls.clone(),
@@ -190,6 +194,7 @@ impl Inner {
                 lock_timeout_ms,
                 self.settings.session_lock_timeout_ms(),
                 &digest,
+                &record,
             );
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
@@ -203,7 +208,9 @@ impl Inner {
             match waited {
                 Ok(token) => break token,
                 Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
-                    if let Some(token) = self.granted_anyway(&session, key, &digest).await? {
+                    if let Some(token) =
+                        self.granted_anyway(&session, key, &digest, &record).await?
+                    {
                         break token;
                     }
                     if remaining().is_zero() {
@@ -274,6 +281,7 @@ impl Inner {
         session: &Session,
         key: LockKey<'_>,
         digest: &str,
+        record: &GrantRecord<'_>,
     ) -> Result<Option<Option<i64>>> {
         let query_timeout = self.settings.query_timeout;
         let context = || {
@@ -291,7 +299,7 @@ impl Inner {
             key = key.name,
             "lock granted as its lock timeout fired; keeping it"
         );
-        let token = session.grant_token(key.id, digest);
+        let token = session.grant_token(key.id, digest, record);
         errors::within("acquire", query_timeout, context, token)
             .await
             .map(Some)
@@ -651,6 +659,7 @@ mod tests {
             name: "-4242",
         };
         let digest = owner_digest("owner");
+        let record = GrantRecord::new(key.name, TTL, true);
         let (raced, bystander) = (
             inner.pool.waiter().await.unwrap().expect("a free permit"),
             inner.pool.waiter().await.unwrap().expect("a free permit"),
@@ -662,19 +671,28 @@ mod tests {
 
         assert_eq!(
             inner
-                .granted_anyway(&bystander, key, &digest)
+                .granted_anyway(&bystander, key, &digest, &record)
                 .await
                 .unwrap(),
             None
         );
         assert_eq!(
-            inner.granted_anyway(&raced, key, &digest).await.unwrap(),
+            inner
+                .granted_anyway(&raced, key, &digest, &record)
+                .await
+                .unwrap(),
             Some(Some(1))
         );
         let recorded = server.psql(&format!(
-            "SELECT token, owner_digest = '{digest}' FROM distlock_fencing WHERE lock_key = -4242"
+            "SELECT token, owner_digest = '{digest}', key_name, ttl_ms, holder_pid, \
+             session_pid = (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 4294963054 AND granted) \
+             FROM distlock_fencing WHERE lock_key = -4242"
         ));
-        assert_eq!(recorded, "1|t");
+        assert_eq!(
+            recorded,
+            format!("1|t|-4242|30000|{}|t", std::process::id()),
+            "the kept grant records its holder too"
+        );
     }
 
     /// A wait's own `lock_timeout` ends with the wait, won or timed out: the
@@ -700,8 +718,9 @@ mod tests {
         assert_eq!(show("lock_timeout").await, "5s");
         let digest = owner_digest("owner");
         let session_ms = inner.settings.session_lock_timeout_ms();
+        let record = GrantRecord::new("-77", TTL, true);
 
-        let won = inner.sql.wait(-77, 250, session_ms, &digest);
+        let won = inner.sql.wait(-77, 250, session_ms, &digest, &record);
         assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
         assert_eq!(show("lock_timeout").await, "5s", "after a won wait");
 
@@ -710,7 +729,7 @@ mod tests {
             .query("SELECT pg_advisory_lock(-78)", &[])
             .await
             .unwrap();
-        let timed_out = inner.sql.wait(-78, 50, session_ms, &digest);
+        let timed_out = inner.sql.wait(-78, 50, session_ms, &digest, &record);
         match session.wait(&timed_out, true).await {
             Err(WaitError::Postgres(e)) => assert!(is_lock_timeout(&e), "{e}"),
             other => panic!("{other:?}"),

@@ -142,6 +142,7 @@ pub struct PostgresLockerBuilder {
     fencing_enabled: bool,
     /// `(schema, table)`, checked at build time; `None` for the default.
     fencing_table: Option<(Option<String>, String)>,
+    holder_record: bool,
     sessions: usize,
     idle_waiters: usize,
     max_waiters: usize,
@@ -178,6 +179,7 @@ const OWN_PARAMS: &[&str] = &[
     "namespace",
     "fencing",
     "fencing_table",
+    "holder",
     "sessions",
     "idle_waiters",
     "max_waiters",
@@ -258,6 +260,7 @@ impl PostgresLockerBuilder {
             namespace: String::new(),
             fencing_enabled: true,
             fencing_table: None,
+            holder_record: true,
             sessions: DEFAULT_SESSIONS,
             idle_waiters: DEFAULT_IDLE_WAITERS,
             max_waiters: DEFAULT_MAX_WAITERS,
@@ -273,6 +276,7 @@ impl PostgresLockerBuilder {
             "namespace" => self.namespace = value.to_owned(),
             "fencing" => self.fencing_enabled = parse_switch(name, value)?,
             "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
+            "holder" => self.holder_record = parse_switch(name, value)?,
             "sessions" => self.sessions = parse_number(name, value)?,
             "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
             "max_waiters" => {
@@ -340,6 +344,17 @@ impl PostgresLockerBuilder {
     /// fencing token.
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing_enabled = enabled;
+        self
+    }
+
+    /// Records each grant's [`Holder`](crate::inspect::Holder) (host, pid,
+    /// label) and ttl in the key's fencing row (the default), for
+    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL `holder=off`),
+    /// grants clear those columns instead, so inspection reports the lock,
+    /// its session, grant time and token, but an unknown holder. Without
+    /// fencing there is no row and nothing is recorded either way.
+    pub fn holder_record(mut self, enabled: bool) -> Self {
+        self.holder_record = enabled;
         self
     }
 
@@ -478,6 +493,7 @@ impl PostgresLockerBuilder {
             tls,
             namespace: self.namespace,
             fencing,
+            holder_record: self.holder_record,
             sessions: self.sessions,
             idle_waiters: self.idle_waiters,
             max_waiters: self.max_waiters,
@@ -529,6 +545,8 @@ pub(super) struct Settings {
     pub(super) tls: Tls,
     pub(super) namespace: String,
     pub(super) fencing: Option<FencingTable>,
+    /// Grants record their holder in the fencing row.
+    pub(super) holder_record: bool,
     pub(super) sessions: usize,
     pub(super) idle_waiters: usize,
     pub(super) max_waiters: usize,

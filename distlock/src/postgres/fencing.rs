@@ -10,6 +10,7 @@
 use tokio_postgres::Client;
 
 use super::errors::{self, is_concurrent_create};
+pub(super) use crate::inspect::GrantRecord;
 use crate::{Error, Result};
 
 /// The default table name, in the connection's current schema.
@@ -112,43 +113,118 @@ fn quote(identifier: &str) -> String {
 pub(super) async fn ensure_table(client: &Client, table: &FencingTable) -> Result<()> {
     let name = table.quoted();
     let context = || format!("create the fencing table {name}");
-    if table_exists(client, &name)
+    let (exists, record_columns) = table_state(client, &name)
         .await
-        .map_err(|e| errors::backend("connect", context(), e))?
-    {
-        return Ok(());
+        .map_err(|e| errors::backend("connect", context(), e))?;
+    if exists {
+        return upgrade_table(client, &name, record_columns).await;
     }
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {name} (\
             lock_key bigint PRIMARY KEY, \
             token bigint NOT NULL, \
             owner_digest text NOT NULL, \
-            granted_at timestamptz NOT NULL DEFAULT now())"
+            granted_at timestamptz NOT NULL DEFAULT now(), \
+            {RECORD_COLUMN_DEFINITIONS})"
     );
     match client.batch_execute(&create).await {
         Ok(()) => Ok(()),
-        Err(e) if is_concurrent_create(&e) => match table_exists(client, &name).await {
-            Ok(true) => Ok(()),
+        Err(e) if is_concurrent_create(&e) => match table_state(client, &name).await {
+            Ok((true, columns)) => upgrade_table(client, &name, columns).await,
             _ => Err(errors::backend("connect", context(), e)),
         },
         Err(e) => Err(errors::backend("connect", context(), e)),
     }
 }
 
-async fn table_exists(client: &Client, quoted_name: &str) -> Result<bool, tokio_postgres::Error> {
-    client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted_name])
-        .await?
-        .try_get(0)
+/// The columns of a grant's record (see [`GrantRecord`]), added after the
+/// table's first release: nullable, so rows written before them (and by
+/// older clients, which leave them alone) read as "no record".
+const RECORD_COLUMNS: [(&str, &str); 6] = [
+    ("key_name", "text"),
+    ("session_pid", "integer"),
+    ("ttl_ms", "bigint"),
+    ("holder_host", "text"),
+    ("holder_pid", "bigint"),
+    ("holder_label", "text"),
+];
+
+const RECORD_COLUMN_DEFINITIONS: &str = "key_name text, session_pid integer, ttl_ms bigint, \
+     holder_host text, holder_pid bigint, holder_label text";
+
+/// Adds the record columns to a table created before them. Only when some
+/// are missing: `ALTER TABLE` needs the table's owner even with
+/// `IF NOT EXISTS`, so a role that only writes rows keeps working on an
+/// upgraded table. Concurrent upgrades queue on the table's lock, and
+/// `IF NOT EXISTS` makes the later ones no-ops.
+async fn upgrade_table(client: &Client, quoted_name: &str, present: i64) -> Result<()> {
+    if present == RECORD_COLUMNS.len() as i64 {
+        return Ok(());
+    }
+    let add: Vec<String> = RECORD_COLUMNS
+        .iter()
+        .map(|(column, kind)| format!("ADD COLUMN IF NOT EXISTS {column} {kind}"))
+        .collect();
+    let alter = format!("ALTER TABLE {quoted_name} {}", add.join(", "));
+    client.batch_execute(&alter).await.map_err(|e| {
+        errors::backend(
+            "connect",
+            format!(
+                "add the holder record columns to the fencing table {quoted_name} \
+                 (once, by its owner; or run: {alter})"
+            ),
+            e,
+        )
+    })
 }
+
+/// Whether the table exists, and how many of the record columns it has.
+async fn table_state(
+    client: &Client,
+    quoted_name: &str,
+) -> Result<(bool, i64), tokio_postgres::Error> {
+    let columns: Vec<&str> = RECORD_COLUMNS.iter().map(|(column, _)| *column).collect();
+    let row = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL, (SELECT count(*) FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attname = ANY($2) AND NOT attisdropped)",
+            &[&quoted_name, &columns],
+        )
+        .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
+/// Any text as a SQL expression made only of hex digits and SQL words, so
+/// it can be inlined into a simple-protocol message whatever it contains
+/// and whatever `standard_conforming_strings` says.
+fn text_literal(text: &str) -> String {
+    let mut hex = String::with_capacity(2 * text.len());
+    for byte in text.bytes() {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
+}
+
+/// The columns every grant writes after `lock_key, token, owner_digest`.
+const GRANT_COLUMNS: &str = "key_name, ttl_ms, holder_host, holder_pid, holder_label, session_pid";
+
+/// What a repeated grant of a key overwrites: everything but the key.
+const GRANT_UPDATE: &str = "ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1, \
+     owner_digest = EXCLUDED.owner_digest, granted_at = now(), key_name = EXCLUDED.key_name, \
+     ttl_ms = EXCLUDED.ttl_ms, holder_host = EXCLUDED.holder_host, \
+     holder_pid = EXCLUDED.holder_pid, holder_label = EXCLUDED.holder_label, \
+     session_pid = EXCLUDED.session_pid RETURNING token";
 
 /// Every statement text, built once per locker from its fencing table.
 #[derive(Debug, Clone)]
 pub(super) struct Sql {
     table: Option<String>,
-    /// Takes the lock if free and, when fencing, bumps the counter in the
-    /// same statement. Returns one row (the token, or NULL without fencing)
-    /// when acquired and none when held elsewhere: one round trip per try.
+    /// Takes the lock if free and, when fencing, bumps the counter and
+    /// writes the grant's record in the same statement. Returns one row (the
+    /// token, or NULL without fencing) when acquired and none when held
+    /// elsewhere: one round trip per try. Parameters with fencing: the key,
+    /// the owner digest, then the [`GrantRecord`] as `key_name, host, pid,
+    /// label, ttl_ms`; without: the key.
     pub(super) try_lock: String,
     /// Releases one hold of the key on this session: `true` if it held it.
     pub(super) unlock: &'static str,
@@ -165,6 +241,16 @@ pub(super) struct Sql {
     /// until the delete commits, so no session can be granted the key (and
     /// bump the row) in between. Returns whether the key was free.
     pub(super) forget: String,
+    /// Who holds key `$1`: one row per granted hold: the holding
+    /// pid, then the row's record (see `RECORD_SELECT`).
+    pub(super) inspect: String,
+    /// Every held key whose recorded name starts with `$1`, as
+    /// [`Sql::inspect`] reports a hold.
+    pub(super) list: String,
+    /// Ends the session with pid `$2` if it still holds key `$1` and is not
+    /// the session running the statement: `(own, terminated)`, no row if it
+    /// no longer holds the key.
+    pub(super) terminate: String,
 }
 
 /// Matches this session's granted hold of the bigint advisory key `$1` in
@@ -179,6 +265,15 @@ const ANY_HOLD: &str = "locktype = 'advisory' AND granted AND objsubid = 1 \
      AND classid::int8 = ($1::int8 >> 32) & 4294967295 \
      AND objid::int8 = $1::int8 & 4294967295";
 
+/// What inspection reads of a hold after the holding pid: the fencing
+/// row's record (all NULL without a row), `session_pid` first (the record
+/// is the current holder's only if it equals the holding pid).
+const RECORD_SELECT: &str = "f.session_pid, f.token, f.granted_at, f.ttl_ms, f.holder_host, \
+     f.holder_pid, f.holder_label, f.key_name, f.lock_key";
+
+const NO_RECORD_SELECT: &str = "NULL::int4, NULL::int8, NULL::timestamptz, NULL::int8, \
+     NULL::text, NULL::int8, NULL::text, NULL::text, NULL::int8";
+
 impl Sql {
     pub(super) fn new(fencing: Option<&FencingTable>) -> Self {
         let table = fencing.map(FencingTable::quoted);
@@ -186,11 +281,9 @@ impl Sql {
             // The WHERE clause of a FROM-less SELECT runs once: the row is
             // inserted (or the counter bumped) only if the lock was taken.
             Some(table) => format!(
-                "INSERT INTO {table} AS f (lock_key, token, owner_digest) \
-                 SELECT $1::int8, 1, $2::text WHERE pg_try_advisory_lock($1::int8) \
-                 ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1, \
-                 owner_digest = EXCLUDED.owner_digest, granted_at = now() \
-                 RETURNING token"
+                "INSERT INTO {table} AS f (lock_key, token, owner_digest, {GRANT_COLUMNS}) \
+                 SELECT $1::int8, 1, $2::text, $3::text, $7::int8, $4::text, $5::int8, $6::text, \
+                 pg_backend_pid() WHERE pg_try_advisory_lock($1::int8) {GRANT_UPDATE}"
             ),
             None => "SELECT NULL::int8 WHERE pg_try_advisory_lock($1::int8)".to_owned(),
         };
@@ -212,6 +305,32 @@ impl Sql {
             // Nothing stored: only say whether the key is held.
             None => "SELECT pg_try_advisory_xact_lock($1::int8)".to_owned(),
         };
+        let inspect = match &table {
+            Some(table) => format!(
+                "SELECT l.pid, {RECORD_SELECT} FROM pg_locks l \
+                 LEFT JOIN {table} f ON f.lock_key = $1::int8 WHERE {ANY_HOLD} ORDER BY l.pid"
+            ),
+            None => format!(
+                "SELECT pid, {NO_RECORD_SELECT} FROM pg_locks WHERE {ANY_HOLD} ORDER BY pid"
+            ),
+        };
+        // Without a table no lock has a name to list it by: `list` is
+        // refused before this statement is ever sent.
+        let list = match &table {
+            Some(table) => format!(
+                "SELECT DISTINCT ON (f.lock_key) l.pid, {RECORD_SELECT} FROM pg_locks l \
+                 JOIN {table} f ON f.lock_key = ((l.classid::int8 << 32) | l.objid::int8) \
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND starts_with(f.key_name, $1::text) ORDER BY f.lock_key, l.pid"
+            ),
+            None => String::new(),
+        };
+        let terminate = format!(
+            "SELECT pid = pg_backend_pid(), \
+             CASE WHEN pid = pg_backend_pid() THEN NULL ELSE pg_terminate_backend(pid, $3::int8) END \
+             FROM pg_locks WHERE {ANY_HOLD} AND pid = $2::int4"
+        );
         Sql {
             forget,
             table,
@@ -222,6 +341,9 @@ impl Sql {
                 "SELECT pg_advisory_unlock($1::int8) FROM pg_locks WHERE {OWN_HOLD}"
             ),
             holder,
+            inspect,
+            list,
+            terminate,
         }
     }
 
@@ -230,36 +352,38 @@ impl Sql {
         self.table.is_some()
     }
 
-    /// Bumps the counter of a lock already held (after a native wait):
-    /// returns the token. `None` without fencing.
+    /// Bumps the counter of a lock already held (after a native wait) and
+    /// writes the grant's record: returns the token. Parameters as
+    /// [`Sql::try_lock`]'s. `None` without fencing.
     pub(super) fn grant_token(&self) -> Option<String> {
         self.table.as_ref().map(|table| {
             format!(
-                "INSERT INTO {table} AS f (lock_key, token, owner_digest) VALUES ($1::int8, 1, $2::text) \
-                 ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1, \
-                 owner_digest = EXCLUDED.owner_digest, granted_at = now() \
-                 RETURNING token"
+                "INSERT INTO {table} AS f (lock_key, token, owner_digest, {GRANT_COLUMNS}) \
+                 VALUES ($1::int8, 1, $2::text, $3::text, $7::int8, $4::text, $5::int8, $6::text, \
+                 pg_backend_pid()) {GRANT_UPDATE}"
             )
         })
     }
 
     /// The native wait, as one simple-protocol message: its statements run
     /// in one implicit transaction that stops at the first error, so the
-    /// counter is bumped only if the lock was granted. The wait runs under
-    /// `lock_timeout_ms`; the session's own `session_lock_timeout_ms` is
-    /// restored right after it, so the counter bump (and everything the
-    /// session runs later) is under the session's bound, not the wait's
-    /// remainder. On an error the implicit transaction rolls back, and with
-    /// it both `SET`s. Every inlined value is generated here (integers, hex
-    /// digits, a quoted identifier), never caller text; the key is a quoted
-    /// literal so that `i64::MIN` (whose digits alone overflow bigint before
-    /// negation) parses.
+    /// counter is bumped (and the record written) only if the lock was
+    /// granted. The wait runs under `lock_timeout_ms`; the session's own
+    /// `session_lock_timeout_ms` is restored right after it, so the counter
+    /// bump (and everything the session runs later) is under the session's
+    /// bound, not the wait's remainder. On an error the implicit transaction
+    /// rolls back, and with it both `SET`s. Every inlined value is generated
+    /// here (integers, hex digits, a quoted identifier; the record's text as
+    /// hex, see [`text_literal`]), never caller text as typed; the key is a
+    /// quoted literal so that `i64::MIN` (whose digits alone overflow bigint
+    /// before negation) parses.
     pub(super) fn wait(
         &self,
         key: i64,
         lock_timeout_ms: u64,
         session_lock_timeout_ms: u64,
         owner_digest: &str,
+        record: &GrantRecord<'_>,
     ) -> String {
         debug_assert!(owner_digest.bytes().all(|b| b.is_ascii_hexdigit()));
         let mut sql = format!(
@@ -267,11 +391,21 @@ impl Sql {
              SET lock_timeout = {session_lock_timeout_ms};"
         );
         if let Some(table) = &self.table {
+            // The record's values in `GRANT_COLUMNS` order.
+            let text_or_null = |text: &Option<String>| match text {
+                Some(text) => text_literal(text),
+                None => "NULL".to_owned(),
+            };
+            let (host, label) = (text_or_null(&record.host), text_or_null(&record.label));
+            let pid = record
+                .pid
+                .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
             sql.push_str(&format!(
-                " INSERT INTO {table} AS f (lock_key, token, owner_digest) VALUES ('{key}'::int8, 1, '{owner_digest}') \
-                 ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1, \
-                 owner_digest = EXCLUDED.owner_digest, granted_at = now() \
-                 RETURNING token;"
+                " INSERT INTO {table} AS f (lock_key, token, owner_digest, {GRANT_COLUMNS}) \
+                 VALUES ('{key}'::int8, 1, '{owner_digest}', {}, {}, {host}, {pid}, {label}, \
+                 pg_backend_pid()) {GRANT_UPDATE};",
+                text_literal(record.key_name),
+                record.ttl_ms,
             ));
         }
         sql
@@ -280,6 +414,8 @@ impl Sql {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -307,17 +443,24 @@ mod tests {
         let sql = Sql::new(None);
         assert!(!sql.fencing());
         assert!(sql.grant_token().is_none());
-        assert!(!sql.wait(7, 100, 5000, "ab").contains("INSERT"));
+        let record = GrantRecord::new("k", Duration::from_secs(1), true);
+        assert!(!sql.wait(7, 100, 5000, "ab", &record).contains("INSERT"));
         assert!(!sql.try_lock.contains("INSERT"));
     }
 
     #[test]
     fn the_wait_inlines_only_generated_values() {
         let sql = Sql::new(Some(&FencingTable::default()));
-        let text = sql.wait(-5, 250, 5000, "00ff");
+        let mut record = GrantRecord::new("k'ey\\", Duration::from_millis(1500), true);
+        record.label = Some("it's; DROP TABLE x; --".into());
+        let text = sql.wait(-5, 250, 5000, "00ff", &record);
         assert!(text.starts_with(
             "SET lock_timeout = 250; SELECT pg_advisory_lock('-5'::int8); SET lock_timeout = 5000;"
         ));
-        assert!(text.contains("VALUES ('-5'::int8, 1, '00ff')"));
+        assert!(text
+            .contains("VALUES ('-5'::int8, 1, '00ff', convert_from(decode('6b2765795c', 'hex')"));
+        assert!(text.contains(", 1500, convert_from(decode('"), "{text}");
+        // Caller text never appears as typed: only its hex digits do.
+        assert!(!text.contains("DROP") && !text.contains("k'ey"), "{text}");
     }
 }

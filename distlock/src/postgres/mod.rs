@@ -195,14 +195,69 @@
 //!     lock_key bigint PRIMARY KEY,      -- the advisory key
 //!     token bigint NOT NULL,            -- the last fencing token granted
 //!     owner_digest text NOT NULL,       -- SHA-256 (128 bits, hex) of the last holder's owner token
-//!     granted_at timestamptz NOT NULL DEFAULT now()
+//!     granted_at timestamptz NOT NULL DEFAULT now(), -- the last grant, server time
+//!     -- the last grant's record (see Inspection):
+//!     key_name text,                    -- the key as the caller named it
+//!     session_pid integer,              -- the server process that was granted it
+//!     ttl_ms bigint,                    -- its ttl
+//!     holder_host text,                 -- its holder: host, process id, label
+//!     holder_pid bigint,
+//!     holder_label text
 //! );
 //! ```
+//!
+//! A table created before the record columns existed gets them added
+//! (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`, by the table's owner, once)
+//! when a locker connects; older clients leave them alone, and their
+//! grants then read as held by an unknown holder. Every column is written
+//! by the statement that takes the lock: recording adds no round trip.
 //!
 //! Rows are never deleted: one small row per key ever locked. With fencing
 //! off (`fencing=off`, [`PostgresLockerBuilder::fencing`]) an acquire is a
 //! bare `pg_try_advisory_lock`, no table is used, and leases have no fencing
 //! token. Either way an acquire is one round trip.
+//!
+//! # Inspection
+//!
+//! [`Locker::inspect`] is one statement: the key's granted hold in
+//! `pg_locks` (locktype `advisory`, the 64-bit key split into `classid` and
+//! `objid`, in this database) joined with the key's fencing row. It reports
+//! the holding server process as `session: "pid N"` (find it in
+//! `pg_stat_activity`), and from the row the [`Holder`](crate::inspect::Holder),
+//! the grant time on the **server's** clock (`now()` of the granting
+//! statement, [`Clock::Server`](crate::inspect::Clock::Server)), the ttl and
+//! the fencing token. `ttl_left` is always `None`: locks here do not expire.
+//!
+//! - The row is the holder's only if the process that wrote it is the one
+//!   holding the key now. A lock taken with plain SQL (`pg_advisory_lock`,
+//!   including the transaction-scoped [`try_lock_xact`] and
+//!   [`lock_xact`], which `pg_locks` shows alike), by a distlock that
+//!   predates holder records, with `holder=off`, or with `fencing=off` (no
+//!   row at all) is reported held by an unknown holder (`holder: None`),
+//!   with its session: never free. (One blind spot: if the recorded
+//!   process exits and the OS gives its pid to a new session that takes the
+//!   same key with plain SQL, that session is taken for the recorded
+//!   holder.)
+//! - [`Locker::list`] joins every held advisory lock of the database with
+//!   the fencing rows whose `key_name` starts with the prefix, and keeps
+//!   the keys of this locker's namespace (raw keys through [`RawKeys`]).
+//!   A lock without a fencing row has no name and is not listed; without
+//!   fencing, `list` is [`Error::Unsupported`].
+//! - [`Locker::force_release`] supports only
+//!   [`ForceRelease::TerminateSession`]: **`pg_terminate_backend` of the
+//!   holding session, which frees EVERY lock that session holds.** A
+//!   distlock process keeps many locks on each of its few shared sessions:
+//!   all of them are freed, all their holders' lost signals fire
+//!   ([`LostReason::ConnectionLost`](crate::LostReason)), and any
+//!   transaction of a plain-SQL holder is rolled back. The statement checks
+//!   that the session still holds the key and waits up to 5 s for it to exit
+//!   (Postgres 14+), so the lock is free when the call returns. It needs the
+//!   holder's role, membership in `pg_signal_backend` (not for superuser
+//!   sessions), or superuser; the server's refusal is [`Error::Backend`]
+//!   naming them. [`ForceRelease::Lock`] is [`Error::Unsupported`] (only its
+//!   own session can release a session advisory lock), and so is ending the
+//!   locker's own session: release the lease instead. Nothing stops the
+//!   evicted holder's work but its lost signal: fence its writes.
 //!
 //! # URL
 //!
@@ -216,6 +271,7 @@
 //! | `namespace` | prefix of every key before hashing | none |
 //! | `fencing` | `on` / `off` | `on` |
 //! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
+//! | `holder` | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
 //! | `sessions` | shared sessions | 4 |
 //! | `idle_waiters` | idle wait connections kept | 2 |
 //! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
@@ -245,6 +301,7 @@ mod config;
 mod errors;
 mod fencing;
 mod forget;
+mod inspect;
 mod keys;
 mod marks;
 mod pool;
@@ -270,6 +327,7 @@ use self::marks::MarksSql;
 use self::pool::Pool;
 use self::registry::Registry;
 use self::session::OnClosed;
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, Result};
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
@@ -423,9 +481,10 @@ fn capabilities(fencing: bool) -> Capabilities {
         release_notifications: false,
         fencing,
         marks: true,
-        inspect: false,
-        list: false,
-        force_release: false,
+        inspect: true,
+        // Only the fencing table names the locks.
+        list: fencing,
+        force_release: true,
     }
 }
 
@@ -481,6 +540,35 @@ impl Locker for PostgresLocker {
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
         self.inner.advance_mark(self.lock_key(name), value).await
+    }
+
+    /// One statement: the key's hold in `pg_locks` joined with its fencing
+    /// row (see the [module docs](self#inspection)).
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        self.inner.inspect(self.lock_key(key)).await
+    }
+
+    /// The held advisory locks of this database joined with their fencing
+    /// rows, keeping the keys of this locker's namespace. Locks without a
+    /// fencing row (taken with plain SQL, or by a distlock without fencing)
+    /// have no name and are not listed. [`Error::Unsupported`] without
+    /// fencing.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let namespace = &self.inner.settings.namespace;
+        self.inner
+            .list(prefix, |name, lock_key| {
+                advisory_key(namespace, name) == lock_key
+            })
+            .await
+    }
+
+    /// [`ForceRelease::TerminateSession`] only: `pg_terminate_backend` of the
+    /// holding session, which frees **every** lock it holds (see the
+    /// [module docs](self#inspection)).
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        self.inner.force_release(self.lock_key(key), how).await
     }
 }
 
@@ -565,5 +653,23 @@ impl Locker for RawKeys {
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         let key = keys::parse_raw(name)?;
         self.locker.inner.advance_mark(key, value).await
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        self.locker.inner.inspect(keys::parse_raw(key)?).await
+    }
+
+    /// The raw keys held with a fencing row written through [`RawKeys`]
+    /// (whose recorded name is the key in decimal).
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.locker
+            .inner
+            .list(prefix, |name, lock_key| name.parse() == Ok(lock_key))
+            .await
+    }
+
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        let key = keys::parse_raw(key)?;
+        self.locker.inner.force_release(key, how).await
     }
 }

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage, Statement};
 
 use super::config::Settings;
 use super::errors::{self, BACKEND};
-use super::fencing::{self, FencingTable, Sql};
+use super::fencing::{self, FencingTable, GrantRecord, Sql};
 use crate::deadline::bounded;
 use crate::{Error, Result};
 
@@ -181,17 +182,19 @@ impl Session {
     }
 
     /// One attempt: `Some(token)` if acquired (`token` is `None` without
-    /// fencing), `None` if held elsewhere.
+    /// fencing), `None` if held elsewhere. With fencing the grant writes
+    /// `record` into the key's row.
     pub(super) async fn try_lock(
         &self,
         key: i64,
         owner_digest: &str,
+        record: &GrantRecord<'_>,
         fencing: bool,
     ) -> Result<Option<Option<i64>>, tokio_postgres::Error> {
         let statement = &self.statements.try_lock;
         let row = if fencing {
             self.client
-                .query_opt(statement, &[&key, &owner_digest])
+                .query_opt(statement, &record_params(&key, &owner_digest, record))
                 .await?
         } else {
             self.client.query_opt(statement, &[&key]).await?
@@ -224,16 +227,18 @@ impl Session {
         Ok(!rows.is_empty())
     }
 
-    /// Bumps the fencing counter of `key`, held by this session.
+    /// Bumps the fencing counter of `key`, held by this session, and writes
+    /// `record` into its row.
     pub(super) async fn grant_token(
         &self,
         key: i64,
         owner_digest: &str,
+        record: &GrantRecord<'_>,
     ) -> Result<Option<i64>, tokio_postgres::Error> {
         match &self.statements.grant_token {
             Some(statement) => self
                 .client
-                .query_one(statement, &[&key, &owner_digest])
+                .query_one(statement, &record_params(&key, &owner_digest, record))
                 .await?
                 .try_get(0)
                 .map(Some),
@@ -276,6 +281,24 @@ impl Session {
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         self.client.query(sql, params).await
     }
+}
+
+/// The parameters of a grant with fencing: the key, the owner digest, then
+/// the record as [`Sql::try_lock`](super::fencing::Sql) lists them.
+fn record_params<'a>(
+    key: &'a i64,
+    owner_digest: &'a &'a str,
+    record: &'a GrantRecord<'a>,
+) -> [&'a (dyn ToSql + Sync); 7] {
+    [
+        key,
+        owner_digest,
+        &record.key_name,
+        &record.host,
+        &record.pid,
+        &record.label,
+        &record.ttl_ms,
+    ]
 }
 
 /// How a native wait failed.

@@ -704,11 +704,19 @@ impl Locker for RedlockLocker {
     }
 
     /// Deletes the per-node counters of `key` (see the [module
-    /// docs](self), "Fencing") if no node holds it.
+    /// docs](self), "Fencing") on every node where it is free, unless a
+    /// majority holds it.
+    ///
+    /// A key held on a minority of nodes is not held: that is what a
+    /// release leaves behind for a moment (it returns once a majority has
+    /// released, the others finish in the background), or a client that
+    /// died mid-acquire. Those nodes keep their key until it expires or its
+    /// release lands; with no fencing tokens on Redlock, a counter left
+    /// there changes nothing.
     ///
     /// # Errors
     ///
-    /// [`Error::NotAcquired`] if any node holds `key`; [`Error::Backend`]
+    /// [`Error::NotAcquired`] if a majority holds `key`; [`Error::Backend`]
     /// if any node failed (each node's deletion is atomic; nodes that
     /// answered may have forgotten it).
     async fn forget(&self, key: &str) -> Result<()> {
@@ -732,7 +740,7 @@ impl Locker for RedlockLocker {
                 |_| false,
             )
             .await;
-        if tally.no > 0 {
+        if tally.no >= self.inner.quorum {
             return Err(Error::NotAcquired {
                 key: key.to_owned(),
             });

@@ -10,3 +10,4 @@ mod support;
 
 mod behaviour;
 mod faults;
+mod inspect;

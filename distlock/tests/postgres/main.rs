@@ -9,4 +9,5 @@ mod support;
 
 mod behaviour;
 mod faults;
+mod inspect;
 mod partition;

@@ -199,6 +199,32 @@ async fn a_node_holding_a_stale_key_does_not_stop_a_majority() {
     .await;
 }
 
+/// A key held on a minority of nodes is not held (a release still finishing
+/// on a slow node leaves exactly that behind): forget goes ahead on the
+/// nodes where it is free and leaves the minority's key to its ttl; a key
+/// held on a majority is refused.
+#[tokio::test]
+async fn forget_refuses_a_majority_holder_only() {
+    let servers = start(3);
+    let locker = connect(&servers).await;
+    servers[1].cli(&["SET", "lock:{f}", "stale-owner", "PX", "60000"]);
+    locker
+        .forget("f")
+        .await
+        .expect("held on one node of three: not held, so forgotten");
+    assert_eq!(
+        stored(&servers[1], "f"),
+        "stale-owner",
+        "the minority's key is left to its ttl"
+    );
+
+    servers[2].cli(&["SET", "lock:{f}", "stale-owner", "PX", "60000"]);
+    match locker.forget("f").await {
+        Err(Error::NotAcquired { key }) => assert_eq!(key, "f"),
+        other => panic!("held on two nodes of three: refused, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn refresh_relocks_a_node_restarted_without_persistence() {
     let mut servers = start(3);

@@ -1,0 +1,259 @@
+//! Who holds a lock: `IS_USED_LOCK` (which connection holds the name)
+//! joined with the lock's fencing row (what the grant recorded), and
+//! operator release by `KILL` of the holding connection.
+//!
+//! The row is the current holder's record only if the connection that
+//! wrote it is the one holding the name now (`session_id`): a row left by an
+//! earlier holder beside a plain `GET_LOCK` describes nobody.
+
+use std::time::Duration;
+
+use mysql_async::Row;
+use tokio::time::Instant;
+
+use super::errors::{self, BACKEND};
+use super::fencing::Sql;
+use super::names::LockName;
+use super::session::Request;
+use super::Inner;
+use crate::deadline::bounded;
+use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::{Error, Result};
+
+/// How long a force release waits for the killed connection's locks to be
+/// freed (the server ends the killed thread asynchronously).
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// How often a force release looks again when the lock changed hands between
+/// its inspection and the `KILL`.
+const KILL_ATTEMPTS: usize = 3;
+
+/// A column as `T`, `None` for NULL.
+fn column<T: mysql_async::prelude::FromValue>(
+    row: &Row,
+    index: usize,
+) -> Result<Option<T>, String> {
+    match row.get_opt::<Option<T>, usize>(index) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(e)) => Err(format!("column {index}: {e}")),
+        None => Err(format!("the answer has no column {index}")),
+    }
+}
+
+/// Reads a row of [`Sql::inspect`] or [`Sql::list`]: the holding connection
+/// (`None`: free) and what is known of the hold. `key` names the lock in the
+/// report (the recorded name for a listing).
+fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, String> {
+    let Some(connection) = column::<u64>(row, 0)? else {
+        return Ok(None);
+    };
+    let key_name: Option<String> = column(row, 8)?;
+    let Some(name) = key.map(str::to_owned).or(key_name) else {
+        return Ok(None);
+    };
+    let mut held = HeldLock::new(name);
+    held.session = Some(format!("connection {connection}"));
+    // A row written by another connection describes an earlier grant.
+    if column::<u64>(row, 1)? == Some(connection) {
+        let token: Option<u64> = column(row, 2)?;
+        let granted_ms: Option<u64> = column(row, 3)?;
+        let ttl_ms: Option<u64> = column(row, 4)?;
+        let host: Option<String> = column(row, 5)?;
+        let holder_pid: Option<u32> = column(row, 6)?;
+        let label: Option<String> = column(row, 7)?;
+        held.fencing_token = token;
+        held.granted = granted_ms.map(|ms| GrantTime {
+            at: inspect::from_unix_millis(ms),
+            clock: Clock::Server,
+        });
+        held.ttl = ttl_ms.map(Duration::from_millis);
+        held.holder = match (host, holder_pid, label) {
+            (Some(host), Some(pid), Some(label)) => Some(Holder { host, pid, label }),
+            _ => None,
+        };
+    }
+    Ok(Some((connection, held)))
+}
+
+impl Inner {
+    /// Runs one read-only statement on `name`'s shared session.
+    async fn read(
+        &self,
+        session_key: &str,
+        sql: String,
+        operation: &'static str,
+        context: &(dyn Fn() -> String + Sync),
+    ) -> Result<Vec<Row>> {
+        let session = self.pool.shared(session_key).await?;
+        let limit = self.settings.query_timeout;
+        let mut answer = bounded(BACKEND, operation, limit, async {
+            session
+                .run(Request::new(sql, limit))
+                .await
+                .map_err(|e| errors::backend(operation, context(), e))
+        })
+        .await?;
+        let rows = std::mem::take(&mut answer.rows);
+        answer.settle();
+        Ok(rows)
+    }
+
+    /// [`crate::Locker::inspect`].
+    pub(super) async fn inspect(&self, name: &LockName<'_>) -> Result<Option<HeldLock>> {
+        Ok(self.find_hold(name, "inspect").await?.map(|(_, held)| held))
+    }
+
+    async fn find_hold(
+        &self,
+        name: &LockName<'_>,
+        operation: &'static str,
+    ) -> Result<Option<(u64, HeldLock)>> {
+        let context = || format!("inspect {:?} on {}", name.key, self.settings.target);
+        let rows = self
+            .read(&name.server, self.sql.inspect(name), operation, &context)
+            .await?;
+        let bad = |why: String| Error::backend(BACKEND, operation, format!("{}: {why}", context()));
+        let row = rows
+            .first()
+            .ok_or_else(|| bad("the server returned no row".into()))?;
+        read_hold(row, Some(name.key)).map_err(bad)
+    }
+
+    /// [`crate::Locker::list`].
+    pub(super) async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let Some(sql) = self.sql.list(prefix) else {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "list",
+                reason: "without the fencing table (fencing=off) no lock records its key, so held \
+                         locks cannot be listed; inspect a key instead"
+                    .into(),
+            });
+        };
+        let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
+        let rows = self.read("", sql, "list", &context).await?;
+        let mut listed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let hold = read_hold(row, None)
+                .map_err(|why| Error::backend(BACKEND, "list", format!("{}: {why}", context())))?;
+            // Released between the scan's IS_USED_LOCK and here: not listed.
+            if let Some((_, held)) = hold {
+                listed.push(held);
+            }
+        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
+    }
+
+    /// [`crate::Locker::force_release`]: only by `KILL` of the holding
+    /// connection.
+    pub(super) async fn force_release(
+        &self,
+        name: &LockName<'_>,
+        how: ForceRelease,
+    ) -> Result<Option<HeldLock>> {
+        if how != ForceRelease::TerminateSession {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "force_release",
+                reason: format!(
+                    "{how:?}: a GET_LOCK lock can only be released by the connection holding it; \
+                     ForceRelease::TerminateSession ends that connection (KILL), which frees EVERY \
+                     lock it holds (distlock shares one connection among many locks) and fires all \
+                     their holders' lost signals"
+                ),
+            });
+        }
+        for _ in 0..KILL_ATTEMPTS {
+            let Some((connection, held)) = self.find_hold(name, "force_release").await? else {
+                return Ok(None);
+            };
+            if self.kill(name, connection).await? {
+                inspect::log_forced_release(BACKEND, name.key, how, Some(&held));
+                return Ok(Some(held));
+            }
+            // Released (and maybe taken again) since it was inspected.
+        }
+        Err(Error::backend(
+            BACKEND,
+            "force_release",
+            format!(
+                "{:?} changed hands {KILL_ATTEMPTS} times while being force-released; inspect it again",
+                name.key
+            ),
+        ))
+    }
+
+    /// `KILL`s `connection` if it still holds `name`, then waits until the
+    /// server has freed the lock: true if it did, false if the connection no
+    /// longer held it.
+    async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
+        let session = self.pool.shared(&name.server).await?;
+        if u64::from(session.connection_id) == connection {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "force_release",
+                reason: format!(
+                    "{:?} is held by this locker's own connection {connection}; release its lease, \
+                     or force-release it from another client",
+                    name.key
+                ),
+            });
+        }
+        let context = || {
+            format!(
+                "KILL connection {connection}, which holds {:?}, on {} (killing another user's \
+                 connection needs the CONNECTION_ADMIN or SUPER privilege)",
+                name.key, self.settings.target
+            )
+        };
+        let rows = self
+            .read(
+                &name.server,
+                Sql::kill_holder(name, connection),
+                "force_release",
+                &context,
+            )
+            .await?;
+        let bad =
+            |why: String| Error::backend(BACKEND, "force_release", format!("{}: {why}", context()));
+        let killed = rows
+            .first()
+            .ok_or_else(|| bad("the server returned no row".into()))
+            .and_then(|row| column::<i64>(row, 0).map_err(bad))?;
+        if killed != Some(1) {
+            return Ok(false);
+        }
+        // The killed thread frees its locks as it ends, a moment later.
+        let started = Instant::now();
+        loop {
+            let rows = self
+                .read(
+                    &name.server,
+                    Sql::held_by(name, connection),
+                    "force_release",
+                    &context,
+                )
+                .await?;
+            let still = rows
+                .first()
+                .ok_or_else(|| bad("the server returned no row".into()))
+                .and_then(|row| column::<i64>(row, 0).map_err(bad))?;
+            if still != Some(1) {
+                return Ok(true);
+            }
+            if started.elapsed() >= KILL_WAIT {
+                return Err(Error::backend(
+                    BACKEND,
+                    "force_release",
+                    format!(
+                        "connection {connection} holding {:?} was killed but still held it after \
+                         {KILL_WAIT:?}; inspect it again",
+                        name.key
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

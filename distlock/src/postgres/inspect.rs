@@ -1,0 +1,228 @@
+//! Who holds a lock: `pg_locks` (which session holds the advisory key)
+//! joined with the key's fencing row (what the grant recorded), and operator
+//! release by ending the holding session.
+//!
+//! The row is the current holder's record only if the session that wrote it
+//! is the one holding the key now (`session_pid`): a row left by an earlier
+//! holder beside a lock taken with plain `pg_advisory_lock` describes
+//! nobody, so that lock is reported as held by an unknown holder.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::Row;
+
+use super::errors::{self, BACKEND};
+use super::keys::LockKey;
+use super::Inner;
+use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::{Error, Result};
+
+/// How long `pg_terminate_backend` waits for the terminated backend to exit
+/// (and so free its locks) before it reports failure (Postgres 14+).
+const TERMINATE_WAIT: Duration = Duration::from_secs(5);
+
+/// How often a force release looks again when the lock changed hands between
+/// its inspection and the termination.
+const TERMINATE_ATTEMPTS: usize = 3;
+
+/// One hold found in `pg_locks`, with its fencing row (see
+/// [`Sql::inspect`](super::fencing::Sql)).
+struct Hold {
+    pid: i32,
+    lock_key: Option<i64>,
+    key_name: Option<String>,
+    held: HeldLock,
+}
+
+impl Hold {
+    /// Reads a row of [`Sql::inspect`](super::fencing::Sql) or
+    /// [`Sql::list`](super::fencing::Sql); `key` names the lock in the
+    /// report (the recorded name for a listing).
+    fn from_row(row: &Row, key: Option<&str>) -> Result<Hold, tokio_postgres::Error> {
+        let pid: i32 = row.try_get(0)?;
+        let session_pid: Option<i32> = row.try_get(1)?;
+        let key_name: Option<String> = row.try_get(8)?;
+        let lock_key: Option<i64> = row.try_get(9)?;
+        let name = key.or(key_name.as_deref()).unwrap_or_default();
+        let mut held = HeldLock::new(name);
+        held.session = Some(format!("pid {pid}"));
+        // A row written by another session than the holder's describes an
+        // earlier grant, not this one.
+        if session_pid == Some(pid) {
+            let token: Option<i64> = row.try_get(2)?;
+            let granted: Option<SystemTime> = row.try_get(3)?;
+            let ttl_ms: Option<i64> = row.try_get(4)?;
+            let host: Option<String> = row.try_get(5)?;
+            let holder_pid: Option<i64> = row.try_get(6)?;
+            let label: Option<String> = row.try_get(7)?;
+            held.fencing_token = token.and_then(|t| u64::try_from(t).ok());
+            held.granted = granted.map(|at| GrantTime {
+                at,
+                clock: Clock::Server,
+            });
+            held.ttl = ttl_ms
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis);
+            held.holder = match (host, holder_pid.and_then(|p| u32::try_from(p).ok()), label) {
+                (Some(host), Some(pid), Some(label)) => Some(Holder { host, pid, label }),
+                _ => None,
+            };
+        }
+        Ok(Hold {
+            pid,
+            lock_key,
+            key_name,
+            held,
+        })
+    }
+}
+
+impl Inner {
+    /// [`crate::Locker::inspect`] for string and raw keys alike.
+    pub(super) async fn inspect(&self, key: LockKey<'_>) -> Result<Option<HeldLock>> {
+        Ok(self.find_hold(key, "inspect").await?.map(|hold| hold.held))
+    }
+
+    async fn find_hold(&self, key: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
+        let session = self.pool.shared(key.id).await?;
+        let context = || format!("inspect {:?} on {}", key.name, self.settings.target);
+        let rows = errors::within(
+            operation,
+            self.settings.query_timeout,
+            context,
+            session.query(&self.sql.inspect, &[&key.id]),
+        )
+        .await?;
+        // Several rows only for a key held in shared mode
+        // (`pg_advisory_lock_shared`, never distlock): report the first.
+        rows.first()
+            .map(|row| Hold::from_row(row, Some(key.name)))
+            .transpose()
+            .map_err(|e| errors::backend(operation, context(), e))
+    }
+
+    /// [`crate::Locker::list`]: the held keys whose recorded name starts with
+    /// `prefix` and that `ours` says this locker would lock under that name
+    /// (string keys in its namespace, or raw keys), sorted by name.
+    pub(super) async fn list(
+        &self,
+        prefix: &str,
+        ours: impl Fn(&str, i64) -> bool,
+    ) -> Result<Vec<HeldLock>> {
+        if !self.fencing() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "list",
+                reason: "without the fencing table (fencing=off) no lock records its key's name, \
+                         so held advisory locks cannot be listed by name; inspect a key instead"
+                    .into(),
+            });
+        }
+        let session = self.pool.shared(0).await?;
+        let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
+        let rows = errors::within(
+            "list",
+            self.settings.query_timeout,
+            context,
+            session.query(&self.sql.list, &[&prefix]),
+        )
+        .await?;
+        let mut listed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let hold =
+                Hold::from_row(row, None).map_err(|e| errors::backend("list", context(), e))?;
+            if let (Some(name), Some(lock_key)) = (&hold.key_name, hold.lock_key) {
+                if ours(name, lock_key) {
+                    listed.push(hold.held);
+                }
+            }
+        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
+    }
+
+    /// [`crate::Locker::force_release`]: only by ending the holding session.
+    pub(super) async fn force_release(
+        &self,
+        key: LockKey<'_>,
+        how: ForceRelease,
+    ) -> Result<Option<HeldLock>> {
+        if how != ForceRelease::TerminateSession {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "force_release",
+                reason: format!(
+                    "{how:?}: a session advisory lock can only be released by the session holding it; \
+                     ForceRelease::TerminateSession ends that session (pg_terminate_backend), which frees \
+                     EVERY lock it holds (distlock shares one session among many locks) and fires all \
+                     their holders' lost signals"
+                ),
+            });
+        }
+        for _ in 0..TERMINATE_ATTEMPTS {
+            let Some(hold) = self.find_hold(key, "force_release").await? else {
+                return Ok(None);
+            };
+            if self.terminate(key, hold.pid).await? {
+                inspect::log_forced_release(BACKEND, key.name, how, Some(&hold.held));
+                return Ok(Some(hold.held));
+            }
+            // Released (and maybe taken again) since it was inspected.
+        }
+        Err(Error::backend(
+            BACKEND,
+            "force_release",
+            format!(
+                "{:?} changed hands {TERMINATE_ATTEMPTS} times while being force-released; inspect it again",
+                key.name
+            ),
+        ))
+    }
+
+    /// Ends server process `pid` if it still holds `key`, waiting for it to
+    /// exit: true if it did, false if it no longer held the key.
+    async fn terminate(&self, key: LockKey<'_>, pid: i32) -> Result<bool> {
+        let session = self.pool.shared(key.id).await?;
+        let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
+        let context = || {
+            format!(
+                "end server process {pid}, which holds {:?}, on {} (pg_terminate_backend needs the \
+                 holder's role, membership in pg_signal_backend, or superuser; and Postgres 14+)",
+                key.name, self.settings.target
+            )
+        };
+        let rows = errors::within(
+            "force_release",
+            self.settings.query_timeout.saturating_add(TERMINATE_WAIT),
+            context,
+            session.query(&self.sql.terminate, &[&key.id, &pid, &wait_ms]),
+        )
+        .await?;
+        let Some(row) = rows.first() else {
+            return Ok(false);
+        };
+        let (own, terminated): (bool, Option<bool>) = (|| Ok((row.try_get(0)?, row.try_get(1)?)))()
+            .map_err(|e: tokio_postgres::Error| errors::backend("force_release", context(), e))?;
+        match (own, terminated) {
+            (true, _) => Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "force_release",
+                reason: format!(
+                    "{:?} is held by this locker's own session (server process {pid}); release its \
+                     lease, or force-release it from another client",
+                    key.name
+                ),
+            }),
+            (false, Some(true)) => Ok(true),
+            (false, _) => Err(Error::backend(
+                BACKEND,
+                "force_release",
+                format!(
+                    "server process {pid} holding {:?} was told to exit but had not within {TERMINATE_WAIT:?}; \
+                     the lock may still be held (inspect it)",
+                    key.name
+                ),
+            )),
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Inspection and operator release on Postgres beyond the conformance
+//! checks: locks taken with plain SQL (held by an unknown holder, never
+//! free), stale records, the native wait's record, recording and fencing
+//! turned off, the upgrade of a table created before holder records, and
+//! `pg_terminate_backend` ending every lock of the holding session.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use distlock::inspect::{with_label, Clock, ForceRelease};
+use distlock::postgres::{advisory_key, PostgresLocker};
+use distlock::{Error, Locker, LostReason};
+use test_servers::PostgresServer;
+
+use crate::support::unique;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn server() -> &'static PostgresServer {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    SERVER.get_or_init(PostgresServer::start)
+}
+
+async fn connect(params: &str) -> PostgresLocker {
+    PostgresLocker::from_url(&format!("{}{params}", server().url()))
+        .await
+        .expect("connect to the test server")
+}
+
+/// A plain client (no distlock), with its server process id.
+async fn plain_client() -> (tokio_postgres::Client, i32) {
+    let (client, connection) = tokio_postgres::connect(&server().url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect a plain client");
+    tokio::spawn(connection);
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid")
+        .get(0);
+    (client, pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_with_plain_sql_is_held_by_an_unknown_holder() {
+    let locker = connect("").await;
+    let key = unique("plain-sql");
+    let id = advisory_key("", &key);
+    let (plain, pid) = plain_client().await;
+
+    // No fencing row at all.
+    plain
+        .execute("SELECT pg_advisory_lock($1)", &[&id])
+        .await
+        .expect("plain lock");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.key, key);
+    assert_eq!(held.holder, None, "{held:?}");
+    assert_eq!(held.session.as_deref(), Some(format!("pid {pid}").as_str()));
+    assert_eq!(
+        (held.fencing_token, held.granted, held.ttl),
+        (None, None, None)
+    );
+    plain
+        .execute("SELECT pg_advisory_unlock($1)", &[&id])
+        .await
+        .expect("plain unlock");
+    assert_eq!(locker.inspect(&key).await.expect("inspect"), None);
+
+    // A fencing row left by an earlier distlock grant describes nobody now.
+    let lease = with_label("earlier holder", locker.try_lock(&key, TTL))
+        .await
+        .expect("try_lock")
+        .expect("free");
+    lease.release().await.expect("release");
+    plain
+        .execute("SELECT pg_advisory_lock($1)", &[&id])
+        .await
+        .expect("plain lock");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(
+        held.holder, None,
+        "a stale record is not the holder: {held:?}"
+    );
+    assert_eq!(held.fencing_token, None, "{held:?}");
+    let listed = locker.list(&key).await.expect("list");
+    assert_eq!(listed.len(), 1, "its row names it: {listed:?}");
+    assert_eq!(
+        (listed[0].key.as_str(), &listed[0].holder),
+        (key.as_str(), &None)
+    );
+    plain
+        .execute("SELECT pg_advisory_unlock($1)", &[&id])
+        .await
+        .expect("plain unlock");
+
+    // A transaction-scoped lock shows in pg_locks like a session lock.
+    plain.execute("BEGIN", &[]).await.expect("begin");
+    plain
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&id])
+        .await
+        .expect("xact lock");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder, None);
+    assert_eq!(held.session.as_deref(), Some(format!("pid {pid}").as_str()));
+    plain.execute("COMMIT", &[]).await.expect("commit");
+    assert_eq!(locker.inspect(&key).await.expect("inspect"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_wait_records_its_holder_whatever_its_label() {
+    let (holder, waiter) = (connect("").await, connect("").await);
+    let key = unique("wait-record");
+    let first = holder
+        .try_lock(&key, TTL)
+        .await
+        .expect("try")
+        .expect("free");
+    let label = "it's a \\ label; DROP TABLE distlock_fencing; -- ünïcødé\n2nd line";
+    let wait = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        with_label(label, async move {
+            waiter
+                .lock(&key, Duration::from_secs(7), Duration::from_secs(20))
+                .await
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.release().await.expect("release");
+    let lease = wait.await.expect("join").expect("the waiter wins");
+    let held = holder.inspect(&key).await.expect("inspect").expect("held");
+    let recorded = held.holder.expect("recorded");
+    assert_eq!(recorded.label, label);
+    assert_eq!(recorded.pid, std::process::id());
+    assert_eq!(held.ttl, Some(Duration::from_secs(7)));
+    assert_eq!(held.fencing_token, lease.fencing_token());
+    assert_eq!(held.granted.expect("granted").clock, Clock::Server);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
+    let (on, off) = (connect("").await, connect("&holder=off").await);
+    let key = unique("holder-off");
+    on.try_lock(&key, TTL)
+        .await
+        .expect("try")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let lease = off.try_lock(&key, TTL).await.expect("try").expect("free");
+    let held = on.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(
+        held.holder, None,
+        "the earlier holder's columns are cleared"
+    );
+    assert_eq!(held.fencing_token, lease.fencing_token());
+    assert!(held.granted.is_some() && held.ttl == Some(TTL), "{held:?}");
+    lease.release().await.expect("release");
+
+    let bare = connect("&fencing=off").await;
+    assert!(!bare.capabilities().list);
+    let key = unique("fencing-off");
+    let lease = bare.try_lock(&key, TTL).await.expect("try").expect("free");
+    let held = bare.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!((held.holder, held.fencing_token), (None, None));
+    assert!(held.session.expect("session").starts_with("pid "));
+    match bare.list("").await {
+        Err(Error::Unsupported { reason, .. }) => assert!(reason.contains("fencing"), "{reason}"),
+        other => panic!("list without fencing: {other:?}"),
+    }
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_table_from_before_holder_records_is_upgraded() {
+    let table = format!("fence_{:08x}", rand::random::<u32>());
+    server().psql(&format!(
+        "CREATE TABLE {table} (lock_key bigint PRIMARY KEY, token bigint NOT NULL, \
+         owner_digest text NOT NULL, granted_at timestamptz NOT NULL DEFAULT now())"
+    ));
+    let key = unique("upgrade");
+    server().psql(&format!(
+        "INSERT INTO {table} VALUES ({}, 41, 'old')",
+        advisory_key("", &key)
+    ));
+    let locker = connect(&format!("&fencing_table={table}")).await;
+    let columns = server().psql(&format!(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = '{table}'"
+    ));
+    assert_eq!(columns, "10", "the six record columns were added");
+    let lease = with_label("after the upgrade", locker.try_lock(&key, TTL))
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(lease.fencing_token(), Some(42), "the counter goes on");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").label, "after the upgrade");
+    lease.release().await.expect("release");
+    // A second client finds the columns there and alters nothing.
+    connect(&format!("&fencing_table={table}")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_the_session_frees_every_lock_it_holds() {
+    // One shared session: both locks live on it.
+    let holder = connect("&sessions=1").await;
+    let operator = connect("").await;
+    let (first, second) = (unique("terminate-a"), unique("terminate-b"));
+    let lease_a = holder
+        .try_lock(&first, TTL)
+        .await
+        .expect("try")
+        .expect("free");
+    let lease_b = holder
+        .try_lock(&second, TTL)
+        .await
+        .expect("try")
+        .expect("free");
+    let (mut lost_a, mut lost_b) = (lease_a.lost_signal(), lease_b.lost_signal());
+
+    match operator.force_release(&first, ForceRelease::Lock).await {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(
+                reason.contains("TerminateSession") && reason.contains("EVERY"),
+                "{reason}"
+            )
+        }
+        other => panic!("ForceRelease::Lock on Postgres: {other:?}"),
+    }
+    match holder
+        .force_release(&first, ForceRelease::TerminateSession)
+        .await
+    {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(reason.contains("own session"), "{reason}")
+        }
+        other => panic!("terminating its own session: {other:?}"),
+    }
+    assert!(operator.inspect(&first).await.expect("inspect").is_some());
+
+    let evicted = operator
+        .force_release(&first, ForceRelease::TerminateSession)
+        .await
+        .expect("force release")
+        .expect("held");
+    assert_eq!(evicted.fencing_token, lease_a.fencing_token());
+    for key in [&first, &second] {
+        assert_eq!(
+            operator.inspect(key).await.expect("inspect"),
+            None,
+            "{key}: every lock of the session is free once the call returns"
+        );
+    }
+    for lost in [&mut lost_a, &mut lost_b] {
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
+            .await
+            .expect("lost signal");
+        assert_eq!(reason, LostReason::ConnectionLost);
+    }
+
+    // A lock held with plain SQL: its session is ended too.
+    let (plain, _) = plain_client().await;
+    let key = unique("terminate-plain");
+    plain
+        .execute("SELECT pg_advisory_lock($1)", &[&advisory_key("", &key)])
+        .await
+        .expect("plain lock");
+    let evicted = operator
+        .force_release(&key, ForceRelease::TerminateSession)
+        .await
+        .expect("force release")
+        .expect("held");
+    assert_eq!(evicted.holder, None);
+    assert!(
+        plain.execute("SELECT 1", &[]).await.is_err(),
+        "its session is gone"
+    );
+    assert_eq!(operator.inspect(&key).await.expect("inspect"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_the_right_to_terminate_gets_the_servers_reason() {
+    let role = format!("weak_{:08x}", rand::random::<u32>());
+    server().psql(&format!("CREATE ROLE {role} LOGIN"));
+    let url = server()
+        .url()
+        .replace("postgres://postgres", &format!("postgres://{role}"));
+    let weak = PostgresLocker::from_url(&format!("{url}&fencing=off"))
+        .await
+        .expect("connect as the weak role");
+    let holder = connect("").await;
+    let key = unique("weak");
+    let lease = holder
+        .try_lock(&key, TTL)
+        .await
+        .expect("try")
+        .expect("free");
+    match weak
+        .force_release(&key, ForceRelease::TerminateSession)
+        .await
+    {
+        Err(Error::Backend { source, .. }) => {
+            let text = source.to_string();
+            assert!(
+                text.contains("42501") && text.contains("pg_signal_backend"),
+                "{text}"
+            );
+        }
+        other => panic!("force release without the privilege: {other:?}"),
+    }
+    assert!(
+        holder.refresh(&key, lease.owner(), TTL).await.is_ok(),
+        "still held"
+    );
+    lease.release().await.expect("release");
+}

@@ -1,0 +1,431 @@
+//! A worker: one OS process (this binary's hidden `worker` subcommand), so
+//! that SIGKILL and SIGSTOP hit a real holder with real connections.
+//!
+//! Loop until SIGTERM: `lock(key, ttl, wait)`; on a grant, a hold of a random
+//! 100–300 ms (the profile's range) made of several fenced writes carrying
+//! the fencing token and one read-sleep-write of the unfenced counter; then
+//! `release()`. Every step is an [`EventKind`] on stdout.
+//!
+//! The hold honours the lost signal the way distlock asks users to
+//! (`lost_signal().early_by(drift_margin(ttl))`, as `with_lock` does): a
+//! running process stops its work before the lock can be someone else's.
+//! What no process can honour is a pause: the wait before each write races
+//! the lost signal with the write's timer polled first, so a holder resumed
+//! after SIGSTOP finds its timer due and writes at once, as a program paused
+//! between its last check and its write would. That stale write is what the
+//! fenced register must reject.
+//!
+//! SIGUSR1 asks the worker to keep its current grant until the lost signal
+//! fires (or `linger` passes): the orchestrator uses it to keep a victim
+//! holding while a fault takes seconds to be noticed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use distlock::{drift_margin, KeepAlive, Lease, Locker};
+use rand::Rng;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::events::{Emitter, EventKind};
+use crate::register::RegisterClient;
+
+/// The worker's command line, filled in by the orchestrator.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// The backend's URL.
+    #[arg(long)]
+    pub url: String,
+    /// The lock's key.
+    #[arg(long)]
+    pub key: String,
+    /// The worker's index in its run.
+    #[arg(long)]
+    pub id: u32,
+    /// The fenced register's address.
+    #[arg(long)]
+    pub register: String,
+    /// The lease's ttl, in milliseconds.
+    #[arg(long)]
+    pub ttl_ms: u64,
+    /// How long `lock()` waits, in milliseconds.
+    #[arg(long)]
+    pub wait_ms: u64,
+    /// The shortest hold, in milliseconds.
+    #[arg(long)]
+    pub hold_min_ms: u64,
+    /// The longest hold, in milliseconds.
+    #[arg(long)]
+    pub hold_max_ms: u64,
+    /// Fenced writes per hold.
+    #[arg(long, default_value_t = 4)]
+    pub writes: u32,
+    /// How long a lingering grant (SIGUSR1) is kept at most, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub linger_ms: u64,
+    /// Contenders in this process, each with its own connections, numbered
+    /// from `id`: for deployments that need no process faults (PgBouncer),
+    /// where contenders in one process share tokio-postgres' process-wide
+    /// statement names instead of colliding on a shared server session.
+    #[arg(long, default_value_t = 1)]
+    pub contenders: u32,
+    /// Contend with `distlock::postgres::try_lock_xact` inside a transaction
+    /// of a plain tokio-postgres connection, instead of a `Locker`.
+    #[arg(long)]
+    pub xact: bool,
+}
+
+/// Runs the worker until SIGTERM; the exit code is 0, or 2 if it could not
+/// start (the event log says why).
+pub fn main(args: &WorkerArgs) -> i32 {
+    let emitter = Emitter::new(args.id);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            emitter.emit(EventKind::Failed {
+                message: format!("cannot start the runtime: {err}"),
+            });
+            return 2;
+        }
+    };
+    match runtime.block_on(run(args, emitter)) {
+        Ok(()) => 0,
+        Err(message) => {
+            emitter.emit(EventKind::Failed { message });
+            2
+        }
+    }
+}
+
+async fn run(args: &WorkerArgs, emitter: Emitter) -> Result<(), String> {
+    let stop = stop_on_sigterm()?;
+    let linger = flag_on(SignalKind::user_defined1())?;
+    let mut contenders = tokio::task::JoinSet::new();
+    for offset in 0..args.contenders.max(1) {
+        let (args, stop, linger) = (args.clone(), stop.clone(), linger.clone());
+        let id = args.id.saturating_add(offset);
+        contenders.spawn(async move {
+            let emitter = Emitter::new(id);
+            let outcome = if args.xact {
+                contend_xact(&args, emitter, stop).await
+            } else {
+                contend(&args, emitter, stop, &linger).await
+            };
+            if let Err(message) = &outcome {
+                emitter.emit(EventKind::Failed {
+                    message: message.clone(),
+                });
+            }
+            outcome
+        });
+    }
+    let mut failed = None;
+    while let Some(outcome) = contenders.join_next().await {
+        if let Ok(Err(message)) | Err(message) =
+            outcome.map_err(|err| format!("a contender panicked: {err}"))
+        {
+            failed = Some(message);
+        }
+    }
+    let _ = emitter;
+    failed.map_or(Ok(()), Err)
+}
+
+/// One contender on a [`Locker`].
+async fn contend(
+    args: &WorkerArgs,
+    emitter: Emitter,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    linger: &AtomicBool,
+) -> Result<(), String> {
+    let locker = distlock::connect(&args.url)
+        .await
+        .map_err(|err| format!("cannot open {}: {err}", args.url))?;
+    let mut register = connect_register(args, emitter).await?;
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let wait = Duration::from_millis(args.wait_ms);
+    emitter.emit(EventKind::Ready);
+    let mut grant = 0;
+    while !*stop.borrow() {
+        let attempt = crate::events::now_ns();
+        let outcome = tokio::select! {
+            outcome = locker.lock(&args.key, ttl, wait) => outcome,
+            // A dropped lock() is cancel-safe: nothing is granted to us.
+            _ = stop.changed() => break,
+        };
+        match outcome {
+            Ok(lease) => {
+                grant += 1;
+                emitter.emit(EventKind::Acquired {
+                    grant,
+                    token: lease.fencing_token(),
+                    attempt,
+                });
+                let hold = Hold {
+                    args,
+                    emitter,
+                    grant,
+                    linger,
+                };
+                hold.run(&*locker, lease, &mut register).await?;
+            }
+            Err(err) => {
+                emitter.emit(EventKind::Refused {
+                    attempt,
+                    contention: err.is_contention(),
+                    outage: err.is_outage(),
+                    kind: err.kind_name().to_owned(),
+                    message: err.to_string(),
+                });
+                // An outage can answer at once: do not spin on it.
+                if !err.is_contention() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One contender on transaction-scoped advisory locks: each grant is a
+/// transaction, released by its `COMMIT`. No fencing token, no lost signal:
+/// the transaction is the lock.
+async fn contend_xact(
+    args: &WorkerArgs,
+    emitter: Emitter,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let (mut client, connection) = tokio_postgres::connect(&args.url, tokio_postgres::NoTls)
+        .await
+        .map_err(|err| format!("cannot connect to {}: {err}", args.url))?;
+    tokio::spawn(connection);
+    let mut register = connect_register(args, emitter).await?;
+    let key = distlock::postgres::advisory_key("", &args.key);
+    let linger = AtomicBool::new(false);
+    emitter.emit(EventKind::Ready);
+    let mut grant = 0;
+    while !*stop.borrow() {
+        let attempt = crate::events::now_ns();
+        let refused = |contention: bool, message: String| EventKind::Refused {
+            attempt,
+            contention,
+            outage: !contention,
+            kind: if contention {
+                "not_acquired"
+            } else {
+                "backend_error"
+            }
+            .to_owned(),
+            message,
+        };
+        let transaction = match client.transaction().await {
+            Ok(transaction) => transaction,
+            Err(err) => {
+                emitter.emit(refused(false, format!("begin: {err}")));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match distlock::postgres::try_lock_xact(&transaction, key).await {
+            Ok(true) => {
+                grant += 1;
+                emitter.emit(EventKind::Acquired {
+                    grant,
+                    token: None,
+                    attempt,
+                });
+                let hold = Hold {
+                    args,
+                    emitter,
+                    grant,
+                    linger: &linger,
+                };
+                let lost = hold.work(&mut register, None, None).await?;
+                emitter.emit(EventKind::HoldEnded { grant, lost });
+                let error = transaction.commit().await.err().map(|err| err.to_string());
+                emitter.emit(EventKind::Released { grant, error });
+            }
+            Ok(false) => {
+                emitter.emit(refused(true, "held elsewhere".to_owned()));
+                drop(transaction);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(err) => {
+                emitter.emit(refused(false, err.to_string()));
+                drop(transaction);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect_register(args: &WorkerArgs, emitter: Emitter) -> Result<RegisterClient, String> {
+    RegisterClient::connect(&args.register, emitter.worker())
+        .await
+        .map_err(|err| format!("cannot reach the register at {}: {err}", args.register))
+}
+
+/// Becomes true at SIGTERM: the worker finishes its hold, releases, exits.
+fn stop_on_sigterm() -> Result<tokio::sync::watch::Receiver<bool>, String> {
+    let mut stream =
+        signal(SignalKind::terminate()).map_err(|err| format!("cannot handle SIGTERM: {err}"))?;
+    let (set, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if stream.recv().await.is_some() {
+            let _ = set.send(true);
+        }
+        // Keep the sender, so `changed()` does not fire for its drop.
+        std::future::pending::<()>().await;
+    });
+    Ok(stop)
+}
+
+/// A flag set when `kind` arrives.
+fn flag_on(kind: SignalKind) -> Result<Arc<AtomicBool>, String> {
+    let mut stream = signal(kind).map_err(|err| format!("cannot handle a signal: {err}"))?;
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    tokio::spawn(async move {
+        while stream.recv().await.is_some() {
+            set.store(true, Ordering::SeqCst);
+        }
+    });
+    Ok(flag)
+}
+
+/// One grant's work.
+struct Hold<'a> {
+    args: &'a WorkerArgs,
+    emitter: Emitter,
+    grant: u64,
+    linger: &'a AtomicBool,
+}
+
+impl Hold<'_> {
+    async fn run(
+        &self,
+        locker: &dyn Locker,
+        mut lease: Lease,
+        register: &mut RegisterClient,
+    ) -> Result<(), String> {
+        let ttl = lease.ttl();
+        if locker.capabilities().expires && locker.capabilities().refresh {
+            lease
+                .keep_alive(KeepAlive::default())
+                .map_err(|err| format!("keep_alive: {err}"))?;
+        }
+        self.watch_lost(&lease);
+        let token = lease.fencing_token();
+        let lost = lease.lost_signal().early_by(drift_margin(ttl));
+        let stopped_by = self.work(register, token, Some(lost)).await?;
+        self.emitter.emit(EventKind::HoldEnded {
+            grant: self.grant,
+            lost: stopped_by,
+        });
+        let error = lease.release().await.err().map(|err| err.to_string());
+        self.emitter.emit(EventKind::Released {
+            grant: self.grant,
+            error,
+        });
+        // A SIGUSR1 that arrived after this hold's last look is for no one.
+        self.linger.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The hold's writes, stopped early by `lost` (if any) firing; returns
+    /// its reason then.
+    async fn work(
+        &self,
+        register: &mut RegisterClient,
+        token: Option<u64>,
+        mut lost: Option<distlock::LostSignal>,
+    ) -> Result<Option<String>, String> {
+        let planned = rand::rng().random_range(self.args.hold_min_ms..=self.args.hold_max_ms);
+        let writes = u64::from(self.args.writes.max(1));
+        let gap = Duration::from_millis(planned / (writes + 1));
+        let linger_for = Duration::from_millis(self.args.linger_ms);
+        let mut lingering_since = None;
+        let mut step = 0;
+        loop {
+            if self.linger.swap(false, Ordering::SeqCst) && lingering_since.is_none() {
+                self.emitter
+                    .emit(EventKind::Lingering { grant: self.grant });
+                lingering_since = Some(tokio::time::Instant::now());
+            }
+            let keep_going =
+                step < writes || lingering_since.is_some_and(|since| since.elapsed() < linger_for);
+            if !keep_going {
+                return Ok(None);
+            }
+            let lost_fired = async {
+                match lost.as_mut() {
+                    Some(lost) => lost.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                // The timer first: after a pause both are ready, and the
+                // paused program writes before it looks (see the module docs).
+                biased;
+                () = tokio::time::sleep(gap) => {}
+                reason = lost_fired => return Ok(Some(reason.to_string())),
+            }
+            let accepted = register
+                .write(self.grant, token)
+                .await
+                .map_err(|err| format!("register write: {err}"))?;
+            self.emitter.emit(EventKind::Wrote {
+                grant: self.grant,
+                token,
+                accepted,
+            });
+            if step == writes / 2 {
+                self.increment(register, gap / 2).await?;
+            }
+            step += 1;
+        }
+    }
+
+    /// Logs the lease's lost signal firing (not for the worker's own
+    /// release), on a task that ends with the lease.
+    fn watch_lost(&self, lease: &Lease) {
+        let mut signal = lease.lost_signal();
+        let (emitter, grant) = (self.emitter, self.grant);
+        tokio::spawn(async move {
+            let reason = signal.wait().await;
+            if reason != distlock::LostReason::Released {
+                emitter.emit(EventKind::Lost {
+                    grant,
+                    reason: reason.to_string(),
+                });
+            }
+        });
+    }
+
+    /// The unfenced read-sleep-write.
+    async fn increment(
+        &self,
+        register: &mut RegisterClient,
+        pause: Duration,
+    ) -> Result<(), String> {
+        let read = register
+            .read_counter()
+            .await
+            .map_err(|err| format!("register read: {err}"))?;
+        tokio::time::sleep(pause).await;
+        register
+            .set_counter(read.saturating_add(1))
+            .await
+            .map_err(|err| format!("register set: {err}"))?;
+        self.emitter.emit(EventKind::Incremented {
+            grant: self.grant,
+            read,
+        });
+        Ok(())
+    }
+}
