@@ -196,3 +196,47 @@ fn exit_codes_for_bad_usage_and_an_unreachable_backend() {
         assert_eq!(code(&output), 69, "{args:?}: {}", stderr(&output));
     }
 }
+
+#[test]
+fn status_names_a_cron_jobs_claims_by_job_and_command() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut cron = Command::new(BIN)
+        .args([
+            "cron",
+            "--url",
+            &url,
+            "--name",
+            "report",
+            "--schedule",
+            "* * * * * *",
+            "--at-most",
+            "30s",
+            "--",
+            "sleep",
+            "5",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start distlock cron");
+    // The job's key is held while a run lasts (overlap forbidden).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let json = loop {
+        let output = distlock(&["status", "--url", &url, "--key", "cron:report", "--json"]);
+        if code(&output) == 0 {
+            break serde_json::from_slice::<serde_json::Value>(&output.stdout).expect("json");
+        }
+        assert!(Instant::now() < deadline, "no run of the job started");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        json["holder"]["label"], "cron job report: sleep 5",
+        "{json}"
+    );
+    assert_eq!(json["holder"]["pid"], cron.id());
+    // SIGTERM: a graceful shutdown.
+    // SAFETY: a plain kill(2) of our own child.
+    unsafe { libc::kill(cron.id() as i32, libc::SIGTERM) };
+    let _ = wait_for_exit(&mut cron, Duration::from_secs(40));
+}
