@@ -24,6 +24,8 @@ command -v protoc >/dev/null 2>&1 || packages+=(protobuf-compiler)  # etcd-clien
 # in libprotobuf-dev (a Recommends of protobuf-compiler, skipped below).
 [ -f /usr/include/google/protobuf/descriptor.proto ] || packages+=(libprotobuf-dev)
 command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network namespaces
+command -v python3 >/dev/null 2>&1 || packages+=(python3)  # redis-py, for the Redis interop test
+python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)  # the fault suite's Postgres-behind-PgBouncer cell
 
 if [ ${#packages[@]} -gt 0 ]; then
@@ -35,6 +37,14 @@ if [ ${#packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+# redis-py, for the Redis interop test (a key held by its `Lock`). Debian's
+# python3 refuses user installs without --break-system-packages (PEP 668).
+if ! python3 -c 'import redis' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing redis-py (pip install redis)" >&2
+  python3 -m pip install --quiet --user redis 2>/dev/null \
+    || python3 -m pip install --quiet --user --break-system-packages redis
 fi
 
 cargo fmt --all -- --check

@@ -32,8 +32,13 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Run CMD while holding the lock KEY; exit 75 if it is held elsewhere.
     Run(RunArgs),
-    /// Release a lock by its owner token (printed to the holder as $DISTLOCK_OWNER).
+    /// Release a lock by its owner token (printed to the holder as
+    /// $DISTLOCK_OWNER), or whoever holds it with --force.
     Release(ReleaseArgs),
+    /// Who holds the lock KEY: exit 0 when held, 1 when free.
+    Status(StatusArgs),
+    /// The locks held now (under --prefix), as a table or JSON.
+    List(ListArgs),
     /// Run commands on cron schedules, each tick once across every replica
     /// running the same jobs against the same backend.
     Cron(CronArgs),
@@ -185,17 +190,67 @@ pub(crate) struct CronArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+--force frees the lock whoever holds it, for operators: the evicted holder is \
+not told at once and may still be working until its next refresh fails (its \
+lease is then lost, and `distlock run` stops its command, exit 76); only its \
+fencing token makes its late writes rejectable. Redis, Redlock, etcd and \
+memory delete the lock. Postgres and MySQL locks belong to a server session \
+and can only be freed by ending that session: --terminate-session does so \
+and ALSO FREES EVERY OTHER LOCK THAT SESSION HOLDS, and the holding process \
+sees its connection die. A file lock belongs to the process holding it and \
+cannot be forced (exit 77). Every forced release is logged with who did it.")]
 pub(crate) struct ReleaseArgs {
     /// The lock's name.
     #[arg(long, short)]
     pub(crate) key: String,
 
     /// The holder's owner token.
+    #[arg(long, required_unless_present = "force", conflicts_with = "force")]
+    pub(crate) owner: Option<String>,
+
+    /// Free the lock whoever holds it, and print whom it evicted (see
+    /// below). Exit 0 when a holder was evicted, 1 when nothing was held,
+    /// 77 when the backend cannot.
     #[arg(long)]
-    pub(crate) owner: String,
+    pub(crate) force: bool,
+
+    /// With --force on Postgres or MySQL: end the holder's server session
+    /// (pg_terminate_backend, KILL), which frees EVERY lock that session
+    /// holds, not only KEY.
+    #[arg(long)]
+    pub(crate) terminate_session: bool,
 
     #[command(flatten)]
     pub(crate) backend: Backend,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// The lock's name.
+    #[arg(long, short)]
+    pub(crate) key: String,
+
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+
+    /// Print one JSON object (times as RFC 3339 and unix ms, durations in ms).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    /// Only locks whose names start with this.
+    #[arg(long, short, default_value = "")]
+    pub(crate) prefix: String,
+
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+
+    /// Print a JSON array of the objects `status --json` prints.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -39,7 +39,13 @@ Exit status of `distlock run`:
   126 / 127       CMD could not be executed / was not found
 `distlock release` exits 0 when released, 1 when the owner does not hold the
 lock, 77 when only the holding process or session can release it (file,
-Postgres and MySQL backends: the message names the holder). `distlock cron`
+Postgres and MySQL backends: the message names the holder).
+`distlock release --force` exits 0 when it evicted a holder (printed), 1 when
+nothing was held, 77 when the backend cannot force it this way (file; Postgres
+and MySQL without --terminate-session), 69 when the backend failed.
+`distlock status` exits 0 when the lock is held, 1 when it is free;
+`distlock list` exits 0; both 64 for bad usage, 69 when the backend is
+unreachable, failed, or cannot inspect (`list`: cannot enumerate). `distlock cron`
 exits 0 after a graceful shutdown (SIGINT/SIGTERM), 64 for a bad job or config
 file (before anything runs), 69 when the backend is unreachable.";
 

@@ -5,6 +5,7 @@ mod cli;
 mod cron;
 mod cron_config;
 mod exit;
+mod inspect;
 mod process_group;
 mod reaper;
 mod run;
@@ -51,7 +52,17 @@ fn main() -> ExitCode {
         }
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            // clap's `requires` counts a `false` flag as present.
+            Command::Release(args) if args.terminate_session && !args.force => {
+                eprintln!(
+                    "distlock: --terminate-session needs --force (see distlock release --help)"
+                );
+                exit::USAGE
+            }
+            Command::Release(args) if args.force => inspect::force_release(args).await,
             Command::Release(args) => run::release(args).await,
+            Command::Status(args) => inspect::status(args).await,
+            Command::List(args) => inspect::list(args).await,
             Command::Cron(args) => cron::cron(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Watchdog(_) => exit::USAGE,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Error, KeepAlive, Locker, LockerExt};
+use distlock::{inspect, Error, KeepAlive, Locker, LockerExt};
 
 use crate::cli::{Backend, ReleaseArgs, RunArgs};
 use crate::exit;
@@ -16,6 +16,8 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Acquires the lock, runs CMD under it, and returns the exit code.
 pub(crate) async fn run(args: RunArgs) -> u8 {
+    // What `distlock status` shows as the holder's label: the command.
+    inspect::set_process_label(command_label(&args.command));
     let locker = match open(&args.backend).await {
         Ok(locker) => locker,
         Err(error) => return fail(&error),
@@ -64,7 +66,8 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
         Ok(locker) => locker,
         Err(error) => return fail(&error),
     };
-    match locker.unlock(&args.key, &args.owner).await {
+    let owner = args.owner.as_deref().unwrap_or_default();
+    match locker.unlock(&args.key, owner).await {
         Ok(()) => 0,
         Err(Error::Unsupported {
             operation: "release",
@@ -95,6 +98,15 @@ pub(crate) async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>>
 pub(crate) fn fail(error: &Error) -> u8 {
     eprintln!("distlock: {error}");
     exit::for_error(error)
+}
+
+/// CMD's argv joined by spaces, as a holder label.
+pub(crate) fn command_label(argv: &[std::ffi::OsString]) -> String {
+    let words: Vec<String> = argv
+        .iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    words.join(" ")
 }
 
 /// `--wait` as the library gets it: none is one attempt, beyond [`FOREVER`]

@@ -9,6 +9,8 @@ mod cron;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod file;
+#[cfg(feature = "redis")]
+mod inspect;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

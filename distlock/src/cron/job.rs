@@ -86,6 +86,7 @@ pub struct Job {
     pub(super) missed: Missed,
     pub(super) max_skew: Duration,
     pub(super) handler_watches_loss: bool,
+    pub(super) label: Option<String>,
 }
 
 impl Job {
@@ -105,6 +106,7 @@ impl Job {
             missed: Missed::default(),
             max_skew: DEFAULT_MAX_SKEW,
             handler_watches_loss: false,
+            label: None,
         }
     }
 
@@ -169,6 +171,18 @@ impl Job {
     /// lock drops the handler's future, as [`crate::with_lock`] does.
     pub fn handler_watches_loss(mut self, watches: bool) -> Self {
         self.handler_watches_loss = watches;
+        self
+    }
+
+    /// The holder label its claims record (see [`crate::inspect`]): what
+    /// `distlock status` shows as the holder of the job's locks, such as
+    /// `cron job report: ./report.sh` (`distlock cron` sets that). Without
+    /// it, claims record the label in force where the scheduler was started
+    /// (the process label or command line): the scheduler claims ticks on
+    /// tasks of its own, which do not see a [`crate::inspect::with_label`]
+    /// scope around it.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
         self
     }
 
@@ -240,6 +254,7 @@ impl Job {
             missed: self.missed,
             max_skew: self.max_skew,
             handler_watches_loss: self.handler_watches_loss,
+            label: self.label.clone(),
         };
         if compiled.next_after(Utc::now()).is_none() {
             return Err(Error::invalid(
@@ -312,6 +327,8 @@ pub(super) struct Compiled {
     pub(super) missed: Missed,
     pub(super) max_skew: Duration,
     pub(super) handler_watches_loss: bool,
+    /// [`Job::label`].
+    pub(super) label: Option<String>,
 }
 
 impl Compiled {

@@ -734,3 +734,33 @@ fn outcomes_read_as_log_lines() {
 fn shared(locker: impl Locker) -> Arc<dyn Locker> {
     Arc::new(locker)
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_jobs_label_is_what_its_claims_record_as_their_holder() {
+    let locker = shared(MemoryLocker::new());
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let mut scheduler = Scheduler::new(locker.clone()).clock(TokioClock::starting_at(start()));
+    let (inspector, record) = (locker.clone(), seen.clone());
+    scheduler
+        .add(
+            every_second("labelled").label("cron job labelled: ./report.sh"),
+            move |ctx| {
+                let (inspector, record) = (inspector.clone(), record.clone());
+                async move {
+                    let held = inspector.inspect(ctx.tick_key()).await.expect("inspect");
+                    let label = held.and_then(|held| held.holder).map(|holder| holder.label);
+                    record.lock().unwrap().push(label);
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    running.shutdown(Duration::from_secs(5)).await;
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty(), "the job ran");
+    for label in seen.iter() {
+        assert_eq!(label.as_deref(), Some("cron job labelled: ./report.sh"));
+    }
+}

@@ -339,7 +339,12 @@ pub(super) async fn tick(env: Arc<JobEnv>, at: DateTime<Utc>, catch_up: bool) {
         outcome = tracing::field::Empty,
     );
     async {
-        let (outcome, claims) = claim_and_run(&env, at, catch_up).await;
+        let claimed = claim_and_run(&env, at, catch_up);
+        let (outcome, claims) = match &env.job.label {
+            // The claims record the job's label as their holder's.
+            Some(label) => crate::inspect::with_label(label.clone(), claimed).await,
+            None => claimed.await,
+        };
         let quiet =
             catch_up && !outcome.ran_here() && !matches!(outcome, TickOutcome::ClaimFailed { .. });
         if !quiet {

@@ -38,7 +38,7 @@ pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 /// The query parameters [`Config::from_url`] understands.
 const URL_PARAMETERS: &str =
     "prefix, connect_timeout, response_timeout, min_replicas, replica_timeout, db (sentinel only), \
-     ca, client_cert, client_key";
+     ca, client_cert, client_key, holder";
 
 /// The URL schemes [`Config::from_url`] reads.
 const SCHEMES: &str =
@@ -171,6 +171,19 @@ pub struct Config {
     /// of the subscriber connection while waiters listen.
     #[serde(alias = "response_timeout", with = "duration_text")]
     pub response_timeout: Duration,
+    /// Record who holds each lock (host, pid, label, grant time on the
+    /// server's clock, ttl, fencing token) in a key beside it,
+    /// `<prefix>{<key>}:holder`, written by the acquire script itself (no
+    /// extra round trip) and expiring with the lock; [`Locker::inspect`]
+    /// and [`Locker::list`] report it. Default `true`; URL parameter
+    /// `holder=false` turns it off: grants then record nothing and are
+    /// inspected as held by an unknown holder (see the [module
+    /// docs](super), "Inspection").
+    ///
+    /// [`Locker::inspect`]: crate::Locker::inspect
+    /// [`Locker::list`]: crate::Locker::list
+    #[serde(alias = "record_holder")]
+    pub record_holder: bool,
 }
 
 impl Default for Config {
@@ -193,6 +206,7 @@ impl Default for Config {
             sentinel_password: None,
             min_replicas: 0,
             replica_timeout: DEFAULT_REPLICA_TIMEOUT,
+            record_holder: true,
         }
     }
 }
@@ -218,8 +232,9 @@ impl Config {
     /// schemes) the PEM files `ca` (a private CA for the server's
     /// certificate), `client_cert` and `client_key` (a client certificate,
     /// for servers that require one): [`Config::tls_ca`],
-    /// [`Config::tls_client_cert`], [`Config::tls_client_key`]. Anything else
-    /// is [`Error::InvalidInput`], as is a URL without a host. Error messages
+    /// [`Config::tls_client_cert`], [`Config::tls_client_key`]; `holder`
+    /// (`false` turns holder records off: [`Config::record_holder`]).
+    /// Anything else is [`Error::InvalidInput`], as is a URL without a host. Error messages
     /// never contain the password.
     ///
     /// ```
@@ -358,6 +373,7 @@ impl Config {
                 "db" if kind == Kind::Sentinel => {
                     config.db = parse_db(&value).map_err(&bad)?;
                 }
+                "holder" => config.record_holder = parse_bool(&value).map_err(&bad)?,
                 "ca" => config.tls_ca = Some(PathBuf::from(&*value)),
                 "client_cert" => config.tls_client_cert = Some(PathBuf::from(&*value)),
                 "client_key" => config.tls_client_key = Some(PathBuf::from(&*value)),
@@ -392,6 +408,7 @@ impl Config {
     /// | `DISTLOCK_REDIS_SENTINEL_PASSWORD` | [`sentinel_password`](Config::sentinel_password) (empty: none) |
     /// | `DISTLOCK_REDIS_MIN_REPLICAS` | [`min_replicas`](Config::min_replicas) |
     /// | `DISTLOCK_REDIS_REPLICA_TIMEOUT` | [`replica_timeout`](Config::replica_timeout), e.g. `50ms` |
+    /// | `DISTLOCK_REDIS_RECORD_HOLDER` | [`record_holder`](Config::record_holder): a boolean as for `TLS` |
     ///
     /// Other variables with the prefix are ignored (other tools may share it).
     /// A malformed value is [`Error::InvalidInput`] naming the variable.
@@ -492,6 +509,7 @@ impl Config {
                 "REPLICA_TIMEOUT" => {
                     config.replica_timeout = parse_duration(name, &value).map_err(bad)?
                 }
+                "RECORD_HOLDER" => config.record_holder = parse_bool(&value).map_err(bad)?,
                 _ => {}
             }
         }
@@ -940,6 +958,23 @@ fn redact_address(address: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holder_records_are_on_unless_turned_off() {
+        assert!(Config::default().record_holder);
+        assert!(Config::from_url("redis://h/").unwrap().record_holder);
+        assert!(
+            !Config::from_url("redis://h/?holder=false")
+                .unwrap()
+                .record_holder
+        );
+        let error = Config::from_url("redis://h/?holder=maybe").unwrap_err();
+        assert!(error.to_string().contains("not a boolean"), "{error}");
+        let env = Config::from_env_vars([("DISTLOCK_REDIS_RECORD_HOLDER", "no")]).unwrap();
+        assert!(!env.record_holder);
+        let json = Config::from_json(r#"{"addresses": ["h"], "recordHolder": false}"#).unwrap();
+        assert!(!json.record_holder);
+    }
 
     #[test]
     fn urls_give_every_field() {

@@ -73,6 +73,79 @@ impl Connection {
     }
 }
 
+/// A node a listing scans: the one server (or sentinel-managed master) the
+/// connection talks to, or one master of a cluster, named by a slot it
+/// serves (redis-rs routes by its own slot map, so it follows reconnects).
+pub(crate) enum ScanNode {
+    Connected,
+    Master(Route),
+}
+
+impl Connection {
+    /// The nodes whose keys make up the whole key space: this one, or every
+    /// master of a cluster (from `CLUSTER SLOTS`, one slot per master).
+    pub(crate) async fn scan_nodes(&mut self) -> RedisResult<Vec<ScanNode>> {
+        let Connection::Cluster(cluster) = self else {
+            return Ok(vec![ScanNode::Connected]);
+        };
+        let slots: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(cluster)
+            .await?;
+        let mut masters: Vec<(Vec<u8>, i64, u16)> = Vec::new();
+        for range in slots {
+            // [start, end, [host, port, id, ...] (the master), replicas...]
+            let Value::Array(range) = range else { continue };
+            let (Some(Value::Int(start)), Some(Value::Array(master))) =
+                (range.first(), range.get(2))
+            else {
+                continue;
+            };
+            let (Some(Value::BulkString(host)), Some(Value::Int(port)), Ok(start)) =
+                (master.first(), master.get(1), u16::try_from(*start))
+            else {
+                continue;
+            };
+            if !masters.iter().any(|(h, p, _)| h == host && p == port) {
+                masters.push((host.clone(), *port, start));
+            }
+        }
+        Ok(masters
+            .into_iter()
+            .map(|(_, _, slot)| ScanNode::Master(Route::new(slot, SlotAddr::Master)))
+            .collect())
+    }
+
+    /// One `SCAN cursor MATCH pattern COUNT count` on `node`: the next
+    /// cursor (0 when done) and the keys of this page.
+    pub(crate) async fn scan_page(
+        &mut self,
+        node: &ScanNode,
+        cursor: u64,
+        pattern: &str,
+        count: u32,
+    ) -> RedisResult<(u64, Vec<Vec<u8>>)> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        match (self, node) {
+            (Connection::Cluster(cluster), ScanNode::Master(route)) => {
+                let value = cluster
+                    .route_command(
+                        scan,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*route)),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+            (other, _) => scan.query_async(other).await,
+        }
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

@@ -4,6 +4,8 @@
 const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the per-key release channel, after the lock key.
 const RELEASED_SUFFIX: &str = ":released";
+/// Suffix of the per-key holder record, after the lock key.
+const HOLDER_SUFFIX: &str = ":holder";
 /// Suffix of a mark ([`crate::Locker::advance_mark`]), after the lock key of
 /// the same name.
 const MARK_SUFFIX: &str = ":mark";
@@ -47,10 +49,50 @@ impl KeySpace {
         self.lock_key(name) + MARK_SUFFIX
     }
 
+    /// The key recording who holds `key`, expiring with the lock.
+    pub(crate) fn holder_key(&self, key: &str) -> String {
+        self.lock_key(key) + HOLDER_SUFFIX
+    }
+
+    /// The `SCAN ... MATCH` pattern of every lock key whose caller's key
+    /// starts with `key_prefix`: `<prefix>{<key_prefix>*}`, glob characters of
+    /// both escaped. Lock keys end with `}`; the companion keys (fence,
+    /// holder, mark) end with their suffix, so the pattern leaves them out.
+    pub(crate) fn lock_pattern(&self, key_prefix: &str) -> String {
+        format!(
+            "{}{{{}*}}",
+            escape_glob(&self.prefix),
+            escape_glob(key_prefix)
+        )
+    }
+
+    /// The caller's key of `redis_key` if it is a lock key of this key space
+    /// (`<prefix>{<key>}`), else `None`.
+    pub(crate) fn key_of<'a>(&self, redis_key: &'a str) -> Option<&'a str> {
+        redis_key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('{')?
+            .strip_suffix('}')
+    }
+
     /// The channel a release of `key` is published on.
     pub(crate) fn release_channel(&self, key: &str) -> String {
         self.lock_key(key) + RELEASED_SUFFIX
     }
+}
+
+/// `text` matching itself only in a Redis glob pattern (`stringmatchlen` in
+/// Redis' `util.c`: `*`, `?`, `[`, `]` and `\` are special, a backslash
+/// quotes the next character).
+fn escape_glob(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -64,6 +106,10 @@ mod tests {
         assert_eq!(keys.fence_key("jobs/nightly"), "lock:{jobs/nightly}:fence");
         assert_eq!(keys.mark_key("jobs/nightly"), "lock:{jobs/nightly}:mark");
         assert_eq!(
+            keys.holder_key("jobs/nightly"),
+            "lock:{jobs/nightly}:holder"
+        );
+        assert_eq!(
             keys.release_channel("jobs/nightly"),
             "lock:{jobs/nightly}:released"
         );
@@ -72,5 +118,17 @@ mod tests {
     #[test]
     fn an_empty_prefix_is_allowed() {
         assert_eq!(KeySpace::new("").lock_key("k"), "{k}");
+    }
+
+    #[test]
+    fn the_list_pattern_escapes_globs_and_matches_lock_keys_only() {
+        let keys = KeySpace::new("a*[x]:");
+        assert_eq!(keys.lock_pattern("jobs?/"), r"a\*\[x\]:{jobs\?/*}");
+        assert_eq!(keys.lock_pattern(""), r"a\*\[x\]:{*}");
+        assert_eq!(keys.key_of("a*[x]:{jobs/1}"), Some("jobs/1"));
+        assert_eq!(keys.key_of("a*[x]:{k}}"), Some("k}"));
+        for companion in ["a*[x]:{k}:fence", "a*[x]:{k}:holder", "b:{k}", "a*[x]:k"] {
+            assert_eq!(keys.key_of(companion), None, "{companion}");
+        }
     }
 }

@@ -135,6 +135,31 @@
 //! not be the linearizable high-water mark the scheduler relies on. Use a
 //! single-node backend's marks (Redis, Postgres, file) beside a Redlock.
 //!
+//! # Inspection
+//!
+//! Every grant records its holder on each node that takes it, as the Redis
+//! backend does (a `<prefix>{<key>}:holder` key written by the acquire
+//! script, expiring with the key; `?holder=false` turns it off).
+//! [`Locker::inspect`] asks every node at once (each bounded by the node
+//! timeout) and reports **the majority's view**: the key is held if a
+//! majority of nodes hold it for one grant (the same owner token, told
+//! apart by its SHA-1, never by the token itself), with the holder record,
+//! the grant time (the first such node's clock) and ttl of the first of
+//! them that has a record; `ttl_left` is how long a majority still hold it
+//! (the majority-th longest node `PTTL`); `fencing_token` is `None`
+//! (above). A key held on a minority only is free (the next acquire can
+//! get a majority); when failed nodes hide the answer (a grant on fewer
+//! than a majority of the answering nodes, which the failed ones could
+//! complete), inspect is [`Error::Backend`], never free.
+//! [`Locker::list`] lists every node and applies the same rule per key.
+//! [`Locker::force_release`] ([`ForceRelease::Lock`] only) deletes the key
+//! and its record on every node whoever holds it there, each node
+//! publishing the release, and returns the majority's view of what it
+//! evicted; nodes that fail keep their copy until its ttl, which a minority
+//! cannot turn into a grant. A grant re-taken on a node by a refresh (the
+//! node had lost it) records no holder there; the other nodes' records
+//! still name it.
+//!
 //! # What else it does not guarantee
 //!
 //! - **The same server twice counts twice.** Nodes are told apart by their
@@ -156,6 +181,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
+use crate::inspect::{ForceRelease, HeldLock, Holder};
 use crate::redis::RedisLocker;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
@@ -163,6 +189,7 @@ use crate::{
 };
 
 mod config;
+mod inspection;
 mod quorum;
 
 pub use config::{
@@ -399,6 +426,8 @@ impl RedlockLocker {
         let owner = pending.owner();
         let bound = self.acquire_bound(ttl);
         let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
+        // Read on the caller's task: its label scope.
+        let holder = Arc::new(Holder::current());
         let started = Instant::now();
         // The validity counts from the moment the majority is in; slower
         // nodes are not waited for (their calls go on in the background, so
@@ -409,7 +438,8 @@ impl RedlockLocker {
                 bound,
                 |node| {
                     let (key, owner) = (shared_key.clone(), shared_owner.clone());
-                    async move { node.acquire_as(&key, &owner, ttl).await }
+                    let holder = holder.clone();
+                    async move { node.acquire_as(&key, &owner, ttl, Some(&holder)).await }
                 },
                 |tally| tally.yes >= quorum,
             )
@@ -516,9 +546,9 @@ impl Locker for RedlockLocker {
             release_notifications: true,
             fencing: false,
             marks: false,
-            inspect: false,
-            list: false,
-            force_release: false,
+            inspect: true,
+            list: true,
+            force_release: true,
         }
     }
 
@@ -628,8 +658,13 @@ impl Locker for RedlockLocker {
                             Ok(()) => Ok(true),
                             // Gone here: a restart without persistence, or an
                             // early expiry. Re-lock it if it is free; `false`
-                            // if another token holds it.
-                            Err(Error::NotHeld { .. }) => node.acquire_as(&key, &owner, ttl).await,
+                            // if another token holds it. Without a holder
+                            // record: the refresh runs on the keepalive's
+                            // task, whose label is not the holder's, and the
+                            // majority's records still name the holder.
+                            Err(Error::NotHeld { .. }) => {
+                                node.acquire_as(&key, &owner, ttl, None).await
+                            }
                             Err(error) => Err(error),
                         }
                     }
@@ -719,6 +754,43 @@ impl Locker for RedlockLocker {
             return Err(self.quorum_error("forget", summary, tally));
         }
         Ok(())
+    }
+
+    /// Asks every node at once, each bounded by the node timeout, and reports
+    /// the majority's view (see the [module docs](self), "Inspection").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] when failed nodes hide whether a majority holds
+    /// the key (never reported free then).
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        self.inspect_lock(key).await
+    }
+
+    /// Lists every node at once; each key any node holds is reported if a
+    /// majority hold it for one grant (see the [module docs](self),
+    /// "Inspection").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] when failed nodes hide whether a majority holds a
+    /// key, or a majority of nodes could not be listed.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.list_locks(prefix).await
+    }
+
+    /// [`ForceRelease::Lock`] only: deletes the key on every node (each
+    /// publishes the release), waiting for each within the node timeout,
+    /// and returns the grant a majority held (see the [module docs](self),
+    /// "Inspection").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for [`ForceRelease::TerminateSession`];
+    /// [`Error::Backend`] when failed nodes hide what was evicted (the key
+    /// may still be held on them: inspect it).
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        self.force_release_lock(key, how).await
     }
 
     /// Subscribes to `key`'s release channel on every node that can be

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use distlock::inspect::ForceRelease;
 use distlock::redis::{RedisLocker, ACL_RULES};
 use distlock::redlock::RedlockLocker;
 use distlock::{Error, Locker, MarkAdvance};
@@ -42,6 +43,12 @@ async fn the_minimal_user_can_do_everything_the_backend_does() {
     assert!(other.try_lock("k", TTL).await.unwrap().is_none());
     lease.refresh(TTL).await.expect("refresh");
     assert!(locker.remaining_ttl("k").await.unwrap().is_some());
+    // Inspection: the record the acquire script wrote (with TIME), read
+    // back, listed (SCAN).
+    let held = other.inspect("k").await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").pid, std::process::id());
+    let listed = other.list("").await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
     // A waiter subscribes (SUBSCRIBE, and PING while it waits) and is woken
     // by the release's PUBLISH.
     let waiter = tokio::spawn(async move {
@@ -67,7 +74,16 @@ async fn the_minimal_user_can_do_everything_the_backend_does() {
     // After the server forgets its scripts, SCRIPT LOAD brings them back.
     server.cli(&["SCRIPT", "FLUSH"]);
     let lease = locker.try_lock("k", TTL).await.unwrap().expect("free");
-    lease.release().await.unwrap();
+    server.cli(&["SCRIPT", "FLUSH"]);
+    assert!(locker.inspect("k").await.expect("inspect").is_some());
+    server.cli(&["SCRIPT", "FLUSH"]);
+    let evicted = locker
+        .force_release("k", ForceRelease::Lock)
+        .await
+        .expect("force release")
+        .expect("held");
+    assert_eq!(evicted.fencing_token, lease.fencing_token());
+    assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
 
     // Redlock with the same user on three nodes (it also PINGs them).
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -83,6 +99,8 @@ async fn the_minimal_user_can_do_everything_the_backend_does() {
         .expect("the minimal user on every node");
     let mut lease = redlock.try_lock("k", TTL).await.unwrap().expect("free");
     lease.refresh(TTL).await.unwrap();
+    assert!(redlock.inspect("k").await.unwrap().is_some());
+    assert_eq!(redlock.list("").await.unwrap().len(), 1);
     lease.release().await.unwrap();
     redlock.forget("k").await.unwrap();
 }
@@ -100,6 +118,8 @@ async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
         ("+pexpire", "refresh"),
         ("+exists", "forget"),
         ("+pttl", "remaining_ttl"),
+        ("+time", "acquire"),
+        ("+scan", "list"),
     ] {
         let rules = ACL_RULES.replace(&format!(" {missing}"), "");
         assert_ne!(rules, ACL_RULES, "{missing} is in ACL_RULES");
@@ -125,6 +145,7 @@ async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
                 }
             }
             "forget" => locker.forget(&key).await,
+            "list" => locker.list("").await.map(drop),
             _ => locker.remaining_ttl(&key).await.map(drop),
         };
         let error = result.expect_err(missing);
@@ -139,7 +160,7 @@ async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
             "without {missing}: {message}"
         );
         assert!(message.contains("+evalsha"), "names the rules: {message}");
-        if missing == "+incr" {
+        if matches!(missing, "+incr" | "+time") {
             // SET ran before INCR was refused: undone by the owner token.
             let lock_key = format!("lock:{{{key}}}");
             crate::common::eventually(

@@ -15,6 +15,8 @@ mod breaker;
 mod cluster;
 mod config;
 mod faults;
+mod inspection;
+mod interop;
 #[cfg(feature = "redlock")]
 mod redlock;
 mod replicas;

@@ -1,0 +1,301 @@
+//! Who holds a Redis lock: [`Locker::inspect`](crate::Locker::inspect),
+//! [`Locker::list`](crate::Locker::list) and
+//! [`Locker::force_release`](crate::Locker::force_release) for every
+//! deployment, on the holder record the acquire script writes (see
+//! `scripts.rs`, `record_holder_lua`).
+
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
+use redis::Value;
+
+use super::scripts::{FORCE_RELEASE_SCRIPT, INSPECT_SCRIPT};
+use super::{RedisLocker, BACKEND};
+use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::{validate, Error, Result};
+
+/// How many keys one `SCAN` page asks for (a hint to the server).
+const SCAN_COUNT: u32 = 1000;
+/// How many locks [`Locker::list`](crate::Locker::list) inspects at once on
+/// the multiplexed connection.
+const INSPECT_CONCURRENCY: usize = 32;
+
+/// One node's view of a held lock: what it reports, and which grant holds
+/// it there (the SHA-1 of the owner token), so Redlock can find the grant a
+/// majority of its nodes agree on.
+#[derive(Debug, Clone)]
+pub(crate) struct LockView {
+    pub(crate) held: HeldLock,
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) grant: String,
+}
+
+impl RedisLocker {
+    /// [`Locker::inspect`](crate::Locker::inspect).
+    pub(super) async fn inspect_lock(&self, key: &str) -> Result<Option<HeldLock>> {
+        Ok(self.inspect_view(key).await?.map(|view| view.held))
+    }
+
+    /// [`Locker::list`](crate::Locker::list).
+    pub(super) async fn list_locks(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let views = self.list_views(prefix).await?;
+        Ok(views.into_iter().map(|view| view.held).collect())
+    }
+
+    /// One run of the inspect script (read-only, bounded).
+    pub(crate) async fn inspect_view(&self, key: &str) -> Result<Option<LockView>> {
+        validate::key(key)?;
+        let reply: Option<Vec<Value>> = self
+            .bounded("inspect", async {
+                INSPECT_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .key(self.inner.keys.holder_key(key))
+                    .key(self.inner.keys.fence_key(key))
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
+        reply.map(|reply| lock_view(key, reply)).transpose()
+    }
+
+    /// `SCAN` with the prefix's pattern on every node that holds keys (each
+    /// master of a cluster), then the inspect script on each lock found.
+    /// Every round trip is bounded by the operation bound, not the whole
+    /// listing, which grows with the key space.
+    pub(crate) async fn list_views(&self, prefix: &str) -> Result<Vec<LockView>> {
+        let pattern = self.inner.keys.lock_pattern(prefix);
+        let mut connection = self.connection();
+        let nodes = self.bounded("list", connection.scan_nodes()).await?;
+        let mut keys = Vec::new();
+        for node in &nodes {
+            let mut cursor = 0;
+            loop {
+                let (next, page) = self
+                    .bounded(
+                        "list",
+                        connection.scan_page(node, cursor, &pattern, SCAN_COUNT),
+                    )
+                    .await?;
+                keys.extend(
+                    page.into_iter()
+                        .filter_map(|raw| String::from_utf8(raw).ok())
+                        .filter_map(|redis_key| {
+                            self.inner.keys.key_of(&redis_key).map(str::to_owned)
+                        })
+                        .filter(|key| key.starts_with(prefix)),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        // SCAN may return a key twice (the table was rehashed, or a slot
+        // moved while the listing ran).
+        keys.sort();
+        keys.dedup();
+        let held: Vec<Option<LockView>> = futures_util::stream::iter(keys)
+            .map(|key| async move {
+                match validate::key(&key) {
+                    // Not a key distlock could have taken (too long): leave it out.
+                    Err(_) => Ok(None),
+                    Ok(()) => self.inspect_view(&key).await,
+                }
+            })
+            .buffered(INSPECT_CONCURRENCY)
+            .try_collect()
+            .await?;
+        // Released or expired between the scan and its inspection: gone.
+        Ok(held.into_iter().flatten().collect())
+    }
+
+    /// [`Locker::force_release`](crate::Locker::force_release) with
+    /// [`ForceRelease::Lock`]: [`delete_lock`](Self::delete_lock), logged.
+    pub(super) async fn force_release_lock(
+        &self,
+        key: &str,
+        how: ForceRelease,
+    ) -> Result<Option<HeldLock>> {
+        validate::key(key)?;
+        if how != ForceRelease::Lock {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                operation: "force_release",
+                reason: format!(
+                    "{how:?}: a Redis lock is a key, not a session; use ForceRelease::Lock \
+                     (`distlock release --force` without --terminate-session)"
+                ),
+            });
+        }
+        let evicted = self.delete_lock(key).await?.map(|view| view.held);
+        if evicted.is_some() {
+            inspect::log_forced_release(BACKEND, key, how, evicted.as_ref());
+        }
+        Ok(evicted)
+    }
+
+    /// One script deletes the lock and its record whoever holds it,
+    /// publishes the release (waiters wake) and returns what it deleted
+    /// (`None`: the lock was free, nothing done). Bounded; not logged.
+    pub(crate) async fn delete_lock(&self, key: &str) -> Result<Option<LockView>> {
+        validate::key(key)?;
+        let reply: Option<Vec<Value>> = self
+            .bounded("force_release", async {
+                FORCE_RELEASE_SCRIPT
+                    .key(self.inner.keys.lock_key(key))
+                    .key(self.inner.keys.holder_key(key))
+                    .key(self.inner.keys.fence_key(key))
+                    .arg(self.inner.keys.release_channel(key))
+                    .arg(self.inner.publish)
+                    .invoke_async(&mut self.connection())
+                    .await
+            })
+            .await?;
+        reply.map(|reply| lock_view(key, reply)).transpose()
+    }
+}
+
+/// Decodes what the inspect and force-release scripts return for a held
+/// lock: `{pttl, grant}`, or `{pttl, grant, ttl_ms, "seconds \n
+/// microseconds \n pid \n host \n label", fence}` when the holder record
+/// describes the current grant (see `scripts.rs`). A record that does not decode (written by
+/// something else) leaves the holder unknown; a reply of another shape is an
+/// error.
+fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
+    let malformed = || {
+        Error::backend(
+            BACKEND,
+            "inspect",
+            format!("the inspect script's reply for {key:?} has an unexpected shape"),
+        )
+    };
+    let mut fields = reply.into_iter();
+    let pttl: i64 = fields
+        .next()
+        .and_then(|pttl| redis::from_redis_value(pttl).ok())
+        .ok_or_else(malformed)?;
+    let grant: String = fields
+        .next()
+        .and_then(|grant| redis::from_redis_value(grant).ok())
+        .ok_or_else(malformed)?;
+    let mut held = HeldLock::new(key);
+    // -1: no expiry (only a foreign client sets such a key).
+    held.ttl_left = u64::try_from(pttl).ok().map(Duration::from_millis);
+    let record: Vec<String> = fields
+        .filter_map(|field| redis::from_redis_value(field).ok())
+        .collect();
+    if let [ttl_ms, rest, fence] = record.as_slice() {
+        if let Some(record) = decode_record(ttl_ms, rest, fence) {
+            held.holder = Some(record.holder);
+            held.granted = Some(GrantTime {
+                at: inspect::from_unix_millis(record.granted_ms),
+                clock: Clock::Server,
+            });
+            held.ttl = Some(Duration::from_millis(record.ttl_ms));
+            held.fencing_token = Some(record.fence);
+        }
+    }
+    Ok(LockView { held, grant })
+}
+
+struct Record {
+    holder: Holder,
+    granted_ms: u64,
+    ttl_ms: u64,
+    fence: u64,
+}
+
+fn decode_record(ttl_ms: &str, rest: &str, fence: &str) -> Option<Record> {
+    let mut parts = rest.splitn(5, '\n');
+    let (seconds, micros, pid, host, label) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    Some(Record {
+        holder: Holder {
+            host: host.to_owned(),
+            pid: pid.parse().ok()?,
+            label: label.to_owned(),
+        },
+        granted_ms: seconds
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(1000)?
+            .checked_add(micros.parse::<u64>().ok()? / 1000)?,
+        ttl_ms: ttl_ms.parse().ok()?,
+        fence: fence.parse().ok()?,
+    })
+}
+
+/// The holder as the acquire script takes it: `pid \n host \n label` (see
+/// `scripts.rs`; the label last, so it may contain line breaks).
+pub(super) fn holder_argument(holder: &Holder) -> String {
+    format!("{}\n{}\n{}", holder.pid, holder.host, holder.label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_full_record_fills_every_field_but_the_session() {
+        let holder = Holder {
+            host: "web-1".into(),
+            pid: 4242,
+            label: "nightly\nbackup".into(),
+        };
+        let rest = format!("1764000000\n123456\n{}", holder_argument(&holder));
+        let reply = vec![
+            Value::Int(29_500),
+            text("5f3c"),
+            text("30000"),
+            text(&rest),
+            text("7"),
+        ];
+        let view = lock_view("k", reply).expect("decodes");
+        assert_eq!(view.grant, "5f3c");
+        let held = view.held;
+        assert_eq!(held.holder, Some(holder), "a label with a line break");
+        assert_eq!(
+            held.granted,
+            Some(GrantTime {
+                at: inspect::from_unix_millis(1_764_000_000_123),
+                clock: Clock::Server
+            })
+        );
+        assert_eq!(held.ttl, Some(Duration::from_secs(30)));
+        assert_eq!(held.ttl_left, Some(Duration::from_millis(29_500)));
+        assert_eq!(held.fencing_token, Some(7));
+        assert_eq!(held.session, None);
+    }
+
+    #[test]
+    fn no_record_or_a_foreign_one_is_an_unknown_holder_never_free() {
+        let held = lock_view("k", vec![Value::Int(1000), text("ab")])
+            .expect("decodes")
+            .held;
+        assert_eq!(held.holder, None);
+        assert_eq!(held.ttl_left, Some(Duration::from_secs(1)));
+        let foreign = vec![
+            Value::Int(-1),
+            text("ab"),
+            text("1"),
+            text("1\n1\nnot a pid\nh\nl"),
+            text("1"),
+        ];
+        let held = lock_view("k", foreign).expect("decodes").held;
+        assert_eq!(
+            (held.holder, held.fencing_token, held.ttl_left),
+            (None, None, None)
+        );
+        assert!(lock_view("k", vec![]).is_err());
+        assert!(lock_view("k", vec![Value::Int(5)]).is_err());
+    }
+}
