@@ -316,7 +316,7 @@ use crate::{
 mod config;
 mod connection;
 mod errors;
-mod inspection;
+mod inspect;
 mod keys;
 mod releases;
 mod scripts;
@@ -327,7 +327,7 @@ pub use config::{
 };
 
 #[cfg(feature = "redlock")]
-pub(crate) use inspection::LockView;
+pub(crate) use inspect::LockView;
 
 use config::Deployment;
 use connection::{ClusterSettings, Connection, SentinelConnection};
@@ -852,7 +852,7 @@ impl RedisLocker {
             .arg(owner)
             .arg(ttl_millis(ttl));
         if let Some(holder) = holder {
-            invocation.arg(inspection::holder_argument(holder));
+            invocation.arg(inspect::holder_argument(holder));
         }
         invocation.invoke_async(&mut self.connection()).await
     }

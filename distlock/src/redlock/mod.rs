@@ -189,7 +189,7 @@ use crate::{
 };
 
 mod config;
-mod inspection;
+mod inspect;
 mod quorum;
 
 pub use config::{

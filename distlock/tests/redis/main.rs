@@ -15,7 +15,7 @@ mod breaker;
 mod cluster;
 mod config;
 mod faults;
-mod inspection;
+mod inspect;
 mod interop;
 #[cfg(feature = "redlock")]
 mod redlock;
