@@ -157,8 +157,10 @@ pub struct Capabilities {
     /// high-water marks (in-process for [`memory`]), which the cron
     /// scheduler uses so that no replica re-runs a finished tick.
     pub marks: bool,
-    /// [`Locker::inspect`] says who holds a key ([`inspect::HeldLock`]), and
-    /// grants record their [`inspect::Holder`].
+    /// [`Locker::inspect`] says whether a key is held and what the backend
+    /// knows of its holder ([`inspect::HeldLock`]); grants record their
+    /// [`inspect::Holder`] unless the backend's holder recording is turned
+    /// off (then the holder is reported unknown, the lock still held).
     pub inspect: bool,
     /// [`Locker::list`] enumerates the held locks under a prefix.
     pub list: bool,
