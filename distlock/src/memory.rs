@@ -55,6 +55,8 @@ struct State {
     fencing: AtomicU64,
     releases: LocalReleases,
     marks: Mutex<HashMap<String, i64>>,
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
 }
 
 #[derive(Debug, Default)]
@@ -151,7 +153,11 @@ impl Locker for MemoryLocker {
         let this = self.clone();
         let (sync_key, sync_owner) = (key.to_owned(), owner);
         Ok(Some(
-            Lease::new(parts, Arc::new(self.clone())).with_sync_release(move || {
+            Lease::new(
+                parts,
+                self.state.leases.get_or_init(|| Arc::new(self.clone())),
+            )
+            .with_sync_release(move || {
                 this.remove_if_owner(&sync_key, &sync_owner);
             }),
         ))

@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 mod keepalive;
@@ -103,7 +102,7 @@ pub struct Lease {
     locker: Arc<dyn Locker>,
     status: StatusSender,
     release_timeout: Duration,
-    keepalive: Option<JoinHandle<()>>,
+    keepalive: Option<keepalive::Registration>,
     sync_release: Option<SyncRelease>,
     lock_fd: Option<LockFd>,
     /// The runtime the lease was granted on: a lease dropped elsewhere (on a
@@ -395,15 +394,18 @@ impl Lease {
             )
         })?;
         self.stop_keepalive();
-        let task = keepalive::Task {
-            locker: self.locker.clone(),
-            key: self.key.clone(),
-            owner: self.owner.clone(),
-            acquired_at: self.acquired_at,
-            status: self.status.clone(),
-            config,
-        };
-        self.keepalive = Some(runtime.spawn(task.run()));
+        let entry = keepalive::Entry::new(
+            self.status.clone(),
+            &self.key,
+            &self.owner,
+            self.acquired_at,
+            &config,
+        );
+        self.keepalive = Some(keepalive::Registration::start(
+            &self.locker,
+            entry,
+            &runtime,
+        ));
         Ok(())
     }
 
@@ -447,16 +449,17 @@ impl Lease {
         self
     }
 
-    /// The keepalive task's handle, for tests that check how it ended.
+    /// The keepalive scheduler task's handle, for tests that check how it
+    /// ended.
     #[cfg(test)]
-    pub(crate) fn take_keepalive_for_test(&mut self) -> Option<JoinHandle<()>> {
-        self.keepalive.take()
+    pub(crate) fn take_keepalive_for_test(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.keepalive
+            .as_ref()
+            .and_then(keepalive::Registration::take_task_for_test)
     }
 
     fn stop_keepalive(&mut self) {
-        if let Some(task) = self.keepalive.take() {
-            task.abort();
-        }
+        self.keepalive = None;
     }
 }
 
@@ -495,6 +498,40 @@ impl fmt::Debug for Lease {
             .field("backend", &self.locker.backend())
             .field("lost", &self.lost_signal().reason())
             .finish_non_exhaustive()
+    }
+}
+
+/// The one `Arc<dyn Locker>` that every lease of a locker (and of its clones)
+/// releases and refreshes through, built on the first grant and kept while
+/// any lease holds it. Sharing it saves an allocation and a copy of the
+/// locker per lease, and lets the keepalive scheduler, which works per
+/// `Arc`, batch the refreshes of all of them (see `keepalive`).
+///
+/// Lockers keep one in their shared state (so clones share it) and call
+/// [`get_or_init`](SharedLocker::get_or_init) instead of
+/// `Arc::new(self.clone())`. Only a weak reference is kept: no cycle.
+#[derive(Clone, Default)]
+pub(crate) struct SharedLocker(Arc<std::sync::Mutex<Option<std::sync::Weak<dyn Locker>>>>);
+
+impl SharedLocker {
+    /// The shared `Arc`, made by `make` if no lease holds it now.
+    pub(crate) fn get_or_init(&self, make: impl FnOnce() -> Arc<dyn Locker>) -> Arc<dyn Locker> {
+        let mut cached = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(locker) = cached.as_ref().and_then(std::sync::Weak::upgrade) {
+            return locker;
+        }
+        let locker = make();
+        *cached = Some(Arc::downgrade(&locker));
+        locker
+    }
+}
+
+impl fmt::Debug for SharedLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedLocker").finish_non_exhaustive()
     }
 }
 

@@ -154,6 +154,10 @@ pub(super) struct Sql {
     pub(super) unlock: &'static str,
     /// True if this session holds the key.
     pub(super) holds: String,
+    /// Which of the bigint keys in the array `$1` this session holds: one
+    /// scan of this session's advisory locks, joined with the array (the
+    /// keepalive's batch, see `Inner::verify_many`).
+    pub(super) holds_many: String,
     /// Releases the key only if this session holds it, without the server
     /// warning `pg_advisory_unlock` logs otherwise.
     pub(super) unlock_if_held: String,
@@ -173,6 +177,12 @@ pub(super) struct Sql {
 const OWN_HOLD: &str = "locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
      AND objsubid = 1 AND classid::int8 = ($1::int8 >> 32) & 4294967295 \
      AND objid::int8 = $1::int8 & 4294967295";
+
+/// This session's granted holds of bigint advisory keys, as column `key`
+/// (the halves of [`OWN_HOLD`] put together again; `<<` on int8 wraps, so
+/// negative keys come out right).
+const OWN_HOLDS: &str = "SELECT (classid::int8 << 32) | objid::int8 AS key FROM pg_locks \
+     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1";
 
 const ANY_HOLD: &str = "locktype = 'advisory' AND granted AND objsubid = 1 \
      AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
@@ -218,6 +228,9 @@ impl Sql {
             try_lock,
             unlock: "SELECT pg_advisory_unlock($1::int8)",
             holds: format!("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {OWN_HOLD})"),
+            holds_many: format!(
+                "SELECT k FROM unnest($1::int8[]) AS k JOIN ({OWN_HOLDS}) AS l ON l.key = k"
+            ),
             unlock_if_held: format!(
                 "SELECT pg_advisory_unlock($1::int8) FROM pg_locks WHERE {OWN_HOLD}"
             ),

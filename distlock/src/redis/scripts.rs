@@ -73,6 +73,23 @@ end
 return 0
 ";
 
+/// `KEYS[i]` lock keys; `ARGV[2i - 1]` the owner token of `KEYS[i]`,
+/// `ARGV[2i]` its new ttl in milliseconds. Returns one integer per key, in
+/// order: 1 if that token matched and the ttl was reset, else 0 (that key
+/// untouched). [`REFRESH`] for many keys in one round trip: the keepalive
+/// scheduler's batch. On a cluster every key of one call is in one slot.
+const REFRESH_MANY: &str = r"
+local refreshed = {}
+for i = 1, #KEYS do
+    if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
+        refreshed[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    else
+        refreshed[i] = 0
+    end
+end
+return refreshed
+";
+
 /// `KEYS[1]` lock key, `KEYS[2]` fence key. Deletes the fencing counter if
 /// the lock is free and returns 1; returns 0 (nothing deleted) if it is held.
 /// One script, so no grant can slip in between the check and the `DEL`.
@@ -104,6 +121,8 @@ return {1, current or ''}
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));
+pub(crate) static REFRESH_MANY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(REFRESH_MANY));
 pub(crate) static FORGET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET));
 pub(crate) static ADVANCE_MARK_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ADVANCE_MARK));
