@@ -101,7 +101,13 @@ fn run_one(backend: &str, leases: usize) {
                     let locker = PostgresLocker::from_url(&server.url())
                         .await
                         .expect("connect to the bench server");
-                    hold(backend, Arc::new(locker), leases, Counter::Postgres(&server)).await;
+                    hold(
+                        backend,
+                        Arc::new(locker),
+                        leases,
+                        Counter::Postgres(&server),
+                    )
+                    .await;
                 }
                 other => panic!("unknown backend {other:?} (memory, redis, postgres)"),
             }
@@ -131,9 +137,7 @@ impl Counter<'_> {
                 Some(calls)
             }
             Counter::Postgres(server) => server
-                .psql(
-                    "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-                )
+                .psql("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
                 .trim()
                 .parse()
                 .ok(),
@@ -202,9 +206,24 @@ async fn hold(backend: &str, locker: Arc<dyn Locker>, leases: usize, counter: Co
     let trips = counter
         .round_trips()
         .zip(trips_before)
-        .map(|(after, before)| after.saturating_sub(before) as f64 / window.elapsed().as_secs_f64());
-    let lost = held.iter().filter(|lease| lease.is_lost()).count();
-    assert_eq!(lost, 0, "every lease is still held");
+        .map(|(after, before)| {
+            after.saturating_sub(before) as f64 / window.elapsed().as_secs_f64()
+        });
+    let mut lost = std::collections::HashMap::new();
+    for reason in held.iter().filter_map(|lease| lease.lost_signal().reason()) {
+        *lost.entry(format!("{reason:?}")).or_insert(0usize) += 1;
+    }
+    if !lost.is_empty() {
+        if let Counter::Postgres(server) = &counter {
+            let log = std::fs::read_to_string(server.log_path()).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!(
+                "server log, last lines:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    assert!(lost.is_empty(), "leases lost while held: {lost:?}");
     let per_lease = |rss: u64| rss.saturating_sub(before) as f64 / leases as f64 / 1024.0;
     let trips = trips.map_or("n/a".to_owned(), |trips| format!("{trips:.1}"));
     println!(

@@ -345,8 +345,8 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// statement per session on Postgres) keeps the keepalive traffic of many
     /// held leases to a few round trips.
     ///
-    /// The default refreshes them one by one, concurrently, through
-    /// [`refresh`](Locker::refresh). Wrappers forward it to the locker they
+    /// The default refreshes them through [`refresh`](Locker::refresh), 64
+    /// at a time. Wrappers forward it to the locker they
     /// wrap, doing for each request what their `refresh` does.
     ///
     /// # Errors
@@ -360,12 +360,19 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// As for [`refresh`](Locker::refresh): a dropped batch may or may not
     /// have extended each lock; the leases keep their earlier validity.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        futures_util::future::join_all(
-            requests
-                .iter()
-                .map(|request| self.refresh(request.key, request.owner, request.ttl)),
-        )
-        .await
+        // A bounded number at a time: a batch of leases whose locks do not
+        // expire can be large.
+        let mut results = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(64) {
+            let refreshed = futures_util::future::join_all(
+                chunk
+                    .iter()
+                    .map(|request| self.refresh(request.key, request.owner, request.ttl)),
+            )
+            .await;
+            results.extend(refreshed);
+        }
+        results
     }
 
     /// Deletes what the backend keeps for `key` beyond a held lock (its

@@ -23,6 +23,10 @@ use crate::{
 ///   kind ([`Error::kind_name`]); `error` with the message on failure;
 /// - `fencing_token` of a granted lease.
 ///
+/// A keepalive batch ([`Locker::refresh_many`]) is one `distlock.refresh_many`
+/// span with `leases` (the batch's size) and `refreshed` (how many were),
+/// not a span per lease.
+///
 /// Owner tokens and passwords are never recorded.
 ///
 /// ```

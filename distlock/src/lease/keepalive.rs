@@ -81,16 +81,32 @@ fn interval_for(interval: Option<Duration>, ttl: Duration) -> Duration {
     interval.unwrap_or(ttl / 3).max(Duration::from_millis(1))
 }
 
-/// The most refreshes sent in one [`Locker::refresh_many`] call: a few
-/// hundred kilobytes of request at most, and a script or statement that
-/// keeps the server busy for milliseconds, not longer.
+/// The most refreshes of expiring leases sent in one
+/// [`Locker::refresh_many`] call: a few hundred kilobytes of request at
+/// most, and a script that keeps the server (Redis runs one script at a
+/// time) busy for about a millisecond, not longer.
 const MAX_BATCH: usize = 1000;
 
-/// How much earlier than due a refresh may be sent to join a batch that is
-/// going out anyway: a tenth of its interval, at most this. Refreshing early
-/// only renews sooner; it lets leases granted close together settle into
-/// the same batches.
+/// How much earlier than due the refresh of an expiring lease may be sent to
+/// join a batch that is going out anyway: a tenth of its interval, at most
+/// this. Refreshing early only renews sooner; it lets leases granted close
+/// together settle into the same batches.
 const MAX_EARLY: Duration = Duration::from_secs(1);
+
+/// The most batches of one scheduler on their way at once. While that many
+/// are out, due refreshes wait and gather into the next batch: a burst of
+/// new keepalives (all of them overdue, say) becomes a few large batches
+/// instead of a storm of small ones, and a slow server gets no more than
+/// this many requests queued from the keepalive.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// How far ahead a batch collects leases whose locks do not expire
+/// (Postgres, MySQL, etcd, file: their refresh only confirms the hold, and
+/// confirming it sooner costs no safety): up to half their interval, at most
+/// this. Their batches have no size limit: Postgres confirms a session's
+/// holds with one scan of `pg_locks`, whose cost grows with every lock on
+/// the server, so one big batch per session beats many small ones.
+const MAX_EARLY_UNEXPIRING: Duration = Duration::from_secs(30);
 
 /// What a lease's keepalive needs, handed to its locker's scheduler.
 pub(super) struct Entry {
@@ -265,7 +281,11 @@ struct Task {
 
 /// What to do with a lease whose time came.
 enum Next {
-    Refresh { ttl: Duration, interval: Duration },
+    Refresh {
+        ttl: Duration,
+        interval: Duration,
+        expires: bool,
+    },
     At(Instant),
     Never,
 }
@@ -273,7 +293,13 @@ enum Next {
 impl Task {
     async fn run(mut self) {
         loop {
-            let wake = self.queue.peek().map(|Reverse((at, _))| *at);
+            // With every batch slot taken, nothing can be sent: wait for an
+            // answer (or a command), not for the due time.
+            let wake = if self.in_flight.len() < MAX_IN_FLIGHT {
+                self.queue.peek().map(|Reverse((at, _))| *at)
+            } else {
+                None
+            };
             tokio::select! {
                 biased;
                 command = self.commands.recv() => match command {
@@ -288,6 +314,16 @@ impl Task {
                     self.settle(settled);
                 }
                 () = sleep_until(wake) => {}
+            }
+            // Take every command already queued before looking at what is
+            // due, so a burst of registrations goes out together.
+            while let Ok(command) = self.commands.try_recv() {
+                match command {
+                    Command::Add(id, entry) => self.add(id, entry),
+                    Command::Remove(id) => {
+                        self.entries.remove(&id);
+                    }
+                }
             }
             self.send_due();
         }
@@ -311,20 +347,30 @@ impl Task {
     /// refreshes that are due, with those due within their early margin.
     fn send_due(&mut self) {
         let now = Instant::now();
-        let horizon = checked_deadline(now, MAX_EARLY).unwrap_or(now);
+        let horizon = checked_deadline(now, MAX_EARLY.max(MAX_EARLY_UNEXPIRING)).unwrap_or(now);
         let mut batch: Vec<(u64, Duration, Duration)> = Vec::new();
+        let mut expiring = 0usize;
         let mut requeue = Vec::new();
         while let Some(&Reverse((at, id))) = self.queue.peek() {
             // Leases not yet due are looked at only to join a batch.
             if at > now && (batch.is_empty() || at > horizon) {
                 break;
             }
+            if batch.is_empty() && self.in_flight.len() >= MAX_IN_FLIGHT {
+                break;
+            }
             self.queue.pop();
             match self.next(id, now) {
-                Next::Refresh { ttl, interval } => {
+                Next::Refresh {
+                    ttl,
+                    interval,
+                    expires,
+                } => {
                     batch.push((id, ttl, interval));
-                    if batch.len() == MAX_BATCH {
+                    expiring += usize::from(expires);
+                    if expiring == MAX_BATCH {
                         self.send(std::mem::take(&mut batch));
+                        expiring = 0;
                     }
                 }
                 Next::At(at) => requeue.push(Reverse((at, id))),
@@ -376,12 +422,18 @@ impl Task {
         let due = scheduled
             .retry_at
             .or_else(|| checked_deadline(status.renewed_at, interval));
-        let early = (interval / 10).min(MAX_EARLY);
+        let expires = status.valid_until.is_some();
+        let early = if expires {
+            (interval / 10).min(MAX_EARLY)
+        } else {
+            (interval / 2).min(MAX_EARLY_UNEXPIRING)
+        };
         let latest = checked_deadline(now, early).unwrap_or(now);
         match due {
             Some(due) if due <= latest => Next::Refresh {
                 ttl: status.ttl,
                 interval,
+                expires,
             },
             _ => match wake_at(scheduled) {
                 Some(at) => Next::At(at),

@@ -155,8 +155,8 @@ pub(super) struct Sql {
     /// True if this session holds the key.
     pub(super) holds: String,
     /// Which of the bigint keys in the array `$1` this session holds: one
-    /// scan of this session's advisory locks, joined with the array (the
-    /// keepalive's batch, see `Inner::verify_many`).
+    /// scan of `pg_locks`, intersected with the array (the keepalive's
+    /// batch, see `Inner::verify_many`).
     pub(super) holds_many: String,
     /// Releases the key only if this session holds it, without the server
     /// warning `pg_advisory_unlock` logs otherwise.
@@ -178,10 +178,10 @@ const OWN_HOLD: &str = "locktype = 'advisory' AND pid = pg_backend_pid() AND gra
      AND objsubid = 1 AND classid::int8 = ($1::int8 >> 32) & 4294967295 \
      AND objid::int8 = $1::int8 & 4294967295";
 
-/// This session's granted holds of bigint advisory keys, as column `key`
-/// (the halves of [`OWN_HOLD`] put together again; `<<` on int8 wraps, so
-/// negative keys come out right).
-const OWN_HOLDS: &str = "SELECT (classid::int8 << 32) | objid::int8 AS key FROM pg_locks \
+/// This session's granted holds of bigint advisory keys (the halves of
+/// [`OWN_HOLD`] put together again; `<<` on int8 wraps, so negative keys
+/// come out right).
+const OWN_HOLDS: &str = "SELECT (classid::int8 << 32) | objid::int8 FROM pg_locks \
      WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1";
 
 const ANY_HOLD: &str = "locktype = 'advisory' AND granted AND objsubid = 1 \
@@ -228,9 +228,11 @@ impl Sql {
             try_lock,
             unlock: "SELECT pg_advisory_unlock($1::int8)",
             holds: format!("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {OWN_HOLD})"),
-            holds_many: format!(
-                "SELECT k FROM unnest($1::int8[]) AS k JOIN ({OWN_HOLDS}) AS l ON l.key = k"
-            ),
+            // INTERSECT, not a join: the planner estimates pg_locks at one
+            // row and picks a nested loop, 20 million comparisons for 1,000
+            // keys against 20,000 locks (3.2 s here); the set operation
+            // hashes both sides (35 ms, most of it reading pg_locks).
+            holds_many: format!("SELECT unnest($1::int8[]) INTERSECT ALL {OWN_HOLDS}"),
             unlock_if_held: format!(
                 "SELECT pg_advisory_unlock($1::int8) FROM pg_locks WHERE {OWN_HOLD}"
             ),
