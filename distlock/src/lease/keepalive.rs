@@ -111,8 +111,8 @@ const MAX_EARLY_UNEXPIRING: Duration = Duration::from_secs(30);
 /// What a lease's keepalive needs, handed to its locker's scheduler.
 pub(super) struct Entry {
     pub(super) status: StatusSender,
-    pub(super) key: Box<str>,
-    pub(super) owner: Box<str>,
+    pub(super) key: Arc<str>,
+    pub(super) owner: Arc<str>,
     pub(super) interval: Option<Duration>,
     /// When renewal stops ([`KeepAlive::max_hold`] after the grant).
     pub(super) max_hold_at: Option<Instant>,
@@ -121,15 +121,15 @@ pub(super) struct Entry {
 impl Entry {
     pub(super) fn new(
         status: StatusSender,
-        key: &str,
-        owner: &str,
+        key: Arc<str>,
+        owner: Arc<str>,
         acquired_at: Instant,
         config: &KeepAlive,
     ) -> Self {
         Entry {
             status,
-            key: key.into(),
-            owner: owner.into(),
+            key,
+            owner,
             interval: config.interval,
             max_hold_at: config
                 .max_hold
@@ -703,6 +703,75 @@ mod tests {
         tokio::time::sleep(TTL * 10).await;
         assert_eq!(lease.lost_signal().reason(), None, "still renewed");
         lease.release().await.unwrap();
+    }
+
+    /// Memory, counting the keepalive's batches; its leases share one
+    /// `Arc`, as every backend's do.
+    #[derive(Debug, Clone, Default)]
+    struct Batching {
+        inner: crate::memory::MemoryLocker,
+        batches: Arc<std::sync::atomic::AtomicUsize>,
+        refreshed: Arc<std::sync::atomic::AtomicUsize>,
+        leases: crate::SharedLocker,
+    }
+
+    #[async_trait::async_trait]
+    impl Locker for Batching {
+        fn backend(&self) -> &'static str {
+            "batching"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_lock(&self, key: &str, ttl: Duration) -> crate::Result<Option<crate::Lease>> {
+            let lease = self.inner.try_lock(key, ttl).await?;
+            Ok(lease.map(|lease| lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))))
+        }
+        async fn unlock(&self, key: &str, owner: &str) -> crate::Result<()> {
+            self.inner.unlock(key, owner).await
+        }
+        async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> crate::Result<()> {
+            self.inner.refresh(key, owner, ttl).await
+        }
+        async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<crate::Result<()>> {
+            self.batches.fetch_add(1, Ordering::SeqCst);
+            self.refreshed.fetch_add(requests.len(), Ordering::SeqCst);
+            self.inner.refresh_many(requests).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_refreshes_of_many_leases_go_out_in_few_batches() {
+        let locker = Batching::default();
+        let mut leases = Vec::new();
+        for i in 0..200 {
+            let mut lease = locker
+                .try_lock(&format!("k{i}"), TTL)
+                .await
+                .unwrap()
+                .unwrap();
+            lease.keep_alive(KeepAlive::default()).unwrap();
+            leases.push(lease);
+        }
+        // Refreshes due at 1 s, 2 s and 3 s after the grants.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert_eq!(locker.refreshed.load(Ordering::SeqCst), 600);
+        assert_eq!(
+            locker.batches.load(Ordering::SeqCst),
+            3,
+            "one batch per round, not one refresh per lease"
+        );
+        assert!(leases.iter().all(|lease| !lease.is_lost()));
+        for lease in leases {
+            lease.release().await.unwrap();
+        }
+        let refreshed = locker.refreshed.load(Ordering::SeqCst);
+        tokio::time::sleep(TTL * 2).await;
+        assert_eq!(
+            locker.refreshed.load(Ordering::SeqCst),
+            refreshed,
+            "no refresh after release"
+        );
     }
 
     proptest::proptest! {

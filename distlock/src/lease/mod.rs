@@ -95,8 +95,9 @@ pub struct LeaseParts {
 /// have it reject writes carrying a smaller token than it has seen: that, not
 /// the lock alone, is what stops a paused or partitioned former holder.
 pub struct Lease {
-    key: String,
-    owner: String,
+    // Shared with the keepalive's entry, which needs them for every refresh.
+    key: Arc<str>,
+    owner: Arc<str>,
     fencing_token: Option<u64>,
     acquired_at: Instant,
     locker: Arc<dyn Locker>,
@@ -111,7 +112,8 @@ pub struct Lease {
     released: bool,
 }
 
-type SyncRelease = Box<dyn FnOnce() + Send + Sync>;
+/// Called with the lease's key and owner token.
+type SyncRelease = Box<dyn FnOnce(&str, &str) + Send + Sync>;
 type LockFd = Box<dyn Fn() -> Option<std::io::Result<std::os::fd::OwnedFd>> + Send + Sync>;
 
 /// # For backend and wrapper implementors
@@ -139,8 +141,8 @@ impl Lease {
             lost: None,
         });
         Lease {
-            key: parts.key,
-            owner: parts.owner,
+            key: parts.key.into(),
+            owner: parts.owner.into(),
             fencing_token: parts.fencing_token,
             acquired_at: now,
             locker,
@@ -158,7 +160,19 @@ impl Lease {
     /// the lease is dropped without [`release`](Lease::release). It must not
     /// block (memory and file backends: a map update and a `close`).
     pub fn with_sync_release(mut self, release: impl FnOnce() + Send + Sync + 'static) -> Self {
-        self.sync_release = Some(Box::new(release));
+        self.sync_release = Some(Box::new(move |_: &str, _: &str| release()));
+        self
+    }
+
+    /// [`with_sync_release`](Lease::with_sync_release) for a release that
+    /// needs the owner token: it gets the lease's key (as the lease names
+    /// it now: a wrapper may have renamed it) and owner token, so it need
+    /// not keep a copy of the token (a memory lease is mostly its strings).
+    pub(crate) fn with_sync_unlock(
+        mut self,
+        unlock: impl FnOnce(&str, &str) + Send + Sync + 'static,
+    ) -> Self {
+        self.sync_release = Some(Box::new(unlock));
         self
     }
 
@@ -185,7 +199,7 @@ impl Lease {
     /// Renames the key this lease reports and releases with (wrappers that
     /// rewrite keys, such as [`crate::PrefixLocker`], use it to restore the caller's key).
     pub fn rename(mut self, key: impl Into<String>) -> Self {
-        self.key = key.into();
+        self.key = key.into().into();
         self
     }
 
@@ -281,7 +295,7 @@ impl Lease {
     /// ends, so work that stops on it stops before the lock can lapse.
     pub fn info(&self) -> LeaseInfo {
         LeaseInfo {
-            key: self.key.clone(),
+            key: self.key.to_string(),
             fencing_token: self.fencing_token,
             lost: self.work_signal(),
         }
@@ -357,7 +371,7 @@ impl Lease {
         // hands (`NotHeld`), but is not revived by a success.
         if let Some(reason) = self.status.status().lost {
             return Err(Error::Lost {
-                key: self.key.clone(),
+                key: self.key.to_string(),
                 reason,
             });
         }
@@ -366,7 +380,7 @@ impl Lease {
             Ok(()) => match extend_validity(&self.status, started, ttl) {
                 Ok(()) => Ok(()),
                 Err(reason) => Err(Error::Lost {
-                    key: self.key.clone(),
+                    key: self.key.to_string(),
                     reason,
                 }),
             },
@@ -396,8 +410,8 @@ impl Lease {
         self.stop_keepalive();
         let entry = keepalive::Entry::new(
             self.status.clone(),
-            &self.key,
-            &self.owner,
+            self.key.clone(),
+            self.owner.clone(),
             self.acquired_at,
             &config,
         );
@@ -471,7 +485,7 @@ impl Drop for Lease {
         self.stop_keepalive();
         mark_lost(&self.status, LostReason::Released);
         if let Some(release) = self.sync_release.take() {
-            release();
+            release(&self.key, &self.owner);
             return;
         }
         let runtime = tokio::runtime::Handle::try_current()
@@ -480,8 +494,8 @@ impl Drop for Lease {
         crate::background::release(
             runtime,
             self.locker.clone(),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.owner),
+            self.key.to_string(),
+            self.owner.to_string(),
             self.release_timeout,
             "a dropped lease",
         );

@@ -168,18 +168,18 @@ impl Inner {
                     )
                 };
                 async move {
-                    errors::within("refresh", query_timeout, context, session.holds_many(&ids))
+                    errors::within("refresh", query_timeout, context, session.lost_among(&ids))
                         .await
                 }
             }))
             .await;
         for ((_, indexes), answer) in sessions.values().zip(answers) {
             match answer {
-                Ok(held) => {
-                    let held: HashSet<i64> = held.into_iter().collect();
+                Ok(lost) => {
+                    let lost: HashSet<i64> = lost.into_iter().collect();
                     for &index in indexes {
                         let (key, owner) = &keys[index];
-                        results[index] = Some(if held.contains(&key.id) {
+                        results[index] = Some(if !lost.contains(&key.id) {
                             Ok(())
                         } else {
                             if let Some(gone) = self.registry.take(&key.id, owner) {

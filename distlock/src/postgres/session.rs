@@ -70,7 +70,7 @@ struct Statements {
     try_lock: Statement,
     unlock: Statement,
     holds: Statement,
-    holds_many: Statement,
+    lost_among: Statement,
     unlock_if_held: Statement,
     grant_token: Option<Statement>,
 }
@@ -122,13 +122,13 @@ impl Session {
                     None => Ok(None),
                 }
             };
-            let ((), try_lock, unlock, holds, holds_many, unlock_if_held, grant_token) =
+            let ((), try_lock, unlock, holds, lost_among, unlock_if_held, grant_token) =
                 tokio::try_join!(
                     setup,
                     client.prepare(&sql.try_lock),
                     client.prepare(sql.unlock),
                     client.prepare(&sql.holds),
-                    client.prepare(&sql.holds_many),
+                    client.prepare(&sql.lost_among),
                     client.prepare(&sql.unlock_if_held),
                     grant_token,
                 )
@@ -143,7 +143,7 @@ impl Session {
                 try_lock,
                 unlock,
                 holds,
-                holds_many,
+                lost_among,
                 unlock_if_held,
                 grant_token,
             })
@@ -219,11 +219,11 @@ impl Session {
             .try_get(0)
     }
 
-    /// Which of `keys` this session holds (in no particular order).
-    pub(super) async fn holds_many(&self, keys: &[i64]) -> Result<Vec<i64>, tokio_postgres::Error> {
+    /// Which of `keys` this session does not hold (in no particular order).
+    pub(super) async fn lost_among(&self, keys: &[i64]) -> Result<Vec<i64>, tokio_postgres::Error> {
         let rows = self
             .client
-            .query(&self.statements.holds_many, &[&keys])
+            .query(&self.statements.lost_among, &[&keys])
             .await?;
         rows.iter().map(|row| row.try_get(0)).collect()
     }
