@@ -10,7 +10,9 @@ use tokio::time::Instant;
 
 use crate::deadline::saturating_deadline;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
+use crate::{
+    Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
+};
 
 /// Thresholds of a [`BreakerLocker`].
 ///
@@ -119,6 +121,8 @@ pub struct BreakerLocker<L> {
     inner: Arc<L>,
     config: BreakerConfig,
     circuit: Arc<Mutex<Circuit>>,
+    /// The `Arc` every lease granted through this wrapper (or a clone) shares.
+    leases: crate::SharedLocker,
 }
 
 impl<L> Clone for BreakerLocker<L> {
@@ -127,6 +131,7 @@ impl<L> Clone for BreakerLocker<L> {
             inner: self.inner.clone(),
             config: self.config,
             circuit: self.circuit.clone(),
+            leases: self.leases.clone(),
         }
     }
 }
@@ -191,6 +196,7 @@ impl<L: Locker> BreakerLocker<L> {
                 open_until: Instant::now(),
                 probe_in_flight: false,
             })),
+            leases: crate::SharedLocker::default(),
         }
     }
 
@@ -306,7 +312,7 @@ impl<L: Locker> BreakerLocker<L> {
     }
 
     fn own(&self, lease: Lease) -> Lease {
-        lease.rebind(Arc::new(self.clone()))
+        lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
     }
 }
 
@@ -362,6 +368,14 @@ impl<L: Locker> Locker for BreakerLocker<L> {
         let result = self.inner.refresh(key, owner, ttl).await;
         self.record(None, &result);
         result
+    }
+    /// Like [`refresh`](Locker::refresh): never blocked, each result counted.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let results = self.inner.refresh_many(requests).await;
+        for result in &results {
+            self.record(None, result);
+        }
+        results
     }
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.guarded(self.inner.watch_releases(key)).await

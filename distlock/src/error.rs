@@ -240,6 +240,61 @@ impl Error {
         }
     }
 
+    /// A copy of this error for another of the requests it failed (a batch
+    /// that failed as a whole fails each of its requests): the same kind and
+    /// fields, the source kept as its message.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            Error::NotAcquired { key } => Error::NotAcquired { key: key.clone() },
+            Error::Timeout { key, waited } => Error::Timeout {
+                key: key.clone(),
+                waited: *waited,
+            },
+            Error::NotHeld { key } => Error::NotHeld { key: key.clone() },
+            Error::Unavailable { backend, reason } => Error::Unavailable {
+                backend,
+                reason: reason.clone(),
+            },
+            Error::InvalidInput { what, reason } => Error::InvalidInput {
+                what,
+                reason: reason.clone(),
+            },
+            Error::Unsupported {
+                backend,
+                operation,
+                reason,
+            } => Error::Unsupported {
+                backend,
+                operation,
+                reason: reason.clone(),
+            },
+            Error::Lost { key, reason } => Error::Lost {
+                key: key.clone(),
+                reason: *reason,
+            },
+            Error::DeadlineExceeded {
+                backend,
+                operation,
+                after,
+            } => Error::DeadlineExceeded {
+                backend,
+                operation,
+                after: *after,
+            },
+            Error::Backend {
+                backend,
+                operation,
+                outcome_unknown,
+                source,
+            } => Error::Backend {
+                backend,
+                operation,
+                outcome_unknown: *outcome_unknown,
+                source: source.to_string().into(),
+            },
+        }
+    }
+
     /// Returns the same error with every key field rewritten by `f`; wrappers
     /// that rename keys (such as [`crate::PrefixLocker`]) use it so errors name the
     /// key the caller used.

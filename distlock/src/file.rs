@@ -104,6 +104,8 @@ pub struct FileLocker {
 
 #[derive(Debug)]
 struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
     dir: PathBuf,
     durable: bool,
     held: Mutex<HashMap<String, Held>>,
@@ -160,6 +162,7 @@ impl FileLockerBuilder {
         check_directory(&self.dir)?;
         Ok(FileLocker {
             inner: Arc::new(Inner {
+                leases: crate::SharedLocker::default(),
                 dir: self.dir,
                 durable: self.durable,
                 held: Mutex::default(),
@@ -358,11 +361,14 @@ impl Locker for FileLocker {
         let (this, sync_key) = (self.clone(), key.to_owned());
         let (dup_this, dup_key, dup_owner) = (self.clone(), key.to_owned(), owner.clone());
         Ok(Some(
-            Lease::new(parts, Arc::new(self.clone()))
-                .with_sync_release(move || {
-                    this.release_held(&sync_key, &owner);
-                })
-                .with_lock_fd(move || dup_this.duplicate_held(&dup_key, &dup_owner)),
+            Lease::new(
+                parts,
+                self.inner.leases.get_or_init(|| Arc::new(self.clone())),
+            )
+            .with_sync_release(move || {
+                this.release_held(&sync_key, &owner);
+            })
+            .with_lock_fd(move || dup_this.duplicate_held(&dup_key, &dup_owner)),
         ))
     }
 

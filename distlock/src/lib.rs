@@ -116,6 +116,7 @@ mod util;
 pub use breaker::{BreakerConfig, BreakerLocker, BreakerState};
 pub use deadline::DEADLINE_GRACE;
 pub use error::{BoxError, Error, Result};
+pub(crate) use lease::SharedLocker;
 pub use lease::{
     drift_margin, new_owner_token, KeepAlive, Lease, LeaseInfo, LeaseParts, LostNotifier,
     LostReason, LostSignal, DEFAULT_RELEASE_TIMEOUT,
@@ -345,6 +346,44 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
             operation: "refresh",
             reason: "this backend has no refresh".into(),
         })
+    }
+
+    /// Refreshes several leases of this locker at once, as
+    /// [`refresh`](Locker::refresh) would each of them: one result per
+    /// request, in order. The keepalive scheduler calls it with the
+    /// refreshes that fall due together, so a backend that can check and
+    /// extend many locks in one round trip (a multi-key script on Redis, one
+    /// statement per session on Postgres) keeps the keepalive traffic of many
+    /// held leases to a few round trips.
+    ///
+    /// The default refreshes them through [`refresh`](Locker::refresh), 64
+    /// at a time. Wrappers forward it to the locker they
+    /// wrap, doing for each request what their `refresh` does.
+    ///
+    /// # Errors
+    ///
+    /// Each result is what [`refresh`](Locker::refresh) would return for its
+    /// request. A failure of the whole batch (the connection broke) is that
+    /// error in every result.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`refresh`](Locker::refresh): a dropped batch may or may not
+    /// have extended each lock; the leases keep their earlier validity.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        // A bounded number at a time: a batch of leases whose locks do not
+        // expire can be large.
+        let mut results = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(64) {
+            let refreshed = futures_util::future::join_all(
+                chunk
+                    .iter()
+                    .map(|request| self.refresh(request.key, request.owner, request.ttl)),
+            )
+            .await;
+            results.extend(refreshed);
+        }
+        results
     }
 
     /// Deletes what the backend keeps for `key` beyond a held lock (its
@@ -580,6 +619,27 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// One lease to refresh in a [`Locker::refresh_many`] batch: the arguments
+/// [`Locker::refresh`] takes. Its `Debug` never prints the owner token.
+#[derive(Clone, Copy)]
+pub struct RefreshRequest<'a> {
+    /// The key as the caller of this locker names it.
+    pub key: &'a str,
+    /// The owner token (a credential: never logged).
+    pub owner: &'a str,
+    /// The new ttl, counted from when the backend applies it.
+    pub ttl: Duration,
+}
+
+impl fmt::Debug for RefreshRequest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RefreshRequest")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A shared locker is a locker: wrappers can take `Arc<dyn Locker>`.
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
@@ -604,6 +664,9 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     }
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         (**self).refresh(key, owner, ttl).await
+    }
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        (**self).refresh_many(requests).await
     }
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         (**self).watch_releases(key).await

@@ -59,6 +59,8 @@ struct State {
     fencing: AtomicU64,
     releases: LocalReleases,
     marks: Mutex<HashMap<String, i64>>,
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
 }
 
 #[derive(Debug, Default)]
@@ -176,16 +178,22 @@ impl Locker for MemoryLocker {
         };
         let parts = LeaseParts {
             key: key.to_owned(),
-            owner: owner.clone(),
+            owner,
             fencing_token: Some(fencing_token),
             ttl,
             valid_until: Some(now + ttl),
         };
         let this = self.clone();
-        let (sync_key, sync_owner) = (key.to_owned(), owner);
+        // Its own copy of the key: a wrapper may rename the lease (a prefix
+        // comes off), while the table knows the key as this locker got it.
+        let sync_key = key.to_owned();
         Ok(Some(
-            Lease::new(parts, Arc::new(self.clone())).with_sync_release(move || {
-                this.remove_if_owner(&sync_key, &sync_owner);
+            Lease::new(
+                parts,
+                self.state.leases.get_or_init(|| Arc::new(self.clone())),
+            )
+            .with_sync_unlock(move |_, owner| {
+                this.remove_if_owner(&sync_key, owner);
             }),
         ))
     }

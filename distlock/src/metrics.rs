@@ -11,7 +11,10 @@ use metrics::{counter, gauge, histogram};
 use tokio::time::Instant;
 
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, ReleaseWatch, Result};
+use crate::{
+    Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, ReleaseWatch,
+    Result,
+};
 
 /// Wraps a [`Locker`] to record these metrics:
 ///
@@ -43,12 +46,15 @@ use crate::{Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, Release
 #[derive(Debug)]
 pub struct MetricsLocker<L> {
     inner: Arc<L>,
+    /// The `Arc` every lease granted through this wrapper (or a clone) shares.
+    leases: crate::SharedLocker,
 }
 
 impl<L> Clone for MetricsLocker<L> {
     fn clone(&self) -> Self {
         MetricsLocker {
             inner: self.inner.clone(),
+            leases: self.leases.clone(),
         }
     }
 }
@@ -74,6 +80,7 @@ impl<L: Locker> MetricsLocker<L> {
     pub fn new(inner: L) -> Self {
         MetricsLocker {
             inner: Arc::new(inner),
+            leases: crate::SharedLocker::default(),
         }
     }
 
@@ -92,7 +99,7 @@ impl<L: Locker> MetricsLocker<L> {
                     .increment(1);
             }
         });
-        lease.rebind(Arc::new(self.clone()))
+        lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
     }
 
     fn timed(&self, operation: &'static str, outcome: &'static str, started: Instant) {
@@ -243,6 +250,16 @@ impl<L: Locker> Locker for MetricsLocker<L> {
         let outcome = self.holder_outcome("refresh", "refreshed", &result);
         self.timed("refresh", outcome, started);
         result
+    }
+    /// Each request counts as one `refresh`, timed as the whole batch took.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let started = Instant::now();
+        let results = self.inner.refresh_many(requests).await;
+        for result in &results {
+            let outcome = self.holder_outcome("refresh", "refreshed", result);
+            self.timed("refresh", outcome, started);
+        }
+        results
     }
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Capabilities, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
+use crate::{Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Prefixes every key before it reaches the inner locker, so several
 /// applications can share one backend without their keys colliding.
@@ -33,6 +33,8 @@ use crate::{Capabilities, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
 pub struct PrefixLocker<L> {
     inner: Arc<L>,
     prefix: Arc<str>,
+    /// The `Arc` every lease granted through this wrapper (or a clone) shares.
+    leases: crate::SharedLocker,
 }
 
 impl<L> Clone for PrefixLocker<L> {
@@ -40,6 +42,7 @@ impl<L> Clone for PrefixLocker<L> {
         PrefixLocker {
             inner: self.inner.clone(),
             prefix: self.prefix.clone(),
+            leases: self.leases.clone(),
         }
     }
 }
@@ -66,6 +69,7 @@ impl<L: Locker> PrefixLocker<L> {
         PrefixLocker {
             inner: Arc::new(inner),
             prefix: prefix.into().into(),
+            leases: crate::SharedLocker::default(),
         }
     }
 
@@ -74,7 +78,9 @@ impl<L: Locker> PrefixLocker<L> {
     }
 
     fn own(&self, lease: Lease, key: &str) -> Lease {
-        lease.rebind(Arc::new(self.clone())).rename(key)
+        lease
+            .rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
+            .rename(key)
     }
 }
 
@@ -114,6 +120,43 @@ impl<L: Locker> Locker for PrefixLocker<L> {
         crate::validate::key(key)?;
         let refreshed = self.inner.refresh(&self.full(key), owner, ttl).await;
         refreshed.map_err(|e| e.map_key(|_| key.to_owned()))
+    }
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        // Each key as the inner locker names it; an invalid one is answered
+        // here, the others go on in one batch.
+        let full: Vec<Result<String>> = requests
+            .iter()
+            .map(|request| crate::validate::key(request.key).map(|()| self.full(request.key)))
+            .collect();
+        let inner: Vec<RefreshRequest<'_>> = requests
+            .iter()
+            .zip(&full)
+            .filter_map(|(request, full)| {
+                full.as_ref().ok().map(|key| RefreshRequest {
+                    key,
+                    owner: request.owner,
+                    ttl: request.ttl,
+                })
+            })
+            .collect();
+        let mut refreshed = self.inner.refresh_many(&inner).await.into_iter();
+        requests
+            .iter()
+            .zip(full)
+            .map(|(request, full)| {
+                let result = match full {
+                    Ok(_) => refreshed.next().unwrap_or_else(|| {
+                        Err(crate::Error::backend(
+                            self.inner.backend(),
+                            "refresh",
+                            "the wrapped locker returned fewer results than requests",
+                        ))
+                    }),
+                    Err(error) => Err(error),
+                };
+                result.map_err(|e| e.map_key(|_| request.key.to_owned()))
+            })
+            .collect()
     }
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(&self.full(key)).await

@@ -8,7 +8,9 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Result};
+use crate::{
+    Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
+};
 
 /// Wraps a [`Locker`] so every operation runs in a span named
 /// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
@@ -22,6 +24,10 @@ use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Resul
 ///   kind ([`Error::kind_name`]); `error` with the message on failure;
 /// - `fencing_token` of a granted lease.
 ///
+/// A keepalive batch ([`Locker::refresh_many`]) is one `distlock.refresh_many`
+/// span with `leases` (the batch's size) and `refreshed` (how many were),
+/// not a span per lease.
+///
 /// Owner tokens and passwords are never recorded.
 ///
 /// ```
@@ -33,12 +39,15 @@ use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, ReleaseWatch, Resul
 #[derive(Debug)]
 pub struct TraceLocker<L> {
     inner: Arc<L>,
+    /// The `Arc` every lease granted through this wrapper (or a clone) shares.
+    leases: crate::SharedLocker,
 }
 
 impl<L> Clone for TraceLocker<L> {
     fn clone(&self) -> Self {
         TraceLocker {
             inner: self.inner.clone(),
+            leases: self.leases.clone(),
         }
     }
 }
@@ -64,6 +73,7 @@ impl<L: Locker> TraceLocker<L> {
     pub fn new(inner: L) -> Self {
         TraceLocker {
             inner: Arc::new(inner),
+            leases: crate::SharedLocker::default(),
         }
     }
 
@@ -79,7 +89,7 @@ impl<L: Locker> TraceLocker<L> {
         if let Some(token) = lease.fencing_token() {
             span.record("fencing_token", token);
         }
-        lease.rebind(Arc::new(self.clone()))
+        lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
     }
 }
 
@@ -268,6 +278,26 @@ impl<L: Locker> Locker for TraceLocker<L> {
             .await;
         record_holder_outcome(&span, "refreshed", &result);
         result
+    }
+    /// One span for the batch, with its size and how many were refreshed.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let span = tracing::info_span!(
+            "distlock.refresh_many",
+            component = "distlock",
+            backend = self.inner.backend(),
+            leases = requests.len(),
+            refreshed = Empty,
+        );
+        let results = self
+            .inner
+            .refresh_many(requests)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "refreshed",
+            results.iter().filter(|result| result.is_ok()).count(),
+        );
+        results
     }
 
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {

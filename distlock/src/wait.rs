@@ -16,7 +16,9 @@ use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline, sleep_until};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Capabilities, Error, Lease, Locker, MarkAdvance, Result, DEADLINE_GRACE};
+use crate::{
+    Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result, DEADLINE_GRACE,
+};
 
 /// How [`Locker::lock`] polls between attempts.
 ///
@@ -289,6 +291,9 @@ impl<L: Locker> Locker for WaitLocker<L> {
     }
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         self.inner.refresh(key, owner, ttl).await
+    }
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        self.inner.refresh_many(requests).await
     }
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await

@@ -373,6 +373,9 @@ impl Locker for NoMarks {
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> crate::Result<()> {
         self.inner.refresh(key, owner, ttl).await
     }
+    async fn refresh_many(&self, requests: &[crate::RefreshRequest<'_>]) -> Vec<crate::Result<()>> {
+        self.inner.refresh_many(requests).await
+    }
     async fn forget(&self, key: &str) -> crate::Result<()> {
         self.inner.forget(key).await
     }

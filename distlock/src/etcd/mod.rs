@@ -243,6 +243,8 @@ pub struct EtcdLocker {
 }
 
 struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
     client: Client,
     prefix: String,
     request_timeout: Duration,
@@ -339,6 +341,7 @@ impl EtcdLocker {
         .await?;
         Ok(EtcdLocker {
             inner: Arc::new(Inner {
+                leases: crate::SharedLocker::default(),
                 client,
                 prefix: config.key_prefix,
                 request_timeout: config.request_timeout,
@@ -689,7 +692,7 @@ impl EtcdLocker {
                 ttl,
                 valid_until: None,
             },
-            Arc::new(self.clone()),
+            self.inner.leases.get_or_init(|| Arc::new(self.clone())),
         );
         let held = Held {
             owner: token,

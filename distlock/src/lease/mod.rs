@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 mod keepalive;
@@ -96,14 +95,15 @@ pub struct LeaseParts {
 /// have it reject writes carrying a smaller token than it has seen: that, not
 /// the lock alone, is what stops a paused or partitioned former holder.
 pub struct Lease {
-    key: String,
-    owner: String,
+    // Shared with the keepalive's entry, which needs them for every refresh.
+    key: Arc<str>,
+    owner: Arc<str>,
     fencing_token: Option<u64>,
     acquired_at: Instant,
     locker: Arc<dyn Locker>,
     status: StatusSender,
     release_timeout: Duration,
-    keepalive: Option<JoinHandle<()>>,
+    keepalive: Option<keepalive::Registration>,
     sync_release: Option<SyncRelease>,
     lock_fd: Option<LockFd>,
     /// The runtime the lease was granted on: a lease dropped elsewhere (on a
@@ -112,7 +112,8 @@ pub struct Lease {
     released: bool,
 }
 
-type SyncRelease = Box<dyn FnOnce() + Send + Sync>;
+/// Called with the lease's key and owner token.
+type SyncRelease = Box<dyn FnOnce(&str, &str) + Send + Sync>;
 type LockFd = Box<dyn Fn() -> Option<std::io::Result<std::os::fd::OwnedFd>> + Send + Sync>;
 
 /// # For backend and wrapper implementors
@@ -140,8 +141,8 @@ impl Lease {
             lost: None,
         });
         Lease {
-            key: parts.key,
-            owner: parts.owner,
+            key: parts.key.into(),
+            owner: parts.owner.into(),
             fencing_token: parts.fencing_token,
             acquired_at: now,
             locker,
@@ -159,7 +160,19 @@ impl Lease {
     /// the lease is dropped without [`release`](Lease::release). It must not
     /// block (memory and file backends: a map update and a `close`).
     pub fn with_sync_release(mut self, release: impl FnOnce() + Send + Sync + 'static) -> Self {
-        self.sync_release = Some(Box::new(release));
+        self.sync_release = Some(Box::new(move |_: &str, _: &str| release()));
+        self
+    }
+
+    /// [`with_sync_release`](Lease::with_sync_release) for a release that
+    /// needs the owner token: it gets the lease's key (as the lease names
+    /// it now: a wrapper may have renamed it) and owner token, so it need
+    /// not keep a copy of the token (a memory lease is mostly its strings).
+    pub(crate) fn with_sync_unlock(
+        mut self,
+        unlock: impl FnOnce(&str, &str) + Send + Sync + 'static,
+    ) -> Self {
+        self.sync_release = Some(Box::new(unlock));
         self
     }
 
@@ -186,7 +199,7 @@ impl Lease {
     /// Renames the key this lease reports and releases with (wrappers that
     /// rewrite keys, such as [`crate::PrefixLocker`], use it to restore the caller's key).
     pub fn rename(mut self, key: impl Into<String>) -> Self {
-        self.key = key.into();
+        self.key = key.into().into();
         self
     }
 
@@ -282,7 +295,7 @@ impl Lease {
     /// ends, so work that stops on it stops before the lock can lapse.
     pub fn info(&self) -> LeaseInfo {
         LeaseInfo {
-            key: self.key.clone(),
+            key: self.key.to_string(),
             fencing_token: self.fencing_token,
             lost: self.work_signal(),
         }
@@ -358,7 +371,7 @@ impl Lease {
         // hands (`NotHeld`), but is not revived by a success.
         if let Some(reason) = self.status.status().lost {
             return Err(Error::Lost {
-                key: self.key.clone(),
+                key: self.key.to_string(),
                 reason,
             });
         }
@@ -367,7 +380,7 @@ impl Lease {
             Ok(()) => match extend_validity(&self.status, started, ttl) {
                 Ok(()) => Ok(()),
                 Err(reason) => Err(Error::Lost {
-                    key: self.key.clone(),
+                    key: self.key.to_string(),
                     reason,
                 }),
             },
@@ -395,15 +408,18 @@ impl Lease {
             )
         })?;
         self.stop_keepalive();
-        let task = keepalive::Task {
-            locker: self.locker.clone(),
-            key: self.key.clone(),
-            owner: self.owner.clone(),
-            acquired_at: self.acquired_at,
-            status: self.status.clone(),
-            config,
-        };
-        self.keepalive = Some(runtime.spawn(task.run()));
+        let entry = keepalive::Entry::new(
+            self.status.clone(),
+            self.key.clone(),
+            self.owner.clone(),
+            self.acquired_at,
+            &config,
+        );
+        self.keepalive = Some(keepalive::Registration::start(
+            &self.locker,
+            entry,
+            &runtime,
+        ));
         Ok(())
     }
 
@@ -447,16 +463,17 @@ impl Lease {
         self
     }
 
-    /// The keepalive task's handle, for tests that check how it ended.
+    /// The keepalive scheduler task's handle, for tests that check how it
+    /// ended.
     #[cfg(test)]
-    pub(crate) fn take_keepalive_for_test(&mut self) -> Option<JoinHandle<()>> {
-        self.keepalive.take()
+    pub(crate) fn take_keepalive_for_test(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.keepalive
+            .as_ref()
+            .and_then(keepalive::Registration::take_task_for_test)
     }
 
     fn stop_keepalive(&mut self) {
-        if let Some(task) = self.keepalive.take() {
-            task.abort();
-        }
+        self.keepalive = None;
     }
 }
 
@@ -468,7 +485,7 @@ impl Drop for Lease {
         self.stop_keepalive();
         mark_lost(&self.status, LostReason::Released);
         if let Some(release) = self.sync_release.take() {
-            release();
+            release(&self.key, &self.owner);
             return;
         }
         let runtime = tokio::runtime::Handle::try_current()
@@ -477,8 +494,8 @@ impl Drop for Lease {
         crate::background::release(
             runtime,
             self.locker.clone(),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.owner),
+            self.key.to_string(),
+            self.owner.to_string(),
             self.release_timeout,
             "a dropped lease",
         );
@@ -495,6 +512,40 @@ impl fmt::Debug for Lease {
             .field("backend", &self.locker.backend())
             .field("lost", &self.lost_signal().reason())
             .finish_non_exhaustive()
+    }
+}
+
+/// The one `Arc<dyn Locker>` that every lease of a locker (and of its clones)
+/// releases and refreshes through, built on the first grant and kept while
+/// any lease holds it. Sharing it saves an allocation and a copy of the
+/// locker per lease, and lets the keepalive scheduler, which works per
+/// `Arc`, batch the refreshes of all of them (see `keepalive`).
+///
+/// Lockers keep one in their shared state (so clones share it) and call
+/// [`get_or_init`](SharedLocker::get_or_init) instead of
+/// `Arc::new(self.clone())`. Only a weak reference is kept: no cycle.
+#[derive(Clone, Default)]
+pub(crate) struct SharedLocker(Arc<std::sync::Mutex<Option<std::sync::Weak<dyn Locker>>>>);
+
+impl SharedLocker {
+    /// The shared `Arc`, made by `make` if no lease holds it now.
+    pub(crate) fn get_or_init(&self, make: impl FnOnce() -> Arc<dyn Locker>) -> Arc<dyn Locker> {
+        let mut cached = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(locker) = cached.as_ref().and_then(std::sync::Weak::upgrade) {
+            return locker;
+        }
+        let locker = make();
+        *cached = Some(Arc::downgrade(&locker));
+        locker
+    }
+}
+
+impl fmt::Debug for SharedLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedLocker").finish_non_exhaustive()
     }
 }
 

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Why a lease stopped being held. Delivered by [`LostSignal`].
@@ -63,13 +63,24 @@ pub(super) struct LeaseStatus {
 }
 
 /// The state shared by a lease, its keepalive, its lost signals and notifiers.
+///
+/// One allocation of about 160 bytes per lease: a mutex over the status and
+/// a `Notify` that wakes the waiting signals. (A `tokio::sync::watch`
+/// channel did the same in about 400, most of it the eight `Notify`s it
+/// keeps for its receivers, and a held lease is mostly this.)
 pub(super) struct Shared {
-    status: watch::Sender<LeaseStatus>,
-    /// Run once, when the lease ends (see [`Lease::on_end`]).
-    on_end: Mutex<Vec<EndCallback>>,
+    state: Mutex<State>,
+    /// Woken (every waiter) whenever the status changes.
+    changed: Notify,
     /// How much shorter than its ttl a refresh's validity is (see
     /// [`Lease::with_validity_discount`]); none: the full ttl.
     discount: OnceLock<ValidityDiscount>,
+}
+
+struct State {
+    status: LeaseStatus,
+    /// Run once, when the lease ends (see [`Lease::on_end`]).
+    on_end: Vec<EndCallback>,
 }
 
 type EndCallback = Box<dyn FnOnce(LostReason) + Send>;
@@ -79,8 +90,11 @@ impl Shared {
     /// A new lease's state.
     pub(super) fn new(status: LeaseStatus) -> Self {
         Shared {
-            status: watch::channel(status).0,
-            on_end: Mutex::default(),
+            state: Mutex::new(State {
+                status,
+                on_end: Vec::new(),
+            }),
+            changed: Notify::new(),
             discount: OnceLock::new(),
         }
     }
@@ -98,27 +112,41 @@ impl Shared {
         }
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(super) fn status(&self) -> LeaseStatus {
-        *self.status.borrow()
+        self.state().status
+    }
+
+    /// Applies `change` to the status; if it says it changed something,
+    /// wakes every waiting signal. Returns what `change` returned.
+    fn update(&self, change: impl FnOnce(&mut LeaseStatus) -> bool) -> bool {
+        let changed = change(&mut self.state().status);
+        if changed {
+            self.changed.notify_waiters();
+        }
+        changed
     }
 
     /// A signal following this state.
-    pub(super) fn subscribe(&self) -> LostSignal {
+    pub(super) fn subscribe(self: &Arc<Self>) -> LostSignal {
         LostSignal {
-            status: self.status.subscribe(),
+            shared: self.clone(),
             margin: Duration::ZERO,
         }
     }
 
     /// Runs `callback` once when the lease ends (at once if it has).
     pub(super) fn on_end(&self, callback: impl FnOnce(LostReason) + Send + 'static) {
-        let mut callbacks = self.on_end.lock().unwrap_or_else(PoisonError::into_inner);
-        match self.status().lost {
+        let mut state = self.state();
+        match state.status.lost {
             Some(reason) => {
-                drop(callbacks);
+                drop(state);
                 callback(reason);
             }
-            None => callbacks.push(Box::new(callback)),
+            None => state.on_end.push(Box::new(callback)),
         }
     }
 }
@@ -170,7 +198,7 @@ pub(super) fn mark_lost_with_grace(shared: &StatusSender, reason: LostReason, gr
 
 fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>) {
     let now = Instant::now();
-    let ended = shared.status.send_if_modified(|s| {
+    let ended = shared.update(|s| {
         if s.lost.is_some() {
             return false;
         }
@@ -186,8 +214,7 @@ fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>
         true
     });
     if ended {
-        let callbacks =
-            std::mem::take(&mut *shared.on_end.lock().unwrap_or_else(PoisonError::into_inner));
+        let callbacks = std::mem::take(&mut shared.state().on_end);
         for callback in callbacks {
             callback(reason);
         }
@@ -213,7 +240,7 @@ fn mark_ended(shared: &StatusSender, reason: LostReason, grace: Option<Duration>
 /// ```
 #[derive(Clone)]
 pub struct LostSignal {
-    status: watch::Receiver<LeaseStatus>,
+    shared: StatusSender,
     /// Fire this long before the known validity ends (see [`LostSignal::early_by`]).
     margin: Duration,
 }
@@ -234,7 +261,7 @@ impl LostSignal {
     /// signal, such as a cron job's context, and plans its own stop before the
     /// lock can lapse. `None` where locks do not expire, while held.
     pub fn valid_until(&self) -> Option<Instant> {
-        self.status.borrow().valid_until
+        self.shared.status().valid_until
     }
 
     /// When this signal fires by expiry: `margin` before the known validity
@@ -255,7 +282,12 @@ impl LostSignal {
     /// Cancel-safe: dropping the future loses nothing; wait again.
     pub async fn wait(&mut self) -> LostReason {
         loop {
-            let status = *self.status.borrow_and_update();
+            // Registered before the status is read: a change made after the
+            // read wakes it.
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let status = self.shared.status();
             if let Some(reason) = status.lost {
                 return reason;
             }
@@ -265,15 +297,11 @@ impl LostSignal {
                         return LostReason::Expired;
                     }
                     tokio::select! {
-                        changed = self.status.changed() => if changed.is_err() { return LostReason::Released },
+                        () = changed => {}
                         () = tokio::time::sleep_until(deadline) => {}
                     }
                 }
-                None => {
-                    if self.status.changed().await.is_err() {
-                        return LostReason::Released;
-                    }
-                }
+                None => changed.await,
             }
         }
     }
@@ -283,7 +311,7 @@ impl LostSignal {
     /// refresh that arrives after the known validity ended does not revive
     /// the lease (see [`Lease::refresh`](crate::Lease::refresh)).
     pub fn reason(&self) -> Option<LostReason> {
-        let status = *self.status.borrow();
+        let status = self.shared.status();
         status.lost.or(match self.expires_at(&status) {
             Some(deadline) if Instant::now() >= deadline => Some(LostReason::Expired),
             _ => None,
@@ -318,7 +346,7 @@ pub(super) fn extend_validity(
     let now = Instant::now();
     let validity = shared.validity_for(ttl);
     let mut refused = None;
-    shared.status.send_if_modified(|s| {
+    shared.update(|s| {
         if let Some(reason) = s.lost {
             refused = Some(reason);
             return false;

@@ -317,6 +317,8 @@ pub struct MysqlLocker {
 }
 
 struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
     settings: Arc<Settings>,
     sql: Sql,
     pool: Arc<Pool>,
@@ -361,6 +363,7 @@ impl MysqlLocker {
             }
         });
         let inner = Arc::new(Inner {
+            leases: crate::SharedLocker::default(),
             pool: Arc::new(Pool::new(settings.clone(), on_closed)),
             sql: Sql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
@@ -377,7 +380,7 @@ impl MysqlLocker {
     }
 
     fn lease_locker(&self) -> Arc<dyn Locker> {
-        Arc::new(self.clone())
+        self.inner.leases.get_or_init(|| Arc::new(self.clone()))
     }
 }
 

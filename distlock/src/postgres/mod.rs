@@ -328,7 +328,7 @@ use self::pool::Pool;
 use self::registry::Registry;
 use self::session::OnClosed;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, Result};
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
 /// locks. See the [module docs](self) for what it guarantees.
@@ -338,6 +338,10 @@ pub struct PostgresLocker {
 }
 
 struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
+    /// The same for the leases of [`PostgresLocker::raw_keys`].
+    raw_leases: crate::SharedLocker,
     settings: Arc<Settings>,
     sql: Arc<Sql>,
     pool: Pool,
@@ -400,6 +404,8 @@ impl PostgresLocker {
             }
         });
         let inner = Arc::new(Inner {
+            leases: crate::SharedLocker::default(),
+            raw_leases: crate::SharedLocker::default(),
             pool: Pool::new(settings.clone(), sql.clone(), on_closed),
             marks: MarksSql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
@@ -453,7 +459,7 @@ impl PostgresLocker {
     }
 
     fn lease_locker(&self) -> Arc<dyn Locker> {
-        Arc::new(self.clone())
+        self.inner.leases.get_or_init(|| Arc::new(self.clone()))
     }
 }
 
@@ -522,6 +528,17 @@ impl Locker for PostgresLocker {
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
         self.inner.verify(self.lock_key(key), owner).await
+    }
+
+    /// One statement per session holding some of the keys, confirming
+    /// which it still holds (see [`refresh`](Locker::refresh)).
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        self.inner
+            .refresh_many(requests, |request| {
+                validate::acquire(request.key, request.ttl)?;
+                Ok(self.lock_key(request.key))
+            })
+            .await
     }
 
     /// Deletes `key`'s fencing row in one statement, under a transaction
@@ -600,7 +617,10 @@ impl fmt::Debug for RawKeys {
 
 impl RawKeys {
     fn lease_locker(&self) -> Arc<dyn Locker> {
-        Arc::new(self.clone())
+        self.locker
+            .inner
+            .raw_leases
+            .get_or_init(|| Arc::new(self.clone()))
     }
 }
 
@@ -643,6 +663,17 @@ impl Locker for RawKeys {
         let key = keys::parse_raw(key)?;
         validate::ttl(ttl)?;
         self.locker.inner.verify(key, owner).await
+    }
+
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        self.locker
+            .inner
+            .refresh_many(requests, |request| {
+                let key = keys::parse_raw(request.key)?;
+                validate::ttl(request.ttl)?;
+                Ok(key)
+            })
+            .await
     }
 
     async fn forget(&self, key: &str) -> Result<()> {

@@ -71,6 +71,7 @@ struct Statements {
     try_lock: Statement,
     unlock: Statement,
     holds: Statement,
+    lost_among: Statement,
     unlock_if_held: Statement,
     grant_token: Option<Statement>,
 }
@@ -122,25 +123,28 @@ impl Session {
                     None => Ok(None),
                 }
             };
-            let ((), try_lock, unlock, holds, unlock_if_held, grant_token) = tokio::try_join!(
-                setup,
-                client.prepare(&sql.try_lock),
-                client.prepare(sql.unlock),
-                client.prepare(&sql.holds),
-                client.prepare(&sql.unlock_if_held),
-                grant_token,
-            )
-            .map_err(|e| {
-                errors::backend(
-                    "connect",
-                    format!("set up a session on {}", settings.target),
-                    e,
+            let ((), try_lock, unlock, holds, lost_among, unlock_if_held, grant_token) =
+                tokio::try_join!(
+                    setup,
+                    client.prepare(&sql.try_lock),
+                    client.prepare(sql.unlock),
+                    client.prepare(&sql.holds),
+                    client.prepare(&sql.lost_among),
+                    client.prepare(&sql.unlock_if_held),
+                    grant_token,
                 )
-            })?;
+                .map_err(|e| {
+                    errors::backend(
+                        "connect",
+                        format!("set up a session on {}", settings.target),
+                        e,
+                    )
+                })?;
             Ok::<_, Error>(Statements {
                 try_lock,
                 unlock,
                 holds,
+                lost_among,
                 unlock_if_held,
                 grant_token,
             })
@@ -216,6 +220,15 @@ impl Session {
             .query_one(&self.statements.holds, &[&key])
             .await?
             .try_get(0)
+    }
+
+    /// Which of `keys` this session does not hold (in no particular order).
+    pub(super) async fn lost_among(&self, keys: &[i64]) -> Result<Vec<i64>, tokio_postgres::Error> {
+        let rows = self
+            .client
+            .query(&self.statements.lost_among, &[&keys])
+            .await?;
+        rows.iter().map(|row| row.try_get(0)).collect()
     }
 
     /// Releases `key` if this session holds it; true if it did.

@@ -310,7 +310,7 @@ use crate::deadline::bounded;
 use crate::util::{decode_mark, encode_mark};
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
-    ReleaseWatch, Result, DEFAULT_RELEASE_TIMEOUT,
+    RefreshRequest, ReleaseWatch, Result, DEFAULT_RELEASE_TIMEOUT,
 };
 
 mod config;
@@ -334,11 +334,36 @@ use connection::{ClusterSettings, Connection, SentinelConnection};
 use errors::{Outcome, Target};
 use keys::KeySpace;
 use releases::{ReleaseHub, SubscriberSource};
-use scripts::{ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
+use scripts::{
+    ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_MANY_SCRIPT, REFRESH_SCRIPT,
+    RELEASE_SCRIPT,
+};
 
 use crate::inspect::{ForceRelease, HeldLock, Holder};
 
 const BACKEND: &str = "redis";
+
+/// Why one script of a [`Locker::refresh_many`] batch failed: every key it
+/// carried gets this error.
+enum GroupFailure {
+    Redis(redis::RedisError),
+    Deadline(Duration),
+}
+
+impl GroupFailure {
+    fn to_error(&self, locker: &RedisLocker) -> Error {
+        match self {
+            GroupFailure::Redis(error) => {
+                locker.inner.target.error("refresh", error.clone(), false)
+            }
+            GroupFailure::Deadline(after) => Error::DeadlineExceeded {
+                backend: BACKEND,
+                operation: "refresh",
+                after: *after,
+            },
+        }
+    }
+}
 
 /// The commands a lock user needs (inspection and listing included), as `ACL SETUSER` rules (see the module
 /// docs, "ACL"); add the key and channel patterns of your prefix
@@ -388,6 +413,8 @@ pub struct RedisLocker {
 }
 
 struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
     connection: Connection,
     /// [`RedisLocker::operation_bound`]: no call takes longer.
     operation_bound: Duration,
@@ -675,6 +702,31 @@ impl RedisLocker {
         .await
     }
 
+    /// One [`REFRESH_MANY_SCRIPT`] call for the requests at `indexes` (all in
+    /// one slot on a cluster), under the operation bound: one 0/1 per key.
+    async fn refresh_group(
+        &self,
+        requests: &[RefreshRequest<'_>],
+        indexes: &[usize],
+    ) -> std::result::Result<Vec<i64>, GroupFailure> {
+        let mut invocation = REFRESH_MANY_SCRIPT.prepare_invoke();
+        for &index in indexes {
+            let request = &requests[index];
+            invocation
+                .key(self.inner.keys.lock_key(request.key))
+                .key(self.inner.keys.holder_key(request.key))
+                .arg(request.owner)
+                .arg(ttl_millis(request.ttl));
+        }
+        let mut connection = self.connection();
+        let call = invocation.invoke_async(&mut connection);
+        match tokio::time::timeout(self.inner.operation_bound, call).await {
+            Ok(Ok(refreshed)) => Ok(refreshed),
+            Ok(Err(error)) => Err(GroupFailure::Redis(error)),
+            Err(_) => Err(GroupFailure::Deadline(self.inner.operation_bound)),
+        }
+    }
+
     /// One try: the acquire script, and once more with the same owner token
     /// if the connection was found broken. Not bounded by itself (see
     /// [`Locker::try_lock`]); every exit that leaves the outcome unknown,
@@ -741,7 +793,10 @@ impl RedisLocker {
             ttl,
             valid_until: Some(sent_at + ttl),
         };
-        Ok(Some(Lease::new(parts, Arc::new(self.clone()))))
+        Ok(Some(Lease::new(
+            parts,
+            self.inner.leases.get_or_init(|| Arc::new(self.clone())),
+        )))
     }
 
     /// One run of the acquire script for `owner`, a token the caller chose,
@@ -917,6 +972,7 @@ impl Parts {
         };
         RedisLocker {
             inner: Arc::new(Inner {
+                leases: crate::SharedLocker::default(),
                 connection,
                 operation_bound: self.operation_bound,
                 acquire_bound,
@@ -1097,6 +1153,76 @@ impl Locker for RedisLocker {
                 key: key.to_owned(),
             }),
         }
+    }
+
+    /// One script per batch on one server (or sentinel-managed master), one
+    /// per slot on a cluster (a script may only touch keys of one slot), the
+    /// slots' scripts sent at once. Each key answers as
+    /// [`refresh`](Locker::refresh) would; a failed script fails the keys it
+    /// carried.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let mut results: Vec<Option<Result<()>>> = requests
+            .iter()
+            .map(|request| validate::acquire(request.key, request.ttl).err().map(Err))
+            .collect();
+        // The valid requests by the script call that carries them.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let cluster = matches!(self.inner.connection, Connection::Cluster(_));
+        let mut by_slot = std::collections::HashMap::new();
+        for (index, _) in results.iter().enumerate().filter(|(_, r)| r.is_none()) {
+            let group = if cluster {
+                let slot = redis::cluster_routing::Slot::for_key(
+                    self.inner.keys.lock_key(requests[index].key),
+                );
+                *by_slot.entry(slot).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                })
+            } else {
+                if groups.is_empty() {
+                    groups.push(Vec::new());
+                }
+                0
+            };
+            groups[group].push(index);
+        }
+        let answers = futures_util::future::join_all(
+            groups
+                .iter()
+                .map(|group| self.refresh_group(requests, group)),
+        )
+        .await;
+        for (group, answer) in groups.iter().zip(answers) {
+            match answer {
+                Ok(refreshed) => {
+                    for (&index, refreshed) in group.iter().zip(refreshed) {
+                        results[index] = Some(match refreshed {
+                            1 => Ok(()),
+                            _ => Err(Error::NotHeld {
+                                key: requests[index].key.to_owned(),
+                            }),
+                        });
+                    }
+                }
+                Err(failure) => {
+                    for &index in group {
+                        results[index] = Some(Err(failure.to_error(self)));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(Error::backend(
+                        BACKEND,
+                        "refresh",
+                        "the refresh script answered fewer keys than it was sent",
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Deletes `key`'s fencing counter (`{key}:fence`) if the lock is free,

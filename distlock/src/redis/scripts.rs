@@ -144,21 +144,40 @@ end
 return 0
 ";
 
+/// Extends the lock `lock` held by `owner` to `ttl` milliseconds and its
+/// holder record `record`, if there is one, to the same expiry, with the new
+/// ttl as the record's first field (see `record_holder_lua`); a keepalive
+/// refresh with an unchanged ttl only re-arms the record's expiry. 1 if the
+/// token matched and the ttl was reset, else 0 (nothing touched).
+macro_rules! refresh_lua {
+    () => {
+        r"
+local function refresh(lock, record, owner, ttl)
+    if redis.call('GET', lock) ~= owner then
+        return 0
+    end
+    local text = redis.call('GET', record)
+    local ttl_end = text and string.find(text, '\n', 1, true)
+    if ttl_end and string.sub(text, 1, ttl_end - 1) == ttl then
+        redis.call('PEXPIRE', record, ttl)
+    elseif ttl_end then
+        redis.call('SET', record, ttl .. string.sub(text, ttl_end), 'PX', ttl)
+    end
+    return redis.call('PEXPIRE', lock, ttl)
+end
+"
+    };
+}
+
 /// `KEYS[1]` lock key, `KEYS[2]` holder record; `ARGV[1]` owner token,
 /// `ARGV[2]` new ttl in milliseconds. Returns 1 if the token matched and the
-/// ttl was reset, else 0. The holder record, if there is one, gets the same
-/// expiry and the new ttl as its first field (see `record_holder_lua`).
-const REFRESH: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    local record = redis.call('GET', KEYS[2])
-    local ttl_end = record and string.find(record, '\n', 1, true)
-    if ttl_end then
-        redis.call('SET', KEYS[2], ARGV[2] .. string.sub(record, ttl_end), 'PX', ARGV[2])
-    end
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
+/// ttl was reset, else 0 (see `refresh_lua`).
+const REFRESH: &str = concat!(
+    refresh_lua!(),
+    r"
+return refresh(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+"
+);
 
 /// `KEYS[1]` lock key, `KEYS[2]` holder record, `KEYS[3]` fence key.
 /// Returns nil if the lock is free, else what `describe_lua` reads.
@@ -195,6 +214,22 @@ return evicted
 "
 );
 
+/// `KEYS[2i - 1]` lock keys, `KEYS[2i]` their holder records; `ARGV[2i -
+/// 1]` the owner token of lock `i`, `ARGV[2i]` its new ttl in milliseconds.
+/// Returns one integer per lock, in order: what [`REFRESH`] returns for it.
+/// [`REFRESH`] for many locks in one round trip: the keepalive scheduler's
+/// batch. On a cluster every key of one call is in one slot.
+const REFRESH_MANY: &str = concat!(
+    refresh_lua!(),
+    r"
+local refreshed = {}
+for i = 1, #KEYS / 2 do
+    refreshed[i] = refresh(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i])
+end
+return refreshed
+"
+);
+
 /// `KEYS[1]` lock key, `KEYS[2]` fence key. Deletes the fencing counter if
 /// the lock is free and returns 1; returns 0 (nothing deleted) if it is held.
 /// One script, so no grant can slip in between the check and the `DEL`.
@@ -226,6 +261,8 @@ return {1, current or ''}
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));
+pub(crate) static REFRESH_MANY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(REFRESH_MANY));
 pub(crate) static FORGET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
 pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =

@@ -212,6 +212,8 @@ pub struct RedlockLocker {
 }
 
 struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
     nodes: Vec<RedisLocker>,
     quorum: usize,
     node_timeout: Duration,
@@ -289,6 +291,7 @@ impl RedlockLocker {
         }
         Ok(RedlockLocker {
             inner: Arc::new(Inner {
+                leases: crate::SharedLocker::default(),
                 nodes,
                 quorum,
                 node_timeout: config.node_timeout,
@@ -460,8 +463,11 @@ impl RedlockLocker {
                 ttl,
                 valid_until,
             };
-            let lease = Lease::new(parts, Arc::new(self.clone()))
-                .with_validity_discount(move |ttl| quorum::drift(ttl, factor));
+            let lease = Lease::new(
+                parts,
+                self.inner.leases.get_or_init(|| Arc::new(self.clone())),
+            )
+            .with_validity_discount(move |ttl| quorum::drift(ttl, factor));
             return Ok(Some(lease));
         }
         if tally.yes == 0 && !tally.outcome_unknown() {
