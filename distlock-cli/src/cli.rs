@@ -206,8 +206,8 @@ pub(crate) struct BenchArgs {
 
     /// What to measure: uncontended (each client acquires and releases a
     /// key of its own: cycles/s, acquire and release latency), contended
-    /// (every client waits for one key through lock: handoffs/s and the
-    /// handoff gap), hold (hold --keys leases with keepalive: memory per
+    /// (every client waits for one key through lock and holds it 1 ms:
+    /// handoffs/s and the handoff gap), hold (hold --keys leases with keepalive: memory per
     /// lease, connections, refreshes/s).
     #[arg(long, short, value_enum, default_value_t = Workload::Uncontended)]
     pub(crate) workload: Workload,

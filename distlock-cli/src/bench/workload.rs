@@ -14,6 +14,9 @@ use super::{probe, Plan, MAX_DURATION};
 
 /// A pause after an error, so a dead server is not hammered in a hot loop.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// How long a contended holder holds the key: far longer than a loopback
+/// round trip, so the other clients are waiting when it is released.
+const CONTENDED_HOLD: Duration = Duration::from_millis(1);
 /// How often the hold workload updates its progress count while it holds.
 const PROGRESS_STEP: Duration = Duration::from_millis(250);
 
@@ -204,20 +207,25 @@ impl Handoffs {
     }
 }
 
-/// Every client waits for one key through `lock(timeout)` and releases it
-/// as soon as it has it: handoffs per second, and the gap between one
+/// Every client waits for one key through `lock(timeout)`, holds it for
+/// [`CONTENDED_HOLD`], releases it, and waits for another client's grant
+/// before trying again: handoffs per second, and the gap between one
 /// holder's release and the next holder's grant, which is what the wait
-/// mechanism (notification or polling) costs.
+/// mechanism (notification, the server's queue, or polling) costs.
 pub(crate) async fn contended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
     let key = format!("{}-shared", plan.prefix);
     let handoffs = Arc::new(Mutex::new(Handoffs::default()));
+    // The number of grants so far, watched by each releaser to rejoin.
+    let grants = Arc::new(tokio::sync::watch::Sender::new(0u64));
     let started = Instant::now();
     let deadline = deadline(plan);
+    let rejoin_after_others = plan.clients > 1;
     let tally = on_clients(plan, |_| {
         let (locker, key, handoffs) = (locker.clone(), key.clone(), handoffs.clone());
-        let (ttl, progress) = (plan.ttl, plan.progress.clone());
+        let (ttl, progress, grants) = (plan.ttl, plan.progress.clone(), grants.clone());
         async move {
             let mut tally = Tally::new();
+            let mut others = grants.subscribe();
             loop {
                 let before = Instant::now();
                 let Some(timeout) = deadline
@@ -249,10 +257,27 @@ pub(crate) async fn contended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Ve
                         tally.gaps.record(gap);
                     }
                 }
-                match lease.release().await {
+                let mut mine = 0;
+                grants.send_modify(|count| {
+                    *count += 1;
+                    mine = *count;
+                });
+                // Hold it long enough for the previous holder, woken by this
+                // grant, to be waiting again when it is released.
+                tokio::time::sleep(CONTENDED_HOLD).await;
+                let releasing = Instant::now();
+                let outcome = lease.release().await;
+                let released = Instant::now();
+                if rejoin_after_others {
+                    // Try again only once another client has it: a releaser
+                    // that re-takes the lock at once would measure itself,
+                    // not the handoff to a waiter.
+                    let until = tokio::time::Instant::from_std(deadline);
+                    let _ = tokio::time::timeout_at(until, others.wait_for(|&n| n > mine)).await;
+                }
+                match outcome {
                     Ok(()) if in_time => {
-                        let released = Instant::now();
-                        tally.release.record(released.duration_since(granted));
+                        tally.release.record(released.duration_since(releasing));
                         if let Some(gap) = lock_handoffs(&handoffs).released(released) {
                             tally.gaps.record(gap);
                         }
