@@ -19,6 +19,9 @@ const CLIENTS: &str = "16";
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HoldResult {
     pub backend: String,
+    /// Leases asked for.
+    #[serde(default)]
+    pub leases: usize,
     pub command: String,
     /// The CLI's JSON object for the run, as it printed it.
     pub run: Option<serde_json::Value>,
@@ -26,25 +29,33 @@ pub struct HoldResult {
     pub error: Option<String>,
 }
 
-pub fn run(options: &Options, backend: &str, url: &str) -> Option<HoldResult> {
-    if options.hold_leases == 0 {
-        return None;
-    }
+/// One hold run per lease count of `--hold-leases`.
+pub fn run(options: &Options, backend: &str, url: &str) -> Vec<HoldResult> {
+    options
+        .hold_leases
+        .iter()
+        .map(|&leases| run_one(options, backend, url, leases))
+        .collect()
+}
+
+fn run_one(options: &Options, backend: &str, url: &str, leases: usize) -> HoldResult {
     let binary = match &options.distlock {
         Some(path) => path.clone(),
         None => match build_cli() {
             Ok(path) => path,
             Err(error) => {
-                return Some(HoldResult {
+                return HoldResult {
                     backend: backend.into(),
+                    leases,
                     command: String::new(),
                     run: None,
                     error: Some(error),
-                })
+                }
             }
         },
     };
-    let leases = options.hold_leases.to_string();
+    let asked = leases;
+    let leases = leases.to_string();
     let args = [
         "bench",
         "--workload",
@@ -63,7 +74,10 @@ pub fn run(options: &Options, backend: &str, url: &str) -> Option<HoldResult> {
     ];
     let command = format!("distlock {}", args[..args.len() - 1].join(" ")) + " URL";
     eprintln!("{backend}: {command}");
-    let output = Command::new(&binary).args(args).output();
+    let output = Command::new(&binary)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output();
     let (run, error) = match output {
         Ok(output) if output.status.success() => {
             let stdout = String::from_utf8_lossy(&output.stdout);
@@ -81,7 +95,7 @@ pub fn run(options: &Options, backend: &str, url: &str) -> Option<HoldResult> {
             Some(format!(
                 "exit {:?}: {}",
                 output.status.code(),
-                String::from_utf8_lossy(&output.stderr).trim()
+                summary(&String::from_utf8_lossy(&output.stderr))
             )),
         ),
         Err(error) => (
@@ -92,12 +106,47 @@ pub fn run(options: &Options, backend: &str, url: &str) -> Option<HoldResult> {
     if let Some(error) = &error {
         eprintln!("{backend}: hold failed: {error}");
     }
-    Some(HoldResult {
+    HoldResult {
         backend: backend.into(),
+        leases: asked,
         command,
         run,
         error,
-    })
+    }
+}
+
+/// The first and last lines of a failed run's stderr (a failing keepalive
+/// logs one line per lease), without terminal colours, each cut short.
+fn summary(stderr: &str) -> String {
+    let plain: String = {
+        let mut out = String::with_capacity(stderr.len());
+        let mut chars = stderr.chars();
+        while let Some(c) = chars.next() {
+            if c == '\x1b' {
+                // Skip a CSI sequence: ESC [ ... final byte in @..~.
+                for d in chars.by_ref() {
+                    if ('@'..='~').contains(&d) && d != '[' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    let lines: Vec<&str> = plain.lines().filter(|l| !l.trim().is_empty()).collect();
+    let cut = |l: &str| l.chars().take(300).collect::<String>();
+    match lines.as_slice() {
+        [] => "no output".into(),
+        [only] => cut(only),
+        [first, .., last] => format!(
+            "{} ... ({} lines) ... {}",
+            cut(first),
+            lines.len(),
+            cut(last)
+        ),
+    }
 }
 
 /// Builds the CLI in release mode from the repository this crate sits in.

@@ -12,7 +12,7 @@
 //! BENCHMARKS.md's generated section from `results.json`. Options:
 //! `--rounds N` (5), `--seconds S` per measurement (5), `--warmup S` (1),
 //! `--backends redis,postgres,etcd,mysql`, `--clients 1,16`,
-//! `--hold-leases N` (100000, 0 to skip), `--max-other-cores X` (0.1),
+//! `--hold-leases N,M` (100000; 0 to skip), `--max-other-cores X` (0.1),
 //! `--markdown PATH` (BENCHMARKS.md), `--distlock PATH` (the CLI binary the
 //! hold workload runs; default: built with cargo from the repository).
 
@@ -55,7 +55,7 @@ struct Options {
     settings: Settings,
     backends: Vec<String>,
     clients: Vec<usize>,
-    hold_leases: usize,
+    hold_leases: Vec<usize>,
     distlock: Option<PathBuf>,
 }
 
@@ -116,7 +116,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             .map(String::from)
             .to_vec(),
         clients: vec![1, 16],
-        hold_leases: 100_000,
+        hold_leases: vec![100_000],
         distlock: None,
     };
     let mut rest = rest.iter();
@@ -135,7 +135,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--seconds" => options.settings.measure_s = number(value()?)?.max(0.1),
             "--warmup" => options.settings.warmup_s = number(value()?)?,
             "--max-other-cores" => options.settings.max_other_cores = number(value()?)?,
-            "--hold-leases" => options.hold_leases = number(value()?)? as usize,
+            "--hold-leases" => {
+                options.hold_leases = value()?
+                    .split(',')
+                    .map(|n| n.parse::<usize>().ok())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("--hold-leases: a list of lease counts")?;
+                options.hold_leases.retain(|&n| n > 0);
+            }
             "--distlock" => options.distlock = Some(PathBuf::from(value()?)),
             "--backends" => {
                 options.backends = value()?.split(',').map(str::to_owned).collect();

@@ -132,7 +132,13 @@ fn uncontended(results: &Results, path: &Path) -> Result<(), Failure> {
             .x_desc("clients")
             .y_desc("cycles/s")
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
+            .y_label_formatter(&|y| {
+                if top < 10_000.0 {
+                    format!("{y:.0}")
+                } else {
+                    format!("{:.0}k", y / 1000.0)
+                }
+            })
             .draw()?;
         for (i, (name, _)) in who.iter().enumerate() {
             let colour = colours[i];

@@ -267,7 +267,7 @@ pub fn section(results: &Results, plots: &str) -> String {
 
     let _ = writeln!(
         md,
-        "### Contended: every client waits for one key, and releases it as soon as it has it\n"
+        "### Contended: every client waits for one key, holds it 1 ms, releases it\n"
     );
     let _ = writeln!(md, "The handoff gap runs from one holder's release returning to the next holder's grant returning (0 when the grant returned first).\n");
     let _ = writeln!(md, "![handoff gap distribution]({plots}/handoff.svg)\n");
@@ -338,8 +338,9 @@ pub fn section(results: &Results, plots: &str) -> String {
                 None => {
                     let _ = writeln!(
                         md,
-                        "| {} | - | - | - | - | - | - | - | failed: {} |",
+                        "| {} | {} | - | - | - | - | - | - | failed: {} |",
                         title(&hold.backend),
+                        hold.leases,
                         hold.error
                             .as_deref()
                             .unwrap_or("no output")
@@ -472,7 +473,7 @@ fn targets(results: &Results) -> Vec<(String, String, Option<bool>)> {
         p.map_or("-".into(), |p| format!("{:.2} ms", p.median / 1000.0)),
         p.map(|p| p.median <= 1000.0),
     ));
-    for hold in &results.holds {
+    for hold in results.holds.iter().filter(|h| h.leases >= 100_000) {
         let run = hold.run.as_ref();
         let bytes = run
             .and_then(|r| r.get("bytes_per_lease_with_keepalive"))
