@@ -1,36 +1,52 @@
-//! `distlock bench`: acquire+release cycles per second of a backend, like
-//! redis-benchmark for Redis.
+//! `distlock bench`: a backend's lock throughput, handoff and hold costs,
+//! like redis-benchmark for Redis. Three workloads (see [`Workload`]), a
+//! table by default or one JSON object per run (`--json`).
 //!
 //! After each run it forgets every key it used ([`Locker::forget`]), so a
 //! bench leaves nothing behind: no fencing counter, row or lock file. Its
 //! keys are unique to the invocation and never locked again, which is what
 //! makes restarting their fencing tokens harmless.
+//!
+//! The client is the CLI's one-threaded runtime: the figures include the
+//! client's CPU, on one core, beside the server's.
 
+mod counting;
+mod probe;
+mod report;
+mod stats;
+mod workload;
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{Error, Locker};
-use tokio::time::Instant;
 
-use crate::cli::BenchArgs;
+use crate::cli::{BenchArgs, Workload};
 use crate::exit;
 
-/// What one task measured.
-#[derive(Default)]
-struct TaskReport {
-    latencies: Vec<Duration>,
-    contended: u64,
-    errors: u64,
-    first_error: Option<String>,
+/// What every workload needs to know about one run.
+pub(crate) struct Plan {
+    pub(crate) clients: usize,
+    pub(crate) duration: Duration,
+    pub(crate) ttl: Duration,
+    /// Leases held by the hold workload.
+    pub(crate) keys: usize,
+    /// Unique to this invocation: every key name starts with it.
+    pub(crate) prefix: String,
+    /// Completed operations (cycles, handoffs, refreshes), for the progress line.
+    pub(crate) progress: Arc<AtomicU64>,
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> u8 {
-    if args.duration > MAX_DURATION {
-        eprintln!(
-            "distlock: --duration {} is longer than the {} a benchmark run may last",
-            humantime::format_duration(args.duration),
-            humantime::format_duration(MAX_DURATION)
-        );
+    let workload = if args.shared_key {
+        Workload::Contended
+    } else {
+        args.workload
+    };
+    if let Err(message) = check(&args) {
+        eprintln!("distlock: {message}");
         return exit::USAGE;
     }
     // The bare backend: the figures are the backend's, not the wrappers'.
@@ -42,51 +58,31 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
             return exit::for_error(&error);
         }
     };
-    println!(
-        "backend {}, {} per run, keys {}, ttl {}",
-        locker.backend(),
-        humantime::format_duration(args.duration),
-        if args.shared_key {
-            "shared (contended)"
-        } else {
-            "one per task"
-        },
-        humantime::format_duration(args.ttl),
-    );
-    println!(
-        "{:>6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>7}",
-        "tasks", "cycles", "cycles/s", "p50", "p99", "max", "contended", "errors"
-    );
-    let run_id: u32 = rand_id();
+    let prefix = format!("distlock-bench-{:08x}", rand_id());
+    let printer = report::Printer::new(args.json, workload);
+    printer.header(&*locker, &args);
     let mut failed = false;
     let mut cleanup = Cleanup::default();
-    for &tasks in &args.tasks {
-        let keys = keys(&args, tasks, run_id);
-        let reports = run_once(&locker, &args, tasks, &keys).await;
-        cleanup.forget(&*locker, &keys).await;
-        let mut latencies: Vec<Duration> = reports
-            .iter()
-            .flat_map(|r| r.latencies.iter().copied())
-            .collect();
-        latencies.sort_unstable();
-        let contended: u64 = reports.iter().map(|r| r.contended).sum();
-        let errors: u64 = reports.iter().map(|r| r.errors).sum();
-        let percentile = |p: f64| {
-            latencies
-                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or_default()
+    for &clients in &args.clients {
+        let plan = Plan {
+            clients,
+            duration: args.duration,
+            ttl: args.ttl,
+            keys: args.keys,
+            prefix: format!("{prefix}-{clients}"),
+            progress: Arc::default(),
         };
-        println!(
-            "{tasks:>6} {:>10} {:>12.0} {:>10} {:>10} {:>10} {contended:>10} {errors:>7}",
-            latencies.len(),
-            latencies.len() as f64 / args.duration.as_secs_f64(),
-            micros(percentile(0.5)),
-            micros(percentile(0.99)),
-            micros(latencies.last().copied().unwrap_or_default()),
-        );
-        if let Some(error) = reports.iter().find_map(|r| r.first_error.clone()) {
-            eprintln!("distlock: first error with {tasks} tasks: {error}");
+        let progress = Progress::start(&plan, workload);
+        let (run, keys) = match workload {
+            Workload::Uncontended => workload::uncontended(&locker, &plan).await,
+            Workload::Contended => workload::contended(&locker, &plan).await,
+            Workload::Hold => workload::hold(&locker, &plan).await,
+        };
+        progress.stop();
+        cleanup.forget(&*locker, &keys).await;
+        printer.row(&run);
+        if let Some(error) = run.first_error() {
+            eprintln!("distlock: first error with {clients} clients: {error}");
             failed = true;
         }
     }
@@ -97,15 +93,38 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     }
 }
 
-/// The keys of one run: one per task, or one for all.
-fn keys(args: &BenchArgs, tasks: usize, run_id: u32) -> Vec<String> {
-    if args.shared_key {
-        vec![format!("distlock-bench-{run_id:08x}")]
-    } else {
-        (0..tasks)
-            .map(|task| format!("distlock-bench-{run_id:08x}-{tasks}-{task}"))
-            .collect()
+/// The longest run: a day is already far past any useful benchmark, and it
+/// keeps the deadline arithmetic far from overflow.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// Enough tasks to saturate any server from one client process.
+const MAX_CLIENTS: usize = 10_000;
+/// Ten times the 100,000-lease target.
+const MAX_KEYS: usize = 1_000_000;
+
+/// Flags clap cannot check on its own; the message names the flag.
+fn check(args: &BenchArgs) -> Result<(), String> {
+    if args.duration > MAX_DURATION {
+        return Err(format!(
+            "--duration {} is longer than the {} a benchmark run may last",
+            humantime::format_duration(args.duration),
+            humantime::format_duration(MAX_DURATION)
+        ));
     }
+    if args.duration.is_zero() {
+        return Err("--duration must be longer than zero".into());
+    }
+    if let Some(bad) = args.clients.iter().find(|&&n| n == 0 || n > MAX_CLIENTS) {
+        return Err(format!(
+            "--clients {bad} is out of range: each value must be 1 to {MAX_CLIENTS}"
+        ));
+    }
+    if args.keys == 0 || args.keys > MAX_KEYS {
+        return Err(format!(
+            "--keys {} is out of range: 1 to {MAX_KEYS} leases",
+            args.keys
+        ));
+    }
+    Ok(())
 }
 
 /// Forgets the keys of each run, reporting every failure on stderr.
@@ -137,76 +156,44 @@ impl Cleanup {
     }
 }
 
-/// The longest run: a day is already far past any useful benchmark, and it
-/// keeps the deadline arithmetic far from overflow.
-const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// A once-a-second progress line on stderr, only when stderr is a terminal
+/// and the run lasts long enough to wonder whether it is stuck.
+struct Progress(Option<tokio::task::JoinHandle<()>>);
 
-/// Runs `tasks` tasks, task `i` on `keys[i]`, or all on the one shared key.
-async fn run_once(
-    locker: &Arc<dyn Locker>,
-    args: &BenchArgs,
-    tasks: usize,
-    keys: &[String],
-) -> Vec<TaskReport> {
-    // `bench` checked the duration against MAX_DURATION.
-    let deadline = Instant::now() + args.duration.min(MAX_DURATION);
-    let handles: Vec<_> = (0..tasks)
-        .filter_map(|task| keys.get(task).or(keys.first()).cloned())
-        .map(|key| {
-            let locker = locker.clone();
-            let ttl = args.ttl;
-            tokio::spawn(async move { cycle_until(&*locker, &key, ttl, deadline).await })
-        })
-        .collect();
-    let mut reports = Vec::with_capacity(tasks);
-    for handle in handles {
-        reports.push(handle.await.unwrap_or_else(|panic| TaskReport {
-            errors: 1,
-            first_error: Some(format!("benchmark task failed: {panic}")),
-            ..TaskReport::default()
-        }));
+impl Progress {
+    const MIN_RUN: Duration = Duration::from_secs(3);
+
+    fn start(plan: &Plan, workload: Workload) -> Self {
+        if plan.duration < Self::MIN_RUN || !std::io::stderr().is_terminal() {
+            return Progress(None);
+        }
+        let done = plan.progress.clone();
+        let (clients, total) = (plan.clients, plan.duration.as_secs());
+        let started = tokio::time::Instant::now();
+        Progress(Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                eprint!(
+                    "\r{workload} with {clients} clients: {}s of {total}s, {} done   ",
+                    started.elapsed().as_secs(),
+                    done.load(Ordering::Relaxed)
+                );
+            }
+        })))
     }
-    reports
-}
 
-/// try_lock + release until the deadline; a cycle is one grant and its release.
-async fn cycle_until(
-    locker: &dyn Locker,
-    key: &str,
-    ttl: Duration,
-    deadline: Instant,
-) -> TaskReport {
-    let mut report = TaskReport::default();
-    while Instant::now() < deadline {
-        let started = Instant::now();
-        let outcome = match locker.try_lock(key, ttl).await {
-            Ok(Some(lease)) => lease.release().await.map(|()| true),
-            Ok(None) => Ok(false),
-            Err(error) => Err(error),
-        };
-        match outcome {
-            Ok(true) => report.latencies.push(started.elapsed()),
-            Ok(false) => {
-                report.contended += 1;
-                tokio::task::yield_now().await;
-            }
-            Err(error) => {
-                report.errors += 1;
-                report.first_error.get_or_insert_with(|| error.to_string());
-                if matches!(error, Error::InvalidInput { .. }) {
-                    break;
-                }
-            }
+    fn stop(self) {
+        if let Some(task) = self.0 {
+            task.abort();
+            // Erase the line so the table starts clean.
+            eprint!("\r\x1b[2K");
         }
     }
-    report
-}
-
-fn micros(duration: Duration) -> String {
-    format!("{}µs", duration.as_micros())
 }
 
 fn rand_id() -> u32 {
     let token = distlock::new_owner_token();
-    u32::from_str_radix(&token[..8], 16).unwrap_or_default()
+    u32::from_str_radix(token.get(..8).unwrap_or_default(), 16).unwrap_or_default()
 }

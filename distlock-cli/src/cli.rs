@@ -42,7 +42,8 @@ pub(crate) enum Command {
     /// Run commands on cron schedules, each tick once across every replica
     /// running the same jobs against the same backend.
     Cron(CronArgs),
-    /// Measure acquire+release cycles per second of a backend.
+    /// Measure a backend: acquire+release cycles per second, handoffs
+    /// between waiting clients, or the cost of holding many leases.
     Bench(BenchArgs),
     /// Internal: the helper `distlock run` starts to SIGKILL CMD's process
     /// group if distlock dies.
@@ -258,21 +259,56 @@ pub(crate) struct BenchArgs {
     #[command(flatten)]
     pub(crate) backend: Backend,
 
-    /// Concurrent tasks; a comma-separated list runs once per value.
-    #[arg(long, short = 'c', value_delimiter = ',', default_values_t = [1usize, 16])]
-    pub(crate) tasks: Vec<usize>,
+    /// What to measure: uncontended (each client acquires and releases a
+    /// key of its own: cycles/s, acquire and release latency), contended
+    /// (every client waits for one key through lock and holds it 1 ms:
+    /// handoffs/s and the handoff gap), hold (hold --keys leases with keepalive: memory per
+    /// lease, connections, refreshes/s).
+    #[arg(long, short, value_enum, default_value_t = Workload::Uncontended)]
+    pub(crate) workload: Workload,
 
-    /// How long each run lasts.
-    #[arg(long, short, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    /// Concurrent clients (tasks on one connection pool); a comma-separated
+    /// list runs once per value.
+    #[arg(long, short = 'c', alias = "tasks", value_delimiter = ',', default_values_t = [1usize, 16])]
+    pub(crate) clients: Vec<usize>,
+
+    /// How long each run lasts (for hold: how long the leases are held).
+    #[arg(long, short, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) duration: Duration,
 
     /// The ttl of each lock taken.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) ttl: Duration,
 
-    /// All tasks contend for one key (default: one key per task).
+    /// Leases the hold workload holds.
+    #[arg(long, short, default_value_t = 1000, value_name = "N")]
+    pub(crate) keys: usize,
+
+    /// One JSON object per run on stdout (one per line) instead of a table.
     #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Same as --workload contended (kept for older scripts).
+    #[arg(long, hide = true, conflicts_with = "workload")]
     pub(crate) shared_key: bool,
+}
+
+/// The `distlock bench` workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Workload {
+    Uncontended,
+    Contended,
+    Hold,
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Workload::Uncontended => "uncontended",
+            Workload::Contended => "contended",
+            Workload::Hold => "hold",
+        })
+    }
 }
 
 /// `500ms`, `30s`, `5m`, `1h 30m`.

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod bench;
 mod cron;
 #[cfg(feature = "etcd")]
 mod etcd;

@@ -140,6 +140,48 @@ fn bench_leaves_no_key_behind() {
 }
 
 #[test]
+fn bench_every_workload_on_redis_reports_and_cleans_up() {
+    let server = RedisServer::start();
+    let bench = |args: &[&str]| -> Vec<serde_json::Value> {
+        let output = Command::new(BIN)
+            .args(["bench", "--url", &server.url(), "--json"])
+            .args(args)
+            .output()
+            .expect("run distlock bench");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+            .collect()
+    };
+    let uncontended = bench(&["-c", "2", "-d", "300ms"]);
+    assert_eq!(uncontended[0]["backend"], "redis", "{uncontended:?}");
+    assert!(
+        uncontended[0]["cycles"].as_u64() > Some(0),
+        "{uncontended:?}"
+    );
+    let contended = bench(&["-w", "contended", "-c", "4", "-d", "300ms"]);
+    assert!(contended[0]["handoffs"].as_u64() > Some(1), "{contended:?}");
+    assert_eq!(contended[0]["errors"], 0, "{contended:?}");
+    let hold = bench(&[
+        "-w", "hold", "-k", "200", "-c", "4", "--ttl", "600ms", "-d", "500ms",
+    ]);
+    let run = &hold[0];
+    assert_eq!(run["leases"], 200, "{run}");
+    assert_eq!(run["lost"], 0, "{run}");
+    // Refreshes every 200ms: at least one per lease in 500ms.
+    assert!(run["refreshes"].as_u64() >= Some(200), "{run}");
+    // The locker's connection (and its pub/sub one) to the server, no more.
+    let connections = run["tcp_connections"].as_u64().expect("counted");
+    assert!((1..=4).contains(&connections), "{run}");
+    assert_eq!(
+        server.cli(&["--scan", "--pattern", "*distlock-bench*"]),
+        "",
+        "bench keys left on the server"
+    );
+}
+
+#[test]
 fn an_unreachable_server_exits_69_naming_it() {
     let port = test_servers::free_port();
     let output = Command::new(BIN)

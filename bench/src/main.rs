@@ -1,0 +1,260 @@
+//! distlock beside each backend's raw floor and the peer crates, measured in
+//! interleaved rounds on the same private servers (test-servers spawns them
+//! on free loopback ports), with the results as JSON, SVG plots and the
+//! tables of BENCHMARKS.md.
+//!
+//! ```text
+//! cargo run --release --manifest-path bench/Cargo.toml -- all --out bench/results
+//! cargo run --release --manifest-path bench/Cargo.toml -- render --out bench/results
+//! ```
+//!
+//! `all` measures everything and renders; `render` re-makes the plots and
+//! BENCHMARKS.md's generated section from `results.json`. Options:
+//! `--rounds N` (5), `--seconds S` per measurement (5), `--warmup S` (1),
+//! `--backends redis,postgres,etcd,mysql`, `--clients 1,16`,
+//! `--hold-leases N,M` (100000; 0 to skip), `--max-other-cores X` (0.1),
+//! `--markdown PATH` (BENCHMARKS.md), `--distlock PATH` (the CLI binary the
+//! hold workload runs; default: built with cargo from the repository).
+
+mod backends;
+mod cpu;
+mod harness;
+mod hold;
+mod plot;
+mod report;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::harness::{GroupResult, Settings};
+
+/// Everything one `all` run measured.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Results {
+    pub date: String,
+    pub command: String,
+    pub machine: Machine,
+    pub settings: Settings,
+    pub groups: Vec<GroupResult>,
+    pub holds: Vec<hold::HoldResult>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub kernel: String,
+    pub load_average_start: Option<[f64; 3]>,
+    pub load_average_end: Option<[f64; 3]>,
+}
+
+struct Options {
+    command: String,
+    out: PathBuf,
+    markdown: PathBuf,
+    settings: Settings,
+    backends: Vec<String>,
+    clients: Vec<usize>,
+    hold_leases: Vec<usize>,
+    distlock: Option<PathBuf>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse(&args) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("distlock-bench: {message}");
+            eprintln!("usage: distlock-bench all|render [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--distlock PATH]");
+            std::process::exit(64);
+        }
+    };
+    if let Err(error) = std::fs::create_dir_all(&options.out) {
+        eprintln!(
+            "distlock-bench: cannot create {}: {error}",
+            options.out.display()
+        );
+        std::process::exit(73);
+    }
+    let results_path = options.out.join("results.json");
+    let results = if options.command == "all" {
+        let results = measure(&options);
+        let json = serde_json::to_string_pretty(&results).expect("results serialize");
+        std::fs::write(&results_path, json).expect("write results.json");
+        eprintln!("wrote {}", results_path.display());
+        results
+    } else {
+        let text = std::fs::read_to_string(&results_path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", results_path.display()));
+        serde_json::from_str(&text).expect("results.json parses")
+    };
+    plot::all(&results, &options.out);
+    report::write_markdown(&results, &options.markdown, &options.out);
+    eprintln!(
+        "wrote the plots in {} and {}",
+        options.out.display(),
+        options.markdown.display()
+    );
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let (command, rest) = args.split_first().ok_or("no command")?;
+    if command != "all" && command != "render" {
+        return Err(format!("unknown command {command:?}"));
+    }
+    let mut options = Options {
+        command: command.clone(),
+        out: PathBuf::from("bench/results"),
+        markdown: PathBuf::from("BENCHMARKS.md"),
+        settings: Settings {
+            rounds: 5,
+            warmup_s: 1.0,
+            measure_s: 5.0,
+            max_other_cores: 0.1,
+        },
+        backends: ["redis", "postgres", "etcd", "mysql"]
+            .map(String::from)
+            .to_vec(),
+        clients: vec![1, 16],
+        hold_leases: vec![100_000],
+        distlock: None,
+    };
+    let mut rest = rest.iter();
+    while let Some(flag) = rest.next() {
+        let mut value = || rest.next().cloned().ok_or(format!("{flag} needs a value"));
+        let number = |text: String| -> Result<f64, String> {
+            text.parse::<f64>()
+                .ok()
+                .filter(|n| n.is_finite() && *n >= 0.0)
+                .ok_or(format!("{flag} {text}: not a number"))
+        };
+        match flag.as_str() {
+            "--out" => options.out = PathBuf::from(value()?),
+            "--markdown" => options.markdown = PathBuf::from(value()?),
+            "--rounds" => options.settings.rounds = number(value()?)?.max(1.0) as usize,
+            "--seconds" => options.settings.measure_s = number(value()?)?.max(0.1),
+            "--warmup" => options.settings.warmup_s = number(value()?)?,
+            "--max-other-cores" => options.settings.max_other_cores = number(value()?)?,
+            "--hold-leases" => {
+                options.hold_leases = value()?
+                    .split(',')
+                    .map(|n| n.parse::<usize>().ok())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("--hold-leases: a list of lease counts")?;
+                options.hold_leases.retain(|&n| n > 0);
+            }
+            "--distlock" => options.distlock = Some(PathBuf::from(value()?)),
+            "--backends" => {
+                options.backends = value()?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = options
+                    .backends
+                    .iter()
+                    .find(|b| !["redis", "postgres", "etcd", "mysql"].contains(&b.as_str()))
+                {
+                    return Err(format!("--backends: unknown backend {bad:?}"));
+                }
+            }
+            "--clients" => {
+                options.clients = value()?
+                    .split(',')
+                    .map(|n| n.parse().ok().filter(|&n: &usize| (1..=256).contains(&n)))
+                    .collect::<Option<_>>()
+                    .ok_or("--clients: a list of 1 to 256")?;
+            }
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(options)
+}
+
+fn measure(options: &Options) -> Results {
+    let load_average_start = cpu::load_average();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        // Two workers, as the machine has two vCPUs shared with the server.
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let mut groups = Vec::new();
+    let mut holds = Vec::new();
+    let contended_clients = options.clients.iter().copied().max().unwrap_or(16);
+    let settings = &options.settings;
+    runtime.block_on(async {
+        for backend in &options.backends {
+            eprintln!("{backend}: starting the server");
+            match backend.as_str() {
+                "redis" => {
+                    let redis = backends::redis::Redis::start().await;
+                    for &clients in &options.clients {
+                        groups
+                            .push(harness::run_group(&redis.uncontended(clients), settings).await);
+                    }
+                    groups.push(
+                        harness::run_group(&redis.contended(contended_clients), settings).await,
+                    );
+                    holds.extend(hold::run(options, "redis", &redis.url()));
+                }
+                "postgres" => {
+                    let postgres = backends::postgres::Postgres::start().await;
+                    for &clients in &options.clients {
+                        let group = postgres.uncontended(clients).await;
+                        groups.push(harness::run_group(&group, settings).await);
+                    }
+                    let group = postgres.contended(contended_clients).await;
+                    groups.push(harness::run_group(&group, settings).await);
+                    holds.extend(hold::run(options, "postgres", &postgres.url()));
+                }
+                "etcd" => {
+                    let mut etcd = backends::etcd::Etcd::start().await;
+                    for &clients in &options.clients {
+                        let group = etcd.uncontended(clients).await;
+                        groups.push(harness::run_group(&group, settings).await);
+                    }
+                    let group = etcd.contended(contended_clients).await;
+                    groups.push(harness::run_group(&group, settings).await);
+                    holds.extend(hold::run(options, "etcd", &etcd.url()));
+                }
+                "mysql" => {
+                    let mysql = backends::mysql::Mysql::start().await;
+                    for &clients in &options.clients {
+                        let group = mysql.uncontended(clients).await;
+                        groups.push(harness::run_group(&group, settings).await);
+                    }
+                    let group = mysql.contended(contended_clients).await;
+                    groups.push(harness::run_group(&group, settings).await);
+                    holds.extend(hold::run(options, "mysql", &mysql.url()));
+                }
+                _ => unreachable!("checked by parse"),
+            }
+        }
+    });
+    Results {
+        date: shell(&["date", "-u", "+%Y-%m-%d %H:%M UTC"]),
+        command: std::iter::once(
+            "cargo run --release --manifest-path bench/Cargo.toml --".to_owned(),
+        )
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" "),
+        machine: Machine {
+            cpus: cpu::cpus(),
+            kernel: shell(&["uname", "-sr"]),
+            load_average_start,
+            load_average_end: cpu::load_average(),
+        },
+        settings: options.settings.clone(),
+        groups,
+        holds,
+    }
+}
+
+/// A command's first line of output, or "" if it failed.
+fn shell(command: &[&str]) -> String {
+    std::process::Command::new(command[0])
+        .args(&command[1..])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_owned))
+        .unwrap_or_default()
+}

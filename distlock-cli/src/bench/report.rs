@@ -1,0 +1,230 @@
+//! What a run measured, printed as a table row or as one JSON object.
+
+use distlock::Locker;
+use serde::Serialize;
+
+use super::stats::Summary;
+use crate::cli::{BenchArgs, Workload};
+
+/// One run: one workload at one client count. Serialized with a
+/// `"workload"` field naming the variant.
+#[derive(Debug, Serialize)]
+#[serde(tag = "workload", rename_all = "snake_case")]
+pub(crate) enum Run {
+    Uncontended(UncontendedRun),
+    Contended(ContendedRun),
+    Hold(HoldRun),
+}
+
+impl Run {
+    fn common(&self) -> &Common {
+        match self {
+            Run::Uncontended(run) => &run.common,
+            Run::Contended(run) => &run.common,
+            Run::Hold(run) => &run.common,
+        }
+    }
+
+    pub(crate) fn first_error(&self) -> Option<&str> {
+        self.common().first_error.as_deref()
+    }
+}
+
+/// Fields of every run.
+#[derive(Debug, Serialize)]
+pub(crate) struct Common {
+    pub(crate) backend: &'static str,
+    pub(crate) clients: usize,
+    /// Measured time: the run's, or for hold the time the leases were held.
+    pub(crate) duration_s: f64,
+    pub(crate) ttl_s: f64,
+    pub(crate) errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) first_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct UncontendedRun {
+    #[serde(flatten)]
+    pub(crate) common: Common,
+    pub(crate) cycles: u64,
+    pub(crate) cycles_per_s: f64,
+    pub(crate) acquire_us: Summary,
+    pub(crate) release_us: Summary,
+    /// Attempts that found a client's own key held (should stay 0).
+    pub(crate) contended: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ContendedRun {
+    #[serde(flatten)]
+    pub(crate) common: Common,
+    pub(crate) handoffs: u64,
+    pub(crate) handoffs_per_s: f64,
+    /// From one holder's release returning to the next holder's grant returning.
+    pub(crate) handoff_gap_us: Summary,
+    /// Time in `lock` until granted.
+    pub(crate) wait_us: Summary,
+    pub(crate) release_us: Summary,
+    /// Waits that ended without the lock (the run's end cuts the last ones).
+    pub(crate) timeouts: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct HoldRun {
+    #[serde(flatten)]
+    pub(crate) common: Common,
+    pub(crate) leases: u64,
+    pub(crate) not_acquired: u64,
+    pub(crate) acquire_s: f64,
+    pub(crate) acquire_us: Summary,
+    /// Resident memory grown per held lease, before the keepalives start
+    /// (from `/proc/self/statm`; includes the connections opened to acquire).
+    pub(crate) bytes_per_lease: Option<f64>,
+    /// The same, with a keepalive running on every lease.
+    pub(crate) bytes_per_lease_with_keepalive: Option<f64>,
+    /// Established TCP connections of this process while holding (from
+    /// `/proc/self/fd` and `/proc/self/net/tcp*`): the server connections
+    /// used, for a backend reached without a proxy.
+    pub(crate) tcp_connections: Option<usize>,
+    pub(crate) tcp_connections_before: Option<usize>,
+    pub(crate) open_descriptors: Option<usize>,
+    pub(crate) open_descriptors_before: Option<usize>,
+    /// `refresh` calls the keepalives made while holding.
+    pub(crate) refreshes: u64,
+    pub(crate) refreshes_per_s: f64,
+    pub(crate) refresh_failures: u64,
+    pub(crate) keepalive_errors: u64,
+    /// Leases whose lost signal had fired by the end of the hold.
+    pub(crate) lost: u64,
+    pub(crate) release_s: f64,
+    pub(crate) release_us: Summary,
+}
+
+/// Prints runs as a table (a description line, a column header, a row per
+/// run) or as JSON (one object per line, per run).
+pub(crate) struct Printer {
+    json: bool,
+    workload: Workload,
+}
+
+impl Printer {
+    pub(crate) fn new(json: bool, workload: Workload) -> Self {
+        Printer { json, workload }
+    }
+
+    pub(crate) fn header(&self, locker: &dyn Locker, args: &BenchArgs) {
+        if self.json {
+            return;
+        }
+        let duration = humantime::format_duration(args.duration);
+        let ttl = humantime::format_duration(args.ttl);
+        let backend = locker.backend();
+        match self.workload {
+            Workload::Uncontended => {
+                println!("backend {backend}, uncontended (one key per client), {duration} per run, ttl {ttl}; latencies in µs");
+                println!(
+                    "{:>7} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
+                    "clients",
+                    "cycles",
+                    "cycles/s",
+                    "acq p50",
+                    "acq p99",
+                    "acq p999",
+                    "rel p50",
+                    "rel p99",
+                    "rel p999",
+                    "errors"
+                );
+            }
+            Workload::Contended => {
+                println!("backend {backend}, contended (every client on one key through lock), {duration} per run, ttl {ttl}; latencies in µs");
+                println!(
+                    "{:>7} {:>9} {:>10} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
+                    "clients",
+                    "handoffs",
+                    "handoffs/s",
+                    "gap p50",
+                    "gap p99",
+                    "gap p999",
+                    "wait p99",
+                    "timeouts",
+                    "errors"
+                );
+            }
+            Workload::Hold => {
+                println!(
+                    "backend {backend}, hold {} leases with keepalive for {duration}, ttl {ttl} (refresh every ttl/3)",
+                    args.keys
+                );
+                println!(
+                    "{:>7} {:>8} {:>10} {:>12} {:>11} {:>9} {:>10} {:>5} {:>9} {:>7}",
+                    "clients",
+                    "leases",
+                    "B/lease",
+                    "B/lease+ka",
+                    "tcp conns",
+                    "refreshes",
+                    "refresh/s",
+                    "lost",
+                    "acquire s",
+                    "errors"
+                );
+            }
+        }
+    }
+
+    pub(crate) fn row(&self, run: &Run) {
+        if self.json {
+            match serde_json::to_string(run) {
+                Ok(line) => println!("{line}"),
+                Err(error) => eprintln!("distlock: cannot encode the run as JSON: {error}"),
+            }
+            return;
+        }
+        match run {
+            Run::Uncontended(r) => println!(
+                "{:>7} {:>9} {:>10.0} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7}",
+                r.common.clients,
+                r.cycles,
+                r.cycles_per_s,
+                r.acquire_us.p50,
+                r.acquire_us.p99,
+                r.acquire_us.p999,
+                r.release_us.p50,
+                r.release_us.p99,
+                r.release_us.p999,
+                r.common.errors
+            ),
+            Run::Contended(r) => println!(
+                "{:>7} {:>9} {:>10.0} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8} {:>7}",
+                r.common.clients,
+                r.handoffs,
+                r.handoffs_per_s,
+                r.handoff_gap_us.p50,
+                r.handoff_gap_us.p99,
+                r.handoff_gap_us.p999,
+                r.wait_us.p99,
+                r.timeouts,
+                r.common.errors
+            ),
+            Run::Hold(r) => println!(
+                "{:>7} {:>8} {:>10} {:>12} {:>11} {:>9} {:>10.1} {:>5} {:>9.2} {:>7}",
+                r.common.clients,
+                r.leases,
+                optional(r.bytes_per_lease.map(|b| format!("{b:.0}"))),
+                optional(r.bytes_per_lease_with_keepalive.map(|b| format!("{b:.0}"))),
+                optional(r.tcp_connections.map(|n| n.to_string())),
+                r.refreshes,
+                r.refreshes_per_s,
+                r.lost,
+                r.acquire_s,
+                r.common.errors
+            ),
+        }
+    }
+}
+
+fn optional(value: Option<String>) -> String {
+    value.unwrap_or_else(|| "-".into())
+}

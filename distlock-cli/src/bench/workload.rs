@@ -1,0 +1,510 @@
+//! The three workloads. Each returns what it measured and the keys it
+//! used, which the caller forgets.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock::{Error, KeepAlive, Lease, Locker};
+
+use super::counting::CountingLocker;
+use super::report::{Common, ContendedRun, HoldRun, Run, UncontendedRun};
+use super::stats::Latencies;
+use super::{probe, Plan, MAX_DURATION};
+
+/// A pause after an error, so a dead server is not hammered in a hot loop.
+const ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// How long a contended holder holds the key: far longer than a loopback
+/// round trip, so the other clients are waiting when it is released.
+const CONTENDED_HOLD: Duration = Duration::from_millis(1);
+/// How often the hold workload updates its progress count while it holds.
+const PROGRESS_STEP: Duration = Duration::from_millis(250);
+
+/// What one client task counted.
+struct Tally {
+    acquire: Latencies,
+    release: Latencies,
+    gaps: Latencies,
+    done: u64,
+    contended: u64,
+    timeouts: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally {
+            acquire: Latencies::new(),
+            release: Latencies::new(),
+            gaps: Latencies::new(),
+            done: 0,
+            contended: 0,
+            timeouts: 0,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn error(&mut self, error: &Error) {
+        self.errors += 1;
+        self.first_error.get_or_insert_with(|| error.to_string());
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.acquire.merge(&other.acquire);
+        self.release.merge(&other.release);
+        self.gaps.merge(&other.gaps);
+        self.done += other.done;
+        self.contended += other.contended;
+        self.timeouts += other.timeouts;
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+
+    fn common(&self, locker: &dyn Locker, plan: &Plan, elapsed: Duration) -> Common {
+        Common {
+            backend: locker.backend(),
+            clients: plan.clients,
+            duration_s: elapsed.as_secs_f64(),
+            ttl_s: plan.ttl.as_secs_f64(),
+            errors: self.errors,
+            first_error: self.first_error.clone(),
+        }
+    }
+}
+
+/// The run's end; `bench` checked the duration against [`MAX_DURATION`].
+fn deadline(plan: &Plan) -> Instant {
+    let now = Instant::now();
+    now.checked_add(plan.duration.min(MAX_DURATION))
+        .unwrap_or(now)
+}
+
+/// Runs `work(client)` on `plan.clients` tasks and merges their tallies.
+async fn on_clients<F, Fut>(plan: &Plan, work: F) -> Tally
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Tally> + Send + 'static,
+{
+    let handles: Vec<_> = (0..plan.clients).map(|c| tokio::spawn(work(c))).collect();
+    let mut total = Tally::new();
+    for handle in handles {
+        match handle.await {
+            Ok(tally) => total.merge(tally),
+            Err(panic) => {
+                total.errors += 1;
+                total
+                    .first_error
+                    .get_or_insert_with(|| format!("benchmark task failed: {panic}"));
+            }
+        }
+    }
+    total
+}
+
+/// Each client acquires and releases a key of its own, as fast as it can:
+/// `try_lock` + `release`, timed apart.
+pub(crate) async fn uncontended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
+    let keys: Vec<String> = (0..plan.clients)
+        .map(|c| format!("{}-{c}", plan.prefix))
+        .collect();
+    let started = Instant::now();
+    let deadline = deadline(plan);
+    let tally = on_clients(plan, |client| {
+        let locker = locker.clone();
+        let key = keys.get(client).cloned().unwrap_or_default();
+        let (ttl, progress) = (plan.ttl, plan.progress.clone());
+        async move {
+            let mut tally = Tally::new();
+            while Instant::now() < deadline {
+                let before = Instant::now();
+                match locker.try_lock(&key, ttl).await {
+                    Ok(Some(lease)) => {
+                        let acquired = Instant::now();
+                        tally.acquire.record(acquired.duration_since(before));
+                        match lease.release().await {
+                            Ok(()) => {
+                                tally.release.record(acquired.elapsed());
+                                tally.done += 1;
+                                progress.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(error) => tally.error(&error),
+                        }
+                    }
+                    // Nobody else uses this key: a stale lock from an
+                    // earlier failure, or a backend bug. Counted, not hidden.
+                    Ok(None) => {
+                        tally.contended += 1;
+                        tokio::task::yield_now().await;
+                    }
+                    Err(error) => {
+                        tally.error(&error);
+                        if matches!(error, Error::InvalidInput { .. }) {
+                            break;
+                        }
+                        tokio::time::sleep(ERROR_PAUSE).await;
+                    }
+                }
+            }
+            tally
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let run = Run::Uncontended(UncontendedRun {
+        common: tally.common(&**locker, plan, elapsed),
+        cycles: tally.done,
+        cycles_per_s: per_second(tally.done, elapsed),
+        acquire_us: tally.acquire.summary(),
+        release_us: tally.release.summary(),
+        contended: tally.contended,
+    });
+    (run, keys)
+}
+
+/// Pairs each grant with the release before it, whichever of the two
+/// returns first to its caller: the gap is from the previous holder's
+/// `release` returning to this holder's `lock` returning (zero when the
+/// grant returned first).
+#[derive(Default)]
+struct Handoffs {
+    /// A grant has happened, so the next one is a handoff.
+    held_before: bool,
+    /// The last release, not yet paired with the next grant.
+    released_at: Option<Instant>,
+    /// A grant that returned before the release it follows did.
+    granted_early: bool,
+}
+
+impl Handoffs {
+    fn granted(&mut self, at: Instant) -> Option<Duration> {
+        if !std::mem::replace(&mut self.held_before, true) {
+            return None;
+        }
+        match self.released_at.take() {
+            Some(released) => Some(at.saturating_duration_since(released)),
+            None => {
+                self.granted_early = true;
+                None
+            }
+        }
+    }
+
+    fn released(&mut self, at: Instant) -> Option<Duration> {
+        if std::mem::take(&mut self.granted_early) {
+            return Some(Duration::ZERO);
+        }
+        self.released_at = Some(at);
+        None
+    }
+
+    /// A release failed: the next grant follows an expiry, not a handoff.
+    fn reset(&mut self) {
+        *self = Handoffs::default();
+    }
+}
+
+/// Every client waits for one key through `lock(timeout)`, holds it for
+/// [`CONTENDED_HOLD`], releases it, and waits for another client's grant
+/// before trying again: handoffs per second, and the gap between one
+/// holder's release and the next holder's grant, which is what the wait
+/// mechanism (notification, the server's queue, or polling) costs.
+pub(crate) async fn contended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
+    let key = format!("{}-shared", plan.prefix);
+    let handoffs = Arc::new(Mutex::new(Handoffs::default()));
+    // The number of grants so far, watched by each releaser to rejoin.
+    let grants = Arc::new(tokio::sync::watch::Sender::new(0u64));
+    let started = Instant::now();
+    let deadline = deadline(plan);
+    let rejoin_after_others = plan.clients > 1;
+    let tally = on_clients(plan, |_| {
+        let (locker, key, handoffs) = (locker.clone(), key.clone(), handoffs.clone());
+        let (ttl, progress, grants) = (plan.ttl, plan.progress.clone(), grants.clone());
+        async move {
+            let mut tally = Tally::new();
+            let mut others = grants.subscribe();
+            loop {
+                let before = Instant::now();
+                let Some(timeout) = deadline
+                    .checked_duration_since(before)
+                    .filter(|t| !t.is_zero())
+                else {
+                    break;
+                };
+                let lease = match locker.lock(&key, ttl, timeout).await {
+                    Ok(lease) => lease,
+                    Err(Error::Timeout { .. } | Error::NotAcquired { .. }) => {
+                        tally.timeouts += 1;
+                        continue;
+                    }
+                    Err(error) => {
+                        tally.error(&error);
+                        if matches!(error, Error::InvalidInput { .. }) {
+                            break;
+                        }
+                        tokio::time::sleep(ERROR_PAUSE).await;
+                        continue;
+                    }
+                };
+                let granted = Instant::now();
+                let in_time = granted < deadline;
+                if in_time {
+                    tally.acquire.record(granted.duration_since(before));
+                    if let Some(gap) = lock_handoffs(&handoffs).granted(granted) {
+                        tally.gaps.record(gap);
+                    }
+                }
+                let mut mine = 0;
+                grants.send_modify(|count| {
+                    *count += 1;
+                    mine = *count;
+                });
+                // Hold it long enough for the previous holder, woken by this
+                // grant, to be waiting again when it is released.
+                tokio::time::sleep(CONTENDED_HOLD).await;
+                let releasing = Instant::now();
+                let outcome = lease.release().await;
+                let released = Instant::now();
+                if rejoin_after_others {
+                    // Try again only once another client has it: a releaser
+                    // that re-takes the lock at once would measure itself,
+                    // not the handoff to a waiter.
+                    let until = tokio::time::Instant::from_std(deadline);
+                    let _ = tokio::time::timeout_at(until, others.wait_for(|&n| n > mine)).await;
+                }
+                match outcome {
+                    Ok(()) if in_time => {
+                        tally.release.record(released.duration_since(releasing));
+                        if let Some(gap) = lock_handoffs(&handoffs).released(released) {
+                            tally.gaps.record(gap);
+                        }
+                        tally.done += 1;
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(()) => break,
+                    Err(error) => {
+                        tally.error(&error);
+                        lock_handoffs(&handoffs).reset();
+                    }
+                }
+            }
+            tally
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let run = Run::Contended(ContendedRun {
+        common: tally.common(&**locker, plan, elapsed),
+        handoffs: tally.done,
+        handoffs_per_s: per_second(tally.done, elapsed),
+        handoff_gap_us: tally.gaps.summary(),
+        wait_us: tally.acquire.summary(),
+        release_us: tally.release.summary(),
+        timeouts: tally.timeouts,
+    });
+    (run, vec![key])
+}
+
+/// The pairing state survives a panicking holder (it holds no invariant a
+/// half-done update could break).
+fn lock_handoffs(handoffs: &Mutex<Handoffs>) -> std::sync::MutexGuard<'_, Handoffs> {
+    handoffs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Acquires `plan.keys` leases (spread over the clients), measures this
+/// process's memory, starts a keepalive on each, measures again, holds them
+/// for the duration counting the refreshes, then releases them all.
+pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
+    let counting = CountingLocker::new(locker.clone());
+    let counted: Arc<dyn Locker> = Arc::new(counting.clone());
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..plan.keys)
+            .map(|k| format!("{}-hold-{k}", plan.prefix))
+            .collect(),
+    );
+    let resident_before = probe::resident_bytes();
+    let connections_before = probe::tcp_connections();
+    let descriptors_before = probe::open_descriptors();
+
+    // Acquire: client c takes keys c, c + clients, c + 2 clients...
+    let acquiring = Instant::now();
+    let held: Arc<Mutex<Vec<Lease>>> = Arc::new(Mutex::new(Vec::with_capacity(plan.keys)));
+    let mut tally = on_clients(plan, |client| {
+        let (locker, keys, held) = (counted.clone(), keys.clone(), held.clone());
+        let (ttl, clients) = (plan.ttl, plan.clients);
+        async move {
+            let mut tally = Tally::new();
+            let mut mine = Vec::new();
+            for key in keys.iter().skip(client).step_by(clients) {
+                let before = Instant::now();
+                match locker.try_lock(key, ttl).await {
+                    Ok(Some(lease)) => {
+                        tally.acquire.record(before.elapsed());
+                        mine.push(lease);
+                    }
+                    Ok(None) => tally.contended += 1,
+                    Err(error) => tally.error(&error),
+                }
+            }
+            held.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(mine);
+            tally
+        }
+    })
+    .await;
+    let acquire_s = acquiring.elapsed().as_secs_f64();
+    let mut leases = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+    let resident_held = probe::resident_bytes();
+
+    let mut keepalive_errors = 0u64;
+    for lease in &mut leases {
+        if let Err(error) = lease.keep_alive(KeepAlive::default()) {
+            keepalive_errors += 1;
+            tally.error(&error);
+        }
+    }
+    // Let every keepalive task start and park on its first sleep.
+    tokio::task::yield_now().await;
+    let resident_kept = probe::resident_bytes();
+
+    let refreshes_before = counting.counts().calls.load(Ordering::Relaxed);
+    let failures_before = counting.counts().failures.load(Ordering::Relaxed);
+    let holding = Instant::now();
+    let until = deadline(plan);
+    loop {
+        let now = Instant::now();
+        let Some(left) = until.checked_duration_since(now).filter(|t| !t.is_zero()) else {
+            break;
+        };
+        tokio::time::sleep(left.min(PROGRESS_STEP)).await;
+        let so_far = counting.counts().calls.load(Ordering::Relaxed);
+        plan.progress
+            .store(so_far.saturating_sub(refreshes_before), Ordering::Relaxed);
+    }
+    let held_for = holding.elapsed();
+    let refreshes = counting
+        .counts()
+        .calls
+        .load(Ordering::Relaxed)
+        .saturating_sub(refreshes_before);
+    let refresh_failures = counting
+        .counts()
+        .failures
+        .load(Ordering::Relaxed)
+        .saturating_sub(failures_before);
+    let connections = probe::tcp_connections();
+    let descriptors = probe::open_descriptors();
+    let lost = leases.iter().filter(|lease| lease.is_lost()).count();
+
+    // Release, spread over the clients again.
+    let releasing = Instant::now();
+    let shares = split(leases, plan.clients);
+    let shares = Arc::new(Mutex::new(shares));
+    let released = on_clients(plan, |_| {
+        let shares = shares.clone();
+        async move {
+            let mut tally = Tally::new();
+            let mine = shares
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop()
+                .unwrap_or_default();
+            for lease in mine {
+                let before = Instant::now();
+                match lease.release().await {
+                    Ok(()) => tally.release.record(before.elapsed()),
+                    Err(error) => tally.error(&error),
+                }
+            }
+            tally
+        }
+    })
+    .await;
+    let release_s = releasing.elapsed().as_secs_f64();
+    tally.merge(released);
+
+    let held_count = tally.acquire.len();
+    let per_lease = |after: Option<u64>| {
+        let grown = after?.checked_sub(resident_before?)?;
+        (held_count > 0).then(|| grown as f64 / held_count as f64)
+    };
+    let run = Run::Hold(HoldRun {
+        common: tally.common(&**locker, plan, held_for),
+        leases: held_count,
+        not_acquired: tally.contended,
+        acquire_s,
+        acquire_us: tally.acquire.summary(),
+        bytes_per_lease: per_lease(resident_held),
+        bytes_per_lease_with_keepalive: per_lease(resident_kept),
+        tcp_connections: connections,
+        tcp_connections_before: connections_before,
+        open_descriptors: descriptors,
+        open_descriptors_before: descriptors_before,
+        refreshes,
+        refreshes_per_s: per_second(refreshes, held_for),
+        refresh_failures,
+        keepalive_errors,
+        lost: lost as u64,
+        release_s,
+        release_us: tally.release.summary(),
+    });
+    (run, keys.to_vec())
+}
+
+/// `items` dealt into `parts` piles.
+fn split<T>(items: Vec<T>, parts: usize) -> Vec<Vec<T>> {
+    let mut piles: Vec<Vec<T>> = (0..parts.max(1)).map(|_| Vec::new()).collect();
+    let count = piles.len();
+    for (index, item) in items.into_iter().enumerate() {
+        if let Some(pile) = piles.get_mut(index % count) {
+            pile.push(item);
+        }
+    }
+    piles
+}
+
+fn per_second(count: u64, elapsed: Duration) -> f64 {
+    let seconds = elapsed.as_secs_f64();
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handoff_is_timed_from_the_release_whichever_returns_first() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut handoffs = Handoffs::default();
+        // The first grant follows no release.
+        assert_eq!(handoffs.granted(at(0)), None);
+        assert_eq!(handoffs.released(at(1)), None);
+        assert_eq!(handoffs.granted(at(4)), Some(Duration::from_millis(3)));
+        // The next grant returns before the release it follows.
+        assert_eq!(handoffs.granted(at(5)), None);
+        assert_eq!(handoffs.released(at(6)), Some(Duration::ZERO));
+        assert_eq!(handoffs.released(at(7)), None);
+        assert_eq!(handoffs.granted(at(9)), Some(Duration::from_millis(2)));
+        // After a failed release, pairing starts over.
+        handoffs.reset();
+        assert_eq!(handoffs.granted(at(20)), None);
+    }
+
+    #[test]
+    fn leases_are_dealt_evenly() {
+        let piles = split((0..7).collect(), 3);
+        assert_eq!(piles, vec![vec![0, 3, 6], vec![1, 4], vec![2, 5]]);
+        assert_eq!(split(vec![1], 0), vec![vec![1]]);
+    }
+}

@@ -1,0 +1,200 @@
+//! `distlock bench` end to end on the file backend: every workload, the
+//! table and the JSON, the cleanup, and bad flags.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::support::{code, stderr, BIN};
+
+/// A private lock directory for one bench.
+struct Bench {
+    dir: tempfile::TempDir,
+}
+
+impl Bench {
+    fn new() -> Self {
+        Bench {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("bench")
+            .args(args)
+            .env(
+                "DISTLOCK_URL",
+                format!("file://{}", self.dir.path().display()),
+            )
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run distlock bench")
+    }
+
+    /// Runs with `--json` and returns one object per run.
+    fn json(&self, args: &[&str]) -> Vec<Value> {
+        let output = self.run(&[args, &["--json"]].concat());
+        assert_eq!(code(&output), 0, "{}", stderr(&output));
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+            .collect()
+    }
+
+    fn assert_nothing_left(&self) {
+        let left: Vec<_> = std::fs::read_dir(self.dir.path())
+            .expect("lock directory")
+            .map(|entry| entry.expect("directory entry").file_name())
+            .collect();
+        assert!(left.is_empty(), "bench files left behind: {left:?}");
+    }
+}
+
+fn number(run: &Value, path: &str) -> f64 {
+    run.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{path} is a number in {run}"))
+}
+
+/// Every latency summary has the same four quantiles, in order.
+fn assert_quantiles(run: &Value, field: &str) {
+    let p50 = number(run, &format!("/{field}/p50"));
+    let p99 = number(run, &format!("/{field}/p99"));
+    let p999 = number(run, &format!("/{field}/p999"));
+    let max = number(run, &format!("/{field}/max"));
+    assert!(
+        0.0 < p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
+        "{field} quantiles in order: {run}"
+    );
+}
+
+#[test]
+fn uncontended_json_has_cycles_and_both_latencies_per_run() {
+    let bench = Bench::new();
+    let runs = bench.json(&["--clients", "1,2", "--duration", "300ms"]);
+    assert_eq!(runs.len(), 2, "one object per --clients value: {runs:?}");
+    for (run, clients) in runs.iter().zip([1, 2]) {
+        assert_eq!(run["workload"], "uncontended", "{run}");
+        assert_eq!(run["backend"], "file", "{run}");
+        assert_eq!(run["clients"], clients, "{run}");
+        assert_eq!(run["errors"], 0, "{run}");
+        assert_eq!(run["contended"], 0, "own keys are never contended: {run}");
+        assert!(number(run, "/cycles") >= 1.0, "{run}");
+        assert!(number(run, "/cycles_per_s") > 0.0, "{run}");
+        assert_quantiles(run, "acquire_us");
+        assert_quantiles(run, "release_us");
+    }
+    bench.assert_nothing_left();
+}
+
+#[test]
+fn contended_json_has_handoffs_and_their_gap() {
+    let bench = Bench::new();
+    let runs = bench.json(&["--workload", "contended", "-c", "3", "-d", "300ms"]);
+    let [run] = runs.as_slice() else {
+        panic!("one run: {runs:?}")
+    };
+    assert_eq!(run["workload"], "contended", "{run}");
+    assert_eq!(run["errors"], 0, "{run}");
+    assert!(number(run, "/handoffs") >= 2.0, "{run}");
+    assert!(number(run, "/handoffs_per_s") > 0.0, "{run}");
+    assert!(run["timeouts"].is_u64(), "{run}");
+    for field in ["handoff_gap_us", "wait_us", "release_us"] {
+        for quantile in ["p50", "p99", "p999", "max"] {
+            number(run, &format!("/{field}/{quantile}"));
+        }
+    }
+    bench.assert_nothing_left();
+}
+
+#[test]
+fn hold_json_has_memory_connections_and_keepalive_traffic() {
+    let bench = Bench::new();
+    // ttl 300ms: every lease is refreshed every 100ms while held for 600ms.
+    let runs = bench.json(&[
+        "-w", "hold", "--keys", "40", "-c", "2", "--ttl", "300ms", "-d", "600ms",
+    ]);
+    let [run] = runs.as_slice() else {
+        panic!("one run: {runs:?}")
+    };
+    assert_eq!(run["workload"], "hold", "{run}");
+    assert_eq!(run["leases"], 40, "{run}");
+    assert_eq!(run["not_acquired"], 0, "{run}");
+    assert_eq!(run["lost"], 0, "no lease lost while refreshed: {run}");
+    assert_eq!(run["errors"], 0, "{run}");
+    assert_eq!(run["refresh_failures"], 0, "{run}");
+    // At least two refreshes per lease (at 100ms and 200ms), whatever the load.
+    assert!(number(run, "/refreshes") >= 80.0, "{run}");
+    assert!(number(run, "/refreshes_per_s") > 0.0, "{run}");
+    assert!(run["bytes_per_lease"].is_number(), "{run}");
+    assert!(run["bytes_per_lease_with_keepalive"].is_number(), "{run}");
+    assert_eq!(run["tcp_connections"], 0, "lock files use no socket: {run}");
+    // Each held lease keeps its lock file open.
+    assert!(
+        number(run, "/open_descriptors") >= number(run, "/open_descriptors_before") + 40.0,
+        "{run}"
+    );
+    assert_quantiles(run, "acquire_us");
+    assert_quantiles(run, "release_us");
+    bench.assert_nothing_left();
+}
+
+#[test]
+fn each_workload_prints_a_table_with_a_row_per_run() {
+    let bench = Bench::new();
+    for (workload, column) in [
+        ("uncontended", "cycles/s"),
+        ("contended", "handoffs/s"),
+        ("hold", "refresh/s"),
+    ] {
+        let output = bench.run(&["-w", workload, "-c", "1,2", "-d", "200ms", "-k", "5"]);
+        assert_eq!(code(&output), 0, "{workload}: {}", stderr(&output));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 4, "description, header, 2 rows: {stdout}");
+        assert!(lines[0].contains(workload), "{stdout}");
+        assert!(lines[1].contains(column), "{stdout}");
+        assert!(lines[2].trim_start().starts_with('1'), "{stdout}");
+        assert!(lines[3].trim_start().starts_with('2'), "{stdout}");
+    }
+    bench.assert_nothing_left();
+}
+
+#[test]
+fn the_old_flags_still_work() {
+    let bench = Bench::new();
+    let output = bench.run(&["--shared-key", "--tasks", "2", "-d", "200ms"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("contended")),
+        "--shared-key is the contended workload: {stdout}"
+    );
+    bench.assert_nothing_left();
+}
+
+#[test]
+fn bad_flags_exit_64_naming_the_flag() {
+    let bench = Bench::new();
+    let cases: [(&[&str], &str); 7] = [
+        (&["--clients", "0"], "--clients 0"),
+        (&["--clients", "1,x"], "--clients"),
+        (&["--keys", "0"], "--keys 0"),
+        (&["--workload", "sideways"], "--workload"),
+        (&["--duration", "0s"], "--duration"),
+        (&["--duration", "2days"], "--duration"),
+        (&["--shared-key", "--workload", "hold"], "--shared-key"),
+    ];
+    for (args, named) in cases {
+        let output = bench.run(args);
+        let message = stderr(&output);
+        assert_eq!(code(&output), 64, "{args:?}: {message}");
+        assert!(message.contains(named), "{args:?} names {named}: {message}");
+        assert_eq!(message.lines().count(), 1, "{args:?}: {message}");
+        assert!(output.stdout.is_empty(), "{args:?} measured nothing");
+    }
+}
