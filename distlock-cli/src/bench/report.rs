@@ -93,6 +93,10 @@ pub(crate) struct HoldRun {
     /// `refresh` calls the keepalives made while holding.
     pub(crate) refreshes: u64,
     pub(crate) refreshes_per_s: f64,
+    /// The calls those refreshes reached the backend in (`refresh_many`
+    /// batches and single refreshes): its keepalive traffic.
+    pub(crate) refresh_batches: u64,
+    pub(crate) refresh_batches_per_s: f64,
     pub(crate) refresh_failures: u64,
     pub(crate) keepalive_errors: u64,
     /// Leases whose lost signal had fired by the end of the hold.

@@ -374,6 +374,7 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
     let resident_kept = probe::resident_bytes();
 
     let refreshes_before = counting.counts().calls.load(Ordering::Relaxed);
+    let batches_before = counting.counts().batches.load(Ordering::Relaxed);
     let failures_before = counting.counts().failures.load(Ordering::Relaxed);
     let holding = Instant::now();
     let until = deadline(plan);
@@ -398,6 +399,11 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
         .failures
         .load(Ordering::Relaxed)
         .saturating_sub(failures_before);
+    let refresh_batches = counting
+        .counts()
+        .batches
+        .load(Ordering::Relaxed)
+        .saturating_sub(batches_before);
     let connections = probe::tcp_connections();
     let descriptors = probe::open_descriptors();
     let lost = leases.iter().filter(|lease| lease.is_lost()).count();
@@ -448,6 +454,8 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
         open_descriptors_before: descriptors_before,
         refreshes,
         refreshes_per_s: per_second(refreshes, held_for),
+        refresh_batches,
+        refresh_batches_per_s: per_second(refresh_batches, held_for),
         refresh_failures,
         keepalive_errors,
         lost: lost as u64,

@@ -127,6 +127,11 @@ fn hold_json_has_memory_connections_and_keepalive_traffic() {
     // At least two refreshes per lease (at 100ms and 200ms), whatever the load.
     assert!(number(run, "/refreshes") >= 80.0, "{run}");
     assert!(number(run, "/refreshes_per_s") > 0.0, "{run}");
+    let batches = number(run, "/refresh_batches");
+    assert!(
+        batches > 0.0 && batches <= number(run, "/refreshes"),
+        "refreshes reach the backend in batches: {run}"
+    );
     assert!(run["bytes_per_lease"].is_number(), "{run}");
     assert!(run["bytes_per_lease_with_keepalive"].is_number(), "{run}");
     assert_eq!(run["tcp_connections"], 0, "lock files use no socket: {run}");
