@@ -47,10 +47,27 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
     || python3 -m pip install --quiet --user --break-system-packages redis
 fi
 
+# The build below fills about 1.9 GiB of an empty target directory (`du -sh
+# target` after it; 6.2 GiB before the dev profile dropped full debug info).
+# Say so up front rather than let the linker die of a full disk halfway.
+target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir"
+free_kb=$(df -Pk "$target_dir" | awk 'NR == 2 { print $4 }')
+needed_kb=$((3 * 1024 * 1024))
+if [ "$free_kb" -lt "$needed_kb" ]; then
+  echo "scripts/test.sh: only $((free_kb / 1024)) MiB free on the filesystem of $target_dir;" \
+    "the test build needs about 3 GiB (free space, or point CARGO_TARGET_DIR elsewhere)" >&2
+  exit 1
+fi
+# One build, run once: incremental caches would only take disk.
+export CARGO_INCREMENTAL=0
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 # The fault suite's quick profile (at most 8 minutes here; it prints its
-# time). The debug build, so CI compiles no release tree.
-cargo run -q -p distlock-faults -- run --profile quick --json target/faults-quick.json
+# time). Built with the same features as the tests below, so the library is
+# compiled once for both, and in debug, so CI compiles no release tree.
+cargo build --workspace --all-features --bins --quiet
+"$target_dir/debug/distlock-faults" run --profile quick --json "$target_dir/faults-quick.json"
 cargo test --workspace --all-features --no-fail-fast "$@"
