@@ -23,14 +23,18 @@ async fn run_holds_the_redis_lock_while_the_command_runs_and_frees_it_after() {
         .expect("run distlock");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
+    // The lock's value, one field per line (owner token, ttl, grant time
+    // (empty until a refresh), pid, host, label: the command), then PTTL.
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 2, "{stdout:?}");
+    assert_eq!(lines.len(), 7, "{stdout:?}");
     assert_eq!(
         lines[0].len(),
         32,
         "the lock key holds the owner token while CMD runs: {stdout:?}"
     );
-    let pttl: u64 = lines[1].parse().unwrap();
+    assert_eq!(lines[1], "5000", "the ttl: {stdout:?}");
+    assert!(lines[5].starts_with("sh -c"), "the command: {stdout:?}");
+    let pttl: u64 = lines[6].parse().unwrap();
     assert!(pttl > 0 && pttl <= 5000, "ttl {pttl} ms");
     assert_eq!(
         server.cli(&["EXISTS", "lock:{nightly}"]),
@@ -61,9 +65,10 @@ fn run_works_on_a_redis_cluster_and_behind_sentinel() {
             .output()
             .expect("run distlock");
         assert_eq!(output.status.code(), Some(0), "{url}: {}", stderr(&output));
-        let token = String::from_utf8(output.stdout).unwrap();
+        let value = String::from_utf8(output.stdout).unwrap();
+        let token = value.lines().next().unwrap_or_default();
         assert_eq!(
-            token.trim().len(),
+            token.len(),
             32,
             "{url}: the owner token while CMD runs: {token:?}"
         );

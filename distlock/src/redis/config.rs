@@ -172,12 +172,12 @@ pub struct Config {
     #[serde(alias = "response_timeout", with = "duration_text")]
     pub response_timeout: Duration,
     /// Record who holds each lock (host, pid, label, grant time on the
-    /// server's clock, ttl, fencing token) in a key beside it,
-    /// `<prefix>{<key>}:holder`, written by the acquire script itself (no
-    /// extra round trip) and expiring with the lock; [`Locker::inspect`]
+    /// server's clock, ttl, fencing token) in the lock key's value, after the
+    /// owner token, written by the acquire's own `SET` (no extra round trip,
+    /// key or command); [`Locker::inspect`]
     /// and [`Locker::list`] report it. Default `true`; URL parameter
-    /// `holder=false` turns it off: grants then record nothing and are
-    /// inspected as held by an unknown holder (see the [module
+    /// `holder=false` turns it off: the lock's value is then the bare owner
+    /// token, and grants are inspected as held by an unknown holder (see the [module
     /// docs](super), "Inspection").
     ///
     /// [`Locker::inspect`]: crate::Locker::inspect

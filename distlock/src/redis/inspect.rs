@@ -1,8 +1,8 @@
 //! Who holds a Redis lock: [`Locker::inspect`](crate::Locker::inspect),
 //! [`Locker::list`](crate::Locker::list) and
 //! [`Locker::force_release`](crate::Locker::force_release) for every
-//! deployment, on the holder record the acquire script writes (see
-//! `scripts.rs`, `record_holder_lua`).
+//! deployment, on the holder record the acquire script writes into the
+//! lock key's value (see `scripts.rs`, `lock_value_lua`).
 
 use std::time::Duration;
 
@@ -49,7 +49,6 @@ impl RedisLocker {
             .bounded("inspect", async {
                 INSPECT_SCRIPT
                     .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.holder_key(key))
                     .key(self.inner.keys.fence_key(key))
                     .invoke_async(&mut self.connection())
                     .await
@@ -143,7 +142,6 @@ impl RedisLocker {
             .bounded("force_release", async {
                 FORCE_RELEASE_SCRIPT
                     .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.holder_key(key))
                     .key(self.inner.keys.fence_key(key))
                     .arg(self.inner.keys.release_channel(key))
                     .arg(self.inner.publish)
@@ -156,11 +154,10 @@ impl RedisLocker {
 }
 
 /// Decodes what the inspect and force-release scripts return for a held
-/// lock: `{pttl, grant}`, or `{pttl, grant, ttl_ms, "seconds \n
-/// microseconds \n pid \n host \n label", fence}` when the holder record
-/// describes the current grant (see `scripts.rs`). A record that does not decode (written by
-/// something else) leaves the holder unknown; a reply of another shape is an
-/// error.
+/// lock: `{pttl, grant}`, or `{pttl, grant, ttl_ms, granted_ms, "pid \n
+/// host \n label", fence}` when the lock's value carries a holder record
+/// (see `scripts.rs`). A record that does not decode (written by something
+/// else) leaves the holder unknown; a reply of another shape is an error.
 fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
     let malformed = || {
         Error::backend(
@@ -184,8 +181,8 @@ fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
     let record: Vec<String> = fields
         .filter_map(|field| redis::from_redis_value(field).ok())
         .collect();
-    if let [ttl_ms, rest, fence] = record.as_slice() {
-        if let Some(record) = decode_record(ttl_ms, rest, fence) {
+    if let [ttl_ms, granted_ms, holder, fence] = record.as_slice() {
+        if let Some(record) = decode_record(ttl_ms, granted_ms, holder, fence) {
             held.holder = Some(record.holder);
             held.granted = Some(GrantTime {
                 at: inspect::from_unix_millis(record.granted_ms),
@@ -205,35 +202,30 @@ struct Record {
     fence: u64,
 }
 
-fn decode_record(ttl_ms: &str, rest: &str, fence: &str) -> Option<Record> {
-    let mut parts = rest.splitn(5, '\n');
-    let (seconds, micros, pid, host, label) = (
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-    );
+fn decode_record(ttl_ms: &str, granted_ms: &str, holder: &str, fence: &str) -> Option<Record> {
+    let mut parts = holder.splitn(3, '\n');
+    let (pid, host, label) = (parts.next()?, parts.next()?, parts.next()?);
     Some(Record {
         holder: Holder {
             host: host.to_owned(),
             pid: pid.parse().ok()?,
             label: label.to_owned(),
         },
-        granted_ms: seconds
-            .parse::<u64>()
-            .ok()?
-            .checked_mul(1000)?
-            .checked_add(micros.parse::<u64>().ok()? / 1000)?,
+        granted_ms: granted_ms.parse().ok()?,
         ttl_ms: ttl_ms.parse().ok()?,
         fence: fence.parse().ok()?,
     })
 }
 
-/// The holder as the acquire script takes it: `pid \n host \n label` (see
-/// `scripts.rs`; the label last, so it may contain line breaks).
-pub(super) fn holder_argument(holder: &Holder) -> String {
-    format!("{}\n{}\n{}", holder.pid, holder.host, holder.label)
+/// The lock key's value for a grant to `owner` for `ttl_ms` that records
+/// `holder`: `owner \n ttl_ms \n \n pid \n host \n label`, the grant time
+/// left empty for the server to fill in (see `scripts.rs`,
+/// `lock_value_lua`; the label last, so it may contain line breaks).
+pub(super) fn recorded_value(owner: &str, ttl_ms: u64, holder: &Holder) -> String {
+    format!(
+        "{owner}\n{ttl_ms}\n\n{}\n{}\n{}",
+        holder.pid, holder.host, holder.label
+    )
 }
 
 #[cfg(test)]
@@ -251,12 +243,14 @@ mod tests {
             pid: 4242,
             label: "nightly\nbackup".into(),
         };
-        let rest = format!("1764000000\n123456\n{}", holder_argument(&holder));
+        let value = recorded_value("token", 30_000, &holder);
+        assert_eq!(value, "token\n30000\n\n4242\nweb-1\nnightly\nbackup");
         let reply = vec![
             Value::Int(29_500),
             text("5f3c"),
             text("30000"),
-            text(&rest),
+            text("1764000000123"),
+            text("4242\nweb-1\nnightly\nbackup"),
             text("7"),
         ];
         let view = lock_view("k", reply).expect("decodes");
@@ -287,7 +281,8 @@ mod tests {
             Value::Int(-1),
             text("ab"),
             text("1"),
-            text("1\n1\nnot a pid\nh\nl"),
+            text("1"),
+            text("not a pid\nh\nl"),
             text("1"),
         ];
         let held = lock_view("k", foreign).expect("decodes").held;

@@ -4,8 +4,6 @@
 const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the per-key release channel, after the lock key.
 const RELEASED_SUFFIX: &str = ":released";
-/// Suffix of the per-key holder record, after the lock key.
-const HOLDER_SUFFIX: &str = ":holder";
 /// Suffix of a mark ([`crate::Locker::advance_mark`]), after the lock key of
 /// the same name.
 const MARK_SUFFIX: &str = ":mark";
@@ -34,7 +32,8 @@ impl KeySpace {
         &self.prefix
     }
 
-    /// The key holding the owner token while the lock is held.
+    /// The key holding the owner token (and the holder record, see
+    /// `scripts.rs`) while the lock is held.
     pub(crate) fn lock_key(&self, key: &str) -> String {
         format!("{}{{{key}}}", self.prefix)
     }
@@ -49,15 +48,10 @@ impl KeySpace {
         self.lock_key(name) + MARK_SUFFIX
     }
 
-    /// The key recording who holds `key`, expiring with the lock.
-    pub(crate) fn holder_key(&self, key: &str) -> String {
-        self.lock_key(key) + HOLDER_SUFFIX
-    }
-
     /// The `SCAN ... MATCH` pattern of every lock key whose caller's key
     /// starts with `key_prefix`: `<prefix>{<key_prefix>*}`, glob characters of
     /// both escaped. Lock keys end with `}`; the companion keys (fence,
-    /// holder, mark) end with their suffix, so the pattern leaves them out.
+    /// mark) end with their suffix, so the pattern leaves them out.
     pub(crate) fn lock_pattern(&self, key_prefix: &str) -> String {
         format!(
             "{}{{{}*}}",
@@ -105,10 +99,6 @@ mod tests {
         assert_eq!(keys.lock_key("jobs/nightly"), "lock:{jobs/nightly}");
         assert_eq!(keys.fence_key("jobs/nightly"), "lock:{jobs/nightly}:fence");
         assert_eq!(keys.mark_key("jobs/nightly"), "lock:{jobs/nightly}:mark");
-        assert_eq!(
-            keys.holder_key("jobs/nightly"),
-            "lock:{jobs/nightly}:holder"
-        );
         assert_eq!(
             keys.release_channel("jobs/nightly"),
             "lock:{jobs/nightly}:released"

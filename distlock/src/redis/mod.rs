@@ -4,19 +4,18 @@
 //! for replicas to acknowledge each grant (`?min_replicas=N`).
 //!
 //! A lock is one key, `<prefix>{<key>}` (prefix default `lock:`), holding the
-//! owner token of the holder and expiring after the ttl:
+//! owner token of the holder, then its holder record (see "Inspection"
+//! below), and expiring after the ttl:
 //!
-//! - **acquire** is one Lua script: `SET <lock key> <token> NX PX <ttl>`
+//! - **acquire** is one Lua script: `SET <lock key> <token…> NX PX <ttl>`
 //!   and, only if that succeeded, `INCR <prefix>{<key>}:fence`, whose result
-//!   is the fencing token, and the holder record `<prefix>{<key>}:holder`
-//!   (see "Inspection" below);
-//! - **release** is a compare-and-delete script: it deletes the key (and its
-//!   holder record) only if it still holds this owner's token, then
-//!   publishes on `<prefix>{<key>}:released` so waiters wake at once;
-//! - **refresh** is a compare-and-`PEXPIRE` script (the record's expiry
-//!   follows the lock's).
+//!   is the fencing token;
+//! - **release** is a compare-and-delete script: it deletes the key only if
+//!   it still holds this owner's token, then publishes on
+//!   `<prefix>{<key>}:released` so waiters wake at once;
+//! - **refresh** is a compare-and-`PEXPIRE` script.
 //!
-//! The lock key, the fence key, the holder record and the channel share one
+//! The lock key, the fence key and the channel share one
 //! Redis Cluster hash tag (the braces). Scripts are sent by `EVALSHA` and loaded again when the
 //! server has forgotten them (`NOSCRIPT` after a restart, a failover or
 //! `SCRIPT FLUSH`).
@@ -156,35 +155,36 @@
 //!
 //! # Inspection
 //!
-//! The acquire script records who holds the lock in a string key beside
-//! it, `<prefix>{<key>}:holder` (same hash tag, so same slot), set with the
-//! lock's `PX`: the ttl, the owner token (which ties the record to its
-//! grant; the lock key holds it anyway, and inspection never returns it),
-//! the grant time (the server's clock, `TIME`), the fencing token, and the
+//! The acquire script records who holds the lock in the lock key's own
+//! value, after the owner token: the ttl, the grant time, and the
 //! [`crate::inspect::Holder`] (pid, host, label, read on the caller's task),
-//! one per line, the label last. It is written in the same script as the
-//! grant (no extra round trip), expires with the lock, is rewritten with the
-//! new ttl and expiry by every refresh and deleted by the release.
-//! [`Config::record_holder`] (`?holder=false`) turns it off. Cost: one
-//! `SET` and one `TIME` per acquire on the server, which `INFO
-//! commandstats` showed to add about 4–6 µs of server time to an
-//! acquire+release cycle of about 5 µs on the development machine: free
-//! while the round trip dominates (one caller), but where many concurrent
-//! callers keep the server busy its time bounds the cycles/s, and the
-//! record can then cost up to a fifth of them (the throughput bench's
-//! `holder=false` column measures it on your machine).
+//! one per line, the label last (`owner \n ttl_ms \n granted_ms \n pid \n
+//! host \n label`). It costs no round trip, no key and no command: the
+//! client builds the value and the grant's `SET NX PX` writes it. The grant
+//! time is the server's clock without a `TIME` call at acquire: the `PX` the
+//! grant armed fixes it (expiry minus ttl), and the first re-arming of the
+//! expiry (a refresh) writes it into the value before moving the expiry; a
+//! refresh with a new ttl rewrites the ttl line. The fencing token is the
+//! fence counter's value while the grant holds the lock.
+//! [`Config::record_holder`] (`?holder=false`) turns it off: the value is
+//! then the bare owner token. Release and refresh compare the token with
+//! the value's first line, so tools that expect the value to be exactly the
+//! token (a `GET` in a script of yours) must take its first line. Cost: the
+//! server ran about 59.4k instructions per acquire+release with the record,
+//! 53.8k without (`callgrind` on `redis-server` 7.0; a record in a key of
+//! its own cost 76.3k); the throughput bench's `holder=false` column
+//! measures it on your machine.
 //!
 //! - [`Locker::inspect`] is one read-only script: the lock key (present:
-//!   held), its `PTTL` (`ttl_left`) and the record if it belongs to the
-//!   current grant. It reports every [`HeldLock`] field but `session`
+//!   held), its `PTTL` (`ttl_left`) and the record in its value. It
+//!   reports every [`HeldLock`] field but `session`
 //!   (a Redis lock belongs to no connection), the grant time as
 //!   [`Clock::Server`](crate::inspect::Clock::Server). A key held by a
 //!   client that left no record (redis-py's `Lock`, which is a plain `SET
 //!   name token NX PX`; a locker with `holder=false`; a distlock older than
 //!   records) is **held by an unknown holder**: `holder`, `granted`, `ttl`
 //!   and `fencing_token` are `None`, `ttl_left` is its `PTTL` (`None` if the
-//!   key has no expiry). A record left by an earlier grant never describes
-//!   a later one (their owner hashes differ).
+//!   key has no expiry).
 //! - [`Locker::list`] runs `SCAN` with `MATCH <prefix>{<key prefix>*}`
 //!   (glob characters escaped) over the whole key space: on a cluster, on
 //!   every master (one `SCAN` cursor per master, from `CLUSTER SLOTS`), then
@@ -241,7 +241,8 @@
 //! `PTTL` ([`RedisLocker::remaining_ttl`]), `SELECT` when `db` is not 0, and
 //! `HELLO`/`AUTH` (allowed to every user), `SCAN` ([`Locker::list`]); its
 //! scripts call `SET`, `GET`, `INCR`, `PEXPIRE`, `DEL`, `EXISTS`,
-//! `PUBLISH`, `PTTL` and, for the holder record's grant time, `TIME`, which
+//! `PUBLISH`, `PTTL` and, for the holder record's grant time (at a
+//! refresh and at inspection, never at acquire), `TIME`, which
 //! Redis checks against the user as well. With the default prefix
 //! `lock:`:
 //!
@@ -714,7 +715,6 @@ impl RedisLocker {
             let request = &requests[index];
             invocation
                 .key(self.inner.keys.lock_key(request.key))
-                .key(self.inner.keys.holder_key(request.key))
                 .arg(request.owner)
                 .arg(ttl_millis(request.ttl));
         }
@@ -900,14 +900,14 @@ impl RedisLocker {
         ttl: Duration,
         holder: Option<&Holder>,
     ) -> redis::RedisResult<u64> {
+        let ttl_ms = ttl_millis(ttl);
         let mut invocation = ACQUIRE_SCRIPT.key(self.inner.keys.lock_key(key));
         invocation
             .key(self.inner.keys.fence_key(key))
-            .key(self.inner.keys.holder_key(key))
             .arg(owner)
-            .arg(ttl_millis(ttl));
+            .arg(ttl_ms);
         if let Some(holder) = holder {
-            invocation.arg(inspect::holder_argument(holder));
+            invocation.arg(inspect::recorded_value(owner, ttl_ms, holder));
         }
         invocation.invoke_async(&mut self.connection()).await
     }
@@ -1118,7 +1118,6 @@ impl Locker for RedisLocker {
             .bounded("release", async {
                 RELEASE_SCRIPT
                     .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.holder_key(key))
                     .arg(owner)
                     .arg(self.inner.keys.release_channel(key))
                     .arg(self.inner.publish)
@@ -1140,7 +1139,6 @@ impl Locker for RedisLocker {
             .bounded("refresh", async {
                 REFRESH_SCRIPT
                     .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.holder_key(key))
                     .arg(owner)
                     .arg(ttl_millis(ttl))
                     .invoke_async(&mut self.connection())

@@ -138,8 +138,8 @@
 //! # Inspection
 //!
 //! Every grant records its holder on each node that takes it, as the Redis
-//! backend does (a `<prefix>{<key>}:holder` key written by the acquire
-//! script, expiring with the key; `?holder=false` turns it off).
+//! backend does (in the lock key's value, after the owner token;
+//! `?holder=false` turns it off).
 //! [`Locker::inspect`] asks every node at once (each bounded by the node
 //! timeout) and reports **the majority's view**: the key is held if a
 //! majority of nodes hold it for one grant (the same owner token, told

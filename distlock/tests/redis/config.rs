@@ -147,7 +147,10 @@ async fn json_yaml_and_env_configs_connect_with_their_prefix() {
         assert_eq!(locker.key_prefix(), prefix);
         let lease = locker.try_lock("k", TTL).await.unwrap().unwrap();
         let stored = format!("{prefix}{{k}}");
-        assert_eq!(server.cli(&["GET", &stored]), lease.owner());
+        assert_eq!(
+            crate::support::stored_owner(&server, &stored),
+            lease.owner()
+        );
         lease.release().await.unwrap();
     }
 }

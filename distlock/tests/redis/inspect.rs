@@ -1,9 +1,11 @@
-//! The holder record beside a Redis lock (`<prefix>{<key>}:holder`), beyond
-//! what the conformance suite checks: it expires with the lock and follows
-//! its refreshes, a record left by an earlier grant never describes a later
-//! one, `holder=false` records nothing, and listing escapes glob characters.
+//! The holder record in a Redis lock's value (`owner \n ttl \n granted \n
+//! pid \n host \n label`), beyond what the conformance suite checks: the
+//! grant time is the server's and survives refreshes, a refresh with a new
+//! ttl records it, a value in another format is an unknown holder,
+//! `holder=false` stores the bare owner token, and listing escapes glob
+//! characters.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use distlock::redis::RedisLocker;
 use distlock::Locker;
@@ -16,76 +18,108 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL is a number")
 }
 
+/// The line `index` (0-based) of the lock key's value.
+fn value_line(server: &RedisServer, redis_key: &str, index: usize) -> String {
+    let value = server.cli(&["GET", redis_key]);
+    value.split('\n').nth(index).unwrap_or_default().to_owned()
+}
+
 #[tokio::test]
-async fn the_record_expires_with_the_lock_and_follows_its_refreshes() {
+async fn the_grant_time_is_the_servers_and_survives_refreshes() {
     let server = RedisServer::start();
     let locker = crate::support::connect(&server).await;
+    let before = SystemTime::now() - Duration::from_secs(1);
     let mut lease = locker
         .try_lock("job", Duration::from_secs(10))
         .await
         .expect("try_lock")
         .expect("free");
-    let (lock_key, holder_key) = ("lock:{job}", "lock:{job}:holder");
-    let record_left = pttl(&server, holder_key);
-    assert!(
-        record_left > 8_000 && record_left <= 10_000,
-        "{record_left} ms"
+    let after = SystemTime::now() + Duration::from_secs(1);
+    let lock_key = "lock:{job}";
+    assert_eq!(
+        value_line(&server, lock_key, 2),
+        "",
+        "the acquire leaves the grant time to the key's expiry"
     );
+    let first = locker.inspect("job").await.expect("inspect").expect("held");
+    let granted = first.granted.expect("a grant time").at;
+    // The test server runs on this host, so its clock is this clock.
+    assert!(before <= granted && granted <= after, "{granted:?}");
+    assert_eq!(first.ttl, Some(Duration::from_secs(10)));
+
+    tokio::time::sleep(Duration::from_millis(50)).await;
     lease
         .refresh(Duration::from_secs(60))
         .await
         .expect("refresh");
-    let (lock_left, record_left) = (pttl(&server, lock_key), pttl(&server, holder_key));
-    assert!(lock_left > 58_000, "{lock_left} ms");
-    assert!(
-        (lock_left - record_left).abs() < 1_000,
-        "the record expires with the lock: {lock_left} vs {record_left} ms"
+    assert_ne!(
+        value_line(&server, lock_key, 2),
+        "",
+        "the first re-arming writes the grant time down"
     );
-    let held = locker.inspect("job").await.expect("inspect").expect("held");
-    assert_eq!(held.ttl, Some(Duration::from_secs(60)), "the refreshed ttl");
+    assert!(pttl(&server, lock_key) > 58_000);
+    let refreshed = locker.inspect("job").await.expect("inspect").expect("held");
+    assert_eq!(refreshed.ttl, Some(Duration::from_secs(60)), "the new ttl");
+    assert_eq!(refreshed.granted, first.granted, "still the grant's time");
+    assert_eq!(refreshed.holder, first.holder);
+    assert_eq!(refreshed.fencing_token, lease.fencing_token());
+
+    // Same ttl again: the expiry moves, nothing else.
+    let value = server.cli(&["GET", lock_key]);
+    lease
+        .refresh(Duration::from_secs(60))
+        .await
+        .expect("refresh");
+    assert_eq!(server.cli(&["GET", lock_key]), value);
     lease.release().await.expect("release");
-    assert_eq!(
-        server.cli(&["EXISTS", holder_key]),
-        "0",
-        "deleted with the lock"
-    );
+    assert_eq!(server.cli(&["EXISTS", lock_key]), "0");
 }
 
 #[tokio::test]
-async fn a_record_left_by_an_earlier_grant_never_describes_a_later_one() {
+async fn a_value_in_another_format_is_an_unknown_holder() {
     let server = RedisServer::start();
     let locker = crate::support::connect(&server).await;
-    let lease = locker
-        .try_lock("job", Duration::from_secs(30))
-        .await
-        .expect("try_lock")
-        .expect("free");
-    // A foreign client deletes the lock (leaving the record) and takes it.
-    server.cli(&["DEL", "lock:{job}"]);
-    server.cli(&["SET", "lock:{job}", "foreign-token", "PX", "30000"]);
-    assert_eq!(server.cli(&["EXISTS", "lock:{job}:holder"]), "1");
-    let held = locker.inspect("job").await.expect("inspect").expect("held");
-    assert_eq!(held.holder, None, "the foreign holder is unknown: {held:?}");
-    assert_eq!(held.fencing_token, None);
-    drop(lease);
+    for foreign in [
+        "foreign-token",
+        "foreign\ntoken",
+        "a\nb\nc\nnot a pid\nh\nl",
+    ] {
+        server.cli(&["SET", "lock:{job}", foreign, "PX", "30000"]);
+        let held = locker.inspect("job").await.expect("inspect").expect("held");
+        assert_eq!(held.holder, None, "{foreign:?}: {held:?}");
+        assert_eq!(
+            (held.granted, held.ttl, held.fencing_token),
+            (None, None, None)
+        );
+        assert!(held.ttl_left.is_some());
+        assert!(
+            locker.unlock("job", "another-token").await.is_err(),
+            "another token does not release it"
+        );
+    }
 }
 
 #[tokio::test]
-async fn holder_false_records_nothing_and_inspects_as_an_unknown_holder() {
+async fn holder_false_stores_the_bare_owner_token_and_inspects_as_an_unknown_holder() {
     let server = RedisServer::start();
     let locker = RedisLocker::from_url(&format!("{}?holder=false", server.url()))
         .await
         .expect("connect");
-    let lease = locker
+    let mut lease = locker
         .try_lock("job", Duration::from_secs(30))
         .await
         .expect("try_lock")
         .expect("free");
     assert!(lease.fencing_token().is_some(), "fencing is unchanged");
-    assert_eq!(server.cli(&["EXISTS", "lock:{job}:holder"]), "0");
+    assert_eq!(server.cli(&["GET", "lock:{job}"]), lease.owner());
     let held = locker.inspect("job").await.expect("inspect").expect("held");
     assert_eq!((held.holder, held.granted), (None, None));
     assert!(held.ttl_left.is_some());
+    lease
+        .refresh(Duration::from_secs(60))
+        .await
+        .expect("refresh");
+    assert_eq!(server.cli(&["GET", "lock:{job}"]), lease.owner());
     lease.release().await.expect("release");
 }
 

@@ -33,9 +33,10 @@ async fn connect(servers: &[RedisServer]) -> RedlockLocker {
         .expect("connect to the Redlock nodes")
 }
 
-/// What `server` stores under `key`'s lock key (empty if nothing).
+/// The owner token `server` stores under `key`'s lock key (empty if
+/// nothing).
 fn stored(server: &RedisServer, key: &str) -> String {
-    server.cli(&["GET", &format!("lock:{{{key}}}")])
+    crate::support::stored_owner(server, &format!("lock:{{{key}}}"))
 }
 
 /// Waits (up to 3 s) until `server` stores `expected` for `key`. A release
@@ -361,7 +362,9 @@ async fn configs_from_json_and_env_reach_the_same_nodes() {
         // The grant returns with the majority; the last node follows.
         let owner = lease.owner().to_owned();
         crate::common::eventually(Duration::from_secs(2), "every node holds the lock", || {
-            servers.iter().all(|s| s.cli(&["GET", "rl:{k}"]) == owner)
+            servers
+                .iter()
+                .all(|s| crate::support::stored_owner(s, "rl:{k}") == owner)
         })
         .await;
         lease.release().await.unwrap();

@@ -43,7 +43,7 @@ async fn a_grant_is_kept_once_the_replica_has_it() {
         let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
         // WAIT returned: the replica has the key now, not eventually.
         assert_eq!(
-            replica.cli(&["get", &locker.backend_key(&key)]),
+            crate::support::stored_owner(&replica, &locker.backend_key(&key)),
             lease.owner(),
             "round {round}"
         );

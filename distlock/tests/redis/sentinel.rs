@@ -24,10 +24,18 @@ async fn a_failover_moves_the_locker_to_the_new_master_and_ends_leases_it_lacks(
     let mut kept = locker.try_lock("kept", TTL).await.unwrap().expect("free");
     let mut lost = locker.try_lock("lost", TTL).await.unwrap().expect("free");
     let (kept_key, lost_key) = (locker.backend_key("kept"), locker.backend_key("lost"));
+    // The first refresh writes the grant time into the lock's value (a
+    // `SET`, which replicates the whole key); later ones with the same ttl
+    // only move the expiry, which cannot bring back a key a replica lacks.
+    lost.refresh(TTL).await.expect("refresh");
+    let refreshed_value = set.server(old_master).cli(&["get", &lost_key]);
     eventually(
         Duration::from_secs(5),
-        "the replica has both grants",
-        || set.replica().cli(&["exists", &kept_key, &lost_key]) == "2",
+        "the replica has both grants, refreshed",
+        || {
+            set.replica().cli(&["exists", &kept_key, &lost_key]) == "2"
+                && set.replica().cli(&["get", &lost_key]) == refreshed_value
+        },
     )
     .await;
     // The replica "misses" one grant, as if the master had acknowledged the

@@ -64,7 +64,10 @@ async fn rediss_with_a_private_ca_from_the_url_or_the_config() {
         .expect("TLS with ?ca=");
     round_trip(&locker, "k").await;
     let lease = locker.try_lock("seen", TTL).await.unwrap().unwrap();
-    assert_eq!(server.cli(&["GET", "lock:{seen}"]), lease.owner());
+    assert_eq!(
+        crate::support::stored_owner(&server, "lock:{seen}"),
+        lease.owner()
+    );
     lease.release().await.unwrap();
 
     let config = Config {
@@ -247,7 +250,9 @@ async fn redlock_over_tls() {
     // The grant returns with the majority; the last node follows.
     let owner = lease.owner().to_owned();
     crate::common::eventually(Duration::from_secs(2), "every node holds the lock", || {
-        servers.iter().all(|s| s.cli(&["GET", "lock:{k}"]) == owner)
+        servers
+            .iter()
+            .all(|s| crate::support::stored_owner(s, "lock:{k}") == owner)
     })
     .await;
     lease.release().await.unwrap();
