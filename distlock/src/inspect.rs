@@ -48,7 +48,7 @@
 //! ```
 
 use std::future::Future;
-use std::sync::{OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Longest label recorded, in bytes; longer ones are cut at a character
@@ -72,22 +72,28 @@ impl Holder {
     /// This process, with the label in force on the current task (see the
     /// [module docs](self)).
     pub fn current() -> Holder {
-        let label = TASK_LABEL
-            .try_with(|label| label.clone())
-            .ok()
-            .or_else(|| {
-                PROCESS_LABEL
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
-            })
-            .unwrap_or_else(|| command_line().to_owned());
         Holder {
             host: host_name().to_owned(),
             pid: std::process::id(),
-            label,
+            label: current_label().to_string(),
         }
     }
+}
+
+/// The label in force on the current task (see the [module docs](self)),
+/// shared rather than copied: a backend that writes the holder into every
+/// acquire (Redis) builds its request from it.
+pub(crate) fn current_label() -> Arc<str> {
+    TASK_LABEL
+        .try_with(Arc::clone)
+        .ok()
+        .or_else(|| {
+            PROCESS_LABEL
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        })
+        .unwrap_or_else(|| Arc::clone(command_line()))
 }
 
 /// When a lock was granted, and whose clock said so.
@@ -228,7 +234,9 @@ impl<'a> GrantRecord<'a> {
 /// Only acquires made on the same task see it: a task spawned inside
 /// `future` does not inherit it.
 pub async fn with_label<F: Future>(label: impl Into<String>, future: F) -> F::Output {
-    TASK_LABEL.scope(truncate(label.into()), future).await
+    TASK_LABEL
+        .scope(truncate(label.into()).into(), future)
+        .await
 }
 
 /// Sets the holder label of every lock this process acquires outside a
@@ -236,14 +244,14 @@ pub async fn with_label<F: Future>(label: impl Into<String>, future: F) -> F::Ou
 pub fn set_process_label(label: impl Into<String>) {
     *PROCESS_LABEL
         .write()
-        .unwrap_or_else(PoisonError::into_inner) = Some(truncate(label.into()));
+        .unwrap_or_else(PoisonError::into_inner) = Some(truncate(label.into()).into());
 }
 
 tokio::task_local! {
-    static TASK_LABEL: String;
+    static TASK_LABEL: Arc<str>;
 }
 
-static PROCESS_LABEL: RwLock<Option<String>> = RwLock::new(None);
+static PROCESS_LABEL: RwLock<Option<Arc<str>>> = RwLock::new(None);
 
 /// This host's name, read once; empty if it cannot be read.
 pub(crate) fn host_name() -> &'static str {
@@ -263,13 +271,13 @@ pub(crate) fn host_name() -> &'static str {
 
 /// The process's command line, space-separated and cut to
 /// [`MAX_LABEL_LEN`], read once.
-fn command_line() -> &'static str {
-    static LINE: OnceLock<String> = OnceLock::new();
+fn command_line() -> &'static Arc<str> {
+    static LINE: OnceLock<Arc<str>> = OnceLock::new();
     LINE.get_or_init(|| {
         let words: Vec<String> = std::env::args_os()
             .map(|arg| arg.to_string_lossy().into_owned())
             .collect();
-        truncate(words.join(" "))
+        truncate(words.join(" ")).into()
     })
 }
 

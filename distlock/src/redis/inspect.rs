@@ -217,15 +217,27 @@ fn decode_record(ttl_ms: &str, granted_ms: &str, holder: &str, fence: &str) -> O
     })
 }
 
-/// The lock key's value for a grant to `owner` for `ttl_ms` that records
-/// `holder`: `owner \n ttl_ms \n \n pid \n host \n label`, the grant time
-/// left empty for the server to fill in (see `scripts.rs`,
-/// `lock_value_lua`; the label last, so it may contain line breaks).
-pub(super) fn recorded_value(owner: &str, ttl_ms: u64, holder: &Holder) -> String {
-    format!(
-        "{owner}\n{ttl_ms}\n\n{}\n{}\n{}",
-        holder.pid, holder.host, holder.label
-    )
+/// The lock key's value for a grant to `owner` for `ttl` that records its
+/// holder (`pid`, `host`, `label`): `owner \n ttl_ms \n \n pid \n host \n
+/// label`, the grant time left empty for the server to fill in (see
+/// `scripts.rs`, `lock_value_lua`; the label last, so it may contain line
+/// breaks). Built into one allocation: it is made for every acquire.
+pub(super) fn recorded_value(
+    owner: &str,
+    ttl: Duration,
+    pid: u32,
+    host: &str,
+    label: &str,
+) -> String {
+    use std::fmt::Write as _;
+    // 20 digits for the ttl, 10 for the pid, 5 line breaks.
+    let mut value = String::with_capacity(owner.len() + host.len() + label.len() + 35);
+    // Writing to a String cannot fail.
+    let _ = write!(value, "{owner}\n{}\n\n{pid}\n", super::ttl_millis(ttl));
+    value.push_str(host);
+    value.push('\n');
+    value.push_str(label);
+    value
 }
 
 #[cfg(test)]
@@ -243,7 +255,13 @@ mod tests {
             pid: 4242,
             label: "nightly\nbackup".into(),
         };
-        let value = recorded_value("token", 30_000, &holder);
+        let value = recorded_value(
+            "token",
+            Duration::from_secs(30),
+            holder.pid,
+            &holder.host,
+            &holder.label,
+        );
         assert_eq!(value, "token\n30000\n\n4242\nweb-1\nnightly\nbackup");
         let reply = vec![
             Value::Int(29_500),

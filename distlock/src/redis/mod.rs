@@ -340,7 +340,7 @@ use scripts::{
     RELEASE_SCRIPT,
 };
 
-use crate::inspect::{ForceRelease, HeldLock, Holder};
+use crate::inspect::{current_label, host_name, ForceRelease, HeldLock, Holder};
 
 const BACKEND: &str = "redis";
 
@@ -741,10 +741,13 @@ impl RedisLocker {
         };
         let owner = pending.owner();
         // Read on the caller's task, before anything is sent: its label scope.
-        let holder = self.inner.record_holder.then(Holder::current);
-        let holder = holder.as_ref();
+        let value = self.inner.record_holder.then(|| {
+            let label = current_label();
+            inspect::recorded_value(owner, ttl, std::process::id(), host_name(), &label)
+        });
+        let value = value.as_deref();
         let mut sent_at = Instant::now();
-        let mut granted = self.run_acquire_script(key, owner, ttl, holder).await;
+        let mut granted = self.run_acquire_script(key, owner, ttl, value).await;
         let mut retried = false;
         if let Err(err) = &granted {
             // The connection was found broken (a restart, a failover or a
@@ -756,7 +759,7 @@ impl RedisLocker {
             if err.is_connection_dropped() && !err.is_connection_refusal() {
                 retried = true;
                 sent_at = Instant::now();
-                granted = self.run_acquire_script(key, owner, ttl, holder).await;
+                granted = self.run_acquire_script(key, owner, ttl, value).await;
             }
         }
         let fencing_token = match granted {
@@ -816,8 +819,13 @@ impl RedisLocker {
         ttl: Duration,
         holder: Option<&Holder>,
     ) -> Result<bool> {
-        let holder = holder.filter(|_| self.inner.record_holder);
-        match self.run_acquire_script(key, owner, ttl, holder).await {
+        let value = holder
+            .filter(|_| self.inner.record_holder)
+            .map(|h| inspect::recorded_value(owner, ttl, h.pid, &h.host, &h.label));
+        match self
+            .run_acquire_script(key, owner, ttl, value.as_deref())
+            .await
+        {
             Ok(fence) => Ok(fence != 0),
             Err(err) => {
                 let unknown = errors::outcome(&err) == Outcome::Unknown;
@@ -892,22 +900,23 @@ impl RedisLocker {
         Err((error, released))
     }
 
-    /// The acquire script, recording `holder` with a new grant if given.
+    /// The acquire script, writing `value` (the owner token and its holder
+    /// record, see [`inspect::recorded_value`]) into the lock if given, else
+    /// the bare token.
     async fn run_acquire_script(
         &self,
         key: &str,
         owner: &str,
         ttl: Duration,
-        holder: Option<&Holder>,
+        value: Option<&str>,
     ) -> redis::RedisResult<u64> {
-        let ttl_ms = ttl_millis(ttl);
         let mut invocation = ACQUIRE_SCRIPT.key(self.inner.keys.lock_key(key));
         invocation
             .key(self.inner.keys.fence_key(key))
             .arg(owner)
-            .arg(ttl_ms);
-        if let Some(holder) = holder {
-            invocation.arg(inspect::recorded_value(owner, ttl_ms, holder));
+            .arg(ttl_millis(ttl));
+        if let Some(value) = value {
+            invocation.arg(value);
         }
         invocation.invoke_async(&mut self.connection()).await
     }

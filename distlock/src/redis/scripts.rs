@@ -42,17 +42,22 @@ use redis::Script;
 /// - `rearm(lock, value, owner, ttl)`: extends `lock`, whose value `value`
 ///   `owner` holds, to `ttl` milliseconds; a record keeps its grant time and
 ///   takes the new ttl. 1 (the ttl was set).
+///
+/// The hot paths (a grant, a release) run none of these: every run of a
+/// script executes its top-level `local function` statements, each making
+/// a closure, so the acquire script defines them after its fast path, and
+/// the release script tests ownership with the `owns_lua` expression.
 macro_rules! lock_value_lua {
     () => {
-        r"
+        concat!(
+            r"
 local function owns(value, owner)
-    if value == owner then
-        return true
-    end
-    local n = #owner
-    return value and string.byte(value, n + 1) == 10 and string.sub(value, 1, n) == owner
+    return ",
+            owns_lua!("value", "owner"),
+            r"
 end
-
+",
+            r"
 local function granted_millis(lock, ttl)
     local now = redis.call('TIME')
     local expires = now[1] * 1000 + math.floor(now[2] / 1000) + redis.call('PTTL', lock)
@@ -82,6 +87,36 @@ local function rearm(lock, value, owner, ttl)
     return 1
 end
 "
+        )
+    };
+}
+
+/// A Lua expression: whether the variable `$value` (a `GET` reply, `false`
+/// when the key is absent) holds the owner token in the variable `$owner`,
+/// alone or followed by a holder record (see `lock_value_lua`). Interned
+/// strings compare by pointer, so the bare token costs one comparison;
+/// `string.sub` of the token's length finds the interned `$owner` itself.
+macro_rules! owns_lua {
+    ($value:literal, $owner:literal) => {
+        concat!(
+            "(",
+            $value,
+            " == ",
+            $owner,
+            " or (",
+            $value,
+            " and string.byte(",
+            $value,
+            ", #",
+            $owner,
+            " + 1) == 10 and string.sub(",
+            $value,
+            ", 1, #",
+            $owner,
+            ") == ",
+            $owner,
+            "))"
+        )
     };
 }
 
@@ -135,11 +170,13 @@ end
 /// while nobody else holds the lock. (A counter deleted by a foreign client
 /// is started again by `INCR`.)
 const ACQUIRE: &str = concat!(
-    lock_value_lua!(),
     r"
 if redis.call('SET', KEYS[1], ARGV[3] or ARGV[1], 'NX', 'PX', ARGV[2]) then
     return redis.call('INCR', KEYS[2])
 end
+",
+    lock_value_lua!(),
+    r"
 local value = redis.call('GET', KEYS[1])
 if owns(value, ARGV[1]) then
     rearm(KEYS[1], value, ARGV[1], ARGV[2])
@@ -167,9 +204,11 @@ return 0
 /// without `SPUBLISH`) can still release; its waiters then find the release
 /// by polling.
 const RELEASE: &str = concat!(
-    lock_value_lua!(),
     r"
-if owns(redis.call('GET', KEYS[1]), ARGV[1]) then
+local value = redis.call('GET', KEYS[1])
+if ",
+    owns_lua!("value", "ARGV[1]"),
+    r" then
     redis.call('DEL', KEYS[1])
     redis.pcall(ARGV[3], ARGV[2], 'released')
     return 1
