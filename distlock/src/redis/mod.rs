@@ -170,10 +170,12 @@
 //! then the bare owner token. Release and refresh compare the token with
 //! the value's first line, so tools that expect the value to be exactly the
 //! token (a `GET` in a script of yours) must take its first line. Cost: the
-//! server ran about 59.4k instructions per acquire+release with the record,
-//! 53.8k without (`callgrind` on `redis-server` 7.0; a record in a key of
-//! its own cost 76.3k); the throughput bench's `holder=false` column
-//! measures it on your machine.
+//! server ran 73.1k instructions per acquire+release cycle with the record
+//! and 65.1k without (`callgrind` on `redis-server` 7.0 under `distlock
+//! bench`; the bytes of the record, through the parser, Lua and the `SET`),
+//! which where many concurrent callers keep the server busy costs cycles/s
+//! in about that proportion; `distlock bench` with and without
+//! `?holder=false` measures it on your machine.
 //!
 //! - [`Locker::inspect`] is one read-only script: the lock key (present:
 //!   held), its `PTTL` (`ttl_left`) and the record in its value. It
