@@ -429,6 +429,28 @@ fn unescape(raw: &str) -> Option<String> {
     Some(out)
 }
 
+/// Refuses every [`ForceRelease`] but [`ForceRelease::Lock`] on a backend
+/// whose locks belong to no server session (Redis, Redlock, memory):
+/// `lock_is` says what such a lock is instead ("a key", ...), for the
+/// error.
+pub(crate) fn require_lock_release(
+    backend: &'static str,
+    how: ForceRelease,
+    lock_is: &str,
+) -> crate::Result<()> {
+    if how == ForceRelease::Lock {
+        return Ok(());
+    }
+    Err(crate::Error::Unsupported {
+        backend,
+        operation: "force_release",
+        reason: format!(
+            "{how:?}: a {backend} lock is {lock_is}, not a session; use ForceRelease::Lock \
+             (`distlock release --force` without --terminate-session)"
+        ),
+    })
+}
+
 /// Logs a forced release at `warn`, naming who forced it (this process) and
 /// whom it evicted. Every backend's `force_release` calls it once the lock
 /// is gone, so no forced release goes unrecorded.

@@ -270,13 +270,7 @@ impl Locker for MemoryLocker {
     /// [`ForceRelease::Lock`] only: there is no session to end.
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        if how != ForceRelease::Lock {
-            return Err(Error::Unsupported {
-                backend: "memory",
-                operation: "force_release",
-                reason: format!("{how:?}: there is no session to end; use ForceRelease::Lock"),
-            });
-        }
+        crate::inspect::require_lock_release("memory", how, "an entry in this process")?;
         let now = Instant::now();
         let evicted = {
             let mut table = self.table();

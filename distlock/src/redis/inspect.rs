@@ -116,16 +116,7 @@ impl RedisLocker {
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        if how != ForceRelease::Lock {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
-                    "{how:?}: a Redis lock is a key, not a session; use ForceRelease::Lock \
-                     (`distlock release --force` without --terminate-session)"
-                ),
-            });
-        }
+        inspect::require_lock_release(BACKEND, how, "a key")?;
         let evicted = self.delete_lock(key).await?.map(|view| view.held);
         if evicted.is_some() {
             inspect::log_forced_release(BACKEND, key, how, evicted.as_ref());

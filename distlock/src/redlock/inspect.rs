@@ -111,16 +111,7 @@ impl RedlockLocker {
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        if how != ForceRelease::Lock {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
-                    "{how:?}: a Redlock lock is a key on each node, not a session; use \
-                     ForceRelease::Lock (`distlock release --force` without --terminate-session)"
-                ),
-            });
-        }
+        inspect::require_lock_release(BACKEND, how, "a key on each node")?;
         let bound = self.inner.node_timeout;
         let answers = futures_util::future::join_all(
             self.inner
