@@ -53,10 +53,10 @@ fi
 target_dir=${CARGO_TARGET_DIR:-target}
 mkdir -p "$target_dir"
 free_kb=$(df -Pk "$target_dir" | awk 'NR == 2 { print $4 }')
-needed_kb=$((3 * 1024 * 1024))
+needed_kb=$((5 * 1024 * 1024 / 2))
 if [ "$free_kb" -lt "$needed_kb" ]; then
   echo "scripts/test.sh: only $((free_kb / 1024)) MiB free on the filesystem of $target_dir;" \
-    "the test build needs about 3 GiB (free space, or point CARGO_TARGET_DIR elsewhere)" >&2
+    "the test build needs about 2.5 GiB (free space, or point CARGO_TARGET_DIR elsewhere)" >&2
   exit 1
 fi
 # One build, run once: incremental caches would only take disk.
