@@ -5,8 +5,8 @@
 //! it signals loss instead of letting the holder work on without the lock, and
 //! `max_hold` bounds it so a hung holder cannot keep a lock forever.
 //!
-//! One scheduler task per locker renews all of that locker's kept-alive
-//! leases: a timer queue ordered by when each lease is next due, and the
+//! One scheduler task per locker (and per runtime, where one locker is
+//! shared by several) renews all of that locker's kept-alive leases: a timer queue ordered by when each lease is next due, and the
 //! refreshes that fall due together sent as one
 //! [`Locker::refresh_many`] batch, which backends turn into one round trip
 //! (Redis: one script per Cluster slot; Postgres: one statement per
@@ -154,8 +154,8 @@ impl Drop for Registration {
 }
 
 impl Registration {
-    /// Starts renewing `entry` on `locker`'s scheduler (started on the
-    /// current runtime if it has none running).
+    /// Starts renewing `entry` on `locker`'s scheduler for `runtime`
+    /// (started there if none runs).
     pub(super) fn start(
         locker: &Arc<dyn Locker>,
         entry: Entry,
@@ -199,21 +199,28 @@ struct Scheduler {
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// The running schedulers, by the address of the locker they renew through.
-/// The task holds that `Arc`, so the address cannot be reused by another
-/// locker while its scheduler runs; a handle whose task ended (its runtime
-/// shut down) is replaced.
+/// The running schedulers, by the address of the locker they renew through
+/// and the runtime they run on. The task holds that `Arc`, so the address
+/// cannot be reused by another locker while its scheduler runs; a handle
+/// whose task ended (its runtime shut down) is replaced.
+///
+/// One per runtime, not one per locker: a scheduler's task ends with its
+/// runtime, and with it every lease it renews, so a locker shared by two
+/// runtimes must not have the leases of one renewed by the other's (they
+/// would stop, unrenewed and never checked for max hold, when the other
+/// runtime ends or merely stops being driven, as an idle current-thread
+/// runtime is).
 static SCHEDULERS: LazyLock<Mutex<Schedulers>> = LazyLock::new(Mutex::default);
 
 #[derive(Default)]
 struct Schedulers {
-    by_locker: HashMap<usize, Weak<Scheduler>>,
+    by_locker: HashMap<(usize, tokio::runtime::Id), Weak<Scheduler>>,
     prune_at: usize,
 }
 
 impl Scheduler {
     fn of(locker: &Arc<dyn Locker>, runtime: &tokio::runtime::Handle) -> Arc<Scheduler> {
-        let address = Arc::as_ptr(locker).cast::<()>() as usize;
+        let address = (Arc::as_ptr(locker).cast::<()>() as usize, runtime.id());
         let mut schedulers = SCHEDULERS.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(running) = schedulers.by_locker.get(&address).and_then(Weak::upgrade) {
             if !running.commands.is_closed() {
@@ -583,6 +590,47 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     const TTL: Duration = Duration::from_secs(3);
+
+    /// A locker shared by two runtimes: the scheduler the first one started
+    /// dies with it, and must not take the second one's leases along.
+    #[test]
+    fn a_lease_keeps_its_keepalive_when_another_runtime_ends() {
+        let locker = crate::memory::MemoryLocker::new();
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let second = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let mut started_first = first.block_on(async {
+            let mut lease = locker.try_lock("a", TTL).await.unwrap().unwrap();
+            lease.keep_alive(KeepAlive::default()).unwrap();
+            lease
+        });
+        let lease = second.block_on(async {
+            let mut lease = locker.try_lock("b", TTL).await.unwrap().unwrap();
+            let max_hold = Duration::from_millis(300);
+            lease
+                .keep_alive(KeepAlive::default().max_hold(max_hold))
+                .unwrap();
+            lease
+        });
+        started_first.stop_keepalive();
+        drop(first);
+        let reason = second.block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), lease.lost_signal().wait()).await
+        });
+        assert_eq!(
+            reason,
+            Ok(LostReason::MaxHoldExceeded),
+            "the second runtime's lease is still watched after the first runtime ended"
+        );
+        drop(started_first);
+        drop(lease);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn transient_refresh_failures_are_retried_before_expiry() {
