@@ -251,6 +251,34 @@ where
         taken
     }
 
+    /// Ends `owner`'s hold of `key` whose release has not reached the
+    /// server yet, and keeps the key reserved as an abandoned attempt's is
+    /// ([`Busy::CleaningUp`]) until the returned ticket is
+    /// [released](Self::release), once the release retried in the
+    /// background is done. Until then another attempt through this locker
+    /// is told the truth, that nobody knows whether the key is free, rather
+    /// than "contention" read from this stale hold. `None` if `owner` does
+    /// not hold `key` here; the ticket is `None` if an attempt of the key
+    /// is already in flight (its own outcome then decides).
+    pub(crate) fn release_pending(
+        &self,
+        key: K,
+        owner: &str,
+    ) -> Option<(Held<S>, Option<Ticket<K>>)> {
+        let mut entries = self.entries();
+        let entry = entries.get_mut(&key)?;
+        if entry.held.as_ref().is_none_or(|held| held.owner != owner) {
+            return None;
+        }
+        let held = entry.held.take()?;
+        if entry.attempt.is_some() {
+            return Some((held, None));
+        }
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        entry.attempt = Some((id, Reservation::CleaningUp));
+        Some((held, Some(Ticket { key, id })))
+    }
+
     /// The session holding `key` for `owner`, if this locker holds it.
     pub(crate) fn session_of(&self, key: &K, owner: &str) -> Option<Arc<S>> {
         let entries = self.entries();

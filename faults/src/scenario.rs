@@ -738,12 +738,15 @@ impl<'a> Run<'a> {
             Fault::LeaderKill => self.deployment.kill_leader().map(|()| None),
             Fault::None => Ok(None),
             Fault::MajorityLoss => {
-                let pause = self.profile.pause();
-                self.down_while(|deployment| {
-                    deployment.lose_majority()?;
-                    std::thread::sleep(pause);
-                    deployment.regain_majority()
-                })
+                // Known down from the moment the kills are done to the moment
+                // the first member is started again: before, the cluster
+                // still answers; after, it may have its majority back and a
+                // "held" answer may be true.
+                self.deployment.lose_majority()?;
+                let from = now_ns();
+                std::thread::sleep(self.profile.pause());
+                self.down.push((from, now_ns()));
+                self.deployment.regain_majority().map(|()| None)
             }
         }
     }

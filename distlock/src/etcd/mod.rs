@@ -105,6 +105,13 @@
 //!   fails too, in the background until it succeeds or the session ends,
 //!   so no orphan outlives the lease. Meanwhile this locker reports the key
 //!   as being cleaned up ([`Error::Backend`]), not as free or contended.
+//! - **A release that fails** (etcd unreachable, no quorum) is retried in
+//!   the background until etcd answers or the session ends; the lease
+//!   reports the error. Until the retry lands, this locker answers an
+//!   attempt on the key as it does during an unknown acquire's cleanup
+//!   ([`Error::Backend`], an outage): the key is still held under its own
+//!   session, but reading that as contention would be an outage reported
+//!   as "held elsewhere".
 //! - **Two leases of one locker.** One lease per ttl class means two
 //!   grants of one key by one locker would write the same key
 //!   `<name>/<lease>`. The locker excludes them itself (as the Postgres
@@ -186,10 +193,10 @@
 //!   `etcdctl del`) only at its next refresh ([`crate::Lease::keep_alive`]
 //!   refreshes about every ttl/3).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -257,8 +264,6 @@ struct Inner {
     /// Woken whenever this locker frees a name locally (a release, an
     /// attempt's end, a lost session), for its own waiters.
     freed: Arc<Notify>,
-    /// Owner tokens whose release is being retried in the background.
-    retrying: Mutex<HashSet<String>>,
     /// Grants write their holder record into their key's value.
     holder_record: bool,
 }
@@ -350,7 +355,6 @@ impl EtcdLocker {
                 sessions: tokio::sync::Mutex::default(),
                 registry: Arc::new(Registry::new(BACKEND)),
                 freed: Arc::new(Notify::new()),
-                retrying: Mutex::default(),
                 holder_record: config.holder_record,
             }),
         })
@@ -887,7 +891,7 @@ fn cleaning_up(key: &str) -> Error {
     errors::plain(
         "acquire",
         format!(
-            "an abandoned attempt on {key:?} is still being cleaned up; whether it is free is unknown until then"
+            "this locker's abandoned attempt or failed release of {key:?} has not reached etcd yet (it is retried in the background); whether the key is free is unknown until it does"
         ),
     )
 }
@@ -1120,9 +1124,7 @@ impl Locker for EtcdLocker {
             Err(error) => {
                 // Held here: keep deleting in the background, so a lock
                 // whose session stays alive is not kept for ever.
-                if let Some(session) = self.inner.registry.session_of(&name, owner) {
-                    self.retry_release(name, contender, owner.to_owned(), token, session);
-                }
+                self.retry_release(name, contender, owner, token);
                 Err(error)
             }
         }
@@ -1251,46 +1253,40 @@ impl Locker for EtcdLocker {
 }
 
 impl EtcdLocker {
-    /// Retries the release of a lock this locker holds, in the background,
-    /// until etcd answers or the session ends; then forgets it locally.
-    fn retry_release(
-        &self,
-        name: String,
-        contender: String,
-        owner: String,
-        token: Token,
-        session: Arc<Session>,
-    ) {
-        {
-            let mut retrying = self
-                .inner
-                .retrying
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if !retrying.insert(owner.clone()) {
-                return;
-            }
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    /// Retries the release of a lock whose release failed, in the
+    /// background, until etcd answers or the session ends. Meanwhile the
+    /// key is reserved as being cleaned up
+    /// ([`Registry::release_pending`]), so this locker answers an attempt
+    /// on it with an error (is it free? nobody knows) rather than
+    /// contention. Nothing if `owner` no longer holds it here: the release
+    /// is already retried, or the session was lost.
+    fn retry_release(&self, name: String, contender: String, owner: &str, token: Token) {
+        let Some((held, ticket)) = self.inner.registry.release_pending(name, owner) else {
             return;
         };
         let inner = self.inner.clone();
+        let end = move |inner: &Inner| {
+            if let Some(ticket) = ticket {
+                inner.registry.release(ticket);
+            }
+            inner.freed.notify_waiters();
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(component = "distlock", backend = BACKEND, key = contender,
+                "an etcd lock key whose release failed cannot be retried without a runtime; it lives until the session lease ends");
+            end(&inner);
+            return;
+        };
         runtime.spawn(async move {
             delete_until_done(
                 &inner,
                 &contender,
                 Some(token.revision),
                 &token.secret,
-                &session,
+                &held.session,
             )
             .await;
-            inner.registry.take(&name, &owner);
-            inner
-                .retrying
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&owner);
-            inner.freed.notify_waiters();
+            end(&inner);
         });
     }
 }

@@ -79,6 +79,50 @@ async fn a_dead_server_loses_the_lock_before_its_lease_could_expire() {
     lease.release().await.unwrap();
 }
 
+/// A release that cannot reach the server leaves the key held under a
+/// session that is still alive as far as this locker knows; the release
+/// goes on in the background. Asking for the key again meanwhile must be an
+/// outage, as it is for any other client: "held elsewhere" would be this
+/// locker's own stale hold read as somebody else's (found by the fault
+/// suite's etcd-cluster majority-loss cell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_release_is_pending_is_an_outage_not_contention() {
+    let mut server = EtcdServer::start();
+    let locker = EtcdLocker::from_url(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let lease = locker.try_lock("k", ttl).await.unwrap().unwrap();
+    server.kill();
+    let err = lease.release().await.unwrap_err();
+    assert!(err.is_outage(), "the release cannot reach etcd: {err}");
+    let err = locker.try_lock("k", ttl).await.unwrap_err();
+    assert!(
+        err.is_outage() && !err.is_contention(),
+        "try_lock while the release is pending: {err}"
+    );
+    let err = locker
+        .lock("k", ttl, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_outage() && !err.is_contention(),
+        "lock while the release is pending: {err}"
+    );
+    server.restart();
+    // The background release reaches the restarted server: the key is free
+    // well before the lease's ttl.
+    let restarted = Instant::now();
+    let again = locker
+        .lock("k", ttl, Duration::from_secs(8))
+        .await
+        .expect("free once the pending release lands");
+    assert!(
+        restarted.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        restarted.elapsed()
+    );
+    again.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_revokes_the_sessions_and_frees_their_locks_at_once() {
     let server = EtcdServer::start();
