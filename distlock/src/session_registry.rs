@@ -260,6 +260,7 @@ where
     /// than "contention" read from this stale hold. `None` if `owner` does
     /// not hold `key` here; the ticket is `None` if an attempt of the key
     /// is already in flight (its own outcome then decides).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn release_pending(
         &self,
         key: K,

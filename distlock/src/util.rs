@@ -28,12 +28,14 @@ pub(crate) fn sha256_hex128(data: &[u8]) -> String {
 /// order across the whole `i64` range. Redis compares marks in Lua, whose
 /// numbers are doubles (they cannot tell 2^53 from 2^53 + 1), and etcd
 /// compares values as bytes: both compare this encoding exactly.
+#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
 pub(crate) fn encode_mark(value: i64) -> String {
     // Flipping the sign bit maps i64 order onto u64 order.
     format!("{:020}", (value as u64) ^ (1 << 63))
 }
 
 /// The inverse of [`encode_mark`]; `None` for anything it did not write.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) fn decode_mark(stored: &str) -> Option<i64> {
     if stored.len() != 20 || !stored.bytes().all(|b| b.is_ascii_digit()) {
         return None;

@@ -342,7 +342,7 @@ use scripts::{
     RELEASE_SCRIPT,
 };
 
-use crate::inspect::{current_label, host_name, ForceRelease, HeldLock, Holder};
+use crate::inspect::{current_label, host_name, ForceRelease, HeldLock};
 
 const BACKEND: &str = "redis";
 
@@ -819,7 +819,7 @@ impl RedisLocker {
         key: &str,
         owner: &str,
         ttl: Duration,
-        holder: Option<&Holder>,
+        holder: Option<&crate::inspect::Holder>,
     ) -> Result<bool> {
         let value = holder
             .filter(|_| self.inner.record_holder)
