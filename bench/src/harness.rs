@@ -42,6 +42,9 @@ pub enum Role {
     Floor,
     Distlock,
     Peer,
+    /// distlock with one option changed, to measure what the option costs
+    /// (distlock's ratio to it is that cost).
+    Variant,
 }
 
 pub enum Job {

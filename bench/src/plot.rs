@@ -25,8 +25,10 @@ fn color(index: usize, role: Role) -> RGBColor {
         RGBColor(60, 60, 60),
     ];
     const OURS: [RGBColor; 2] = [RGBColor(214, 39, 40), RGBColor(255, 127, 14)];
+    const VARIANTS: [RGBColor; 2] = [RGBColor(247, 129, 191), RGBColor(188, 189, 34)];
     match role {
         Role::Distlock => OURS[index % OURS.len()],
+        Role::Variant => VARIANTS[index % VARIANTS.len()],
         Role::Floor => FLOORS[index % FLOORS.len()],
         Role::Peer => PEERS[index % PEERS.len()],
     }
@@ -59,15 +61,17 @@ fn backends(results: &Results, workload: Workload) -> Vec<String> {
     seen
 }
 
-/// Colours: distlock red/orange, floors grey, peers blue/green/purple.
+/// Colours: distlock red/orange, floors grey, peers blue/green/purple,
+/// variants pink/olive.
 fn colours(list: &[(String, Role)]) -> Vec<RGBColor> {
-    let mut counts = [0usize; 3];
+    let mut counts = [0usize; 4];
     list.iter()
         .map(|(_, role)| {
             let slot = match role {
                 Role::Distlock => 0,
                 Role::Floor => 1,
                 Role::Peer => 2,
+                Role::Variant => 3,
             };
             counts[slot] += 1;
             color(counts[slot] - 1, *role)

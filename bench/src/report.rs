@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::harness::{GroupResult, Measurement, Role, Round, Workload};
+use crate::harness::{ContenderInfo, GroupResult, Measurement, Role, Round, Workload};
 use crate::Results;
 
 /// Where the generated section starts and ends in BENCHMARKS.md; the text
@@ -122,11 +122,17 @@ fn p999(m: &Measurement) -> f64 {
     m.latency.p999_us
 }
 
+/// The distlock contender a variant named `"<distlock>, <option>"` varies.
+fn variant_of(name: &str) -> Option<&str> {
+    name.rsplit_once(", ").map(|(of, _)| of)
+}
+
 fn role(role: Role) -> &'static str {
     match role {
         Role::Floor => "floor",
         Role::Distlock => "**distlock**",
         Role::Peer => "peer",
+        Role::Variant => "variant",
     }
 }
 
@@ -243,7 +249,13 @@ pub fn section(results: &Results, plots: &str) -> String {
         let _ = writeln!(md, "| ---: | --- | ---: | ---: |");
         for group in &groups {
             for ours in group.contenders.iter().filter(|c| c.role == Role::Distlock) {
-                for theirs in group.contenders.iter().filter(|c| c.role != Role::Distlock) {
+                // A variant is compared with the distlock it varies only.
+                let compared = |c: &&ContenderInfo| match c.role {
+                    Role::Distlock => false,
+                    Role::Variant => variant_of(&c.name) == Some(ours.name.as_str()),
+                    Role::Floor | Role::Peer => true,
+                };
+                for theirs in group.contenders.iter().filter(compared) {
                     if let Some(r) = ratio(group, &ours.name, &theirs.name) {
                         let _ = writeln!(
                             md,

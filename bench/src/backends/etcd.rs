@@ -10,7 +10,7 @@ use etcd_client::{
 };
 use test_servers::EtcdServer;
 
-use super::{distlock_cycle, distlock_handoff, err};
+use super::{distlock_cycle, distlock_handoff, err, holder_record_off};
 use crate::harness::{cycle, handoff, release, Contender, Group, Role, Workload};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -18,6 +18,7 @@ const TTL: Duration = Duration::from_secs(30);
 pub struct Etcd {
     server: EtcdServer,
     locker: EtcdLocker,
+    unrecorded: EtcdLocker,
     client: etcd_client::Client,
     /// One lease for every raw and RPC cycle, as the locker has one per ttl
     /// class; 60 s outlives every measurement, so no keep-alive is sent.
@@ -30,12 +31,16 @@ impl Etcd {
         let locker = EtcdLocker::from_url(&server.url())
             .await
             .expect("connect distlock");
+        let unrecorded = EtcdLocker::from_url(&format!("{}?holder=false", server.url()))
+            .await
+            .expect("connect distlock");
         let client = etcd_client::Client::connect([format!("http://{}", server.endpoint())], None)
             .await
             .expect("connect etcd-client");
         Etcd {
             server,
             locker,
+            unrecorded,
             client,
             lease: 0,
         }
@@ -114,6 +119,7 @@ impl Etcd {
             "try_lock + release",
             cycle(move |task| distlock_cycle(locker.clone(), format!("distlock-{task}"), TTL)),
         ));
+        contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL));
 
         let client = self.client.clone();
         contenders.push(Contender::cycle(

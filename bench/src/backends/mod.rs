@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use distlock::Locker;
 
-use crate::harness::{release, Release};
+use crate::harness::{cycle, release, Contender, Release, Role};
 
 /// An error as the harness reports it.
 pub fn err(error: impl std::fmt::Display) -> String {
@@ -25,6 +25,19 @@ pub async fn distlock_cycle(locker: impl Locker, key: String, ttl: Duration) -> 
         .map_err(err)?
         .ok_or("own key held")?;
     lease.release().await.map_err(err)
+}
+
+/// distlock's uncontended cycle on `locker`, opened with `holder=false`:
+/// beside the same cycle with the record, what recording the holder (host,
+/// pid, label, grant time) in every acquire costs. `name` says which
+/// distlock it is a variant of.
+pub fn holder_record_off(name: &str, locker: impl Locker + Clone, ttl: Duration) -> Contender {
+    Contender::cycle(
+        &format!("{name}, holder=false"),
+        Role::Variant,
+        "the same cycle with the holder record turned off",
+        cycle(move |client| distlock_cycle(locker.clone(), format!("unrecorded-{client}"), ttl)),
+    )
 }
 
 /// distlock's contended step: `lock` (waiting) for the shared key.

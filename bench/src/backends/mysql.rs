@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 use test_servers::MariaDbServer;
 use tokio::sync::Mutex;
 
-use super::{distlock_cycle, distlock_handoff, err};
+use super::{distlock_cycle, distlock_handoff, err, holder_record_off};
 use crate::harness::{cycle, handoff, release, Contender, Group, Role, Workload};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -18,6 +18,7 @@ pub struct Mysql {
     server: MariaDbServer,
     fencing_on: MysqlLocker,
     fencing_off: MysqlLocker,
+    unrecorded: MysqlLocker,
 }
 
 impl Mysql {
@@ -29,10 +30,14 @@ impl Mysql {
         let fencing_off = MysqlLocker::from_url(&format!("{}&fencing=off", server.url()))
             .await
             .expect("connect distlock");
+        let unrecorded = MysqlLocker::from_url(&format!("{}&holder=off", server.url()))
+            .await
+            .expect("connect distlock");
         Mysql {
             server,
             fencing_on,
             fencing_off,
+            unrecorded,
         }
     }
 
@@ -108,6 +113,11 @@ impl Mysql {
                 }),
             ));
         }
+        contenders.push(holder_record_off(
+            "distlock fencing on",
+            self.unrecorded.clone(),
+            TTL,
+        ));
         Group {
             backend: "mysql",
             workload: Workload::Uncontended,

@@ -10,7 +10,7 @@ use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
 use sqlx::Either;
 use test_servers::{PostgresOptions, PostgresServer};
 
-use super::{distlock_cycle, distlock_handoff, err};
+use super::{distlock_cycle, distlock_handoff, err, holder_record_off};
 use crate::harness::{cycle, handoff, release, Contender, Group, Role, Workload};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -19,6 +19,7 @@ pub struct Postgres {
     server: PostgresServer,
     fencing_on: PostgresLocker,
     fencing_off: PostgresLocker,
+    unrecorded: PostgresLocker,
 }
 
 /// One raw connection with the statements of a cycle prepared.
@@ -43,10 +44,14 @@ impl Postgres {
         let fencing_off = PostgresLocker::from_url(&format!("{}&fencing=off", server.url()))
             .await
             .expect("connect distlock");
+        let unrecorded = PostgresLocker::from_url(&format!("{}&holder=off", server.url()))
+            .await
+            .expect("connect distlock");
         Postgres {
             server,
             fencing_on,
             fencing_off,
+            unrecorded,
         }
     }
 
@@ -149,6 +154,11 @@ impl Postgres {
                 }),
             ));
         }
+        contenders.push(holder_record_off(
+            "distlock fencing on",
+            self.unrecorded.clone(),
+            TTL,
+        ));
 
         let pool = self.sqlx_pool(clients).await;
         let locks: Arc<Vec<PgAdvisoryLock>> = Arc::new(

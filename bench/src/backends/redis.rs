@@ -8,7 +8,7 @@ use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
 use redis::aio::ConnectionManager;
 use test_servers::RedisServer;
 
-use super::{distlock_cycle, distlock_handoff, err};
+use super::{distlock_cycle, distlock_handoff, err, holder_record_off};
 use crate::harness::{cycle, handoff, release, Contender, Group, Role, Workload};
 
 /// Long enough that no cycle ever meets an expiry.
@@ -35,6 +35,7 @@ pub struct Redis {
     server: RedisServer,
     raw: ConnectionManager,
     locker: RedisLocker,
+    unrecorded: RedisLocker,
     rslock: rslock::LockManager,
     peer: distributed_lock_redis::RedisLockProvider,
 }
@@ -47,6 +48,9 @@ impl Redis {
             .await
             .expect("connect the raw client");
         let locker = RedisLocker::from_url(&url).await.expect("connect distlock");
+        let unrecorded = RedisLocker::from_url(&format!("{url}?holder=false"))
+            .await
+            .expect("connect distlock");
         let rslock = rslock::LockManager::new(vec![url.clone()]);
         let peer = distributed_lock_redis::RedisLockProvider::builder()
             .url(url.clone())
@@ -59,6 +63,7 @@ impl Redis {
             server,
             raw,
             locker,
+            unrecorded,
             rslock,
             peer,
         }
@@ -146,6 +151,7 @@ impl Redis {
             "try_lock + release (fenced, owner-checked)",
             cycle(move |client| distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)),
         ));
+        contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL));
 
         let rslock = self.rslock.clone();
         contenders.push(Contender::cycle(
