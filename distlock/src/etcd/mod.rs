@@ -959,42 +959,59 @@ impl Drop for Attempt {
             return;
         };
         self.inner.registry.cleaning_up(ticket.clone());
-        let inner = self.inner.clone();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(component = "distlock", backend = BACKEND, key = written.key,
-                "an etcd lock key whose attempt was abandoned cannot be deleted without a runtime; it lives until the session lease ends");
-            inner.registry.release(ticket);
-            return;
-        };
-        runtime.spawn(async move {
-            delete_until_done(
-                &inner,
-                &written.key,
-                written.revision,
-                &written.secret,
-                &written.session,
-            )
-            .await;
-            inner.registry.release(ticket);
-            inner.freed.notify_waiters();
-        });
+        delete_in_background(
+            self.inner.clone(),
+            written,
+            Some(ticket),
+            "an abandoned attempt's",
+        );
     }
+}
+
+/// Deletes `written` if it is still ours, in the background
+/// ([`delete_until_done`]), then ends `ticket`'s reservation and wakes this
+/// locker's waiters. `whose` names the key in the log. Without a runtime
+/// nothing can retry the delete: the key lives until its session lease
+/// ends, and the reservation ends at once.
+fn delete_in_background(
+    inner: Arc<Inner>,
+    written: Written,
+    ticket: Option<Ticket<String>>,
+    whose: &'static str,
+) {
+    let end = move |inner: &Inner| {
+        if let Some(ticket) = ticket {
+            inner.registry.release(ticket);
+        }
+        inner.freed.notify_waiters();
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(component = "distlock", backend = BACKEND, key = written.key, whose,
+            "an etcd lock key cannot be deleted without a runtime; it lives until the session lease ends");
+        end(&inner);
+        return;
+    };
+    runtime.spawn(async move {
+        delete_until_done(&inner, &written).await;
+        end(&inner);
+    });
 }
 
 /// Deletes `key` if it is still ours, retrying with backoff until that is
 /// answered or the session ends (its lease takes the key with it).
-async fn delete_until_done(
-    inner: &Inner,
-    key: &str,
-    revision: Option<i64>,
-    secret: &str,
-    session: &Session,
-) {
+async fn delete_until_done(inner: &Inner, written: &Written) {
+    let Written {
+        key,
+        secret,
+        revision,
+        session,
+    } = written;
+    let key = key.as_str();
     let mut delay = FIRST_RETRY;
     loop {
         match inner
             .request("release", true, || {
-                recipe::delete_if_ours(inner.kv(), key, revision, secret)
+                recipe::delete_if_ours(inner.kv(), key, *revision, secret)
             })
             .await
         {
@@ -1264,30 +1281,13 @@ impl EtcdLocker {
         let Some((held, ticket)) = self.inner.registry.release_pending(name, owner) else {
             return;
         };
-        let inner = self.inner.clone();
-        let end = move |inner: &Inner| {
-            if let Some(ticket) = ticket {
-                inner.registry.release(ticket);
-            }
-            inner.freed.notify_waiters();
+        let written = Written {
+            key: contender,
+            secret: token.secret,
+            revision: Some(token.revision),
+            session: held.session,
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(component = "distlock", backend = BACKEND, key = contender,
-                "an etcd lock key whose release failed cannot be retried without a runtime; it lives until the session lease ends");
-            end(&inner);
-            return;
-        };
-        runtime.spawn(async move {
-            delete_until_done(
-                &inner,
-                &contender,
-                Some(token.revision),
-                &token.secret,
-                &held.session,
-            )
-            .await;
-            end(&inner);
-        });
+        delete_in_background(self.inner.clone(), written, ticket, "a failed release's");
     }
 }
 
