@@ -116,10 +116,9 @@ mod util;
 pub use breaker::{BreakerConfig, BreakerLocker, BreakerState};
 pub use deadline::DEADLINE_GRACE;
 pub use error::{BoxError, Error, Result};
-pub(crate) use lease::SharedLocker;
 pub use lease::{
     drift_margin, new_owner_token, KeepAlive, Lease, LeaseInfo, LeaseParts, LostNotifier,
-    LostReason, LostSignal, DEFAULT_RELEASE_TIMEOUT,
+    LostReason, LostSignal, SharedLocker, DEFAULT_RELEASE_TIMEOUT,
 };
 pub use metrics::{describe_metrics, MetricsLocker};
 pub use parse::{connect, SUPPORTED_SCHEMES};

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock::inspect::{ForceRelease, HeldLock};
-use distlock::{Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
+use distlock::{
+    Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result, SharedLocker,
+};
 
 /// Forwards everything to the inner locker and re-homes its leases here
 /// ([`Lease::rebind`]), so a lease's keepalive refreshes are counted.
@@ -15,6 +17,9 @@ use distlock::{Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Release
 pub(crate) struct CountingLocker {
     inner: Arc<dyn Locker>,
     counts: Arc<RefreshCounts>,
+    /// One `Arc` for every lease: the keepalive batches per `Arc`, and an
+    /// `Arc` per lease would measure a round trip per lease per refresh.
+    leases: SharedLocker,
 }
 
 /// Leases refreshed, how many of those refreshes failed, and in how many
@@ -34,6 +39,7 @@ impl CountingLocker {
         CountingLocker {
             inner,
             counts: Arc::default(),
+            leases: SharedLocker::default(),
         }
     }
 
@@ -42,7 +48,7 @@ impl CountingLocker {
     }
 
     fn rehome(&self, lease: Lease) -> Lease {
-        lease.rebind(Arc::new(self.clone()))
+        lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
     }
 }
 

@@ -127,10 +127,14 @@ fn hold_json_has_memory_connections_and_keepalive_traffic() {
     // At least two refreshes per lease (at 100ms and 200ms), whatever the load.
     assert!(number(run, "/refreshes") >= 80.0, "{run}");
     assert!(number(run, "/refreshes_per_s") > 0.0, "{run}");
+    // The 40 leases share one keepalive scheduler, which sends the refreshes
+    // due together as one batch: a few batches per interval, not one per
+    // lease (which a wrapper re-homing each lease to an `Arc` of its own
+    // would make).
     let batches = number(run, "/refresh_batches");
     assert!(
-        batches > 0.0 && batches <= number(run, "/refreshes"),
-        "refreshes reach the backend in batches: {run}"
+        batches > 0.0 && batches * 4.0 <= number(run, "/refreshes"),
+        "refreshes reach the backend in batches, not one call per lease: {run}"
     );
     assert!(run["bytes_per_lease"].is_number(), "{run}");
     assert!(run["bytes_per_lease_with_keepalive"].is_number(), "{run}");
