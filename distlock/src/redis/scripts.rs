@@ -151,11 +151,16 @@ end
     };
 }
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner token,
-/// `ARGV[2]` ttl in milliseconds, and, when the holder is recorded, `ARGV[3]`
-/// the lock's value with its record (see `lock_value_lua`). Returns the
-/// fencing token of the grant (at least 1), or 0 if the lock is held by
-/// another token (contention).
+/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` the lock's value: the
+/// owner token, alone or followed by a line break and the holder record (see
+/// `lock_value_lua`); `ARGV[2]` ttl in milliseconds. Returns the fencing
+/// token of the grant (at least 1), or 0 if the lock is held by another
+/// token (contention).
+///
+/// The token is not sent apart from the value: every argument costs the
+/// server a Lua string (an allocation and a hash of every byte), on every
+/// acquire, while only the retry below needs the token alone, and cuts it
+/// from the value.
 ///
 /// The counter is bumped only on a new grant, in the same atomic step as the
 /// `SET`, so every grant gets a token greater than every earlier grant's.
@@ -171,15 +176,17 @@ end
 /// is started again by `INCR`.)
 const ACQUIRE: &str = concat!(
     r"
-if redis.call('SET', KEYS[1], ARGV[3] or ARGV[1], 'NX', 'PX', ARGV[2]) then
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return redis.call('INCR', KEYS[2])
 end
 ",
     lock_value_lua!(),
     r"
+local line_end = string.find(ARGV[1], '\n', 1, true)
+local owner = line_end and string.sub(ARGV[1], 1, line_end - 1) or ARGV[1]
 local value = redis.call('GET', KEYS[1])
-if owns(value, ARGV[1]) then
-    rearm(KEYS[1], value, ARGV[1], ARGV[2])
+if owns(value, owner) then
+    rearm(KEYS[1], value, owner, ARGV[2])
     local fence = tonumber(redis.call('GET', KEYS[2]))
     if not fence then
         fence = redis.call('INCR', KEYS[2])
