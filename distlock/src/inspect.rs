@@ -72,10 +72,15 @@ impl Holder {
     /// This process, with the label in force on the current task (see the
     /// [module docs](self)).
     pub fn current() -> Holder {
+        Holder::this_process(&current_label())
+    }
+
+    /// This process, doing `label`.
+    pub(crate) fn this_process(label: &str) -> Holder {
         Holder {
             host: host_name().to_owned(),
             pid: std::process::id(),
-            label: current_label().to_string(),
+            label: label.to_owned(),
         }
     }
 }

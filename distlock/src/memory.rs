@@ -88,11 +88,7 @@ struct Entry {
 impl Entry {
     fn held(&self, key: &str, now: Instant) -> HeldLock {
         HeldLock {
-            holder: Some(Holder {
-                host: inspect::host_name().to_owned(),
-                pid: std::process::id(),
-                label: self.label.to_string(),
-            }),
+            holder: Some(Holder::this_process(&self.label)),
             granted: Some(GrantTime {
                 at: self.granted_at,
                 clock: Clock::Holder,

@@ -749,9 +749,9 @@ impl RedisLocker {
             let label = current_label();
             inspect::recorded_value(owner, ttl, std::process::id(), host_name(), &label)
         });
-        let value = value.as_deref();
+        let value = value.as_deref().unwrap_or(owner);
         let mut sent_at = Instant::now();
-        let mut granted = self.run_acquire_script(key, owner, ttl, value).await;
+        let mut granted = self.run_acquire_script(key, value, ttl).await;
         let mut retried = false;
         if let Err(err) = &granted {
             // The connection was found broken (a restart, a failover or a
@@ -763,7 +763,7 @@ impl RedisLocker {
             if err.is_connection_dropped() && !err.is_connection_refusal() {
                 retried = true;
                 sent_at = Instant::now();
-                granted = self.run_acquire_script(key, owner, ttl, value).await;
+                granted = self.run_acquire_script(key, value, ttl).await;
             }
         }
         let fencing_token = match granted {
@@ -827,7 +827,7 @@ impl RedisLocker {
             .filter(|_| self.inner.record_holder)
             .map(|h| inspect::recorded_value(owner, ttl, h.pid, &h.host, &h.label));
         match self
-            .run_acquire_script(key, owner, ttl, value.as_deref())
+            .run_acquire_script(key, value.as_deref().unwrap_or(owner), ttl)
             .await
         {
             Ok(fence) => Ok(fence != 0),
@@ -904,20 +904,19 @@ impl RedisLocker {
         Err((error, released))
     }
 
-    /// The acquire script, writing `value` (the owner token and its holder
-    /// record, see [`inspect::recorded_value`]) into the lock if given, else
-    /// the bare token.
+    /// The acquire script, writing `value` into the lock: the bare owner
+    /// token, or the token and its holder record (see
+    /// [`inspect::recorded_value`]).
     async fn run_acquire_script(
         &self,
         key: &str,
-        owner: &str,
+        value: &str,
         ttl: Duration,
-        value: Option<&str>,
     ) -> redis::RedisResult<u64> {
         ACQUIRE_SCRIPT
             .key(self.inner.keys.lock_key(key))
             .key(self.inner.keys.fence_key(key))
-            .arg(value.unwrap_or(owner))
+            .arg(value)
             .arg(ttl_millis(ttl))
             .invoke_async(&mut self.connection())
             .await
