@@ -231,6 +231,84 @@ pub async fn refresh_semantics(h: &Harness) {
     }
 }
 
+/// A keepalive batch answers each lease as `refresh` would, in order, across
+/// more leases than one request of any backend carries (etcd reads 128 keys
+/// per transaction): a held lease is refreshed (on a backend whose locks
+/// expire, to the batch's ttl), a released one and a wrong owner are
+/// `NotHeld`, an invalid request is `InvalidInput`, without failing the
+/// rest.
+pub async fn refresh_many_answers_each_lease(h: &Harness) {
+    const LEASES: usize = 150;
+    let (a, b) = (h.locker().await, h.locker().await);
+    let caps = a.capabilities();
+    let keys: Vec<String> = (0..LEASES)
+        .map(|i| h.key(&format!("refresh-many-{i}")))
+        .collect();
+    let mut leases = Vec::with_capacity(LEASES);
+    for key in &keys {
+        leases.push(acquire(&*a, key, LONG_TTL).await);
+    }
+    let released = leases.remove(3);
+    let released_owner = released.owner().to_owned();
+    released.release().await.expect("release");
+    let wrong_owner = crate::new_owner_token();
+    // Index i < LEASES - 1 of `leases` is key i, or i + 1 from key 3 on.
+    let mut requests: Vec<crate::RefreshRequest<'_>> = leases
+        .iter()
+        .map(|lease| crate::RefreshRequest {
+            key: lease.key(),
+            owner: lease.owner(),
+            ttl: SHORT_TTL,
+        })
+        .collect();
+    let extra = [
+        (keys[3].as_str(), released_owner.as_str()),
+        (keys[5].as_str(), wrong_owner.as_str()),
+        ("", leases[0].owner()),
+    ];
+    for (key, owner) in extra {
+        requests.push(crate::RefreshRequest {
+            key,
+            owner,
+            ttl: SHORT_TTL,
+        });
+    }
+    let results = a.refresh_many(&requests).await;
+    assert_eq!(results.len(), requests.len(), "one result per request");
+    let held = LEASES - 1;
+    for (index, result) in results.iter().enumerate() {
+        let key = requests[index].key;
+        match (caps.refresh, index.checked_sub(held)) {
+            (false, _) => assert!(
+                matches!(result, Err(Error::Unsupported { .. })),
+                "{key:?}: {result:?}"
+            ),
+            (true, None) => assert!(result.is_ok(), "held {key:?}: {result:?}"),
+            (true, Some(0 | 1)) => assert!(
+                matches!(result, Err(Error::NotHeld { key: k }) if k == key),
+                "{key:?}: {result:?}"
+            ),
+            (true, Some(_)) => assert!(
+                matches!(result, Err(Error::InvalidInput { .. })),
+                "the empty key: {result:?}"
+            ),
+        }
+    }
+    assert_held_elsewhere(&*b, &keys[5], "a wrong owner's refresh touches nothing").await;
+    if caps.refresh && caps.expires {
+        // The batch set every held lock's ttl to the short one.
+        tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+        for key in [&keys[0], &keys[LEASES / 2], &keys[LEASES - 1]] {
+            let thief = acquire(&*b, key, LONG_TTL).await;
+            thief.release().await.expect("release");
+        }
+        return;
+    }
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}
+
 /// Refresh with a wrong owner token is `NotHeld` and does not extend.
 pub async fn refresh_by_wrong_owner_is_not_held(h: &Harness) {
     let a = h.locker().await;
@@ -1188,6 +1266,7 @@ macro_rules! conformance_suite {
             ttl_semantics,
             refresh_semantics,
             refresh_by_wrong_owner_is_not_held,
+            refresh_many_answers_each_lease,
             lock_waits_for_release,
             lock_times_out_when_held,
             zero_timeout_is_one_attempt,

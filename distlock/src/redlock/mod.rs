@@ -37,11 +37,13 @@
 //!   majority has decided it; the other nodes' calls finish in the
 //!   background, each bounded by the node timeout.
 //! - **refresh** runs the refresh script (compare-and-`PEXPIRE`) on every
-//!   node; a node that does not hold the key any more *and where it is
-//!   free* (it restarted without persistence, or the key expired there) is
-//!   locked again with the same token. It succeeds with a majority;
-//!   [`Error::NotHeld`] (the lease's lost signal fires) once so many nodes
-//!   hold the key for someone else that no majority is left; otherwise an
+//!   node; while a majority still holds the key, a node that does not hold
+//!   it any more *and where it is free* (it restarted without persistence,
+//!   or the key expired there) is locked again with the same token. It
+//!   succeeds with a majority; [`Error::NotHeld`] (the lease's lost signal
+//!   fires) once so many nodes do not hold the key for this owner
+//!   (released, force-released, expired, or held by someone else) that no
+//!   majority is left: a released lock is never re-taken; otherwise an
 //!   outage error, and the lease keeps its earlier validity (the keepalive
 //!   retries until it lapses, then the signal fires with
 //!   [`LostReason::Expired`](crate::LostReason::Expired)). A refresh's
@@ -178,6 +180,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
@@ -634,13 +637,14 @@ impl Locker for RedlockLocker {
         Ok(())
     }
 
-    /// Extends the lock on every node; re-locks it, by the same token, on a
-    /// node where it is gone and free (see the [module docs](self)).
+    /// Extends the lock on every node; while a majority still holds it,
+    /// re-locks it, by the same token, on a node where it is gone and free
+    /// (see the [module docs](self)).
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] once nodes holding the key for someone else leave
-    /// no majority; [`Error::Backend`] if fewer than a majority could be
+    /// [`Error::NotHeld`] once the nodes that do not hold the key for this
+    /// owner (it is gone there, or held by someone else) leave no majority; [`Error::Backend`] if fewer than a majority could be
     /// extended for other reasons, or the refresh took so long that less
     /// than [`Config::min_validity`] would be left.
     ///
@@ -652,6 +656,8 @@ impl Locker for RedlockLocker {
         validate::acquire(key, ttl)?;
         let (quorum, nodes) = (self.inner.quorum, self.nodes());
         let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
+        // How many nodes extended the key and how many did not, so far.
+        let answered = Arc::new(watch::Sender::new((0usize, 0usize)));
         let started = Instant::now();
         let tally = self
             .on_nodes(
@@ -659,17 +665,37 @@ impl Locker for RedlockLocker {
                 self.inner.node_timeout,
                 |node| {
                     let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    let answered = answered.clone();
                     async move {
-                        match node.refresh(&key, &owner, ttl).await {
+                        let refreshed = node.refresh(&key, &owner, ttl).await;
+                        answered.send_modify(|(yes, no)| match refreshed {
+                            Ok(()) => *yes += 1,
+                            Err(_) => *no += 1,
+                        });
+                        match refreshed {
                             Ok(()) => Ok(true),
-                            // Gone here: a restart without persistence, or an
-                            // early expiry. Re-lock it if it is free; `false`
-                            // if another token holds it. Without a holder
-                            // record: the refresh runs on the keepalive's
-                            // task, whose label is not the holder's, and the
+                            // Gone here: a restart without persistence, an
+                            // early expiry, or a release. Re-locked, by the
+                            // same token, only if a majority extended it
+                            // (the lock is still ours, this node forgot it):
+                            // without one the lock is not held, and
+                            // re-locking would bring back a lock its owner
+                            // or an operator released. `false` if another
+                            // token holds it here. Without a holder record:
+                            // the refresh runs on the keepalive's task,
+                            // whose label is not the holder's, and the
                             // majority's records still name the holder.
                             Err(Error::NotHeld { .. }) => {
-                                node.acquire_as(&key, &owner, ttl, None).await
+                                let mut seen = answered.subscribe();
+                                let still_ours = seen
+                                    .wait_for(|&(yes, no)| yes >= quorum || no > nodes - quorum)
+                                    .await
+                                    .is_ok_and(|answers| answers.0 >= quorum);
+                                if still_ours {
+                                    node.acquire_as(&key, &owner, ttl, None).await
+                                } else {
+                                    Ok(false)
+                                }
                             }
                             Err(error) => Err(error),
                         }
@@ -702,8 +728,8 @@ impl Locker for RedlockLocker {
             });
         }
         let summary = format!(
-            "extended on {} of {nodes} nodes, held by another owner on {}; the others failed, so \
-             no majority ({}) was reached",
+            "extended on {} of {nodes} nodes, not held for this owner on {}; the others failed, \
+             so no majority ({}) was reached",
             tally.yes, tally.no, self.inner.quorum
         );
         Err(self.quorum_error("refresh", summary, tally))

@@ -259,6 +259,31 @@ async fn refresh_relocks_a_node_restarted_without_persistence() {
 }
 
 #[tokio::test]
+async fn a_refresh_after_a_force_release_is_not_held_and_retakes_nothing() {
+    let servers = start(3);
+    let (holder, operator) = (connect(&servers).await, connect(&servers).await);
+    let mut lease = holder.try_lock("k", TTL).await.unwrap().expect("free");
+    let evicted = operator
+        .force_release("k", distlock::inspect::ForceRelease::Lock)
+        .await
+        .unwrap();
+    assert!(evicted.is_some(), "the operator evicted the holder");
+    // Nobody took the key since: every node is free, and a refresh that
+    // re-locked free nodes would hand the lock back to the evicted holder.
+    match lease.refresh(TTL).await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("the evicted holder's refresh must be NotHeld, got {other:?}"),
+    }
+    assert_eq!(lease.lost_signal().reason(), Some(LostReason::NotHeld));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for server in &servers {
+        assert_eq!(stored(server, "k"), "", "no node was re-locked");
+    }
+    let next = operator.try_lock("k", TTL).await.unwrap();
+    assert!(next.is_some(), "the key is free for the next holder");
+}
+
+#[tokio::test]
 async fn a_refresh_that_loses_the_majority_fires_the_lost_signal() {
     let servers = start(3);
     let locker = connect(&servers).await;
