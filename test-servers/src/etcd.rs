@@ -44,6 +44,8 @@ impl Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     binary: PathBuf,
+    /// Flags every member starts with, after ours.
+    extra_args: Vec<String>,
     /// Holds every member's data directory.
     _dir: TempDir,
 }
@@ -52,6 +54,12 @@ impl EtcdCluster {
     /// Starts `size` members that form one cluster, and waits until it has
     /// a leader and every member answers.
     pub fn start(size: usize) -> Self {
+        Self::start_with_args(size, &[])
+    }
+
+    /// [`EtcdCluster::start`] with more `etcd` flags for every member (for
+    /// example `--max-txn-ops=16`).
+    pub fn start_with_args(size: usize, extra_args: &[&str]) -> Self {
         let binary = find_binary("etcd", "etcd-server");
         // etcdctl is needed by every caller that inspects the cluster:
         // fail early with the install hint.
@@ -80,6 +88,7 @@ impl EtcdCluster {
         let mut cluster = EtcdCluster {
             members,
             binary,
+            extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
             _dir: dir,
         };
         for index in 0..size {
@@ -117,6 +126,7 @@ impl EtcdCluster {
             .args(["--heartbeat-interval", HEARTBEAT_MS])
             .args(["--election-timeout", ELECTION_MS])
             .args(["--logger", "zap", "--log-level", "error"])
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let mut child = crate::spawn_tied_to_this_process(command).expect("spawn etcd");
@@ -170,6 +180,29 @@ impl EtcdCluster {
     /// The client port of member `index`.
     pub fn client_port(&self, index: usize) -> u16 {
         self.members[index].client_port
+    }
+
+    /// How many calls of the gRPC method `method` (`"Txn"`, `"Range"`, ...)
+    /// member `index` has answered, whatever their status: read off its
+    /// Prometheus metrics (`grpc_server_handled_total`) at `/metrics` on
+    /// its client port.
+    pub fn grpc_calls(&self, index: usize, method: &str) -> u64 {
+        use std::io::{Read, Write};
+        let port = self.members[index].client_port;
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to etcd's /metrics");
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .expect("ask for etcd's metrics");
+        let mut page = String::new();
+        stream
+            .read_to_string(&mut page)
+            .expect("read etcd's metrics");
+        let series = format!("grpc_method=\"{method}\"");
+        page.lines()
+            .filter(|line| line.starts_with("grpc_server_handled_total{") && line.contains(&series))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
     }
 
     /// Whether member `index` is running.
@@ -343,14 +376,24 @@ pub struct EtcdServer {
 impl EtcdServer {
     /// Starts a single-node cluster and waits until it serves.
     pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// A single-node cluster started with more `etcd` flags.
+    pub fn start_with_args(extra_args: &[&str]) -> Self {
         EtcdServer {
-            cluster: EtcdCluster::start(1),
+            cluster: EtcdCluster::start_with_args(1, extra_args),
         }
     }
 
     /// `etcd://127.0.0.1:port`.
     pub fn url(&self) -> String {
         self.cluster.url()
+    }
+
+    /// See [`EtcdCluster::grpc_calls`].
+    pub fn grpc_calls(&self, method: &str) -> u64 {
+        self.cluster.grpc_calls(0, method)
     }
 
     /// `127.0.0.1:port`.

@@ -84,7 +84,11 @@
 //!   confirms, in one round trip, that the holder's key still exists with
 //!   its create revision and secret: [`Error::NotHeld`] once it does not.
 //!   It does not change the ttl (the session's keep-alive renews the
-//!   lease); the `ttl` argument is only validated.
+//!   lease); the `ttl` argument is only validated. A keepalive batch
+//!   ([`Locker::refresh_many`]) reads up to 128 keys (etcd's default
+//!   `--max-txn-ops`) in one read-only transaction; on a cluster started
+//!   with a lower `--max-txn-ops`, which refuses it, it checks them one
+//!   transaction each.
 //! - **Contention vs outage**: a held lock is `Ok(None)`; an unreachable
 //!   cluster or one without quorum is [`Error::Backend`] or
 //!   [`Error::DeadlineExceeded`] (then [`Error::Unavailable`] through a
@@ -209,8 +213,8 @@ use crate::inspect::{self as inspect_api, HolderRecord};
 use crate::session_registry::{Busy, Held, Ticket};
 use crate::util::decode_mark;
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance, Result,
-    DEADLINE_GRACE,
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
+    RefreshRequest, Result, DEADLINE_GRACE,
 };
 
 mod config;
@@ -229,6 +233,12 @@ use recipe::{contender_key, Enqueued, Token, WatchFailure, Watched};
 use session::Session;
 
 const BACKEND: &str = "etcd";
+
+/// The most [`Locker::refresh_many`] transactions of one batch on their way
+/// at once: enough to keep a round trip's worth of reads going, few enough
+/// that the answers of a 100,000-lease batch (every key's value) are not
+/// all buffered at once.
+const REFRESH_TXNS_IN_FLIGHT: usize = 4;
 
 /// Which lock names this locker holds, on which session, for which owner.
 pub(crate) type Registry = crate::session_registry::Registry<String, Session>;
@@ -477,6 +487,63 @@ impl EtcdLocker {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         self.inner.request(operation, writes, call).await
+    }
+
+    /// The contender key and token a refresh of `key` by `owner` reads, or
+    /// its answer when no read is needed: the request is invalid, the token
+    /// is not one of ours, or its session has ended (its lease is gone).
+    fn grant_to_check(&self, key: &str, owner: &str, ttl: Duration) -> Result<(String, Token)> {
+        validate::acquire(key, ttl)?;
+        let not_held = || Error::NotHeld {
+            key: key.to_owned(),
+        };
+        let token = Token::parse(owner).ok_or_else(not_held)?;
+        let name = self.name(key);
+        if self
+            .inner
+            .registry
+            .session_of(&name, owner)
+            .is_some_and(|session| session.is_closed())
+        {
+            return Err(not_held());
+        }
+        Ok((contender_key(&name, token.lease), token))
+    }
+
+    /// [`Locker::refresh_many`] of at most [`recipe::MAX_TXN_OPS`] leases:
+    /// the ones that need a read are read in one transaction.
+    async fn refresh_chunk(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let checks: Vec<Result<(String, Token)>> = requests
+            .iter()
+            .map(|request| self.grant_to_check(request.key, request.owner, request.ttl))
+            .collect();
+        let grants: Vec<recipe::Grant<'_>> = checks
+            .iter()
+            .filter_map(|check| check.as_ref().ok())
+            .map(|(contender, token)| recipe::Grant {
+                key: contender,
+                revision: token.revision,
+                secret: &token.secret,
+            })
+            .collect();
+        let read = if grants.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.request("refresh", false, || {
+                recipe::still_ours_many(self.inner.kv(), &grants)
+            })
+            .await
+        };
+        let mut ours = read.as_deref().unwrap_or_default().iter();
+        checks
+            .into_iter()
+            .zip(requests)
+            .map(|(check, request)| match (check, &read) {
+                (Err(answer), _) => Err(answer),
+                (Ok(_), Ok(_)) => still_held(request.key, ours.next().copied().unwrap_or(false)),
+                (Ok(_), Err(error)) => Err(error.duplicate()),
+            })
+            .collect()
     }
 
     /// The live session of `ttl`'s class, granting a lease if there is none.
@@ -887,6 +954,17 @@ fn lease_seconds(ttl: Duration) -> u64 {
     seconds.max(1)
 }
 
+/// A refresh's answer once etcd said whether `key`'s grant is still there.
+fn still_held(key: &str, ours: bool) -> Result<()> {
+    if ours {
+        Ok(())
+    } else {
+        Err(Error::NotHeld {
+            key: key.to_owned(),
+        })
+    }
+}
+
 fn cleaning_up(key: &str) -> Error {
     errors::plain(
         "acquire",
@@ -1148,36 +1226,30 @@ impl Locker for EtcdLocker {
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        validate::acquire(key, ttl)?;
-        let name = self.name(key);
-        let Some(token) = Token::parse(owner) else {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
-        };
-        if self
-            .inner
-            .registry
-            .session_of(&name, owner)
-            .is_some_and(|session| session.is_closed())
-        {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
-        }
-        let contender = contender_key(&name, token.lease);
+        let (contender, token) = self.grant_to_check(key, owner, ttl)?;
         let ours = self
             .request("refresh", false, || {
                 recipe::still_ours(self.inner.kv(), &contender, token.revision, &token.secret)
             })
             .await?;
-        if ours {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                key: key.to_owned(),
-            })
+        still_held(key, ours)
+    }
+
+    /// One read-only transaction per [`recipe::MAX_TXN_OPS`] leases, sent
+    /// [`REFRESH_TXNS_IN_FLIGHT`] at a time, instead of
+    /// [`refresh`](Locker::refresh)'s transaction per lease: 100,000 held
+    /// leases cost about 800 requests per keepalive round, not 100,000.
+    /// Each lease answers as `refresh` would; a failed transaction fails
+    /// the leases it carried.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let mut answers = Vec::with_capacity(requests.len());
+        for wave in requests.chunks(recipe::MAX_TXN_OPS * REFRESH_TXNS_IN_FLIGHT) {
+            let chunks = wave.chunks(recipe::MAX_TXN_OPS);
+            let answered =
+                futures_util::future::join_all(chunks.map(|chunk| self.refresh_chunk(chunk))).await;
+            answers.extend(answered.into_iter().flatten());
         }
+        answers
     }
 
     /// Nothing to forget (fencing tokens are etcd's revisions): succeeds if

@@ -212,6 +212,72 @@ pub(super) async fn still_ours(
     Ok(client.txn(txn).await?.succeeded())
 }
 
+/// The most operations etcd accepts in one transaction unless its
+/// `--max-txn-ops` says otherwise (128 by default:
+/// <https://etcd.io/docs/v3.5/op-guide/configuration/>): the size of one
+/// [`still_ours_many`] read.
+pub(super) const MAX_TXN_OPS: usize = 128;
+
+/// One grant to check with [`still_ours_many`]: its contender key, create
+/// revision and secret.
+pub(super) struct Grant<'a> {
+    pub(super) key: &'a str,
+    pub(super) revision: i64,
+    pub(super) secret: &'a str,
+}
+
+/// For each grant, whether its key still holds it, as [`still_ours`]
+/// answers for one: up to [`MAX_TXN_OPS`] keys read by one read-only
+/// transaction (one linearizable round trip, and no write for the cluster
+/// to replicate, where a compare transaction per key is a round trip
+/// each), compared here as [`secret_compares`] compares on the server.
+pub(super) async fn still_ours_many(
+    mut client: etcd_client::KvClient,
+    grants: &[Grant<'_>],
+) -> Result<Vec<bool>, etcd_client::Error> {
+    let reads: Vec<TxnOp> = grants
+        .iter()
+        .map(|grant| TxnOp::get(grant.key, None))
+        .collect();
+    let response = match client.txn(Txn::new().and_then(reads)).await {
+        Ok(response) => response,
+        // A cluster started with a `--max-txn-ops` below ours: one compare
+        // transaction per grant, as `still_ours` checks one.
+        Err(etcd_client::Error::GRpcStatus(status))
+            if status
+                .message()
+                .contains("too many operations in txn request") =>
+        {
+            let mut ours = Vec::with_capacity(grants.len());
+            for grant in grants {
+                ours.push(
+                    still_ours(client.clone(), grant.key, grant.revision, grant.secret).await?,
+                );
+            }
+            return Ok(ours);
+        }
+        Err(error) => return Err(error),
+    };
+    let responses = response.op_responses();
+    Ok(grants
+        .iter()
+        .enumerate()
+        .map(|(index, grant)| match responses.get(index) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().first().is_some_and(|kv| {
+                kv.create_revision() == grant.revision && holds_secret(kv.value(), grant.secret)
+            }),
+            _ => false,
+        })
+        .collect())
+}
+
+/// What the two [`secret_compares`] answer for `value`: it is greater than
+/// `secret` and less than `secret` followed by `\x0b`, so it is `secret`
+/// followed by at least one byte below `\x0b` (our line break).
+fn holds_secret(value: &[u8], secret: &str) -> bool {
+    value.starts_with(secret.as_bytes()) && value.get(secret.len()).is_some_and(|&byte| byte < 0x0b)
+}
+
 /// How many contenders `name`'s queue has (holder included).
 pub(super) async fn queue_length(
     mut client: etcd_client::KvClient,
@@ -324,6 +390,42 @@ mod tests {
             "lock:k/694d77a1b2c3"
         );
         assert_eq!(queue_prefix("lock:k"), "lock:k/");
+    }
+
+    /// The batch's client-side check answers what the server's two range
+    /// compares answer for one key, whatever the value.
+    #[test]
+    fn holds_secret_is_the_secret_compares() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let upper = format!("{secret}\u{b}");
+        let by_compares = |value: &[u8]| value > secret.as_bytes() && value < upper.as_bytes();
+        let values: Vec<Vec<u8>> = [
+            String::new(),
+            secret.to_owned(),
+            secret[..31].to_owned(),
+            format!("{secret}\n"),
+            format!("{secret}\nhost\n1\nlabel"),
+            format!("{secret}\u{0}"),
+            format!("{secret}\u{b}"),
+            format!("{secret}\u{b}x"),
+            format!("{secret}\u{c}"),
+            format!("{secret}0\n"),
+            format!("1{}\n", &secret[1..]),
+            format!("/{}\n", &secret[1..]),
+        ]
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+        for value in &values {
+            assert_eq!(
+                holds_secret(value, secret),
+                by_compares(value),
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        assert!(holds_secret(format!("{secret}\n").as_bytes(), secret));
+        assert!(!holds_secret(secret.as_bytes(), secret));
     }
 
     #[test]

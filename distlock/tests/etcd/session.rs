@@ -1,5 +1,6 @@
 //! The session lease under a holder: revoked from outside, lost with the
-//! server, revoked by `close`, and the ttl rounding.
+//! server, revoked by `close`, and the ttl rounding; the keepalive's
+//! refresh batches.
 
 use std::time::{Duration, Instant};
 
@@ -176,4 +177,78 @@ async fn sub_second_ttls_are_one_second_leases() {
     let ttl = server.etcdctl_ok(&["lease", "timetolive", two]);
     assert!(ttl.contains("granted with TTL(2s)"), "{ttl}");
     drop((lease, long));
+}
+
+/// A keepalive batch reads 128 keys per transaction: 300 leases are two
+/// full transactions and one of 44, not 300.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_batch_is_one_transaction_per_128_leases() {
+    let server = EtcdServer::start();
+    let locker = EtcdLocker::from_url(&server.url()).await.unwrap();
+    let leases = hold(&locker, 300).await;
+    let before = server.grpc_calls("Txn");
+    let results = locker.refresh_many(&requests(&leases)).await;
+    assert_eq!(
+        server.grpc_calls("Txn") - before,
+        3,
+        "transactions for 300 leases"
+    );
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+/// On a cluster whose `--max-txn-ops` is below 128 the batch's read is
+/// refused; the leases are then checked one transaction each, with the same
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_batch_works_under_a_lower_max_txn_ops() {
+    let server = EtcdServer::start_with_args(&["--max-txn-ops=16"]);
+    let locker = EtcdLocker::from_url(&server.url()).await.unwrap();
+    let mut leases = hold(&locker, 40).await;
+    let released = leases.pop().unwrap();
+    let (released_key, released_owner) = (released.key().to_owned(), released.owner().to_owned());
+    released.release().await.unwrap();
+    let mut batch = requests(&leases);
+    batch.push(distlock::RefreshRequest {
+        key: &released_key,
+        owner: &released_owner,
+        ttl: Duration::from_secs(10),
+    });
+    let before = server.grpc_calls("Txn");
+    let results = locker.refresh_many(&batch).await;
+    assert_eq!(
+        server.grpc_calls("Txn") - before,
+        41,
+        "the refused read, then one transaction per lease"
+    );
+    assert_eq!(results.len(), 40);
+    assert!(results[..39].iter().all(Result::is_ok), "{results:?}");
+    assert!(
+        matches!(&results[39], Err(distlock::Error::NotHeld { key }) if *key == released_key),
+        "{:?}",
+        results[39]
+    );
+}
+
+async fn hold(locker: &EtcdLocker, count: usize) -> Vec<distlock::Lease> {
+    let mut leases = Vec::with_capacity(count);
+    for index in 0..count {
+        let key = format!("batch-{index}");
+        let lease = locker
+            .try_lock(&key, Duration::from_secs(10))
+            .await
+            .unwrap();
+        leases.push(lease.expect("free"));
+    }
+    leases
+}
+
+fn requests(leases: &[distlock::Lease]) -> Vec<distlock::RefreshRequest<'_>> {
+    leases
+        .iter()
+        .map(|lease| distlock::RefreshRequest {
+            key: lease.key(),
+            owner: lease.owner(),
+            ttl: Duration::from_secs(10),
+        })
+        .collect()
 }
