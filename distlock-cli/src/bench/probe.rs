@@ -1,7 +1,55 @@
 //! What the hold workload reads about this process from `/proc` (Linux):
-//! resident memory, open descriptors, and established TCP connections.
+//! resident memory, open descriptors, and established TCP connections; and
+//! from glibc's allocator, the bytes its live allocations hold.
 
 use std::collections::HashSet;
+
+/// The process's memory at one moment, as the hold workload compares it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Memory {
+    /// Resident set size, after the allocator gave back the free pages it
+    /// kept (see [`memory`]).
+    pub(crate) resident: Option<u64>,
+    /// Bytes in live allocations (see [`heap_bytes`]).
+    pub(crate) heap: Option<u64>,
+}
+
+/// The process's memory now. First asks glibc to return the free pages it
+/// keeps (`malloc_trim(0)`, which also releases free pages inside the heap,
+/// not only at its top: malloc_trim(3)), so the resident size is what the
+/// live allocations occupy, not what freed ones left behind (the acquiring
+/// clients' own vectors, an earlier run's buffers).
+pub(crate) fn memory() -> Memory {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas, under their locks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    Memory {
+        resident: resident_bytes(),
+        heap: heap_bytes(),
+    }
+}
+
+/// Bytes glibc's allocator has handed out and not had back: `mallinfo2`'s
+/// in-use bytes of every arena (`uordblks`) plus its mmapped blocks
+/// (`hblkhd`) (mallinfo(3)). Unlike the resident size it counts no page
+/// the allocator keeps free, nor the program text and stacks. `None`
+/// without glibc.
+pub(crate) fn heap_bytes() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 has no preconditions; it only reads the arenas'
+        // statistics, under their locks.
+        let info = unsafe { libc::mallinfo2() };
+        let bytes = info.uordblks.checked_add(info.hblkhd)?;
+        u64::try_from(bytes).ok()
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
 
 /// Resident set size in bytes: the second field of `/proc/self/statm`
 /// (pages), times the page size (proc(5)).

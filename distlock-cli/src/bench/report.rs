@@ -79,10 +79,18 @@ pub(crate) struct HoldRun {
     pub(crate) acquire_s: f64,
     pub(crate) acquire_us: Summary,
     /// Resident memory grown per held lease, before the keepalives start
-    /// (from `/proc/self/statm`; includes the connections opened to acquire).
+    /// (from `/proc/self/statm`, after glibc returned its free pages;
+    /// includes the connections opened to acquire).
     pub(crate) bytes_per_lease: Option<f64>,
-    /// The same, with a keepalive running on every lease.
+    /// The same at the end of the hold, with a keepalive running on every
+    /// lease.
     pub(crate) bytes_per_lease_with_keepalive: Option<f64>,
+    /// Bytes of live allocations grown per held lease (glibc's `mallinfo2`):
+    /// what the leases themselves hold, without the allocator's free pages
+    /// and fragmentation.
+    pub(crate) heap_bytes_per_lease: Option<f64>,
+    /// The same, with a keepalive running on every lease.
+    pub(crate) heap_bytes_per_lease_with_keepalive: Option<f64>,
     /// Established TCP connections of this process while holding (from
     /// `/proc/self/fd` and `/proc/self/net/tcp*`): the server connections
     /// used, for a backend reached without a proxy.
@@ -162,11 +170,13 @@ impl Printer {
                     args.keys
                 );
                 println!(
-                    "{:>7} {:>8} {:>10} {:>12} {:>11} {:>9} {:>10} {:>5} {:>9} {:>7}",
+                    "{:>7} {:>8} {:>10} {:>12} {:>9} {:>11} {:>11} {:>9} {:>10} {:>5} {:>9} {:>7}",
                     "clients",
                     "leases",
                     "B/lease",
                     "B/lease+ka",
+                    "heap B",
+                    "heap B+ka",
                     "tcp conns",
                     "refreshes",
                     "refresh/s",
@@ -212,19 +222,23 @@ impl Printer {
                 r.timeouts,
                 r.common.errors
             ),
-            Run::Hold(r) => println!(
-                "{:>7} {:>8} {:>10} {:>12} {:>11} {:>9} {:>10.1} {:>5} {:>9.2} {:>7}",
+            Run::Hold(r) => {
+                println!(
+                "{:>7} {:>8} {:>10} {:>12} {:>9} {:>11} {:>11} {:>9} {:>10.1} {:>5} {:>9.2} {:>7}",
                 r.common.clients,
                 r.leases,
                 optional(r.bytes_per_lease.map(|b| format!("{b:.0}"))),
                 optional(r.bytes_per_lease_with_keepalive.map(|b| format!("{b:.0}"))),
+                optional(r.heap_bytes_per_lease.map(|b| format!("{b:.0}"))),
+                optional(r.heap_bytes_per_lease_with_keepalive.map(|b| format!("{b:.0}"))),
                 optional(r.tcp_connections.map(|n| n.to_string())),
                 r.refreshes,
                 r.refreshes_per_s,
                 r.lost,
                 r.acquire_s,
                 r.common.errors
-            ),
+            )
+            }
         }
     }
 }

@@ -317,8 +317,8 @@ fn lock_handoffs(handoffs: &Mutex<Handoffs>) -> std::sync::MutexGuard<'_, Handof
 }
 
 /// Acquires `plan.keys` leases (spread over the clients), measures this
-/// process's memory, starts a keepalive on each, measures again, holds them
-/// for the duration counting the refreshes, then releases them all.
+/// process's memory, starts a keepalive on each, holds them for the
+/// duration counting the refreshes, measures again, then releases them all.
 pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
     let counting = CountingLocker::new(locker.clone());
     let counted: Arc<dyn Locker> = Arc::new(counting.clone());
@@ -327,7 +327,7 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
             .map(|k| format!("{}-hold-{k}", plan.prefix))
             .collect(),
     );
-    let resident_before = probe::resident_bytes();
+    let memory_before = probe::memory();
     let connections_before = probe::tcp_connections();
     let descriptors_before = probe::open_descriptors();
 
@@ -339,7 +339,9 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
         let (ttl, clients) = (plan.ttl, plan.clients);
         async move {
             let mut tally = Tally::new();
-            let mut mine = Vec::new();
+            // Sized once: a growing vector would leave freed buffers of
+            // leases behind, counted as the leases' memory.
+            let mut mine = Vec::with_capacity(keys.len() / clients + 1);
             for key in keys.iter().skip(client).step_by(clients) {
                 let before = Instant::now();
                 match locker.try_lock(key, ttl).await {
@@ -360,7 +362,7 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
     .await;
     let acquire_s = acquiring.elapsed().as_secs_f64();
     let mut leases = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
-    let resident_held = probe::resident_bytes();
+    let memory_held = probe::memory();
 
     let mut keepalive_errors = 0u64;
     for lease in &mut leases {
@@ -369,9 +371,6 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
             tally.error(&error);
         }
     }
-    // Let every keepalive task start and park on its first sleep.
-    tokio::task::yield_now().await;
-    let resident_kept = probe::resident_bytes();
 
     let refreshes_before = counting.counts().calls.load(Ordering::Relaxed);
     let batches_before = counting.counts().batches.load(Ordering::Relaxed);
@@ -389,6 +388,10 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
             .store(so_far.saturating_sub(refreshes_before), Ordering::Relaxed);
     }
     let held_for = holding.elapsed();
+    // At the end of the hold, after the keepalives' first rounds: what
+    // holding costs once they run (their scheduler's state, and whatever
+    // batch is on its way), not the registrations still queued for it.
+    let memory_kept = probe::memory();
     let refreshes = counting
         .counts()
         .calls
@@ -436,8 +439,8 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
     tally.merge(released);
 
     let held_count = tally.acquire.len();
-    let per_lease = |after: Option<u64>| {
-        let grown = after?.checked_sub(resident_before?)?;
+    let per_lease = |after: Option<u64>, before: Option<u64>| {
+        let grown = after?.checked_sub(before?)?;
         (held_count > 0).then(|| grown as f64 / held_count as f64)
     };
     let run = Run::Hold(HoldRun {
@@ -446,8 +449,10 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
         not_acquired: tally.contended,
         acquire_s,
         acquire_us: tally.acquire.summary(),
-        bytes_per_lease: per_lease(resident_held),
-        bytes_per_lease_with_keepalive: per_lease(resident_kept),
+        bytes_per_lease: per_lease(memory_held.resident, memory_before.resident),
+        bytes_per_lease_with_keepalive: per_lease(memory_kept.resident, memory_before.resident),
+        heap_bytes_per_lease: per_lease(memory_held.heap, memory_before.heap),
+        heap_bytes_per_lease_with_keepalive: per_lease(memory_kept.heap, memory_before.heap),
         tcp_connections: connections,
         tcp_connections_before: connections_before,
         open_descriptors: descriptors,

@@ -138,6 +138,13 @@ fn hold_json_has_memory_connections_and_keepalive_traffic() {
     );
     assert!(run["bytes_per_lease"].is_number(), "{run}");
     assert!(run["bytes_per_lease_with_keepalive"].is_number(), "{run}");
+    // A held lease is at least its own struct and its shared status, live
+    // on the heap (glibc's count, whatever pages the allocator keeps).
+    assert!(number(run, "/heap_bytes_per_lease") >= 100.0, "{run}");
+    assert!(
+        number(run, "/heap_bytes_per_lease_with_keepalive") >= 100.0,
+        "{run}"
+    );
     assert_eq!(run["tcp_connections"], 0, "lock files use no socket: {run}");
     // Each held lease keeps its lock file open.
     assert!(
