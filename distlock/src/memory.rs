@@ -65,7 +65,8 @@ struct State {
 
 #[derive(Debug, Default)]
 struct Table {
-    entries: HashMap<String, Entry>,
+    /// By key, shared with the key's lease (its drop releases by it).
+    entries: HashMap<Arc<str>, Entry>,
     /// Expired entries are swept when the table grows past this.
     sweep_at: usize,
 }
@@ -157,6 +158,9 @@ impl Locker for MemoryLocker {
         let now = Instant::now();
         let owner = new_owner_token();
         let label = inspect::current_label();
+        // The table's key is the lease's drop's too (the lease itself may
+        // be renamed by a wrapper: a prefix comes off), one allocation.
+        let table_key: Arc<str> = key.into();
         let fencing_token = {
             let mut table = self.table();
             if table.entries.get(key).is_some_and(|e| e.expires_at > now) {
@@ -169,7 +173,7 @@ impl Locker for MemoryLocker {
             // Taken under the table lock so grants of one key get increasing tokens.
             let fencing_token = self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1;
             table.entries.insert(
-                key.to_owned(),
+                table_key.clone(),
                 Entry {
                     owner: owner.clone(),
                     expires_at: now + ttl,
@@ -189,16 +193,13 @@ impl Locker for MemoryLocker {
             valid_until: Some(now + ttl),
         };
         let this = self.clone();
-        // Its own copy of the key: a wrapper may rename the lease (a prefix
-        // comes off), while the table knows the key as this locker got it.
-        let sync_key = key.to_owned();
         Ok(Some(
             Lease::new(
                 parts,
                 self.state.leases.get_or_init(|| Arc::new(self.clone())),
             )
             .with_sync_unlock(move |_, owner| {
-                this.remove_if_owner(&sync_key, owner);
+                this.remove_if_owner(&table_key, owner);
             }),
         ))
     }
