@@ -243,7 +243,10 @@ impl Error {
     /// A copy of this error for another of the requests it failed (a batch
     /// that failed as a whole fails each of its requests): the same kind and
     /// fields, the source kept as its message.
-    #[cfg_attr(not(any(feature = "postgres", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "etcd", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn duplicate(&self) -> Self {
         match self {
             Error::NotAcquired { key } => Error::NotAcquired { key: key.clone() },

@@ -394,6 +394,21 @@ impl Sql {
         )
     }
 
+    /// [`Sql::holds`] of every name in `names`, one column each, in order:
+    /// one statement for many locks (the keepalive's batch).
+    pub(super) fn holds_many<'a>(names: impl IntoIterator<Item = &'a LockName<'a>>) -> String {
+        let columns: Vec<String> = names
+            .into_iter()
+            .map(|name| {
+                format!(
+                    "COALESCE(IS_USED_LOCK({}) = CONNECTION_ID(), 0)",
+                    name.literal()
+                )
+            })
+            .collect();
+        format!("SELECT {}", columns.join(", "))
+    }
+
     /// The connection holding the lock (NULL if free) and, with fencing,
     /// whether its last grant was to `owner_digest` (NULL without a row).
     pub(super) fn holder(&self, name: &LockName<'_>, owner_digest: &str) -> String {

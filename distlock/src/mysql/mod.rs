@@ -307,7 +307,7 @@ use self::pool::Pool;
 use self::registry::Registry;
 use self::session::OnClosed;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, Result};
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
 /// held locks. See the [module docs](self) for what it guarantees.
@@ -459,6 +459,41 @@ impl Locker for MysqlLocker {
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
         self.inner.verify(LockName::new(key), owner).await
+    }
+
+    /// One statement per 256 locks on each session that holds some of
+    /// them (`IS_USED_LOCK` of each), instead of a round trip per lock:
+    /// 100,000 held leases on 4 sessions cost about 400 statements per
+    /// keepalive round. Each lease answers as [`refresh`](Locker::refresh)
+    /// would; a failed statement fails the leases it carried.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let checked: Vec<Result<LockName<'_>>> = requests
+            .iter()
+            .map(|request| {
+                validate::acquire(request.key, request.ttl).map(|()| LockName::new(request.key))
+            })
+            .collect();
+        let valid: Vec<(LockName<'_>, &str)> = checked
+            .iter()
+            .zip(requests)
+            .filter_map(|(name, request)| {
+                name.as_ref().ok().map(|name| (name.clone(), request.owner))
+            })
+            .collect();
+        let mut verified = self.inner.verify_many(&valid).await.into_iter();
+        checked
+            .into_iter()
+            .map(|name| match name {
+                Ok(_) => verified.next().unwrap_or_else(|| {
+                    Err(Error::backend(
+                        errors::BACKEND,
+                        "refresh",
+                        "no answer for a lock",
+                    ))
+                }),
+                Err(error) => Err(error),
+            })
+            .collect()
     }
 
     /// Deletes `key`'s fencing row in one round trip, under a `GET_LOCK`

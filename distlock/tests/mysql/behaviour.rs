@@ -238,6 +238,70 @@ async fn a_thousand_held_locks_use_the_documented_connections() {
     assert_eq!(locker.held_count(), 0);
 }
 
+/// A keepalive batch asks each session about up to 256 of its locks per
+/// statement: 600 leases on 4 sessions are a handful of `SELECT`s, not 600;
+/// the locks of a killed session answer `NotHeld`, the others are held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_batch_asks_each_session_once_per_256_locks() {
+    // A server of its own: its statement count is this test's alone.
+    let server = MariaDbServer::start();
+    let locker = MysqlLocker::from_url(&server.url()).await.unwrap();
+    let mut leases = Vec::new();
+    for i in 0..600 {
+        let key = format!("batch-{i}");
+        leases.push(locker.try_lock(&key, TTL).await.unwrap().expect("free"));
+    }
+    let requests: Vec<distlock::RefreshRequest<'_>> = leases
+        .iter()
+        .map(|lease| distlock::RefreshRequest {
+            key: lease.key(),
+            owner: lease.owner(),
+            ttl: TTL,
+        })
+        .collect();
+    let selects = || -> u64 {
+        let status = server.sql("SHOW GLOBAL STATUS LIKE 'Com_select'");
+        status.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let before = selects();
+    let results = locker.refresh_many(&requests).await;
+    // One per session holding at most 256 of them, 3 for one holding all
+    // (ceil(600 / 256)): at most 12 on 4 sessions.
+    let statements = selects() - before;
+    eprintln!("600 leases refreshed in {statements} statements");
+    assert!(
+        (1..=12).contains(&statements),
+        "{statements} statements for 600 leases"
+    );
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    let connections = server.connections_of(MariaDbServer::USER);
+    server.sql(&format!("KILL {}", connections[0]));
+    // The locker finds the killed session at its next ping.
+    eventually(
+        Duration::from_secs(5),
+        "the killed session is noticed",
+        || locker.held_count() < 600,
+    )
+    .await;
+    let results = locker.refresh_many(&requests).await;
+    let lost = results
+        .iter()
+        .filter(|result| matches!(result, Err(Error::NotHeld { .. })))
+        .count();
+    assert_eq!(
+        lost,
+        600 - locker.held_count(),
+        "the killed session's leases"
+    );
+    assert!(lost < 600, "{lost} of 600 lost with one of 4 sessions");
+    assert_eq!(
+        results.iter().filter(|result| result.is_ok()).count(),
+        600 - lost,
+        "every other lease is still held: {results:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_free() {
     // A table of its own: the blocked upsert's lock request also holds up
