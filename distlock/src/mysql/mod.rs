@@ -92,7 +92,8 @@
 //!   `RELEASE_LOCK` answers 1 (released), 0 (held by another session) or
 //!   NULL (no such lock); the last two are [`Error::NotHeld`].
 //! - **Refresh** asks the holding session whether it still holds the lock
-//!   (`IS_USED_LOCK(name) = CONNECTION_ID()`).
+//!   (`IS_USED_LOCK(name) = CONNECTION_ID()`); a keepalive batch
+//!   ([`Locker::refresh_many`]) asks it about up to 256 locks per statement.
 //! - **Answers.** `GET_LOCK` answers 1 (taken), 0 (held elsewhere: `Ok(None)`,
 //!   or [`Error::Timeout`] after a wait) or NULL, an error (a `KILL QUERY` of
 //!   the statement gives NULL): NULL is [`Error::Backend`], never contention.
