@@ -1235,8 +1235,8 @@ impl Locker for EtcdLocker {
         still_held(key, ours)
     }
 
-    /// One read-only transaction per [`recipe::MAX_TXN_OPS`] leases, sent
-    /// [`REFRESH_TXNS_IN_FLIGHT`] at a time, instead of
+    /// One read-only transaction per 128 leases (etcd's default
+    /// `--max-txn-ops`), sent four at a time, instead of
     /// [`refresh`](Locker::refresh)'s transaction per lease: 100,000 held
     /// leases cost about 800 requests per keepalive round, not 100,000.
     /// Each lease answers as `refresh` would; a failed transaction fails
