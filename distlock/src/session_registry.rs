@@ -44,9 +44,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use std::fmt;
+use std::future::Future;
 use std::hash::Hash;
 
-use crate::{LostNotifier, LostReason};
+use crate::{Error, LostNotifier, LostReason};
 
 /// What the registry needs to know of a server session.
 pub(crate) trait HoldingSession: Send + Sync {
@@ -145,6 +146,20 @@ pub(crate) enum Busy {
     /// (and by whom) is unknown until it ends.
     CleaningUp,
 }
+
+/// One lock a keepalive batch confirms ([`Registry::confirm_many`]): what
+/// the server locks, the owner token, and the key as the caller named it
+/// (for [`Error::NotHeld`]).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) struct Claim<'a, K> {
+    pub(crate) id: K,
+    pub(crate) owner: &'a str,
+    pub(crate) key: &'a str,
+}
+
+/// A claim [`Registry::confirm_many`] asks a session about, with its index
+/// in the batch.
+type Asked<'a, K> = (usize, Claim<'a, K>);
 
 /// Why a granted lock could not be recorded.
 #[derive(Debug)]
@@ -285,6 +300,101 @@ where
         let entries = self.entries();
         let held = entries.get(key)?.held.as_ref()?;
         (held.owner == owner).then(|| held.session.clone())
+    }
+
+    /// The keepalive batch ([`Locker::refresh_many`](crate::Locker::refresh_many))
+    /// of a backend whose locks belong to sessions: each claim answers as a
+    /// refresh would, in order. An `Err` claim (an invalid request) is its
+    /// own answer; a claim this locker does not hold for that owner is
+    /// [`Error::NotHeld`] without asking; the others are asked about on the
+    /// session holding them, `per_call` at a time, every call at once.
+    /// `confirm(session, ids)` sends one call and answers, in order,
+    /// whether the session still holds each id. A lock the server no longer
+    /// holds is forgotten here and its lease is told ([`LostReason::NotHeld`]);
+    /// a failed call fails the claims it carried.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) async fn confirm_many<'a, F, Fut>(
+        &self,
+        claims: Vec<crate::Result<Claim<'a, K>>>,
+        per_call: usize,
+        confirm: F,
+    ) -> Vec<crate::Result<()>>
+    where
+        F: Fn(Arc<S>, &[&K]) -> Fut,
+        Fut: Future<Output = crate::Result<Vec<bool>>>,
+    {
+        let not_held = |key: &str| Error::NotHeld {
+            key: key.to_owned(),
+        };
+        let mut results: Vec<Option<crate::Result<()>>> = Vec::with_capacity(claims.len());
+        // The claims to ask about, by the session that holds them.
+        let mut by_session: HashMap<u64, (Arc<S>, Vec<Asked<'a, K>>)> = HashMap::new();
+        for (index, claim) in claims.into_iter().enumerate() {
+            let claim = match claim {
+                Ok(claim) => claim,
+                Err(answer) => {
+                    results.push(Some(Err(answer)));
+                    continue;
+                }
+            };
+            match self.session_of(&claim.id, claim.owner) {
+                Some(session) => {
+                    by_session
+                        .entry(session.id())
+                        .or_insert_with(|| (session, Vec::new()))
+                        .1
+                        .push((index, claim));
+                    results.push(None);
+                }
+                None => results.push(Some(Err(not_held(claim.key)))),
+            }
+        }
+        let calls: Vec<(&Arc<S>, &[Asked<'a, K>])> = by_session
+            .values()
+            .flat_map(|(session, asked)| {
+                asked
+                    .chunks(per_call.max(1))
+                    .map(move |chunk| (session, chunk))
+            })
+            .collect();
+        let answers = futures_util::future::join_all(calls.iter().map(|(session, chunk)| {
+            let ids: Vec<&K> = chunk.iter().map(|(_, claim)| &claim.id).collect();
+            confirm(Arc::clone(session), &ids)
+        }))
+        .await;
+        for ((_, chunk), answer) in calls.iter().zip(answers) {
+            match answer {
+                Ok(held) => {
+                    for ((index, claim), still_held) in chunk.iter().zip(held) {
+                        results[*index] = Some(if still_held {
+                            Ok(())
+                        } else {
+                            if let Some(gone) = self.take(&claim.id, claim.owner) {
+                                gone.lost.notify(LostReason::NotHeld);
+                            }
+                            Err(not_held(claim.key))
+                        });
+                    }
+                }
+                Err(error) => {
+                    for (index, _) in chunk.iter() {
+                        results[*index] = Some(Err(error.duplicate()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(Error::backend(
+                        self.backend,
+                        "refresh",
+                        "no answer for a lock",
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Forgets every lock held on session `session_id`, which is gone, and

@@ -17,7 +17,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 
 use super::errors;
-use super::names::{hex_literal, LockName};
+use super::names::{hex_literal, name_literal, LockName};
 use crate::inspect::GrantRecord;
 use crate::{Error, Result};
 
@@ -394,15 +394,16 @@ impl Sql {
         )
     }
 
-    /// [`Sql::holds`] of every name in `names`, one column each, in order:
-    /// one statement for many locks (the keepalive's batch).
-    pub(super) fn holds_many<'a>(names: impl IntoIterator<Item = &'a LockName<'a>>) -> String {
-        let columns: Vec<String> = names
+    /// [`Sql::holds`] of every server name in `servers` (as
+    /// [`lock_name`](super::names::lock_name) makes them), one column each,
+    /// in order: one statement for many locks (the keepalive's batch).
+    pub(super) fn holds_many<'a>(servers: impl IntoIterator<Item = &'a str>) -> String {
+        let columns: Vec<String> = servers
             .into_iter()
-            .map(|name| {
+            .map(|server| {
                 format!(
                     "COALESCE(IS_USED_LOCK({}) = CONNECTION_ID(), 0)",
-                    name.literal()
+                    name_literal(server)
                 )
             })
             .collect();

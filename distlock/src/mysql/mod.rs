@@ -468,33 +468,7 @@ impl Locker for MysqlLocker {
     /// keepalive round. Each lease answers as [`refresh`](Locker::refresh)
     /// would; a failed statement fails the leases it carried.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let checked: Vec<Result<LockName<'_>>> = requests
-            .iter()
-            .map(|request| {
-                validate::acquire(request.key, request.ttl).map(|()| LockName::new(request.key))
-            })
-            .collect();
-        let valid: Vec<(LockName<'_>, &str)> = checked
-            .iter()
-            .zip(requests)
-            .filter_map(|(name, request)| {
-                name.as_ref().ok().map(|name| (name.clone(), request.owner))
-            })
-            .collect();
-        let mut verified = self.inner.verify_many(&valid).await.into_iter();
-        checked
-            .into_iter()
-            .map(|name| match name {
-                Ok(_) => verified.next().unwrap_or_else(|| {
-                    Err(Error::backend(
-                        errors::BACKEND,
-                        "refresh",
-                        "no answer for a lock",
-                    ))
-                }),
-                Err(error) => Err(error),
-            })
-            .collect()
+        self.inner.refresh_many(requests).await
     }
 
     /// Deletes `key`'s fencing row in one round trip, under a `GET_LOCK`

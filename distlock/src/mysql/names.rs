@@ -99,12 +99,17 @@ impl<'a> LockName<'a> {
         }
     }
 
-    /// The name as a SQL string literal. Safe to inline: a name holds only
-    /// the plain characters and `~` (see [`lock_name`]).
+    /// The name as a SQL string literal (see [`name_literal`]).
     pub(super) fn literal(&self) -> String {
-        debug_assert!(self.server.bytes().all(|b| is_plain(b) || b == b'~'));
-        format!("'{}'", self.server)
+        name_literal(&self.server)
     }
+}
+
+/// A server lock name as a SQL string literal. Safe to inline: a name
+/// [`lock_name`] made holds only the plain characters and `~`.
+pub(super) fn name_literal(server: &str) -> String {
+    debug_assert!(server.bytes().all(|b| is_plain(b) || b == b'~'));
+    format!("'{server}'")
 }
 
 /// Hex of the first 128 bits of SHA-256 of an owner token: what the fencing

@@ -1,18 +1,16 @@
 //! Releasing and verifying held locks.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use super::errors::{self, BACKEND};
 use super::fencing::Sql;
 use super::names::{owner_digest, LockName};
 use super::registry::Busy;
-use super::session::{Request, Role, Session};
+use super::session::{Request, Role};
 use super::Inner;
 use crate::deadline::bounded;
-use crate::{Error, LostReason, Result};
+use crate::session_registry::Claim;
+use crate::{validate, Error, LostReason, RefreshRequest, Result};
 
-/// The most locks one statement of [`Inner::verify_many`] asks about (a
+/// The most locks one statement of [`Inner::refresh_many`] asks about (a
 /// column each): a statement of about 30 KB, far under the default
 /// `max_allowed_packet` (16 MB on MariaDB 10.11, 64 MB on MySQL 8).
 const HOLDS_PER_STATEMENT: usize = 256;
@@ -116,98 +114,50 @@ impl Inner {
         })
     }
 
-    /// [`verify`](Inner::verify) for many locks: on each session that holds
-    /// some of them, one statement per [`HOLDS_PER_STATEMENT`] names (all
-    /// sent at once; a session runs its statements in turn), each asking
-    /// the server which of them the session still holds. A lock not held
-    /// (here or on its session) is [`Error::NotHeld`] and its lease is
-    /// told; a failed statement fails the locks it carried.
-    pub(super) async fn verify_many(&self, names: &[(LockName<'_>, &str)]) -> Vec<Result<()>> {
-        let not_held = |name: &LockName<'_>| Error::NotHeld {
-            key: name.key.to_owned(),
-        };
-        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(names.len());
-        let mut by_session: HashMap<u64, (Arc<Session>, Vec<usize>)> = HashMap::new();
-        for (index, (name, owner)) in names.iter().enumerate() {
-            match self.registry.session_of(&name.server, owner) {
-                Some(session) => {
-                    by_session
-                        .entry(session.id)
-                        .or_insert_with(|| (session, Vec::new()))
-                        .1
-                        .push(index);
-                    results.push(None);
-                }
-                None => results.push(Some(Err(not_held(name)))),
-            }
-        }
-        let statements: Vec<(&Arc<Session>, &[usize])> = by_session
-            .values()
-            .flat_map(|(session, indexes)| {
-                indexes
-                    .chunks(HOLDS_PER_STATEMENT)
-                    .map(move |chunk| (session, chunk))
+    /// [`Locker::refresh_many`](crate::Locker::refresh_many): on each
+    /// session that holds some of the locks, one statement per
+    /// [`HOLDS_PER_STATEMENT`] names (all sent at once; a session runs its
+    /// statements in turn), each asking the server which of them the
+    /// session still holds (see
+    /// [`Registry::confirm_many`](crate::session_registry::Registry::confirm_many)).
+    pub(super) async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let claims = requests
+            .iter()
+            .map(|request| {
+                validate::acquire(request.key, request.ttl)?;
+                let name = LockName::new(request.key);
+                Ok(Claim {
+                    id: name.server,
+                    owner: request.owner,
+                    key: request.key,
+                })
             })
             .collect();
         let limit = self.settings.query_timeout;
-        let answers = futures_util::future::join_all(statements.iter().map(|&(session, chunk)| {
-            let sql = Sql::holds_many(chunk.iter().map(|&index| &names[index].0));
-            let context = move || {
-                format!(
-                    "verify {} held locks on {}",
-                    chunk.len(),
-                    self.settings.target
-                )
-            };
-            async move {
-                let answer = bounded(BACKEND, "refresh", limit, async {
-                    session
-                        .run(Request::new(sql, limit))
-                        .await
-                        .map_err(|e| errors::backend("refresh", context(), e))
-                })
-                .await?;
-                let held = (0..chunk.len())
-                    .map(|column| answer.int(column))
-                    .collect::<Result<Vec<_>, String>>()
-                    .map_err(|why| {
-                        Error::backend(BACKEND, "refresh", format!("{}: {why}", context()))
-                    })?;
-                answer.settle();
-                Ok::<_, Error>(held)
-            }
-        }))
-        .await;
-        for (&(_, chunk), answer) in statements.iter().zip(answers) {
-            match answer {
-                Ok(held) => {
-                    for (&index, holds) in chunk.iter().zip(held) {
-                        let (name, owner) = &names[index];
-                        results[index] = Some(if holds == Some(1) {
-                            Ok(())
-                        } else {
-                            if let Some(gone) = self.registry.take(&name.server, owner) {
-                                gone.lost.notify(LostReason::NotHeld);
-                            }
-                            Err(not_held(name))
-                        });
-                    }
+        self.registry
+            .confirm_many(claims, HOLDS_PER_STATEMENT, |session, servers| {
+                let sql = Sql::holds_many(servers.iter().map(|server| server.as_str()));
+                let (count, target) = (servers.len(), &self.settings.target);
+                async move {
+                    let context = || format!("verify {count} held locks on {target}");
+                    let answer = bounded(BACKEND, "refresh", limit, async {
+                        session
+                            .run(Request::new(sql, limit))
+                            .await
+                            .map_err(|e| errors::backend("refresh", context(), e))
+                    })
+                    .await?;
+                    let held = (0..count)
+                        .map(|column| answer.int(column).map(|holds| holds == Some(1)))
+                        .collect::<Result<Vec<bool>, String>>()
+                        .map_err(|why| {
+                            Error::backend(BACKEND, "refresh", format!("{}: {why}", context()))
+                        })?;
+                    answer.settle();
+                    Ok(held)
                 }
-                Err(error) => {
-                    for &index in chunk {
-                        results[index] = Some(Err(error.duplicate()));
-                    }
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(Error::backend(BACKEND, "refresh", "no answer for a lock"))
-                })
             })
-            .collect()
+            .await
     }
 
     /// Confirms `owner` still holds `name` on a live session: a round trip

@@ -5,12 +5,10 @@ use super::keys::{owner_digest, LockKey};
 use super::registry::Busy;
 use super::session::Role;
 use super::Inner;
+use crate::session_registry::Claim;
 use crate::{Error, LostReason, RefreshRequest, Result};
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-
-use super::session::Session;
+use std::collections::HashSet;
 
 impl Inner {
     /// Releases `key` if `owner` holds it through this locker; otherwise
@@ -108,102 +106,40 @@ impl Inner {
 
     /// [`Locker::refresh_many`](crate::Locker::refresh_many) of either key
     /// kind: `key_of` maps a request to its lock (or the error that request
-    /// gets), the valid ones are verified in one batch.
+    /// gets); the valid ones are confirmed with one statement per session
+    /// that holds some of them (sent at once), each naming the keys it no
+    /// longer holds (see [`Registry::confirm_many`](crate::session_registry::Registry::confirm_many)).
     pub(super) async fn refresh_many<'a>(
         &self,
         requests: &[RefreshRequest<'a>],
         key_of: impl Fn(&RefreshRequest<'a>) -> Result<LockKey<'a>>,
     ) -> Vec<Result<()>> {
-        let parsed: Vec<Result<LockKey<'a>>> = requests.iter().map(key_of).collect();
-        let valid: Vec<(LockKey<'a>, &str)> = parsed
+        let claims = requests
             .iter()
-            .zip(requests)
-            .filter_map(|(key, request)| key.as_ref().ok().map(|key| (*key, request.owner)))
-            .collect();
-        let mut verified = self.verify_many(&valid).await.into_iter();
-        parsed
-            .into_iter()
-            .map(|key| match key {
-                Ok(_) => verified.next().unwrap_or_else(|| {
-                    Err(Error::backend(BACKEND, "refresh", "no answer for a key"))
-                }),
-                Err(error) => Err(error),
-            })
-            .collect()
-    }
-
-    /// [`verify`](Inner::verify) for many keys: one statement per session
-    /// that holds some of them (sent at once), each confirming which of its
-    /// keys it still holds. A key not held (here or on its session) is
-    /// [`Error::NotHeld`] and its lease is told; a failed statement fails
-    /// the keys it carried.
-    pub(super) async fn verify_many(&self, keys: &[(LockKey<'_>, &str)]) -> Vec<Result<()>> {
-        let not_held = |key: &LockKey<'_>| Error::NotHeld {
-            key: key.name.to_owned(),
-        };
-        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(keys.len());
-        let mut sessions: HashMap<u64, (Arc<Session>, Vec<usize>)> = HashMap::new();
-        for (index, (key, owner)) in keys.iter().enumerate() {
-            match self.registry.session_of(&key.id, owner) {
-                Some(session) => {
-                    sessions
-                        .entry(session.id)
-                        .or_insert_with(|| (session, Vec::new()))
-                        .1
-                        .push(index);
-                    results.push(None);
-                }
-                None => results.push(Some(Err(not_held(key)))),
-            }
-        }
-        let query_timeout = self.settings.query_timeout;
-        let answers =
-            futures_util::future::join_all(sessions.values().map(|(session, indexes)| {
-                let ids: Vec<i64> = indexes.iter().map(|&index| keys[index].0.id).collect();
-                let context = move || {
-                    format!(
-                        "verify {} held locks on {}",
-                        indexes.len(),
-                        self.settings.target
-                    )
-                };
-                async move {
-                    errors::within("refresh", query_timeout, context, session.lost_among(&ids))
-                        .await
-                }
-            }))
-            .await;
-        for ((_, indexes), answer) in sessions.values().zip(answers) {
-            match answer {
-                Ok(lost) => {
-                    let lost: HashSet<i64> = lost.into_iter().collect();
-                    for &index in indexes {
-                        let (key, owner) = &keys[index];
-                        results[index] = Some(if !lost.contains(&key.id) {
-                            Ok(())
-                        } else {
-                            if let Some(gone) = self.registry.take(&key.id, owner) {
-                                gone.lost.notify(LostReason::NotHeld);
-                            }
-                            Err(not_held(key))
-                        });
-                    }
-                }
-                Err(error) => {
-                    for &index in indexes {
-                        results[index] = Some(Err(error.duplicate()));
-                    }
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(Error::backend(BACKEND, "refresh", "no answer for a key"))
+            .map(|request| {
+                key_of(request).map(|key| Claim {
+                    id: key.id,
+                    owner: request.owner,
+                    key: key.name,
                 })
             })
-            .collect()
+            .collect();
+        let query_timeout = self.settings.query_timeout;
+        self.registry
+            .confirm_many(claims, usize::MAX, |session, ids| {
+                let ids: Vec<i64> = ids.iter().map(|&&id| id).collect();
+                let target = &self.settings.target;
+                async move {
+                    let context = || format!("verify {} held locks on {target}", ids.len());
+                    let lost: HashSet<i64> =
+                        errors::within("refresh", query_timeout, context, session.lost_among(&ids))
+                            .await?
+                            .into_iter()
+                            .collect();
+                    Ok(ids.iter().map(|id| !lost.contains(id)).collect())
+                }
+            })
+            .await
     }
 
     /// Confirms `owner` still holds `key` on a live session: a round trip on
