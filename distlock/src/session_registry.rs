@@ -399,7 +399,7 @@ where
 
     /// Forgets every lock held on session `session_id`, which is gone, and
     /// fires their lost signals, each with `grace`: how long the server may
-    /// still hold those locks (Postgres: `Settings::partition_grace`).
+    /// still hold those locks (Postgres: what is left of `Settings::server_window`).
     pub(crate) fn session_closed(&self, session_id: u64, why: &str, grace: Duration) {
         let mut lost = Vec::new();
         self.entries().retain(|_, entry| {

@@ -697,8 +697,9 @@ mod tests {
 
     /// A wait's own `lock_timeout` ends with the wait, won or timed out: the
     /// session is back under the session's bound (so a counter bump after a
-    /// racing grant is not held to the wait's last few milliseconds), and
-    /// the server-side timeouts stay off.
+    /// racing grant is not held to the wait's last few milliseconds), the
+    /// role's `statement_timeout` stays off and `idle_session_timeout` at
+    /// distlock's own (the server's end for a session it no longer hears).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wait_leaves_the_session_settings_as_it_found_them() {
         let server = test_servers::PostgresServer::start();
@@ -714,15 +715,15 @@ mod tests {
             }
         };
         assert_eq!(show("statement_timeout").await, "0");
-        assert_eq!(show("idle_session_timeout").await, "0");
-        assert_eq!(show("lock_timeout").await, "5s");
+        assert_eq!(show("idle_session_timeout").await, "10s");
+        assert_eq!(show("lock_timeout").await, "1500ms");
         let digest = owner_digest("owner");
         let session_ms = inner.settings.session_lock_timeout_ms();
         let record = GrantRecord::new("-77", TTL, true);
 
         let won = inner.sql.wait(-77, 250, session_ms, &digest, &record);
         assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
-        assert_eq!(show("lock_timeout").await, "5s", "after a won wait");
+        assert_eq!(show("lock_timeout").await, "1500ms", "after a won wait");
 
         let other = inner.pool.waiter().await.unwrap().expect("a free permit");
         other
@@ -734,6 +735,6 @@ mod tests {
             Err(WaitError::Postgres(e)) => assert!(is_lock_timeout(&e), "{e}"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(show("lock_timeout").await, "5s", "after a lock timeout");
+        assert_eq!(show("lock_timeout").await, "1500ms", "after a lock timeout");
     }
 }

@@ -27,6 +27,16 @@ const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long opening a connection may take, by default.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a session may go without an answer before it is pinged, by
+/// default.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a ping may go unanswered, by default: a session that has
+/// answered nothing for `ping_interval + ping_timeout` (4 s) is closed.
+pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// The server's `idle_session_timeout` for distlock's sessions, by default:
+/// a session the server has heard nothing from for this long is ended by
+/// the server, with its locks, whatever sits between it and the holder.
+pub const DEFAULT_IDLE_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// TCP keepalive and user-timeout settings for one side of a connection.
 ///
@@ -51,9 +61,11 @@ impl TcpKeepalive {
     /// a silent server is declared dead at most 4 s after the last segment
     /// heard from it ([`latest_detection`](Self::latest_detection)).
     ///
-    /// Chosen against [`SERVER`](Self::SERVER) so that a partitioned holder
-    /// learns it lost its session 6 s before the server can free its locks
-    /// (see [`PostgresLocker`](super::PostgresLocker)'s "Lost locks").
+    /// It only speeds up noticing the death of a direct connection: the
+    /// bound a holder relies on comes from the pings, which a proxy between
+    /// client and server cannot answer in the server's place (see
+    /// [`PostgresLocker`](super::PostgresLocker)'s "Lost locks" and
+    /// [`PostgresLockerBuilder::ping_timeout`]).
     pub const CLIENT: TcpKeepalive = TcpKeepalive {
         idle: Duration::from_secs(1),
         interval: Duration::from_secs(1),
@@ -147,6 +159,9 @@ pub struct PostgresLockerBuilder {
     idle_waiters: usize,
     max_waiters: usize,
     query_timeout: Duration,
+    ping_interval: Duration,
+    ping_timeout: Duration,
+    idle_session_timeout: Option<Duration>,
     client_keepalive: TcpKeepalive,
     server_keepalive: Option<TcpKeepalive>,
     /// Client keepalive options the URL set itself (kept over our defaults).
@@ -180,9 +195,12 @@ const OWN_PARAMS: &[&str] = &[
     "fencing",
     "fencing_table",
     "holder",
+    "idle_session_timeout",
     "sessions",
     "idle_waiters",
     "max_waiters",
+    "ping_interval",
+    "ping_timeout",
     "query_timeout",
     "server_keepalives",
     "sslmode",
@@ -265,6 +283,9 @@ impl PostgresLockerBuilder {
             idle_waiters: DEFAULT_IDLE_WAITERS,
             max_waiters: DEFAULT_MAX_WAITERS,
             query_timeout: DEFAULT_QUERY_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            ping_timeout: DEFAULT_PING_TIMEOUT,
+            idle_session_timeout: Some(DEFAULT_IDLE_SESSION_TIMEOUT),
             client_keepalive: TcpKeepalive::CLIENT,
             server_keepalive: Some(TcpKeepalive::SERVER),
             url_keepalive: UrlKeepalive::default(),
@@ -294,6 +315,14 @@ impl PostgresLockerBuilder {
                     })?;
             }
             "query_timeout" => self.query_timeout = Duration::from_secs(parse_number(name, value)?),
+            "ping_interval" => self.ping_interval = parse_duration(name, value)?,
+            "ping_timeout" => self.ping_timeout = parse_duration(name, value)?,
+            "idle_session_timeout" => {
+                self.idle_session_timeout = match value {
+                    "off" | "0" => None,
+                    _ => Some(parse_duration(name, value)?),
+                }
+            }
             "server_keepalives" => {
                 if !parse_switch(name, value)? {
                     self.server_keepalive = None;
@@ -401,6 +430,41 @@ impl PostgresLockerBuilder {
         self
     }
 
+    /// How long a session may go without an answer from the server before
+    /// it is pinged (default [`DEFAULT_PING_INTERVAL`]; URL
+    /// `ping_interval`). Every session, idle or holding, is kept talking at
+    /// this pace, so that a silent server is noticed by an answer that does
+    /// not come, whatever sits between (see
+    /// [Lost locks](super#semantics)).
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval;
+        self
+    }
+
+    /// How long a ping may go unanswered (default [`DEFAULT_PING_TIMEOUT`];
+    /// URL `ping_timeout`): a session that has answered nothing for
+    /// `ping_interval + ping_timeout` is closed, and its leases fire their
+    /// lost signal. Any statement on a shared session must be answered
+    /// within that too, so the sessions' `lock_timeout` is at most half the
+    /// ping timeout.
+    pub fn ping_timeout(mut self, timeout: Duration) -> Self {
+        self.ping_timeout = timeout;
+        self
+    }
+
+    /// The server's `idle_session_timeout` for this locker's sessions
+    /// (default [`DEFAULT_IDLE_SESSION_TIMEOUT`]; URL
+    /// `idle_session_timeout`, `off` for none; Postgres 14 and later): the
+    /// server ends a session it has heard nothing from for this long, and
+    /// frees its locks, whatever sits between it and the holder (a pooler
+    /// that keeps the server session open for a vanished client, a proxy
+    /// that answers the server's keepalive). The pings keep a live holder's
+    /// sessions well inside it. `None` leaves it off.
+    pub fn idle_session_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_session_timeout = timeout;
+        self
+    }
+
     /// How long opening a connection may take (default
     /// [`DEFAULT_CONNECT_TIMEOUT`], unless the URL sets `connect_timeout`).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
@@ -464,6 +528,26 @@ impl PostgresLockerBuilder {
                 "the query timeout must be positive",
             ));
         }
+        if self.ping_interval.is_zero() || self.ping_timeout.is_zero() {
+            return Err(Error::invalid(
+                "ping_interval",
+                "ping_interval and ping_timeout must be positive",
+            ));
+        }
+        if let Some(idle) = self.idle_session_timeout {
+            let silence_limit = self.ping_interval.saturating_add(self.ping_timeout);
+            if idle <= silence_limit.saturating_add(self.ping_interval) {
+                return Err(Error::invalid(
+                    "idle_session_timeout",
+                    format!(
+                        "idle_session_timeout is {idle:?}; it must be longer than \
+                         2 × ping_interval + ping_timeout ({:?}), or the server would end \
+                         sessions a live holder is still pinging (or set it off)",
+                        silence_limit.saturating_add(self.ping_interval)
+                    ),
+                ));
+            }
+        }
         let fencing = match (self.fencing_enabled, &self.fencing_table) {
             (false, _) => None,
             (true, Some((schema, table))) => Some(FencingTable::new(schema.as_deref(), table)?),
@@ -471,23 +555,7 @@ impl PostgresLockerBuilder {
         };
         let tls = Tls::new(self.ssl_mode, &self.root_certs)?;
         self.apply_connection_defaults();
-        let defaults = self.client_keepalive;
-        // What the connections will really use: the URL may have set some.
-        let client_keepalive = TcpKeepalive {
-            idle: self.pg.get_keepalives_idle(),
-            interval: self
-                .pg
-                .get_keepalives_interval()
-                .unwrap_or(defaults.interval),
-            retries: self.pg.get_keepalives_retries().unwrap_or(defaults.retries),
-            user_timeout: self
-                .pg
-                .get_tcp_user_timeout()
-                .copied()
-                .unwrap_or(defaults.user_timeout),
-        };
         Ok(Settings {
-            client_keepalive,
             target: describe_target(&self.pg),
             pg: self.pg,
             tls,
@@ -498,6 +566,9 @@ impl PostgresLockerBuilder {
             idle_waiters: self.idle_waiters,
             max_waiters: self.max_waiters,
             query_timeout: self.query_timeout,
+            ping_interval: self.ping_interval,
+            ping_timeout: self.ping_timeout,
+            idle_session_timeout: self.idle_session_timeout,
             server_keepalive: self.server_keepalive,
         })
     }
@@ -551,54 +622,79 @@ pub(super) struct Settings {
     pub(super) idle_waiters: usize,
     pub(super) max_waiters: usize,
     pub(super) query_timeout: Duration,
-    /// The keepalive every connection of this locker really uses.
-    pub(super) client_keepalive: TcpKeepalive,
+    /// A session silent this long is pinged.
+    pub(super) ping_interval: Duration,
+    /// A ping unanswered this long closes its session.
+    pub(super) ping_timeout: Duration,
+    /// Set as the server's `idle_session_timeout` on every session.
+    pub(super) idle_session_timeout: Option<Duration>,
     pub(super) server_keepalive: Option<TcpKeepalive>,
 }
 
 impl Settings {
     /// The `lock_timeout` of every session (shared and waiter, outside a
-    /// wait's own): half the query timeout, so a statement blocked on a
-    /// heavyweight lock (another client's `SELECT … FOR UPDATE` of a fencing
-    /// row, an `ALTER TABLE` of the table) fails on the server, and so
-    /// releases the session for the locks pipelined behind it, before the
-    /// client gives up on it. At least 1 ms (0 would mean none).
+    /// wait's own): half the query timeout, and at most half the ping
+    /// timeout, so a statement blocked on a heavyweight lock (another
+    /// client's `SELECT … FOR UPDATE` of a fencing row, an `ALTER TABLE` of
+    /// the table) fails on the server, and so releases the session for the
+    /// locks pipelined behind it, before the client gives up on it, and
+    /// before the session's silence could be taken for a silent server. At
+    /// least 1 ms (0 would mean none).
     pub(super) fn session_lock_timeout_ms(&self) -> u64 {
-        let half = self.query_timeout.as_millis() / 2;
+        let half = self.query_timeout.min(self.ping_timeout).as_millis() / 2;
         u64::try_from(half)
             .unwrap_or(u64::MAX)
             .clamp(1, i32::MAX as u64)
     }
 
-    /// How long a lock is still ours on the server after a session died
-    /// because this client's keepalive or user timeout gave up on a silent
-    /// server (a partition at instant `c`), counted from that detection `d`:
+    /// How long a session may answer nothing before the client closes it:
+    /// `ping_interval + ping_timeout`. A live session is never that quiet:
+    /// it is pinged after `ping_interval` of silence, and a ping (or any
+    /// statement, whose server-side blocking `lock_timeout` bounds) is
+    /// answered within `ping_timeout`.
+    pub(super) fn silence_limit(&self) -> Duration {
+        self.ping_interval.saturating_add(self.ping_timeout)
+    }
+
+    /// How long after the client sent a statement that the server answered
+    /// the server keeps this session's locks at the least, whatever happens
+    /// next (a partition, a vanished holder, a hop in between that goes
+    /// silent): the earliest of the ways the server ends a silent session,
     ///
-    /// - the client heard from the server at most `client.latest_detection()`
-    ///   before `d`, and not after `c`, so `c ≥ d − client.latest_detection()`;
-    /// - the server frees the lock `server.earliest_detection()` or more after
-    ///   it last heard from the client, which is no earlier than
-    ///   `c − server.idle`: an idle server probes after `idle`, and the
-    ///   client's answer is the last segment that counts (the client's own
-    ///   probes are out of window and do not reset the server's timer);
+    /// - its TCP keepalive, set per session ([`TcpKeepalive::SERVER`]): the
+    ///   server heard that statement after it was sent, and gives up on a
+    ///   silent peer no sooner than `earliest_detection()` after it last
+    ///   heard from it; `idle` is taken off, as the peer that answers its
+    ///   probes may be a proxy's kernel that stops answering a probe
+    ///   interval before the last segment the server counted;
+    /// - `idle_session_timeout`, counted by the server from the end of the
+    ///   session's last statement, which is after it was sent.
     ///
-    /// so the server frees it no earlier than `d + server.earliest_detection()
-    /// − server.idle − client.latest_detection()`: that difference is the
-    /// grace. Zero when the server's keepalive is left alone
-    /// (`server_keepalives=off`: unknown) or the client's is unbounded.
-    /// Each side's timers count from the last segment it heard; none of this
-    /// holds for a holder paused through them (fencing tokens are the remedy).
-    pub(super) fn partition_grace(&self) -> Duration {
-        match (
-            self.server_keepalive,
-            self.client_keepalive.latest_detection(),
-        ) {
-            (Some(server), Some(client_latest)) => server
-                .earliest_detection()
-                .saturating_sub(server.idle)
-                .saturating_sub(client_latest),
-            _ => Duration::ZERO,
+    /// Zero when the server's keepalive is left alone
+    /// (`server_keepalives=off`): the server's own settings are unknown, so
+    /// nothing is promised. A holder that learns its session is gone keeps
+    /// treating its locks as held until `sent + server_window()` (see
+    /// [`Session`](super::session::Session)); none of this holds for a holder
+    /// paused through it (fencing tokens are the remedy), nor for a pooler
+    /// between client and server whose own keepalive gives up on the client
+    /// sooner (the module docs say what it must be configured with).
+    pub(super) fn server_window(&self) -> Duration {
+        let Some(server) = self.server_keepalive else {
+            return Duration::ZERO;
+        };
+        let keepalive = server.earliest_detection().saturating_sub(server.idle);
+        match self.idle_session_timeout {
+            Some(idle) => keepalive.min(idle),
+            None => keepalive,
         }
+    }
+
+    /// The grace a holder still has when its session is declared dead at the
+    /// silence limit: `server_window() − silence_limit()` (6 s with the
+    /// defaults). The module docs quote it.
+    #[cfg(test)]
+    fn grace_at_silence_limit(&self) -> Duration {
+        self.server_window().saturating_sub(self.silence_limit())
     }
 }
 
@@ -640,6 +736,19 @@ fn parse_switch(name: &str, value: &str) -> Result<bool> {
             format!("{name}={other:?}: expected on or off"),
         )),
     }
+}
+
+/// A duration parameter: `500ms`, `2s`, `1m`; a bare number is seconds.
+fn parse_duration(name: &str, value: &str) -> Result<Duration> {
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(value).map_err(|e| {
+        Error::invalid(
+            "url",
+            format!("{name}={value:?}: expected a duration like 500ms or 2s ({e})"),
+        )
+    })
 }
 
 fn parse_number<T: FromStr>(name: &str, value: &str) -> Result<T> {
@@ -766,33 +875,69 @@ mod tests {
     }
 
     #[test]
-    fn the_default_keepalives_leave_a_partition_grace_of_six_seconds() {
-        assert_eq!(
-            TcpKeepalive::CLIENT.latest_detection(),
-            Some(Duration::from_secs(4))
-        );
+    fn the_defaults_leave_a_grace_of_six_seconds_after_a_silent_server_is_noticed() {
         assert_eq!(
             TcpKeepalive::SERVER.earliest_detection(),
             Duration::from_secs(12)
         );
         let s = settings("postgres://u@h/d").unwrap();
-        assert_eq!(s.client_keepalive, TcpKeepalive::CLIENT);
-        assert_eq!(s.partition_grace(), Duration::from_secs(6));
-        assert_eq!(s.session_lock_timeout_ms(), 5000);
-        // Unknown server side, an unbounded client side, or a client slower
-        // than the server: no grace.
+        assert_eq!(s.pg.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
+        assert_eq!(s.silence_limit(), Duration::from_secs(4));
+        assert_eq!(s.server_window(), Duration::from_secs(10));
+        assert_eq!(s.grace_at_silence_limit(), Duration::from_secs(6));
+        assert_eq!(s.session_lock_timeout_ms(), 1500);
+        // The client's own TCP timers no longer set the bound: the pings do.
         for url in [
-            "postgres://u@h/d?server_keepalives=off",
             "postgres://u@h/d?tcp_user_timeout=0",
             "postgres://u@h/d?keepalives_idle=30",
-            "postgres://u@h/d?tcp_user_timeout=20000",
         ] {
             assert_eq!(
-                settings(url).unwrap().partition_grace(),
-                Duration::ZERO,
+                settings(url).unwrap().grace_at_silence_limit(),
+                Duration::from_secs(6),
                 "{url}"
             );
         }
+        // The server's keepalive left alone: nothing known, no grace.
+        let s = settings("postgres://u@h/d?server_keepalives=off").unwrap();
+        assert_eq!(s.server_window(), Duration::ZERO);
+        // A shorter idle_session_timeout shortens the window; off leaves
+        // the keepalive's.
+        let s = settings("postgres://u@h/d?idle_session_timeout=7s").unwrap();
+        assert_eq!(s.server_window(), Duration::from_secs(7));
+        assert_eq!(s.grace_at_silence_limit(), Duration::from_secs(3));
+        let s = settings("postgres://u@h/d?idle_session_timeout=off").unwrap();
+        assert_eq!(s.idle_session_timeout, None);
+        assert_eq!(s.server_window(), Duration::from_secs(10));
+        // Slower pings leave less grace, never a negative one.
+        let s =
+            settings("postgres://u@h/d?ping_interval=5s&ping_timeout=6s&idle_session_timeout=off")
+                .unwrap();
+        assert_eq!(s.silence_limit(), Duration::from_secs(11));
+        assert_eq!(s.grace_at_silence_limit(), Duration::ZERO);
+    }
+
+    #[test]
+    fn durations_take_units_and_bare_seconds() {
+        let s =
+            settings("postgres://u@h/d?ping_interval=500ms&ping_timeout=2&idle_session_timeout=1m")
+                .unwrap();
+        assert_eq!(s.ping_interval, Duration::from_millis(500));
+        assert_eq!(s.ping_timeout, Duration::from_secs(2));
+        assert_eq!(s.idle_session_timeout, Some(Duration::from_secs(60)));
+        for url in [
+            "postgres://u:hunter2@h/d?ping_interval=soon",
+            "postgres://u:hunter2@h/d?ping_interval=0",
+            "postgres://u:hunter2@h/d?ping_timeout=0s",
+        ] {
+            let err = settings(url).unwrap_err().to_string();
+            assert!(err.contains("ping_"), "{url}: {err}");
+            assert!(!err.contains("hunter2"), "{url}: {err}");
+        }
+        // An idle_session_timeout the pings could not stay inside.
+        let err = settings("postgres://u@h/d?idle_session_timeout=5s")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("idle_session_timeout is 5s"), "{err}");
     }
 
     #[test]

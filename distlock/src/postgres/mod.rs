@@ -22,7 +22,7 @@
 //! # }
 //! ```
 //!
-//! # ⚠ Connection poolers
+//! # ⚠ Connection poolers and proxies
 //!
 //! **Do not point this backend at PgBouncer (or RDS Proxy, Supavisor, ...) in
 //! transaction mode.** Such a pooler hands each transaction to whichever
@@ -35,6 +35,37 @@
 //! through a pooler in *session* mode, or use the transaction-scoped
 //! functions [`try_lock_xact`] and [`lock_xact`] inside your own transaction.
 //!
+//! **Between the client and the server** (a Cloud SQL or AlloyDB auth proxy,
+//! an Envoy/Istio/Linkerd sidecar, PgBouncer in session mode, an SSH tunnel,
+//! `kubectl port-forward`), the hop answers each side's TCP keepalive itself,
+//! so neither kernel notices when the other side goes silent behind it.
+//! distlock does not rely on them for its bounds: every session is pinged
+//! after `ping_interval` (1 s) without an answer and closed when it has
+//! answered nothing for `ping_interval + ping_timeout` (4 s), so the holder
+//! learns; and every session runs with the server's `idle_session_timeout`
+//! (10 s, Postgres 14+), so the server ends a session it no longer hears
+//! from, and frees its locks, whatever the hop does with its connections.
+//! What a pooler must be configured with:
+//!
+//! - **session mode** (`pool_mode = session`), as above;
+//! - **its client-side keepalive must not give up sooner than 10 s**
+//!   (`tcp_keepidle + tcp_keepintvl × tcp_keepcnt` and `tcp_user_timeout`
+//!   in `pgbouncer.ini`, or `client_idle_timeout`): when the pooler notices a
+//!   vanished client it closes the server session at once, and a holder is
+//!   promised its locks for 10 s after its last answered statement. The
+//!   defaults (the OS's: 2 hours) are safe. `tcp_keepalive = 1`,
+//!   `tcp_keepidle = 2`, `tcp_keepintvl = 2`, `tcp_keepcnt = 5` and
+//!   `tcp_user_timeout = 12000` mirror what distlock asks of the server
+//!   ([`TcpKeepalive::SERVER`]);
+//! - on **Postgres 13 and older**, which have no `idle_session_timeout`, the
+//!   pooler's client-side keepalive is the only thing that ends the server
+//!   session of a vanished client: with the OS defaults a dead holder's
+//!   locks stay for up to 2 hours. Set the values above.
+//!
+//! distlock cannot read a pooler's configuration through its sessions, so it
+//! cannot check these; `distlock`'s fault suite runs the PgBouncer cells
+//! (session mode, a client gone silent) with the settings above.
+//!
 //! # Semantics
 //!
 //! - **ttl is not enforced.** A lock is held until it is released or its
@@ -46,36 +77,43 @@
 //!   - the holder process exits or is killed (even `SIGKILL`): its kernel
 //!     closes the socket, the server sees it at once, and the lock is free
 //!     within milliseconds;
-//!   - the holder's host dies or is cut off: the server notices through TCP
-//!     keepalive, which distlock sets per session ([`TcpKeepalive::SERVER`])
-//!     instead of the usual 2 hours: the lock is freed 10 to 12 s after the
-//!     holder went silent, never sooner;
+//!   - the holder's host dies or is cut off, or anything between it and the
+//!     server goes silent: the server notices through TCP keepalive, which
+//!     distlock sets per session ([`TcpKeepalive::SERVER`]) instead of the
+//!     usual 2 hours, or through `idle_session_timeout` (10 s, set per
+//!     session on Postgres 14+), which also covers a proxy or pooler that
+//!     keeps the server's connection open: the lock is freed no sooner than
+//!     10 s after the holder's last answered statement was sent (its pings
+//!     keep that within a second of the cut), and on Postgres 14+ within
+//!     about 12 s;
 //!   - `pg_terminate_backend` of the session: at once.
 //! - **Lost locks.** When a session ends, every lease on it fires
 //!   [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost), and
 //!   its [`Lease::valid_until`] says until when the lock may still be
 //!   treated as held:
-//!   - a partition (the client's keepalive or user timeout gave up on a
-//!     silent server): the holder learns it at most 4 s after the cut
-//!     ([`TcpKeepalive::CLIENT`]) and the server frees the lock no earlier
-//!     than 10 s after it, so the lease stays valid for a grace of
-//!     `server.earliest_detection() − server.idle −
-//!     client.latest_detection()` = 12 − 2 − 4 = **6 s** after the lost
-//!     signal (with the default keepalives; see
-//!     [`TcpKeepalive::earliest_detection`] and
-//!     [`TcpKeepalive::latest_detection`]). `distlock run` SIGKILLs its
-//!     command by `valid_until − drift_margin(ttl)`: within 6 s of the
-//!     signal, minus the margin, before the server can grant the lock to
-//!     anyone else;
+//!   - the server went silent (a partition, a server cut off behind a proxy,
+//!     a pooler or a tunnel, a paused server): the holder learns it from its
+//!     own pings, not from its socket, which a hop in between keeps alive.
+//!     Every session that has gone `ping_interval` (1 s) without an answer
+//!     is pinged, and one that has answered nothing for `ping_interval +
+//!     ping_timeout` (**4 s**) is closed. The server keeps the locks at least
+//!     10 s after the last answered statement was sent (see the previous
+//!     item), so the lease stays valid until then: about **6 s** after the
+//!     lost signal with the defaults. `distlock run` SIGKILLs its command by
+//!     `valid_until − drift_margin(ttl)`, before the server can grant the
+//!     lock to anyone else. (This client's TCP keepalive and user timeout,
+//!     [`TcpKeepalive::CLIENT`], may notice a direct connection's death
+//!     sooner; the grace is counted the same way.)
 //!   - the server closed or reset the connection (`pg_terminate_backend`,
 //!     a restart), distlock closed it, or the server's keepalive is left
-//!     alone (`server_keepalives=off`) or the client's is unbounded
-//!     (`tcp_user_timeout=0`): no grace, `valid_until` is the instant of the
-//!     signal, since the lock may already be free.
+//!     alone (`server_keepalives=off`): no grace, `valid_until` is the
+//!     instant of the signal, since the lock may already be free.
 //!
-//!   Those bounds count from the last segment each side heard, on the
-//!   kernels' timers: a holder paused (or a clock stopped) through them
-//!   gets no such promise, which is what fencing tokens are for.
+//!   Those bounds count from the last statement the server answered, on
+//!   each side's own clock: a holder paused through them gets no such
+//!   promise (its server ends a session it has not heard from for 10 s, and
+//!   the paused holder learns only when it resumes), which is what fencing
+//!   tokens are for.
 //! - **Fencing.** Each grant bumps a counter row of the key in the statement
 //!   that takes the lock, while the lock is held, in a committed transaction
 //!   (see [Fencing table](#fencing-table)): tokens strictly increase across
@@ -116,16 +154,19 @@
 //!   [`Locker::try_lock`], [`Locker::unlock`] and [`Locker::refresh`] wait
 //!   at most `query_timeout` for their statement (opening a session first
 //!   is bounded by `connect_timeout` per host plus `query_timeout`).
-//! - **Server-side timeouts.** Every session turns `statement_timeout`,
-//!   `idle_session_timeout` and `idle_in_transaction_session_timeout` off
-//!   (where the server has them), whatever the role or database sets: they
-//!   would end a native wait with an error, or end an idle session and free
-//!   its locks under their holders. Every session runs with a
-//!   `lock_timeout` of half the query timeout, so a fencing-row update
+//! - **Server-side timeouts.** Every session turns `statement_timeout` and
+//!   `idle_in_transaction_session_timeout` off, whatever the role or
+//!   database sets: they would end a native wait with an error, or end a
+//!   session and free its locks under their holders. It sets
+//!   `idle_session_timeout` to 10 s (Postgres 14+; `idle_session_timeout`
+//!   parameter), which its pings stay well inside while the holder lives.
+//!   Every session runs with a `lock_timeout` of half the ping timeout
+//!   (1.5 s; at most half the query timeout), so a fencing-row update
 //!   blocked by another client (a `SELECT … FOR UPDATE` on
 //!   `distlock_fencing`, an `ALTER TABLE`) fails that one attempt with
 //!   [`Error::Backend`] (and releases its lock) instead of stalling every
-//!   lock on its shared session.
+//!   lock on its shared session past the point where its silence would
+//!   close it.
 //! - **Abandoned attempts.** A [`Locker::try_lock`] dropped (or timed out)
 //!   after its statement was sent may have taken the lock; it is released
 //!   in the background, one round trip later. Until then, `try_lock` and
@@ -276,6 +317,9 @@
 //! | `idle_waiters` | idle wait connections kept | 2 |
 //! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
 //! | `query_timeout` | seconds any statement may go unanswered | 10 |
+//! | `ping_interval` | a session this long without an answer is pinged (`500ms`, `2s`; a bare number is seconds) | `1s` |
+//! | `ping_timeout` | a ping unanswered this long closes its session | `3s` |
+//! | `idle_session_timeout` | the server's `idle_session_timeout` for distlock's sessions, or `off` | `10s` |
 //! | `server_keepalives` | `off` leaves the server's TCP keepalive alone | `on` |
 //! | `tcp_user_timeout` | milliseconds, as in libpq | 4000 |
 //! | `sslmode` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` | `prefer` |
@@ -313,7 +357,8 @@ mod xact;
 
 pub use config::{
     PostgresLockerBuilder, TcpKeepalive, DEFAULT_APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_WAITERS, DEFAULT_MAX_WAITERS, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
+    DEFAULT_IDLE_SESSION_TIMEOUT, DEFAULT_IDLE_WAITERS, DEFAULT_MAX_WAITERS, DEFAULT_PING_INTERVAL,
+    DEFAULT_PING_TIMEOUT, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
 };
 pub use fencing::DEFAULT_TABLE as DEFAULT_FENCING_TABLE;
 pub use keys::advisory_key;

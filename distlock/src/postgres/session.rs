@@ -5,13 +5,25 @@
 //! driver task is what notices the end (the server closed it, TCP keepalive
 //! or the user timeout gave up, or distlock closed it) and reports it, so the
 //! leases held on it can fire their lost signal.
+//!
+//! A socket's own view is not enough: a proxy, a sidecar or a pooler between
+//! client and server (a Cloud SQL auth proxy, Envoy, PgBouncer on the client
+//! host, an SSH tunnel) answers the client's TCP keepalive itself, so a
+//! server cut off behind it is never noticed by the client's kernel. So each
+//! session is also watched by answers: every statement that is answered
+//! records when it was sent, a session silent for `ping_interval` is pinged,
+//! and one that has answered nothing for `ping_interval + ping_timeout` is
+//! closed as silent ([`spawn_watch`]). Its locks stay ours on the server for
+//! [`Settings::server_window`] after the last answered statement was sent,
+//! so that is how long its leases stay valid.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage, Statement};
 
@@ -32,8 +44,8 @@ pub(super) enum Role {
 
 /// Called once, from the driver task, when a session's connection is gone:
 /// with the session's id, why, and how long its locks may still be held on
-/// the server (see [`Settings::partition_grace`]; zero unless this client's
-/// keepalive gave up on a silent server).
+/// the server (what is left of [`Settings::server_window`] since the last
+/// answered statement was sent; zero unless the server went silent).
 pub(super) type OnClosed = Arc<dyn Fn(u64, &str, Duration) + Send + Sync>;
 
 pub(super) struct Session {
@@ -60,11 +72,100 @@ impl fmt::Debug for Session {
     }
 }
 
-/// Shared by a session and its driver task.
-#[derive(Default)]
+/// Shared by a session, its driver task and its watch.
 struct Liveness {
     closed: AtomicBool,
     close: Notify,
+    /// Set before `close` is notified when the watch closes the session
+    /// because the server answered nothing in time.
+    silent: AtomicBool,
+    /// When the latest statement that got an answer was sent, in
+    /// nanoseconds since `epoch` (only ever raised).
+    heard_sent_ns: AtomicU64,
+    epoch: Instant,
+    /// Native waits in flight: a wait is silent by design (the server
+    /// answers when the lock is granted), and a session waiting holds no
+    /// lock, so the watch leaves it alone meanwhile.
+    waits: AtomicUsize,
+}
+
+/// How far back from a native wait's answer the server may have sent it:
+/// the grant is counted as heard this long before its answer arrived (and
+/// never before the wait was sent). An answer that spent longer on the way
+/// would be a network no lock could be held across.
+const ANSWER_TRAVEL_ALLOWANCE: Duration = Duration::from_secs(1);
+
+impl Liveness {
+    fn new() -> Self {
+        let epoch = Instant::now();
+        Liveness {
+            closed: AtomicBool::new(false),
+            close: Notify::new(),
+            silent: AtomicBool::new(false),
+            heard_sent_ns: AtomicU64::new(0),
+            epoch,
+            waits: AtomicUsize::new(0),
+        }
+    }
+
+    /// A statement sent at `sent` was answered.
+    fn heard(&self, sent: Instant) {
+        let ns = u64::try_from(sent.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX);
+        self.heard_sent_ns.fetch_max(ns, Ordering::AcqRel);
+    }
+
+    /// When the latest answered statement was sent.
+    fn heard_sent(&self) -> Instant {
+        let ns = self.heard_sent_ns.load(Ordering::Acquire);
+        self.epoch
+            .checked_add(Duration::from_nanos(ns))
+            .unwrap_or(self.epoch)
+    }
+
+    /// Records the outcome of a statement sent at `sent`: any answer from the
+    /// server, an error report included, shows it was alive after `sent`.
+    fn observe<T>(
+        &self,
+        sent: Instant,
+        result: Result<T, tokio_postgres::Error>,
+    ) -> Result<T, tokio_postgres::Error> {
+        if result
+            .as_ref()
+            .map_or_else(|e| e.as_db_error().is_some(), |_| true)
+        {
+            self.heard(sent);
+        }
+        result
+    }
+
+    /// How long the locks of this session stay ours on the server from now
+    /// on: what is left of `server_window` since the last answered
+    /// statement was sent.
+    fn grace(&self, server_window: Duration) -> Duration {
+        self.heard_sent()
+            .checked_add(server_window)
+            .map_or(Duration::ZERO, |until| {
+                until.saturating_duration_since(Instant::now())
+            })
+    }
+}
+
+/// Counts a native wait in flight for as long as it lives (a cancelled wait
+/// included).
+struct WaitInFlight<'a>(&'a Liveness);
+
+impl<'a> WaitInFlight<'a> {
+    fn start(liveness: &'a Liveness) -> Self {
+        liveness.waits.fetch_add(1, Ordering::AcqRel);
+        WaitInFlight(liveness)
+    }
+}
+
+impl Drop for WaitInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.waits.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 struct Statements {
@@ -102,14 +203,16 @@ impl Session {
         let context = || format!("cannot connect to {}", settings.target);
         let (client, driver) =
             errors::within("connect", connect_within, context, connecting).await?;
-        let liveness = Arc::new(Liveness::default());
+        let liveness = Arc::new(Liveness::new());
         spawn_driver(
             driver,
             liveness.clone(),
             id,
-            settings.partition_grace(),
+            settings.server_window(),
+            settings.silence_limit(),
             on_closed,
         );
+        let setup_sent = Instant::now();
 
         let prepare = async {
             if let Some(table) = ensure_table {
@@ -156,14 +259,21 @@ impl Session {
                 return Err(e);
             }
         };
-        Ok(Arc::new(Session {
+        liveness.heard(setup_sent);
+        let session = Arc::new(Session {
             id,
             role,
             client,
             statements,
             liveness,
             _waiter_permit: waiter_permit,
-        }))
+        });
+        spawn_watch(
+            Arc::downgrade(&session),
+            settings.ping_interval,
+            settings.silence_limit(),
+        );
+        Ok(session)
     }
 
     /// True once the connection is gone (or going): nothing it held is held.
@@ -196,48 +306,54 @@ impl Session {
         fencing: bool,
     ) -> Result<Option<Option<i64>>, tokio_postgres::Error> {
         let statement = &self.statements.try_lock;
+        let sent = Instant::now();
         let row = if fencing {
             self.client
                 .query_opt(statement, &record_params(&key, &owner_digest, record))
-                .await?
+                .await
         } else {
-            self.client.query_opt(statement, &[&key]).await?
+            self.client.query_opt(statement, &[&key]).await
         };
+        let row = self.liveness.observe(sent, row)?;
         row.map(|row| row.try_get::<_, Option<i64>>(0)).transpose()
     }
 
     /// Releases one hold of `key`: true if this session held it.
     pub(super) async fn unlock(&self, key: i64) -> Result<bool, tokio_postgres::Error> {
-        self.client
+        let sent = Instant::now();
+        let row = self
+            .client
             .query_one(&self.statements.unlock, &[&key])
-            .await?
-            .try_get(0)
+            .await;
+        self.liveness.observe(sent, row)?.try_get(0)
     }
 
     /// True if this session holds `key` (and so, that the session is alive).
     pub(super) async fn holds(&self, key: i64) -> Result<bool, tokio_postgres::Error> {
-        self.client
-            .query_one(&self.statements.holds, &[&key])
-            .await?
-            .try_get(0)
+        let sent = Instant::now();
+        let row = self.client.query_one(&self.statements.holds, &[&key]).await;
+        self.liveness.observe(sent, row)?.try_get(0)
     }
 
     /// Which of `keys` this session does not hold (in no particular order).
     pub(super) async fn lost_among(&self, keys: &[i64]) -> Result<Vec<i64>, tokio_postgres::Error> {
+        let sent = Instant::now();
         let rows = self
             .client
             .query(&self.statements.lost_among, &[&keys])
-            .await?;
+            .await;
+        let rows = self.liveness.observe(sent, rows)?;
         rows.iter().map(|row| row.try_get(0)).collect()
     }
 
     /// Releases `key` if this session holds it; true if it did.
     pub(super) async fn unlock_if_held(&self, key: i64) -> Result<bool, tokio_postgres::Error> {
+        let sent = Instant::now();
         let rows = self
             .client
             .query(&self.statements.unlock_if_held, &[&key])
-            .await?;
-        Ok(!rows.is_empty())
+            .await;
+        Ok(!self.liveness.observe(sent, rows)?.is_empty())
     }
 
     /// Bumps the fencing counter of `key`, held by this session, and writes
@@ -249,12 +365,14 @@ impl Session {
         record: &GrantRecord<'_>,
     ) -> Result<Option<i64>, tokio_postgres::Error> {
         match &self.statements.grant_token {
-            Some(statement) => self
-                .client
-                .query_one(statement, &record_params(&key, &owner_digest, record))
-                .await?
-                .try_get(0)
-                .map(Some),
+            Some(statement) => {
+                let sent = Instant::now();
+                let row = self
+                    .client
+                    .query_one(statement, &record_params(&key, &owner_digest, record))
+                    .await;
+                self.liveness.observe(sent, row)?.try_get(0).map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -266,11 +384,19 @@ impl Session {
         wait_sql: &str,
         fencing: bool,
     ) -> Result<Option<i64>, WaitError> {
+        let sent = Instant::now();
+        let in_flight = WaitInFlight::start(&self.liveness);
+        let messages = self.client.simple_query(wait_sql).await;
+        // The server answers a wait when it grants the lock, long after the
+        // wait was sent: count it as heard shortly before the answer came.
+        let answered = Instant::now()
+            .checked_sub(ANSWER_TRAVEL_ALLOWANCE)
+            .map_or(sent, |at| at.max(sent));
         let messages = self
-            .client
-            .simple_query(wait_sql)
-            .await
+            .liveness
+            .observe(answered, messages)
             .map_err(WaitError::Postgres)?;
+        drop(in_flight);
         if !fencing {
             return Ok(None);
         }
@@ -292,7 +418,23 @@ impl Session {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        self.client.query(sql, params).await
+        let sent = Instant::now();
+        let rows = self.client.query(sql, params).await;
+        self.liveness.observe(sent, rows)
+    }
+
+    /// One round trip that does nothing on the server (an empty query).
+    async fn ping(&self) -> Result<(), tokio_postgres::Error> {
+        let sent = Instant::now();
+        let answer = self.client.batch_execute("").await;
+        self.liveness.observe(sent, answer)
+    }
+
+    /// Closes the connection because the server answered nothing for the
+    /// silence limit: its leases keep what is left of the server window.
+    fn close_silent(&self) {
+        self.liveness.silent.store(true, Ordering::Release);
+        self.close();
     }
 }
 
@@ -339,7 +481,8 @@ fn spawn_driver(
     driver: super::tls::Driver,
     liveness: Arc<Liveness>,
     id: u64,
-    partition_grace: Duration,
+    server_window: Duration,
+    silence_limit: Duration,
     on_closed: OnClosed,
 ) {
     tokio::spawn(async move {
@@ -353,18 +496,79 @@ fn spawn_driver(
                     // locks for a while; a reset or an error report means
                     // the server ended (or is ending) the session itself.
                     let grace = if gave_up_on_silent_peer(&e) {
-                        partition_grace
+                        liveness.grace(server_window)
                     } else {
                         Duration::ZERO
                     };
                     (errors::backend("hold", "the connection failed", e).to_string(), grace)
                 }
             },
-            () = liveness.close.notified() => ("distlock closed the connection".to_owned(), Duration::ZERO),
+            () = liveness.close.notified() => if liveness.silent.load(Ordering::Acquire) {
+                (
+                    format!(
+                        "the server answered nothing for {silence_limit:?} \
+                         (ping_interval + ping_timeout); distlock closed the connection"
+                    ),
+                    liveness.grace(server_window),
+                )
+            } else {
+                ("distlock closed the connection".to_owned(), Duration::ZERO)
+            },
         };
         // The driver (and with it the socket) is dropped by now.
         liveness.closed.store(true, Ordering::Release);
         on_closed(id, &why, grace);
+    });
+}
+
+/// Keeps a session talking and closes it when the server falls silent:
+/// after `ping_interval` without an answer it is pinged, and once it has
+/// answered nothing for `silence_limit` it is closed as silent. A native
+/// wait in flight pauses the watch (the session holds nothing while it
+/// waits). Ends with the session (it holds only a weak reference between
+/// pings) or its connection.
+fn spawn_watch(session: Weak<Session>, ping_interval: Duration, silence_limit: Duration) {
+    tokio::spawn(async move {
+        loop {
+            let Some(live) = session.upgrade() else {
+                return;
+            };
+            if live.is_closed() {
+                return;
+            }
+            let liveness = &live.liveness;
+            let next_look = if liveness.waits.load(Ordering::Acquire) > 0 {
+                Instant::now().checked_add(ping_interval)
+            } else {
+                let heard = liveness.heard_sent();
+                let silent_for = heard.elapsed();
+                if silent_for >= silence_limit {
+                    tracing::warn!(
+                        component = "distlock",
+                        backend = BACKEND,
+                        session = live.id,
+                        ?silent_for,
+                        "closing a session the server stopped answering (a partition, or a \
+                         silent server behind a proxy or pooler)"
+                    );
+                    live.close_silent();
+                    return;
+                }
+                if silent_for >= ping_interval {
+                    let left = silence_limit.saturating_sub(silent_for);
+                    // Its answer raises `heard`; a failure is judged by the
+                    // silence it leaves, at the next look.
+                    let _ = tokio::time::timeout(left, live.ping()).await;
+                    continue;
+                }
+                heard.checked_add(ping_interval)
+            };
+            drop(live);
+            match next_look {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => return,
+            }
+        }
     });
 }
 
@@ -389,17 +593,25 @@ fn gave_up_on_silent_peer(error: &tokio_postgres::Error) -> bool {
 /// does not have (`idle_session_timeout` is Postgres 14+,
 /// `tcp_user_timeout` 12+):
 ///
-/// - `statement_timeout`, `idle_session_timeout` and
-///   `idle_in_transaction_session_timeout` off: a role or database default
-///   would otherwise turn a native wait into an error, or end an idle
-///   session that holds locks (and so free them under their holders);
+/// - `statement_timeout` and `idle_in_transaction_session_timeout` off: a
+///   role or database default would otherwise turn a native wait into an
+///   error, or end a session that holds locks (and so free them under their
+///   holders);
+/// - `idle_session_timeout` as configured (off unless set): the server ends
+///   a session it has heard nothing from for that long, whatever sits in
+///   between; the watch's pings keep a live one inside it;
 /// - `lock_timeout` (see [`Settings::session_lock_timeout_ms`]);
 /// - the server's keepalive for this connection, unless left alone. On a
 ///   Unix socket the server accepts and ignores it.
 fn session_setup_sql(settings: &Settings) -> String {
     let mut values = vec![
         ("statement_timeout", "0".to_owned()),
-        ("idle_session_timeout", "0".to_owned()),
+        (
+            "idle_session_timeout",
+            settings
+                .idle_session_timeout
+                .map_or_else(|| "0".to_owned(), |idle| format!("{}ms", idle.as_millis())),
+        ),
         ("idle_in_transaction_session_timeout", "0".to_owned()),
         (
             "lock_timeout",

@@ -9,5 +9,6 @@ mod support;
 
 mod behaviour;
 mod faults;
+mod hop;
 mod inspect;
 mod partition;

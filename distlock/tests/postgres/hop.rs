@@ -1,0 +1,178 @@
+//! A holder that reaches Postgres through a local hop, as users deploy it
+//! (a Cloud SQL or AlloyDB auth proxy, an Envoy/Istio/Linkerd sidecar,
+//! PgBouncer on the client host, an SSH tunnel, `kubectl port-forward`):
+//! the hop's kernel answers the holder's TCP keepalive, so a server cut off
+//! behind it is never noticed by the holder's socket. The holder must learn
+//! from answers that do not come (its pings), before the server can free its
+//! lock; and a server that never hears of the holder's death (the hop keeps
+//! its side open) must still free the lock within the documented bound.
+
+use std::time::Duration;
+
+use distlock::postgres::PostgresLocker;
+use distlock::{drift_margin, Locker, LostReason};
+use test_servers::{netns, FaultProxy, PostgresServer};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// The pid of the session holding advisory key `key`, and its client port
+/// as the server sees it (here: the hop's upstream socket).
+fn holder_port(server: &PostgresServer, key: i64) -> (i32, u16) {
+    let row = server.psql(&format!(
+        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+         AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+    ));
+    let (pid, port) = row.split_once('|').expect("one holder: pid|port");
+    (pid.parse().expect("pid"), port.parse().expect("port"))
+}
+
+fn still_held_by(server: &PostgresServer, key: i64, pid: i32) -> bool {
+    server.advisory_locks().contains(&(pid, key))
+}
+
+/// Waits (up to `limit` after `from`) until the server no longer lists the
+/// lock; returns when.
+async fn freed(
+    server: &PostgresServer,
+    key: i64,
+    pid: i32,
+    from: Instant,
+    limit: Duration,
+) -> Instant {
+    loop {
+        if !still_held_by(server, key, pid) {
+            return Instant::now();
+        }
+        assert!(
+            from.elapsed() < limit,
+            "the server still holds the lock {limit:?} after the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn a_holder_behind_a_hop_whose_upstream_is_cut_stops_before_the_server_frees_its_lock() {
+    // The test's path in this binary, as `--exact` matches it.
+    const NAME: &str =
+        "hop::a_holder_behind_a_hop_whose_upstream_is_cut_stops_before_the_server_frees_its_lock";
+    if !netns::inside(NAME) {
+        return netns::rerun_inside(NAME);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(upstream_cut());
+}
+
+async fn upstream_cut() {
+    let server = PostgresServer::start();
+    let hop = FaultProxy::start(server.port());
+    let holder = PostgresLocker::from_url(&hop.proxied_url(&server.url()))
+        .await
+        .unwrap();
+    let contender = PostgresLocker::from_url(&server.url()).await.unwrap();
+    let key = "behind-a-hop";
+    let id = holder.advisory_key(key);
+    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let mut lost = lease.lost_signal();
+    let (pid, hop_upstream_port) = holder_port(&server, id);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The hop stays up (it still answers the holder); its upstream goes silent.
+    let cut = Instant::now();
+    netns::cut_port(hop_upstream_port);
+    let reason = tokio::time::timeout(Duration::from_secs(30), lost.wait())
+        .await
+        .expect("the holder learns within 30 s that its server went silent behind the hop");
+    let detected = Instant::now();
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(
+        detected - cut <= Duration::from_secs(6),
+        "told {:?} after the cut; ping_interval + ping_timeout is 4 s",
+        detected - cut
+    );
+    let valid_until = lease.valid_until().expect("a lost lease has a validity");
+    let grace = valid_until.saturating_duration_since(detected);
+    assert!(
+        grace >= Duration::from_secs(3),
+        "the lease stays valid {grace:?} after its lost signal"
+    );
+    assert!(
+        still_held_by(&server, id, pid),
+        "the server still holds it when the holder learns"
+    );
+    // `distlock run` stops its command by valid_until − drift_margin(ttl).
+    tokio::time::sleep_until(valid_until - drift_margin(TTL)).await;
+    assert!(
+        still_held_by(&server, id, pid),
+        "the server freed the lock before valid_until − drift_margin"
+    );
+    let freed_at = freed(&server, id, pid, cut, Duration::from_secs(30)).await;
+    eprintln!(
+        "cut → holder told {:?} → valid until {:?} → server frees {:?}",
+        detected - cut,
+        valid_until - cut,
+        freed_at - cut
+    );
+    let next = contender.try_lock(key, TTL).await.unwrap();
+    assert!(next.is_some(), "granted once the server freed it");
+}
+
+/// A hop that stops forwarding but keeps both of its connections open (its
+/// kernel answers both sides' keepalives): neither end's TCP can notice.
+/// The holder learns from its pings; the server frees the lock through the
+/// `idle_session_timeout` distlock sets on its sessions, not hours later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_that_goes_silent_both_ways_frees_the_lock_within_the_documented_bound() {
+    let server = PostgresServer::start();
+    let hop = FaultProxy::start(server.port());
+    let holder = PostgresLocker::from_url(&hop.proxied_url(&server.url()))
+        .await
+        .unwrap();
+    let key = "silent-hop";
+    let id = holder.advisory_key(key);
+    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let mut lost = lease.lost_signal();
+    let (pid, _) = holder_port(&server, id);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let cut = Instant::now();
+    hop.blackhole();
+    let reason = tokio::time::timeout(Duration::from_secs(30), lost.wait())
+        .await
+        .expect("the holder learns within 30 s that nothing answers");
+    let detected = Instant::now();
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(
+        detected - cut <= Duration::from_secs(6),
+        "told {:?} after the hop went silent",
+        detected - cut
+    );
+    let valid_until = lease.valid_until().expect("a lost lease has a validity");
+    tokio::time::sleep_until(valid_until - drift_margin(TTL)).await;
+    assert!(
+        still_held_by(&server, id, pid),
+        "the server freed the lock before valid_until − drift_margin"
+    );
+    // idle_session_timeout (10 s) from the session's last statement, and
+    // the server's check of it: well within 20 s.
+    let freed_at = freed(&server, id, pid, cut, Duration::from_secs(20)).await;
+    assert!(
+        freed_at >= valid_until,
+        "freed {:?} after the cut, before the lease's validity ended ({:?})",
+        freed_at - cut,
+        valid_until - cut
+    );
+    eprintln!(
+        "hop silent → holder told {:?} → valid until {:?} → server frees {:?}",
+        detected - cut,
+        valid_until - cut,
+        freed_at - cut
+    );
+    hop.restore();
+}
