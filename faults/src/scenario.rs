@@ -372,6 +372,42 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 ]
             },
         },
+        // Postgres through a local TCP hop (an auth proxy, a sidecar, a
+        // tunnel): the hop stays up and answers the holder's keepalive while
+        // its upstream is cut, so only the holder's pings can tell it.
+        Backend {
+            name: "postgres-hop",
+            fencing: true,
+            start: || Ok(Box::new(deploy::PostgresHopDeployment::start()?)),
+            workers: Workers::Processes,
+            cells: vec![
+                // The hop closes its upstream when the holder's socket does.
+                cell(Kill, Exclusive, second),
+                cell(Pause, Exclusive, pause),
+                // The holder is told within 4 s by its pings; the server
+                // ends the silent session 10–12 s after its last statement
+                // (keepalive, idle_session_timeout).
+                cell(Blackhole, Exclusive, Duration::from_secs(15)),
+                cell(BlackholeOutgoing, Exclusive, Duration::from_secs(15)),
+                cell(BlackholeIncoming, Exclusive, Duration::from_secs(15)),
+            ],
+        },
+        // PgBouncer in session mode with its default (2-hour) client
+        // keepalive: a holder that goes silent leaves its server session to
+        // the pooler, which does not notice; idle_session_timeout ends it.
+        Backend {
+            name: "pgbouncer-session",
+            fencing: true,
+            start: || Ok(Box::new(deploy::PgBouncerDeployment::start_session_mode()?)),
+            workers: Workers::Processes,
+            cells: vec![
+                // The pooler resets the server session (DISCARD ALL, which
+                // releases advisory locks) when its client disconnects.
+                cell(Kill, Exclusive, second),
+                cell(Pause, Exclusive, pause),
+                cell(Blackhole, Exclusive, Duration::from_secs(15)),
+            ],
+        },
         // Session locks through a transaction-mode pooler: two clients are
         // handed one server session, where advisory locks are re-entrant,
         // so both are granted (the Postgres backend's docs warn of it).
@@ -701,11 +737,12 @@ impl<'a> Run<'a> {
 
     /// Injects the fault; a partition is returned, to be healed later.
     fn inject(&mut self, holder: &Holder) -> Result<Option<Partition>, String> {
+        let partition_ports = self.deployment.partition_ports(holder);
         let cut = |direction| {
-            if holder.local_ports.is_empty() {
+            if partition_ports.is_empty() {
                 return Err("the holder has no connection to cut".to_owned());
             }
-            Ok(Some(Partition::start(&holder.local_ports, direction)))
+            Ok(Some(Partition::start(&partition_ports, direction)))
         };
         match self.cell.fault {
             Fault::Kill => {

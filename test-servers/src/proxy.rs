@@ -138,6 +138,26 @@ impl FaultProxy {
         cut.len()
     }
 
+    /// The local ports of the proxy's own connections to the upstream server
+    /// that carry the clients whose ports are `client_ports`: what to cut to
+    /// silence the hop's upstream while the hop itself stays up (the server
+    /// sees these ports as its clients').
+    pub fn upstream_ports_of(&self, client_ports: &[u16]) -> Vec<u16> {
+        self.shared
+            .state()
+            .connections
+            .iter()
+            .filter(|connection| {
+                connection
+                    .client
+                    .peer_addr()
+                    .is_ok_and(|peer| client_ports.contains(&peer.port()))
+            })
+            .filter_map(|connection| connection.server.local_addr().ok())
+            .map(|address| address.port())
+            .collect()
+    }
+
     /// Forwards the next chunk any client sends, then drops the server's
     /// reply and resets that connection: the server ran the request, the
     /// client never hears. One-shot.

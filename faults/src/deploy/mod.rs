@@ -10,6 +10,7 @@ mod file;
 mod mysql;
 mod pgbouncer;
 mod postgres;
+mod postgres_hop;
 mod redis;
 mod redlock;
 mod sentinel;
@@ -20,6 +21,7 @@ pub use file::FileDeployment;
 pub use mysql::MySqlDeployment;
 pub use pgbouncer::PgBouncerDeployment;
 pub use postgres::PostgresDeployment;
+pub use postgres_hop::PostgresHopDeployment;
 pub use redis::RedisDeployment;
 pub use redlock::RedlockDeployment;
 pub use sentinel::SentinelDeployment;
@@ -49,6 +51,14 @@ pub trait Deployment {
     /// The ports of the servers the workers connect to (empty for the file
     /// backend): partitions and resets cut the holder's connections to them.
     fn server_ports(&self) -> Vec<u16>;
+
+    /// The ports a partition of the holder drops segments of: by default its
+    /// own connections' local ports; a deployment with a hop between the
+    /// workers and the server (a local proxy) names the hop's upstream
+    /// connections instead, so the hop stays up and its upstream goes silent.
+    fn partition_ports(&self, holder: &Holder) -> Vec<u16> {
+        holder.local_ports.clone()
+    }
 
     /// The server ends the holder's session (`pg_terminate_backend`, `CLIENT
     /// KILL`, ...).
