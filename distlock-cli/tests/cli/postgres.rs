@@ -5,7 +5,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use test_servers::{netns, PostgresServer};
+use test_servers::{netns, FaultProxy, PostgresServer};
 
 use crate::support::{stderr, BIN};
 
@@ -286,6 +286,103 @@ fn a_partitioned_holder_kills_its_command_before_anyone_else_is_granted_the_lock
         holder.wait().unwrap().code(),
         Some(76),
         "exit code for a lost lock"
+    );
+}
+
+/// The deployment users run and the fault suite once missed: `distlock run`
+/// reaches Postgres through a local hop (an auth proxy, a sidecar, a
+/// tunnel), and the hop's upstream is cut while the hop stays up. The
+/// holder's kernel keeps hearing the hop, so only its pings can tell it.
+/// A second `distlock run --wait` straight to the server is granted the
+/// lock once the server frees it; the first command must have stopped
+/// before the second starts (their lines never interleave).
+#[test]
+fn a_holder_behind_a_hop_stops_before_a_direct_waiter_is_granted_the_lock() {
+    const NAME: &str =
+        "postgres::a_holder_behind_a_hop_stops_before_a_direct_waiter_is_granted_the_lock";
+    if !netns::inside(NAME) {
+        return netns::rerun_inside(NAME);
+    }
+    let server = PostgresServer::start();
+    let hop = FaultProxy::start(server.port());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("writes.log");
+    // Each command appends "<who> <monotonic ns>" every 50 ms.
+    let writer = |who: &str| {
+        format!(
+            "trap '' TERM; while :; do echo \"{who} $(cat /proc/uptime | cut -d' ' -f1)\" >> {}; sleep 0.05; done",
+            log.display()
+        )
+    };
+    let mut first = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &hop.proxied_url(&server.url()),
+            "--key",
+            "hop-job",
+            "--ttl",
+            "3s",
+        ])
+        .args(["--", "sh", "-c", &writer("first")])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the first distlock");
+    wait_until("the first command writes", Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("first"))
+    });
+    let (_, upstream) = holder_session(&server);
+    let mut second = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &server.url(),
+            "--key",
+            "hop-job",
+            "--ttl",
+            "3s",
+            "--wait",
+            "60s",
+        ])
+        .args(["--", "sh", "-c", &format!("{}", writer("second"))])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the second distlock");
+    std::thread::sleep(Duration::from_secs(2));
+
+    let cut = Instant::now();
+    netns::cut_port(upstream);
+    let code = crate::support::wait_for_exit(&mut first, Duration::from_secs(30));
+    let first_exited = cut.elapsed();
+    wait_until("the second command writes", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("second"))
+    });
+    let second_started = cut.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = second.kill();
+    let _ = second.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let stamp = |line: &str| {
+        line.split_once(' ')
+            .map(|(_, t)| t.parse::<f64>().expect("uptime"))
+    };
+    let last_first = text
+        .lines()
+        .filter(|l| l.starts_with("first"))
+        .filter_map(stamp)
+        .fold(0.0, f64::max);
+    let first_second = text
+        .lines()
+        .filter(|l| l.starts_with("second"))
+        .filter_map(stamp)
+        .fold(f64::INFINITY, f64::min);
+    eprintln!(
+        "cut → first distlock exited {first_exited:?} (code {code}) → second command runs {second_started:?}"
+    );
+    assert_eq!(code, 76, "the first holder exits with the lost-lock code");
+    assert!(
+        last_first < first_second,
+        "the first command wrote at {last_first} after the second started at {first_second}"
     );
 }
 
