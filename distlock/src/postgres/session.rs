@@ -219,7 +219,11 @@ impl Session {
                 fencing::ensure_table(&client, table).await?;
             }
             let setup_sql = session_setup_sql(settings);
-            let setup = client.batch_execute(&setup_sql);
+            let setup = async {
+                let applied = client.simple_query(&setup_sql).await?;
+                warn_if_idle_session_timeout_is_missing(settings, &applied);
+                Ok(())
+            };
             let grant_token = async {
                 match sql.grant_token() {
                     Some(text) => client.prepare(&text).await.map(Some),
@@ -642,10 +646,63 @@ fn session_setup_sql(settings: &Settings) -> String {
         .map(|(name, value)| format!("('{name}', '{value}')"))
         .collect();
     format!(
-        "SELECT set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
+        "SELECT s.name, set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
          WHERE s.name IN (SELECT name FROM pg_settings)",
         rows.join(", ")
     )
+}
+
+/// Warns once per process when `idle_session_timeout` is configured but the
+/// server has no such setting (Postgres 13 and older): the one bound on a
+/// vanished holder's locks that holds whatever sits in between is then
+/// missing, and behind a pooler or proxy that keeps the server session open
+/// only the pooler's own keepalive ends it.
+fn warn_if_idle_session_timeout_is_missing(settings: &Settings, applied: &[SimpleQueryMessage]) {
+    use std::sync::atomic::AtomicBool;
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let applied: Vec<&str> = applied
+        .iter()
+        .filter_map(|message| match message {
+            SimpleQueryMessage::Row(row) => row.get(0),
+            _ => None,
+        })
+        .collect();
+    if !idle_session_timeout_missing(settings.idle_session_timeout, &applied) {
+        return;
+    }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            component = "distlock",
+            backend = BACKEND,
+            server = %settings.target,
+            "the server has no idle_session_timeout (Postgres 13 or older): behind a pooler \
+             or proxy that keeps a vanished holder's server session open (PgBouncer, a \
+             sidecar), its locks stay until that pooler notices; set its client keepalive \
+             (PgBouncer: tcp_keepalive, tcp_keepidle=2, tcp_keepintvl=2, tcp_keepcnt=5, \
+             tcp_user_timeout=12000), or upgrade to Postgres 14+"
+        );
+    }
+}
+
+/// True when an `idle_session_timeout` was asked for and the setup statement
+/// did not apply it (the names of the settings it applied are `applied`).
+fn idle_session_timeout_missing(wanted: Option<Duration>, applied: &[&str]) -> bool {
+    wanted.is_some() && !applied.contains(&"idle_session_timeout")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_without_idle_session_timeout_is_noticed_only_when_one_was_asked_for() {
+        let pg13 = ["statement_timeout", "lock_timeout", "tcp_keepalives_idle"];
+        let pg14 = ["statement_timeout", "idle_session_timeout", "lock_timeout"];
+        let ten = Some(Duration::from_secs(10));
+        assert!(idle_session_timeout_missing(ten, &pg13));
+        assert!(!idle_session_timeout_missing(ten, &pg14));
+        assert!(!idle_session_timeout_missing(None, &pg13));
+    }
 }
 
 fn whole_seconds(duration: Duration) -> u64 {
