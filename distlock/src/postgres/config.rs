@@ -30,8 +30,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a session may go without an answer before it is pinged, by
 /// default.
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a ping may go unanswered, by default: a session that has
-/// answered nothing for `ping_interval + ping_timeout` (4 s) is closed.
+/// How long a ping may go unanswered, by default: a session whose server
+/// has answered nothing for `ping_interval + ping_timeout` (4 s) is given
+/// up (its leases told, its connection closed once their grace has passed).
 pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// The server's `idle_session_timeout` for distlock's sessions, by default:
 /// a session the server has heard nothing from for this long is ended by
@@ -443,8 +444,11 @@ impl PostgresLockerBuilder {
 
     /// How long a ping may go unanswered (default [`DEFAULT_PING_TIMEOUT`];
     /// URL `ping_timeout`): a session that has answered nothing for
-    /// `ping_interval + ping_timeout` is closed, and its leases fire their
-    /// lost signal. Any statement on a shared session must be answered
+    /// `ping_interval + ping_timeout` is given up: its leases fire their
+    /// lost signal at once, and its connection is closed once their grace
+    /// has passed (closing it sooner would free their locks at once on a
+    /// server that was alive after all). A ping judged late because this
+    /// process itself stalled is sent again rather than judged. Any statement on a shared session must be answered
     /// within that too, so the sessions' `lock_timeout` is at most half the
     /// ping timeout.
     pub fn ping_timeout(mut self, timeout: Duration) -> Self {
@@ -652,7 +656,8 @@ impl Settings {
     /// it is pinged after `ping_interval` of silence, and a ping (or any
     /// statement, whose server-side blocking `lock_timeout` bounds) is
     /// answered within `ping_timeout`.
-    pub(super) fn silence_limit(&self) -> Duration {
+    #[cfg(test)]
+    fn silence_limit(&self) -> Duration {
         self.ping_interval.saturating_add(self.ping_timeout)
     }
 

@@ -96,7 +96,11 @@
 //!     own pings, not from its socket, which a hop in between keeps alive.
 //!     Every session that has gone `ping_interval` (1 s) without an answer
 //!     is pinged, and one that has answered nothing for `ping_interval +
-//!     ping_timeout` (**4 s**) is closed. The server keeps the locks at least
+//!     ping_timeout` (**4 s**) is given up: its leases are told at once, and
+//!     its connection is closed only once their grace has passed, so that a
+//!     server that was alive after all frees nothing under them. (A ping
+//!     judged late because the holder's own process stalled, a SIGSTOP or a
+//!     frozen VM, is sent again rather than judged.) The server keeps the locks at least
 //!     10 s after the last answered statement was sent (see the previous
 //!     item), so the lease stays valid until then: about **6 s** after the
 //!     lost signal with the defaults. `distlock run` SIGKILLs its command by

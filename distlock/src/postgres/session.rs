@@ -54,6 +54,8 @@ pub(super) struct Session {
     client: Client,
     statements: Statements,
     liveness: Arc<Liveness>,
+    /// See [`Settings::server_window`].
+    server_window: Duration,
     /// A waiter connection's place under `max_waiters`, taken before it was
     /// opened and returned when this value is dropped, which is also what
     /// closes the connection (with the client). Tying it to the value rather
@@ -209,7 +211,7 @@ impl Session {
             liveness.clone(),
             id,
             settings.server_window(),
-            settings.silence_limit(),
+            settings.ping_timeout,
             on_closed,
         );
         let setup_sent = Instant::now();
@@ -270,12 +272,13 @@ impl Session {
             client,
             statements,
             liveness,
+            server_window: settings.server_window(),
             _waiter_permit: waiter_permit,
         });
         spawn_watch(
             Arc::downgrade(&session),
             settings.ping_interval,
-            settings.silence_limit(),
+            settings.ping_timeout,
         );
         Ok(session)
     }
@@ -289,6 +292,18 @@ impl Session {
     /// the session and frees every lock it held. Its leases fire
     /// `ConnectionLost` through the driver task.
     pub(super) fn close(&self) {
+        // A session given up as silent is closed by its watch, at the end of
+        // its leases' grace: closing it sooner would free their locks under
+        // them if the server is alive after all.
+        if self.liveness.silent.load(Ordering::Acquire) {
+            return;
+        }
+        self.close_now();
+    }
+
+    /// Closes the connection whatever its state (the watch, once a silent
+    /// session's grace has passed).
+    fn close_now(&self) {
         // Closed from now on, for anyone choosing a session; the driver task
         // reports the death (and fires the lost signals) once it has ended.
         self.liveness.closed.store(true, Ordering::Release);
@@ -434,11 +449,16 @@ impl Session {
         self.liveness.observe(sent, answer)
     }
 
-    /// Closes the connection because the server answered nothing for the
-    /// silence limit: its leases keep what is left of the server window.
-    fn close_silent(&self) {
+    /// Gives the session up because its server went silent: closed from now
+    /// on for anyone choosing a session, and its leases told, with what is
+    /// left of the server window as their grace (returned). The connection
+    /// itself stays open until the caller closes it.
+    fn give_up_silent(&self) -> Duration {
+        let grace = self.liveness.grace(self.server_window);
         self.liveness.silent.store(true, Ordering::Release);
-        self.close();
+        self.liveness.closed.store(true, Ordering::Release);
+        self.liveness.close.notify_one();
+        grace
     }
 }
 
@@ -486,38 +506,50 @@ fn spawn_driver(
     liveness: Arc<Liveness>,
     id: u64,
     server_window: Duration,
-    silence_limit: Duration,
+    ping_timeout: Duration,
     on_closed: OnClosed,
 ) {
     tokio::spawn(async move {
-        let (why, grace) = tokio::select! {
-            ended = driver => match ended {
-                // The server closed it (`pg_terminate_backend`, a shutdown):
-                // its locks went with its session.
-                Ok(()) => ("the connection was closed".to_owned(), Duration::ZERO),
-                Err(e) => {
-                    // Only a silent peer leaves the server holding the
-                    // locks for a while; a reset or an error report means
-                    // the server ended (or is ending) the session itself.
-                    let grace = if gave_up_on_silent_peer(&e) {
-                        liveness.grace(server_window)
-                    } else {
-                        Duration::ZERO
-                    };
-                    (errors::backend("hold", "the connection failed", e).to_string(), grace)
-                }
-            },
-            () = liveness.close.notified() => if liveness.silent.load(Ordering::Acquire) {
+        tokio::pin!(driver);
+        let ended = tokio::select! {
+            ended = &mut driver => Some(ended),
+            () = liveness.close.notified() => None,
+        };
+        let (why, grace) = match ended {
+            // The server closed it (`pg_terminate_backend`, a shutdown): its
+            // locks went with its session.
+            Some(Ok(())) => ("the connection was closed".to_owned(), Duration::ZERO),
+            Some(Err(e)) => {
+                // Only a silent peer leaves the server holding the locks for
+                // a while; a reset or an error report means the server ended
+                // (or is ending) the session itself.
+                let grace = if gave_up_on_silent_peer(&e) {
+                    liveness.grace(server_window)
+                } else {
+                    Duration::ZERO
+                };
                 (
-                    format!(
-                        "the server answered nothing for {silence_limit:?} \
-                         (ping_interval + ping_timeout); distlock closed the connection"
-                    ),
-                    liveness.grace(server_window),
+                    errors::backend("hold", "the connection failed", e).to_string(),
+                    grace,
                 )
-            } else {
-                ("distlock closed the connection".to_owned(), Duration::ZERO)
-            },
+            }
+            None if liveness.silent.load(Ordering::Acquire) => {
+                // Given up by the watch: the leases are told now, and the
+                // connection stays open until the watch closes it at the end
+                // of their grace (or the server ends it first), so the
+                // server frees nothing under a holder still inside it.
+                let why = format!(
+                    "the server left a ping unanswered for {ping_timeout:?} (a partition, or a \
+                     server silent behind a proxy or pooler)"
+                );
+                on_closed(id, &why, liveness.grace(server_window));
+                tokio::select! {
+                    _ = &mut driver => {}
+                    () = liveness.close.notified() => {}
+                }
+                return;
+            }
+            None => ("distlock closed the connection".to_owned(), Duration::ZERO),
         };
         // The driver (and with it the socket) is dropped by now.
         liveness.closed.store(true, Ordering::Release);
@@ -525,13 +557,26 @@ fn spawn_driver(
     });
 }
 
-/// Keeps a session talking and closes it when the server falls silent:
-/// after `ping_interval` without an answer it is pinged, and once it has
-/// answered nothing for `silence_limit` it is closed as silent. A native
-/// wait in flight pauses the watch (the session holds nothing while it
-/// waits). Ends with the session (it holds only a weak reference between
-/// pings) or its connection.
-fn spawn_watch(session: Weak<Session>, ping_interval: Duration, silence_limit: Duration) {
+/// How late the watch may wake before it takes the delay for a stall of this
+/// process (SIGSTOP, a frozen VM, a starved runtime) rather than the
+/// server's silence: an answer may then be waiting, unread, in the socket.
+const STALL_TOLERANCE: Duration = Duration::from_millis(500);
+
+/// Keeps a session talking and gives it up when the server falls silent:
+/// after `ping_interval` without an answer it is pinged, and a ping left
+/// unanswered for `ping_timeout` (with nothing else answered meanwhile)
+/// means the server went silent. A wake-up later than the ping's deadline
+/// by more than [`STALL_TOLERANCE`] is this process's stall, not evidence:
+/// the session is pinged again instead. A native wait in flight pauses the
+/// watch (the session holds nothing while it waits).
+///
+/// A silent session's leases are told at once (with what is left of the
+/// server window as their grace), but its connection is held open until
+/// that grace has passed: closing it sooner would free the locks at once on
+/// a server that was alive after all (slow, or itself stalled), under
+/// holders still inside their grace. Ends with the session (it holds only a
+/// weak reference between looks) or its connection.
+fn spawn_watch(session: Weak<Session>, ping_interval: Duration, ping_timeout: Duration) {
     tokio::spawn(async move {
         loop {
             let Some(live) = session.upgrade() else {
@@ -545,24 +590,32 @@ fn spawn_watch(session: Weak<Session>, ping_interval: Duration, silence_limit: D
                 Instant::now().checked_add(ping_interval)
             } else {
                 let heard = liveness.heard_sent();
-                let silent_for = heard.elapsed();
-                if silent_for >= silence_limit {
-                    tracing::warn!(
-                        component = "distlock",
-                        backend = BACKEND,
-                        session = live.id,
-                        ?silent_for,
-                        "closing a session the server stopped answering (a partition, or a \
-                         silent server behind a proxy or pooler)"
-                    );
-                    live.close_silent();
-                    return;
-                }
-                if silent_for >= ping_interval {
-                    let left = silence_limit.saturating_sub(silent_for);
-                    // Its answer raises `heard`; a failure is judged by the
-                    // silence it leaves, at the next look.
-                    let _ = tokio::time::timeout(left, live.ping()).await;
+                if heard.elapsed() >= ping_interval {
+                    let sent = Instant::now();
+                    let answered = tokio::time::timeout(ping_timeout, live.ping()).await;
+                    let waited = sent.elapsed();
+                    let stalled = waited > ping_timeout.saturating_add(STALL_TOLERANCE);
+                    // An answer to anything (the ping, or a statement ahead
+                    // of it) since the ping was sent: the server is there.
+                    let heard_since = liveness.heard_sent() != heard;
+                    if answered.is_err() && !stalled && !heard_since {
+                        let grace = live.give_up_silent();
+                        tracing::warn!(
+                            component = "distlock",
+                            backend = BACKEND,
+                            session = live.id,
+                            silent_for = ?heard.elapsed(),
+                            ?grace,
+                            "a session's server stopped answering (a partition, or a server \
+                             silent behind a proxy or pooler): its locks are given up, its \
+                             connection closed once they can no longer be held"
+                        );
+                        // Holding the session keeps its connection (and the
+                        // locks on the server) until the grace has passed.
+                        tokio::time::sleep(grace).await;
+                        live.close_now();
+                        return;
+                    }
                     continue;
                 }
                 heard.checked_add(ping_interval)

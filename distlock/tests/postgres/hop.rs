@@ -176,3 +176,95 @@ async fn a_hop_that_goes_silent_both_ways_frees_the_lock_within_the_documented_b
     );
     hop.restore();
 }
+
+/// A server that falls silent long enough for the holder to give its
+/// session up, and then answers again (a slow path, a stalled server): the
+/// holder is told, and the server must still hold the lock until the
+/// lease's validity ends. Closing the connection at the lost signal would
+/// have freed it the moment the path came back, seconds before that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_given_up_for_silence_keeps_its_locks_on_the_server_through_the_grace() {
+    let server = PostgresServer::start();
+    let hop = FaultProxy::start(server.port());
+    let holder = PostgresLocker::from_url(&hop.proxied_url(&server.url()))
+        .await
+        .unwrap();
+    let key = "comes-back";
+    let id = holder.advisory_key(key);
+    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let mut lost = lease.lost_signal();
+    let (pid, _) = holder_port(&server, id);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let cut = Instant::now();
+    hop.blackhole();
+    tokio::time::timeout(Duration::from_secs(30), lost.wait())
+        .await
+        .expect("the holder is told");
+    let valid_until = lease.valid_until().expect("a lost lease has a validity");
+    // The path comes back while the holder is inside its grace.
+    hop.restore();
+    let restored = Instant::now();
+    assert!(
+        valid_until > restored + Duration::from_secs(2),
+        "the grace left at the restore: {:?}",
+        valid_until.saturating_duration_since(restored)
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        still_held_by(&server, id, pid),
+        "the server freed the lock 0.5 s after the path came back, {:?} before the lease's \
+         validity ended",
+        valid_until.saturating_duration_since(Instant::now())
+    );
+    tokio::time::sleep_until(valid_until - drift_margin(TTL)).await;
+    assert!(
+        still_held_by(&server, id, pid),
+        "the server freed the lock before valid_until − drift_margin"
+    );
+    let freed_at = freed(&server, id, pid, cut, Duration::from_secs(20)).await;
+    eprintln!(
+        "silent → restored {:?} → valid until {:?} → server frees {:?}",
+        restored - cut,
+        valid_until - cut,
+        freed_at - cut
+    );
+}
+
+/// A holder whose own process stalls (here: its runtime's only thread
+/// blocked for longer than ping_interval + ping_timeout) must not take its
+/// stall for the server's silence: the server answered the whole time.
+#[test]
+fn a_stalled_holder_does_not_give_up_a_session_its_server_kept_answering() {
+    let server = PostgresServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let holder = PostgresLocker::from_url(&server.url()).await.unwrap();
+        let lease = holder
+            .try_lock("stalled", TTL)
+            .await
+            .unwrap()
+            .expect("free");
+        let lost = lease.lost_signal();
+        // Let the watch send a ping and wait for its answer, then stall the
+        // runtime while it waits (the answer arrives, unread).
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        std::thread::sleep(Duration::from_secs(6));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !lost.is_lost(),
+            "a 6 s stall of the holder's own runtime was taken for a silent server: {:?}",
+            lost.reason()
+        );
+        let id = holder.advisory_key("stalled");
+        assert_eq!(
+            crate::support::holders(&server, id).len(),
+            1,
+            "still held on the server"
+        );
+        lease.release().await.unwrap();
+    });
+}
