@@ -1,13 +1,15 @@
 //! `distlock run` against a real MariaDB (`mysql://`). One server for the
 //! module: its startup is the slow part.
 
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use distlock::mysql::lock_name_in;
 use test_servers::MariaDbServer;
 
-use crate::support::{alive, stderr, BIN};
+use crate::cron::{now_secs, rfc3339};
+use crate::support::{alive, stderr, wait_for_exit, BIN};
 
 fn server() -> &'static MariaDbServer {
     static SERVER: OnceLock<MariaDbServer> = OnceLock::new();
@@ -42,9 +44,10 @@ fn try_once(key: &str) -> Output {
         .expect("run distlock")
 }
 
-/// The connection holding `key`'s lock (its name is the key: a plain key).
+/// The connection holding `key`'s lock (named in the namespace of the URL's
+/// database).
 fn holder(key: &str) -> Option<u64> {
-    server().lock_holder(key)
+    server().lock_holder(&lock_name_in(MariaDbServer::DATABASE, key))
 }
 
 #[test]
@@ -153,4 +156,67 @@ fn a_wrong_password_exits_69_without_printing_it() {
         !stderr.contains("wrong-secret"),
         "password leaked: {stderr}"
     );
+}
+
+/// The two services on one server: databases `svc_a…` and `svc_b…`,
+/// each with a `distlock cron` job `cleanup` every second. Lock names are
+/// server-wide, so without a namespace the two claimed one lock per tick
+/// and each ran about half its ticks ("held elsewhere" for the rest).
+#[test]
+fn two_services_on_one_server_each_run_every_tick_of_their_own_cron_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = ["svc_a", "svc_b"].map(|service| {
+        let database = format!("{service}_{}", std::process::id());
+        server().sql(&format!(
+            "CREATE DATABASE {database}; GRANT ALL ON {database}.* TO '{}'@'%'",
+            MariaDbServer::USER
+        ));
+        let url = server().url().replacen(
+            &format!("/{}?", MariaDbServer::DATABASE),
+            &format!("/{database}?"),
+            1,
+        );
+        (service, url)
+    });
+    let started = now_secs();
+    let mut crons: Vec<Child> = services
+        .iter()
+        .map(|(service, url)| {
+            Command::new(BIN)
+                .args(["cron", "--url", url, "--name", "cleanup"])
+                .args(["--schedule", "* * * * * *", "--"])
+                .args(["sh", "-c", "echo \"$DISTLOCK_SCHEDULED_AT\" >> \"$LOG\""])
+                .env("LOG", dir.path().join(format!("{service}.log")))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.path().join(format!("{service}.err"))).unwrap())
+                .spawn()
+                .expect("spawn distlock cron")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(9));
+    let stopped = now_secs();
+    for child in &crons {
+        test_servers::signal(child.id(), libc::SIGTERM);
+    }
+    for child in &mut crons {
+        wait_for_exit(child, Duration::from_secs(20));
+    }
+    // The ticks both were surely up for: the first two seconds may go to
+    // connecting, the last two to shutting down.
+    let window: Vec<String> = ((started + 2)..=(stopped - 2)).map(rfc3339).collect();
+    assert!(window.len() >= 5, "{window:?}");
+    for (service, _) in &services {
+        let log =
+            std::fs::read_to_string(dir.path().join(format!("{service}.log"))).unwrap_or_default();
+        let err = std::fs::read_to_string(dir.path().join(format!("{service}.err"))).unwrap();
+        let missed: Vec<&String> = window
+            .iter()
+            .filter(|tick| log.lines().filter(|line| line == tick).count() != 1)
+            .collect();
+        assert!(
+            missed.is_empty(),
+            "{service} did not run exactly once at {missed:?}; its log:\n{log}\nits stderr:\n{err}"
+        );
+    }
 }
