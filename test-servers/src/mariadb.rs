@@ -106,12 +106,7 @@ impl MariaDbServer {
             .expect("run mariadb-install-db");
         assert_success("mariadb-install-db", &output);
         if server.options.tls {
-            make_certificates(server.dir.path());
-            if let Some(account) = mysql_account_if_root() {
-                for file in ["server.key", "server.crt", "ca.crt"] {
-                    chown(&server.dir.path().join(file), account);
-                }
-            }
+            server.make_certificates();
         }
         server.spawn();
         server.sql(&format!(
@@ -119,6 +114,15 @@ impl MariaDbServer {
              GRANT ALL ON {DATABASE}.* TO '{USER}'@'%'; GRANT PROCESS ON *.* TO '{USER}'@'%'"
         ));
         server
+    }
+
+    fn make_certificates(&self) {
+        make_certificates(self.dir.path());
+        if let Some(account) = mysql_account_if_root() {
+            for file in ["server.key", "server.crt", "ca.crt"] {
+                chown(&self.dir.path().join(file), account);
+            }
+        }
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -264,6 +268,18 @@ impl MariaDbServer {
     /// directory (crash recovery runs; committed data survives).
     pub fn restart(&mut self) {
         self.kill();
+        self.spawn();
+    }
+
+    /// Kills the server and starts it again serving TLS, as if started with
+    /// [`MariaDbOptions::tls`]: a server that gained TLS since a client
+    /// first met it.
+    pub fn restart_with_tls(&mut self) {
+        self.kill();
+        if !self.options.tls {
+            self.make_certificates();
+            self.options.tls = true;
+        }
         self.spawn();
     }
 

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use distlock::mysql::lock_name_in;
-use test_servers::MariaDbServer;
+use test_servers::{MariaDbOptions, MariaDbServer};
 
 use crate::cron::{now_secs, rfc3339};
 use crate::support::{alive, stderr, wait_for_exit, BIN};
@@ -219,4 +219,65 @@ fn two_services_on_one_server_each_run_every_tick_of_their_own_cron_job() {
             "{service} did not run exactly once at {missed:?}; its log:\n{log}\nits stderr:\n{err}"
         );
     }
+}
+
+/// `url` without its `ssl-mode`: the CLI's default applies.
+fn without_ssl_mode(url: &str) -> String {
+    let url = url
+        .replace("?ssl-mode=DISABLED", "?")
+        .replace("?ssl-mode=PREFERRED", "?");
+    url.trim_end_matches('?').to_owned()
+}
+
+#[test]
+fn lock_urls_without_ssl_mode_refuse_a_server_without_tls_saying_how_to_connect_anyway() {
+    let url = without_ssl_mode(&server().url());
+    assert!(!url.contains("ssl-mode"), "{url}");
+    let key = format!("cli-no-tls-{}", std::process::id());
+    let output = Command::new(BIN)
+        .args(["run", "--url", &url, "--key", &key, "--", "true"])
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("the server offers no TLS") && err.contains("pass ssl-mode=DISABLED"),
+        "{err}"
+    );
+    assert!(!err.contains(MariaDbServer::PASSWORD), "{err}");
+    // The URL's own ssl-mode wins.
+    let output = Command::new(BIN)
+        .args(["run", "--url", &format!("{url}?ssl-mode=DISABLED")])
+        .args(["--key", &key, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn lock_urls_without_ssl_mode_verify_the_server_certificate_and_name() {
+    let tls = MariaDbServer::start_with(MariaDbOptions {
+        tls: true,
+        ..MariaDbOptions::default()
+    });
+    let ca = tls.ca_cert().display().to_string();
+    let url_for = |host: &str| {
+        let url = without_ssl_mode(&tls.url()).replace("127.0.0.1", host);
+        format!("{url}?ssl-ca={ca}")
+    };
+    let run = |url: &str| {
+        Command::new(BIN)
+            .args(["run", "--url", url, "--key", "cli-verify", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    // The certificate, from the given CA, names localhost.
+    let output = run(&url_for("localhost"));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Not 127.0.0.1: checked, so refused (PREFERRED would have gone ahead).
+    let output = run(&url_for("127.0.0.1"));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    // Nor is it trusted without the CA.
+    let output = run(&without_ssl_mode(&tls.url()).replace("127.0.0.1", "localhost"));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
 }

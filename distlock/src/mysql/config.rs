@@ -44,8 +44,14 @@ pub enum SslMode {
     /// Plain TCP.
     Disabled,
     /// TLS if the server offers it (without checking its certificate),
-    /// plain TCP otherwise: MySQL's default. A server that offers no TLS
-    /// costs one extra connection attempt, once per locker.
+    /// plain TCP otherwise: MySQL's default. Decided for each connection,
+    /// never remembered: a "no TLS" answer forged once by someone on the
+    /// path costs that connection only. A server that offers no TLS costs
+    /// one extra greeting per connection opened. Like MySQL's own
+    /// `PREFERRED`, this stops passive eavesdropping only: an active
+    /// attacker can strip TLS from every connection, or present any
+    /// certificate. Use [`VerifyIdentity`](Self::VerifyIdentity) against
+    /// them (the `distlock` CLI's default).
     #[default]
     Preferred,
     /// TLS, without checking the certificate (encryption against passive
@@ -56,6 +62,16 @@ pub enum SslMode {
 }
 
 impl SslMode {
+    /// The mode as the URL spells it (`VERIFY_IDENTITY`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disabled => "DISABLED",
+            SslMode::Preferred => "PREFERRED",
+            SslMode::Required => "REQUIRED",
+            SslMode::VerifyIdentity => "VERIFY_IDENTITY",
+        }
+    }
+
     fn parse(value: &str) -> Result<Self> {
         match value.to_ascii_uppercase().as_str() {
             "DISABLED" => Ok(SslMode::Disabled),

@@ -296,15 +296,22 @@
 //! | `connect_timeout` | seconds to open a connection | 5 |
 //! | `ping_interval` | milliseconds between pings of an idle session | 1000 |
 //! | `wait_timeout` | seconds of silence after which the server ends a session | 15 |
-//! | `ssl-mode` | `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_IDENTITY` | `PREFERRED` |
+//! | `ssl-mode` | `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_IDENTITY` | `PREFERRED` (the CLI: `VERIFY_IDENTITY`) |
 //! | `ssl-ca` | CA file (PEM) trusted besides the Mozilla roots | none |
 //!
 //! # TLS
 //!
 //! rustls with the `ring` provider. `PREFERRED` and `REQUIRED` encrypt
-//! without checking the certificate (as MySQL's client does);
-//! `VERIFY_IDENTITY` checks that it chains to a trusted root (`ssl-ca`, and
-//! the Mozilla roots) and names the host. `VERIFY_CA` is refused: mysql_async
+//! without checking the certificate (as MySQL's client does), so they stop
+//! passive eavesdropping only. `PREFERRED` falls back to plain TCP when the
+//! server's greeting offers no TLS, deciding again for every connection it
+//! opens: that answer is unauthenticated, and a forged one must not turn
+//! TLS off for the locker's lifetime. `REQUIRED` and `VERIFY_IDENTITY`
+//! refuse such a server ("the server offers no TLS, which ssl-mode=…
+//! requires; pass ssl-mode=DISABLED to connect without it"). The `distlock`
+//! CLI uses `VERIFY_IDENTITY` for a URL without `ssl-mode`, which checks
+//! that the certificate chains to a trusted root (`ssl-ca`, and the Mozilla
+//! roots) and names the host. `VERIFY_CA` is refused: mysql_async
 //! 0.37 recognises rustls' host-mismatch error by its old text, so it would
 //! fail every connection. Client certificates are not supported. Passwords
 //! never appear in errors, logs or `Debug` output.

@@ -450,3 +450,45 @@ async fn tls_modes_encrypt_and_check_what_they_say() {
         .unwrap_err();
     assert!(err.to_string().contains("Access denied"), "{err}");
 }
+
+/// A client on the path can strip TLS from one connection (answer without
+/// the SSL capability); under PREFERRED that must cost that connection only,
+/// never every later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_tries_tls_again_on_every_connection_after_a_server_without_it() {
+    let mut server = MariaDbServer::start();
+    let url = server
+        .url()
+        .replace("ssl-mode=DISABLED", "ssl-mode=PREFERRED");
+    // The server offers no TLS: the locker connects without it.
+    let locker = MysqlLocker::from_url(&url).await.unwrap();
+    let lease = locker
+        .try_lock(&unique("plain"), TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    lease.release().await.unwrap();
+    server.restart_with_tls();
+    // From now on the account can log in over TLS only.
+    server.sql(&format!(
+        "ALTER USER '{}'@'%' REQUIRE SSL",
+        MariaDbServer::USER
+    ));
+    // The locker's session died with the restart; the next one it opens
+    // must try TLS again, and so get in.
+    let key = unique("tls-again");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lease = loop {
+        match locker.try_lock(&key, TTL).await {
+            Ok(lease) => break lease.expect("free"),
+            // The dead session is noticed first.
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no session over TLS after the server gained it: {e}"),
+        }
+    };
+    assert!(server.lock_holder(&name_of(&key)).is_some());
+    lease.release().await.unwrap();
+}
