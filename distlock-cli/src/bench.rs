@@ -50,8 +50,7 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         return exit::USAGE;
     }
     // The bare backend: the figures are the backend's, not the wrappers'.
-    let url = args.backend.url.as_deref().unwrap_or("file://");
-    let locker = match distlock::connect(url).await {
+    let locker = match distlock::connect(&args.backend.url()).await {
         Ok(locker) => locker,
         Err(error) => {
             eprintln!("distlock: {error}");

@@ -1,5 +1,6 @@
 //! Command-line syntax.
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -72,8 +73,45 @@ pub(crate) struct WatchdogArgs {
 #[derive(Debug, Args)]
 pub(crate) struct Backend {
     /// Backend URL [default: lock files in $XDG_STATE_HOME/distlock/locks or ~/.local/state/distlock/locks].
+    /// A mysql:// or mariadb:// URL without ssl-mode verifies the server
+    /// (ssl-mode=VERIFY_IDENTITY; trust a private CA with ssl-ca=FILE, or
+    /// pass ssl-mode=DISABLED for a server without TLS).
     #[arg(long, env = "DISTLOCK_URL", value_name = "URL", hide_env_values = true)]
     pub(crate) url: Option<String>,
+}
+
+impl Backend {
+    /// The URL to connect to, with the CLI's defaults: lock files without
+    /// one, and [`verified_mysql`] for MySQL.
+    pub(crate) fn url(&self) -> Cow<'_, str> {
+        match self.url.as_deref() {
+            None => Cow::Borrowed("file://"),
+            Some(url) => verified_mysql(url),
+        }
+    }
+}
+
+/// A `mysql://` or `mariadb://` URL with `ssl-mode=VERIFY_IDENTITY` put
+/// first in its query; any other URL as it is. The library's default,
+/// `PREFERRED` (MySQL's), lets anyone on the path strip TLS or present any
+/// certificate, and the CLI is handed production URLs with passwords in
+/// them: so it checks the server unless the URL says otherwise. Put first,
+/// the URL's own `ssl-mode` (in any spelling the library accepts) comes
+/// later and wins, so nothing here has to recognise it.
+fn verified_mysql(url: &str) -> Cow<'_, str> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !scheme.is_some_and(|s| s.eq_ignore_ascii_case("mysql") || s.eq_ignore_ascii_case("mariadb"))
+    {
+        return Cow::Borrowed(url);
+    }
+    const DEFAULT: &str = "ssl-mode=VERIFY_IDENTITY";
+    Cow::Owned(match url.find('?') {
+        Some(query) => format!("{}?{DEFAULT}&{}", &url[..query], &url[query + 1..]),
+        None => match url.find('#') {
+            Some(fragment) => format!("{}?{DEFAULT}{}", &url[..fragment], &url[fragment..]),
+            None => format!("{url}?{DEFAULT}"),
+        },
+    })
 }
 
 #[derive(Debug, Args)]
@@ -320,6 +358,30 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mysql_urls_verify_the_server_unless_they_say_otherwise() {
+        let cases = [
+            ("mysql://u@h/db", "mysql://u@h/db?ssl-mode=VERIFY_IDENTITY"),
+            (
+                "MariaDB://u@h/db?ssl-mode=DISABLED&sessions=2",
+                "MariaDB://u@h/db?ssl-mode=VERIFY_IDENTITY&ssl-mode=DISABLED&sessions=2",
+            ),
+            (
+                "mysql://u@h/db#x",
+                "mysql://u@h/db?ssl-mode=VERIFY_IDENTITY#x",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("file:///tmp/locks", "file:///tmp/locks"),
+        ];
+        for (given, used) in cases {
+            let backend = Backend {
+                url: Some(given.to_owned()),
+            };
+            assert_eq!(backend.url(), used, "{given}");
+        }
+        assert_eq!(Backend { url: None }.url(), "file://");
+    }
 
     #[test]
     fn durations_read_like_humans_write_them() {

@@ -91,7 +91,7 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
 /// The backend the URL names, observed: metrics (served with --metrics-addr)
 /// and spans (logged at --log-level info and above).
 pub(crate) async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>> {
-    let locker = distlock::connect(backend.url.as_deref().unwrap_or("file://")).await?;
+    let locker = distlock::connect(&backend.url()).await?;
     Ok(locker.with_metrics().with_tracing().shared())
 }
 

@@ -36,6 +36,33 @@ pub fn key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks a key namespace (a prefix that backends hash together with each
+/// key, such as Postgres' `namespace` and MySQL's `prefix`): no zero byte
+/// (the separator between it and the key), and no longer than a key.
+///
+/// ```
+/// assert!(distlock::validate::namespace("billing").is_ok());
+/// assert!(distlock::validate::namespace("bill\0ing").is_err());
+/// ```
+pub fn namespace(namespace: &str) -> Result<()> {
+    if namespace.contains('\0') {
+        return Err(Error::invalid(
+            "namespace",
+            "the namespace contains a zero byte, which separates it from the key",
+        ));
+    }
+    if namespace.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(
+            "namespace",
+            format!(
+                "the namespace is {} bytes long; the maximum is {MAX_KEY_LEN}",
+                namespace.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a ttl: at least one millisecond and at most [`MAX_TTL`].
 ///
 /// ```

@@ -1,9 +1,9 @@
 //! MariaDB (`mariadb-install-db` + `mariadbd`) on a free loopback port, in a
 //! temporary directory, tied to the test process.
 //!
-//! As root, the server runs as the `mysql` user (`--user=mysql`), which owns
-//! the temporary directory. The server is started in its own process group
-//! and receives SIGKILL when the test process dies, so a server held in a
+//! As root, the server is started as the `mysql` user, which owns the
+//! temporary directory. The server is started in its own process group and
+//! receives SIGKILL when the test process dies, so a server held in a
 //! `static` does not outlive its test binary.
 //!
 //! ```no_run
@@ -106,12 +106,7 @@ impl MariaDbServer {
             .expect("run mariadb-install-db");
         assert_success("mariadb-install-db", &output);
         if server.options.tls {
-            make_certificates(server.dir.path());
-            if let Some(account) = mysql_account_if_root() {
-                for file in ["server.key", "server.crt", "ca.crt"] {
-                    chown(&server.dir.path().join(file), account);
-                }
-            }
+            server.make_certificates();
         }
         server.spawn();
         server.sql(&format!(
@@ -119,6 +114,15 @@ impl MariaDbServer {
              GRANT ALL ON {DATABASE}.* TO '{USER}'@'%'; GRANT PROCESS ON *.* TO '{USER}'@'%'"
         ));
         server
+    }
+
+    fn make_certificates(&self) {
+        make_certificates(self.dir.path());
+        if let Some(account) = mysql_account_if_root() {
+            for file in ["server.key", "server.crt", "ca.crt"] {
+                chown(&self.dir.path().join(file), account);
+            }
+        }
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -166,6 +170,15 @@ impl MariaDbServer {
         }
         for (name, value) in &self.options.settings {
             command.arg(format!("--{name}={value}"));
+        }
+        if let Some(account) = mysql_account_if_root() {
+            // Started as root, mariadbd would switch to `mysql` itself
+            // (`--user`), and the kernel clears the parent-death signal on a
+            // change of effective user id (prctl(2), PR_SET_PDEATHSIG): the
+            // server then outlived its test process. Switched here, before
+            // the pre-exec hook sets the signal, it keeps it; `--user=mysql`
+            // is then the user it already runs as.
+            command.uid(account.uid).gid(account.gid);
         }
         command
             .current_dir(self.dir.path())
@@ -255,6 +268,18 @@ impl MariaDbServer {
     /// directory (crash recovery runs; committed data survives).
     pub fn restart(&mut self) {
         self.kill();
+        self.spawn();
+    }
+
+    /// Kills the server and starts it again serving TLS, as if started with
+    /// [`MariaDbOptions::tls`]: a server that gained TLS since a client
+    /// first met it.
+    pub fn restart_with_tls(&mut self) {
+        self.kill();
+        if !self.options.tls {
+            self.make_certificates();
+            self.options.tls = true;
+        }
         self.spawn();
     }
 
@@ -368,5 +393,70 @@ mod tests {
             "7"
         );
         assert_eq!(server.lock_holder("nobody"), None);
+    }
+
+    /// Run as a child process by
+    /// `a_server_held_in_a_static_stops_when_its_test_process_ends`: starts
+    /// a server that is never dropped, prints its data directory, and ends.
+    #[test]
+    #[ignore = "a helper, run as a child process by another test"]
+    fn child_starts_a_shared_server_and_exits() {
+        static SHARED: std::sync::OnceLock<MariaDbServer> = std::sync::OnceLock::new();
+        let server = SHARED.get_or_init(MariaDbServer::start);
+        println!("DATADIR={}", server.data_dir().display());
+    }
+
+    /// The processes whose command line names `datadir`.
+    fn servers_of(datadir: &str) -> Vec<u32> {
+        let output = Command::new("pgrep")
+            .args(["-f", "--", &format!("--datadir={datadir}")])
+            .output()
+            .expect("run pgrep (procps)");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.trim().parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn a_server_held_in_a_static_stops_when_its_test_process_ends() {
+        let output = Command::new(std::env::current_exe().expect("this test binary"))
+            .args([
+                "mariadb::tests::child_starts_a_shared_server_and_exits",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run the child test process");
+        assert!(output.status.success(), "the child test failed");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let datadir = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("DATADIR="))
+            .unwrap_or_else(|| panic!("the child printed no data directory: {stdout}"))
+            .to_owned();
+        // The kernel delivers the parent-death signal as the child exits;
+        // mariadbd then needs a moment to be reaped.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut left = servers_of(&datadir);
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            left = servers_of(&datadir);
+        }
+        // Clean up what this test started before failing, so that a failure
+        // leaves nothing behind either.
+        for pid in &left {
+            crate::signal(*pid, libc::SIGKILL);
+        }
+        if let Some(dir) = std::path::Path::new(&datadir).parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        assert_eq!(
+            left,
+            Vec::<u32>::new(),
+            "mariadbd with --datadir={datadir} outlived the test process that started it"
+        );
     }
 }

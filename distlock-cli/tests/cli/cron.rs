@@ -25,11 +25,11 @@ pub struct Tally {
     pub misses_after_kill: Vec<String>,
 }
 
-fn rfc3339(secs: u64) -> String {
+pub fn rfc3339(secs: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
 }
 
-fn now_secs() -> u64 {
+pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

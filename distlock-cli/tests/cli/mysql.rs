@@ -1,13 +1,15 @@
 //! `distlock run` against a real MariaDB (`mysql://`). One server for the
 //! module: its startup is the slow part.
 
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use test_servers::MariaDbServer;
+use distlock::mysql::lock_name_in;
+use test_servers::{MariaDbOptions, MariaDbServer};
 
-use crate::support::{alive, stderr, BIN};
+use crate::cron::{now_secs, rfc3339};
+use crate::support::{alive, stderr, wait_for_exit, BIN};
 
 fn server() -> &'static MariaDbServer {
     static SERVER: OnceLock<MariaDbServer> = OnceLock::new();
@@ -42,9 +44,10 @@ fn try_once(key: &str) -> Output {
         .expect("run distlock")
 }
 
-/// The connection holding `key`'s lock (its name is the key: a plain key).
+/// The connection holding `key`'s lock (named in the namespace of the URL's
+/// database).
 fn holder(key: &str) -> Option<u64> {
-    server().lock_holder(key)
+    server().lock_holder(&lock_name_in(MariaDbServer::DATABASE, key))
 }
 
 #[test]
@@ -153,4 +156,128 @@ fn a_wrong_password_exits_69_without_printing_it() {
         !stderr.contains("wrong-secret"),
         "password leaked: {stderr}"
     );
+}
+
+/// The two services on one server: databases `svc_a…` and `svc_b…`,
+/// each with a `distlock cron` job `cleanup` every second. Lock names are
+/// server-wide, so without a namespace the two claimed one lock per tick
+/// and each ran about half its ticks ("held elsewhere" for the rest).
+#[test]
+fn two_services_on_one_server_each_run_every_tick_of_their_own_cron_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = ["svc_a", "svc_b"].map(|service| {
+        let database = format!("{service}_{}", std::process::id());
+        server().sql(&format!(
+            "CREATE DATABASE {database}; GRANT ALL ON {database}.* TO '{}'@'%'",
+            MariaDbServer::USER
+        ));
+        let url = server().url().replacen(
+            &format!("/{}?", MariaDbServer::DATABASE),
+            &format!("/{database}?"),
+            1,
+        );
+        (service, url)
+    });
+    let started = now_secs();
+    let mut crons: Vec<Child> = services
+        .iter()
+        .map(|(service, url)| {
+            Command::new(BIN)
+                .args(["cron", "--url", url, "--name", "cleanup"])
+                .args(["--schedule", "* * * * * *", "--"])
+                .args(["sh", "-c", "echo \"$DISTLOCK_SCHEDULED_AT\" >> \"$LOG\""])
+                .env("LOG", dir.path().join(format!("{service}.log")))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.path().join(format!("{service}.err"))).unwrap())
+                .spawn()
+                .expect("spawn distlock cron")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(9));
+    let stopped = now_secs();
+    for child in &crons {
+        test_servers::signal(child.id(), libc::SIGTERM);
+    }
+    for child in &mut crons {
+        wait_for_exit(child, Duration::from_secs(20));
+    }
+    // The ticks both were surely up for: the first two seconds may go to
+    // connecting, the last two to shutting down.
+    let window: Vec<String> = ((started + 2)..=(stopped - 2)).map(rfc3339).collect();
+    assert!(window.len() >= 5, "{window:?}");
+    for (service, _) in &services {
+        let log =
+            std::fs::read_to_string(dir.path().join(format!("{service}.log"))).unwrap_or_default();
+        let err = std::fs::read_to_string(dir.path().join(format!("{service}.err"))).unwrap();
+        let missed: Vec<&String> = window
+            .iter()
+            .filter(|tick| log.lines().filter(|line| line == tick).count() != 1)
+            .collect();
+        assert!(
+            missed.is_empty(),
+            "{service} did not run exactly once at {missed:?}; its log:\n{log}\nits stderr:\n{err}"
+        );
+    }
+}
+
+/// `url` without its `ssl-mode`: the CLI's default applies.
+fn without_ssl_mode(url: &str) -> String {
+    let url = url
+        .replace("?ssl-mode=DISABLED", "?")
+        .replace("?ssl-mode=PREFERRED", "?");
+    url.trim_end_matches('?').to_owned()
+}
+
+#[test]
+fn lock_urls_without_ssl_mode_refuse_a_server_without_tls_saying_how_to_connect_anyway() {
+    let url = without_ssl_mode(&server().url());
+    assert!(!url.contains("ssl-mode"), "{url}");
+    let key = format!("cli-no-tls-{}", std::process::id());
+    let output = Command::new(BIN)
+        .args(["run", "--url", &url, "--key", &key, "--", "true"])
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("the server offers no TLS") && err.contains("pass ssl-mode=DISABLED"),
+        "{err}"
+    );
+    assert!(!err.contains(MariaDbServer::PASSWORD), "{err}");
+    // The URL's own ssl-mode wins.
+    let output = Command::new(BIN)
+        .args(["run", "--url", &format!("{url}?ssl-mode=DISABLED")])
+        .args(["--key", &key, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn lock_urls_without_ssl_mode_verify_the_server_certificate_and_name() {
+    let tls = MariaDbServer::start_with(MariaDbOptions {
+        tls: true,
+        ..MariaDbOptions::default()
+    });
+    let ca = tls.ca_cert().display().to_string();
+    let url_for = |host: &str| {
+        let url = without_ssl_mode(&tls.url()).replace("127.0.0.1", host);
+        format!("{url}?ssl-ca={ca}")
+    };
+    let run = |url: &str| {
+        Command::new(BIN)
+            .args(["run", "--url", url, "--key", "cli-verify", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    // The certificate, from the given CA, names localhost.
+    let output = run(&url_for("localhost"));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Not 127.0.0.1: checked, so refused (PREFERRED would have gone ahead).
+    let output = run(&url_for("127.0.0.1"));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    // Nor is it trusted without the CA.
+    let output = run(&without_ssl_mode(&tls.url()).replace("127.0.0.1", "localhost"));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
 }

@@ -44,8 +44,14 @@ pub enum SslMode {
     /// Plain TCP.
     Disabled,
     /// TLS if the server offers it (without checking its certificate),
-    /// plain TCP otherwise: MySQL's default. A server that offers no TLS
-    /// costs one extra connection attempt, once per locker.
+    /// plain TCP otherwise: MySQL's default. Decided for each connection,
+    /// never remembered: a "no TLS" answer forged once by someone on the
+    /// path costs that connection only. A server that offers no TLS costs
+    /// one extra greeting per connection opened. Like MySQL's own
+    /// `PREFERRED`, this stops passive eavesdropping only: an active
+    /// attacker can strip TLS from every connection, or present any
+    /// certificate. Use [`VerifyIdentity`](Self::VerifyIdentity) against
+    /// them (the `distlock` CLI's default).
     #[default]
     Preferred,
     /// TLS, without checking the certificate (encryption against passive
@@ -56,6 +62,16 @@ pub enum SslMode {
 }
 
 impl SslMode {
+    /// The mode as the URL spells it (`VERIFY_IDENTITY`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disabled => "DISABLED",
+            SslMode::Preferred => "PREFERRED",
+            SslMode::Required => "REQUIRED",
+            SslMode::VerifyIdentity => "VERIFY_IDENTITY",
+        }
+    }
+
     fn parse(value: &str) -> Result<Self> {
         match value.to_ascii_uppercase().as_str() {
             "DISABLED" => Ok(SslMode::Disabled),
@@ -111,6 +127,8 @@ pub struct MysqlLockerBuilder {
     user: Option<String>,
     password: Option<String>,
     database: Option<String>,
+    /// `None`: the database's name (see [`Self::namespace`]).
+    namespace: Option<String>,
     ssl_mode: SslMode,
     ssl_ca: Option<PathBuf>,
     fencing_enabled: bool,
@@ -129,6 +147,7 @@ impl fmt::Debug for MysqlLockerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MysqlLockerBuilder")
             .field("target", &self.target())
+            .field("namespace", &self.namespace)
             .field("ssl_mode", &self.ssl_mode)
             .field("fencing", &self.fencing_enabled)
             .field("sessions", &self.sessions)
@@ -181,6 +200,7 @@ impl MysqlLockerBuilder {
             user,
             password,
             database,
+            namespace: None,
             ssl_mode: SslMode::default(),
             ssl_ca: None,
             fencing_enabled: true,
@@ -203,6 +223,8 @@ impl MysqlLockerBuilder {
     fn apply_param(&mut self, name: &str, value: &str) -> Result<()> {
         let seconds = |value: &str| parse_number::<u64>(name, value).map(Duration::from_secs);
         match name {
+            // `prefix` as Redis and etcd spell it, `namespace` as Postgres.
+            "prefix" | "key_prefix" | "namespace" => self.namespace = Some(value.to_owned()),
             "fencing" => self.fencing_enabled = parse_switch(name, value)?,
             "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
             "holder" => self.holder_record = parse_switch(name, value)?,
@@ -221,7 +243,7 @@ impl MysqlLockerBuilder {
                 return Err(Error::invalid(
                     "url",
                     format!(
-                        "unknown parameter {other:?}; distlock's MySQL URLs take fencing, fencing_table, \
+                        "unknown parameter {other:?}; distlock's MySQL URLs take prefix (or namespace), fencing, fencing_table, \
                          holder, sessions, idle_waiters, max_waiters, query_timeout, connect_timeout, wait_timeout, \
                          ping_interval, ssl-mode and ssl-ca"
                     ),
@@ -229,6 +251,21 @@ impl MysqlLockerBuilder {
             }
         }
         Ok(())
+    }
+
+    /// The namespace put into every lock name ([`lock_name_in`]), and so into
+    /// every fencing row and mark: by default the URL's database, so that two
+    /// databases on one server never share a lock (lock names are
+    /// server-wide). URL `prefix` (or `namespace`, or `key_prefix`). An empty
+    /// namespace takes [`lock_name`]`(key)` itself, the name other
+    /// `GET_LOCK` users can take by hand: every client of a lock must use
+    /// the same namespace. No zero byte, at most 1024 bytes.
+    ///
+    /// [`lock_name_in`]: super::lock_name_in
+    /// [`lock_name`]: super::lock_name
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
     }
 
     /// Records each grant's [`Holder`](crate::inspect::Holder) (host, pid,
@@ -408,11 +445,17 @@ impl MysqlLockerBuilder {
                 ));
             }
         }
+        let namespace = match &self.namespace {
+            Some(namespace) => namespace.clone(),
+            None => self.database.clone().unwrap_or_default(),
+        };
+        crate::validate::namespace(&namespace)?;
         let tls = self.ssl_opts();
         let plain = self.opts(None);
         let with_tls = tls.map(|tls| self.opts(Some(tls)));
         Ok(Settings {
             target: self.target(),
+            namespace,
             plain,
             with_tls,
             ssl_mode: self.ssl_mode,
@@ -495,6 +538,8 @@ fn setup_sql(wait_timeout: Duration, query_timeout: Duration) -> String {
 pub(super) struct Settings {
     /// `mysql://user@host:port/db`: for errors and `Debug`, no password.
     pub(super) target: String,
+    /// Put into every lock name ([`super::lock_name_in`]).
+    pub(super) namespace: String,
     pub(super) plain: mysql_async::Opts,
     pub(super) with_tls: Option<mysql_async::Opts>,
     pub(super) ssl_mode: SslMode,
@@ -514,6 +559,7 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("target", &self.target)
+            .field("namespace", &self.namespace)
             .field("ssl_mode", &self.ssl_mode)
             .field("fencing", &self.fencing)
             .field("sessions", &self.sessions)
@@ -610,6 +656,35 @@ mod tests {
         let s = settings("mysql://u@h/d?fencing=off&ssl-mode=disabled").unwrap();
         assert_eq!(s.fencing, None);
         assert!(s.with_tls.is_none());
+    }
+
+    #[test]
+    fn the_namespace_defaults_to_the_database_and_can_be_chosen_or_emptied() {
+        assert_eq!(settings("mysql://u@h/svc_a").unwrap().namespace, "svc_a");
+        assert_eq!(settings("mysql://u@h").unwrap().namespace, "");
+        for param in ["prefix", "key_prefix", "namespace"] {
+            let s = settings(&format!("mysql://u@h/svc_a?{param}=shared")).unwrap();
+            assert_eq!(s.namespace, "shared", "{param}");
+            let s = settings(&format!("mysql://u@h/svc_a?{param}=")).unwrap();
+            assert_eq!(s.namespace, "", "{param}");
+        }
+        let s = MysqlLockerBuilder::from_url("mysql://u@h/svc_a?prefix=x")
+            .unwrap()
+            .namespace("billing")
+            .into_settings()
+            .unwrap();
+        assert_eq!(s.namespace, "billing");
+        let err = settings("mysql://u@h/d?prefix=a%00b").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidInput {
+                    what: "namespace",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

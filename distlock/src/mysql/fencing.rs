@@ -342,13 +342,15 @@ impl Sql {
     }
 
     /// Every held lock whose recorded key starts with `prefix`, as
-    /// [`Sql::inspect`] reports one; `None` without the table (nothing
-    /// names the locks). Scans the table: one row per name ever locked.
+    /// [`Sql::inspect`] reports one, and then its lock name (whose
+    /// namespace the caller checks: a table may be shared by several);
+    /// `None` without the table (nothing names the locks). Scans the table:
+    /// one row per name ever locked.
     pub(super) fn list(&self, prefix: &str) -> Option<String> {
         let table = self.table.as_ref()?;
         let prefix = format!("{} COLLATE utf8mb4_bin", text_literal(prefix));
         Some(format!(
-            "SELECT * FROM (SELECT IS_USED_LOCK(f.lock_name) AS conn, {RECORD_SELECT} FROM {table} f \
+            "SELECT * FROM (SELECT IS_USED_LOCK(f.lock_name) AS conn, {RECORD_SELECT}, f.lock_name FROM {table} f \
              WHERE LEFT(f.key_name, CHAR_LENGTH({prefix})) = {prefix}) h WHERE h.conn IS NOT NULL"
         ))
     }
@@ -488,7 +490,7 @@ mod tests {
     #[test]
     fn without_fencing_no_statement_names_a_table() {
         let sql = Sql::new(None);
-        let name = LockName::new("k");
+        let name = LockName::new("", "k");
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
         assert!(!sql
             .acquire(&name, "ab", Duration::ZERO, &record)

@@ -28,6 +28,9 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 /// its inspection and the `KILL`.
 const KILL_ATTEMPTS: usize = 3;
 
+/// The column of [`Sql::list`]'s answer that names the lock.
+const LIST_NAME_COLUMN: usize = 9;
+
 /// A column as `T`, `None` for NULL.
 fn column<T: mysql_async::prelude::FromValue>(
     row: &Row,
@@ -133,11 +136,15 @@ impl Inner {
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = self.read("", sql, "list", &context).await?;
         let mut listed = Vec::with_capacity(rows.len());
+        let bad = |why: String| Error::backend(BACKEND, "list", format!("{}: {why}", context()));
         for row in &rows {
-            let hold = read_hold(row, None)
-                .map_err(|why| Error::backend(BACKEND, "list", format!("{}: {why}", context())))?;
+            let hold = read_hold(row, None).map_err(bad)?;
             // Released between the scan's IS_USED_LOCK and here: not listed.
-            if let Some((_, held)) = hold {
+            let Some((_, held)) = hold else { continue };
+            // A table shared by several namespaces (fencing_table=schema.table)
+            // has rows of other namespaces' locks of the same key.
+            let name: Option<String> = column(row, LIST_NAME_COLUMN).map_err(bad)?;
+            if name.as_deref() == Some(self.name(&held.key).server.as_str()) {
                 listed.push(held);
             }
         }

@@ -1,8 +1,8 @@
 //! MySQL and MariaDB named locks (`mysql://`, `mariadb://`; feature
 //! `mysql`).
 //!
-//! A lock is `GET_LOCK(name, 0)` on a name derived from the key
-//! ([`lock_name`]), held on a session that distlock keeps open, and never
+//! A lock is `GET_LOCK(name, 0)` on a name derived from the namespace (by
+//! default the URL's database) and the key ([`lock_name_in`]), held on a session that distlock keeps open, and never
 //! returns to any pool, for as long as the lock is held. When that session
 //! ends, the server drops the lock: a crashed holder never strands one.
 //! Needs MySQL 5.7+ or MariaDB 10.0.2+ (one session holding many named
@@ -133,8 +133,8 @@
 //!   promoted replica starts with none, so two holders can then overlap:
 //!   fencing tokens are the remedy, and they are only as good as the
 //!   replication of the fencing table. Lock names are server-wide, not per
-//!   database: two applications on one server share one name space (use
-//!   [`PrefixLocker`](crate::PrefixLocker)).
+//!   database: each locker puts its namespace, by default its database,
+//!   into every name (see [Namespaces](#namespaces)).
 //!
 //! # Connections
 //!
@@ -160,11 +160,46 @@
 //!
 //! # Keys
 //!
-//! See [`lock_name`]: a key made of lowercase letters, digits and `_ . : /
-//! -`, at most 64 bytes, is the lock name itself; any other becomes a
-//! readable prefix plus 128 bits of its SHA-256, so `Job` and `job` never
-//! collide or wrongly match, and no name exceeds MySQL's 64 characters.
+//! See [`lock_name_in`]: in a namespace, a key's lock name is the readable
+//! start of the namespace and of the key plus 128 bits of the SHA-256 of
+//! both (`svc_a~cleanup~…`); with an empty namespace ([`lock_name`]), a key
+//! made of lowercase letters, digits and `_ . : / -`, at most 64 bytes, is
+//! the lock name itself and any other becomes a readable prefix plus 128
+//! bits of its SHA-256. Either way `Job` and `job` never collide or wrongly
+//! match, and no name exceeds MySQL's 64 characters.
 //! [`Locker::backend_key`] gives the name of a key.
+//!
+//! # Namespaces
+//!
+//! `GET_LOCK` names are server-wide, while the fencing rows and marks live
+//! in a database: two services on one server whose jobs share a key would
+//! otherwise contend for one lock while keeping separate marks (two
+//! `distlock cron` on databases `svc_a` and `svc_b`, each with a job
+//! `cleanup`, each ran about half of its ticks). So every lock name carries
+//! the locker's namespace:
+//!
+//! - by default, the URL's **database** (`mysql://…/svc_a` locks
+//!   `svc_a~cleanup~…`): two databases never share a lock;
+//! - URL `prefix=NAME` (also spelled `namespace`, as Postgres, or
+//!   `key_prefix`), or [`MysqlLockerBuilder::namespace`]: another namespace,
+//!   for example one that services on different databases share on purpose
+//!   (the fencing table must then be shared too, `fencing_table=schema.table`,
+//!   or tokens would not increase across them);
+//! - `prefix=` (empty): no namespace, the key's [`lock_name`] itself, for
+//!   interoperating with other `GET_LOCK` users or with distlock before
+//!   namespaces. A URL without a database has no namespace either.
+//!
+//! The fencing row, the mark, inspection, [`Locker::list`] (which skips the
+//! rows of other namespaces in a shared table), [`Locker::force_release`]
+//! and the keepalive all use the namespaced name. **Upgrading** from a
+//! distlock without namespaces changes the names of every locker whose URL
+//! names a database: stop every old client of a lock before a new one takes
+//! it (or pin `prefix=` on both), and marks start afresh under the new names.
+//!
+//! Every backend has such a namespace: Postgres `namespace` (hashed into the
+//! advisory key; none by default: advisory locks are per database), Redis,
+//! Redlock and etcd `prefix` (`lock:` by default), the file backend its
+//! directory, the memory backend its process.
 //!
 //! # Fencing table
 //!
@@ -250,6 +285,7 @@
 //!
 //! | parameter | meaning | default |
 //! | --- | --- | --- |
+//! | `prefix` (or `namespace`, `key_prefix`) | namespace in every lock name, empty for none (see [Namespaces](#namespaces)) | the database |
 //! | `fencing` | `on` / `off` | `on` |
 //! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
 //! | `holder` | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
@@ -260,15 +296,22 @@
 //! | `connect_timeout` | seconds to open a connection | 5 |
 //! | `ping_interval` | milliseconds between pings of an idle session | 1000 |
 //! | `wait_timeout` | seconds of silence after which the server ends a session | 15 |
-//! | `ssl-mode` | `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_IDENTITY` | `PREFERRED` |
+//! | `ssl-mode` | `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_IDENTITY` | `PREFERRED` (the CLI: `VERIFY_IDENTITY`) |
 //! | `ssl-ca` | CA file (PEM) trusted besides the Mozilla roots | none |
 //!
 //! # TLS
 //!
 //! rustls with the `ring` provider. `PREFERRED` and `REQUIRED` encrypt
-//! without checking the certificate (as MySQL's client does);
-//! `VERIFY_IDENTITY` checks that it chains to a trusted root (`ssl-ca`, and
-//! the Mozilla roots) and names the host. `VERIFY_CA` is refused: mysql_async
+//! without checking the certificate (as MySQL's client does), so they stop
+//! passive eavesdropping only. `PREFERRED` falls back to plain TCP when the
+//! server's greeting offers no TLS, deciding again for every connection it
+//! opens: that answer is unauthenticated, and a forged one must not turn
+//! TLS off for the locker's lifetime. `REQUIRED` and `VERIFY_IDENTITY`
+//! refuse such a server ("the server offers no TLS, which ssl-mode=…
+//! requires; pass ssl-mode=DISABLED to connect without it"). The `distlock`
+//! CLI uses `VERIFY_IDENTITY` for a URL without `ssl-mode`, which checks
+//! that the certificate chains to a trusted root (`ssl-ca`, and the Mozilla
+//! roots) and names the host. `VERIFY_CA` is refused: mysql_async
 //! 0.37 recognises rustls' host-mismatch error by its old text, so it would
 //! fail every connection. Client certificates are not supported. Passwords
 //! never appear in errors, logs or `Debug` output.
@@ -299,7 +342,7 @@ pub use config::{
     DEFAULT_WAIT_TIMEOUT, TCP_KEEPALIVE_IDLE,
 };
 pub use fencing::DEFAULT_TABLE as DEFAULT_FENCING_TABLE;
-pub use names::{lock_name, MAX_NAME_LEN};
+pub use names::{lock_name, lock_name_in, MAX_NAME_LEN};
 
 use self::config::Settings;
 use self::fencing::Sql;
@@ -326,6 +369,15 @@ struct Inner {
     registry: Arc<Registry>,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
+}
+
+impl Inner {
+    /// `key`'s lock in this locker's namespace: the one place names are made,
+    /// so that acquires, keepalives, releases, fencing rows, marks and
+    /// inspection all agree.
+    fn name<'a>(&self, key: &'a str) -> LockName<'a> {
+        LockName::new(&self.settings.namespace, key)
+    }
 }
 
 impl MysqlLocker {
@@ -375,6 +427,12 @@ impl MysqlLocker {
         Ok(MysqlLocker { inner })
     }
 
+    /// The namespace in every lock name: the URL's `prefix`, else its
+    /// database (see the [module docs](self#namespaces)).
+    pub fn namespace(&self) -> &str {
+        &self.inner.settings.namespace
+    }
+
     /// How many locks this locker (and its clones) holds right now.
     pub fn held_count(&self) -> usize {
         self.inner.registry.held_count()
@@ -390,6 +448,7 @@ impl fmt::Debug for MysqlLocker {
         let settings = &self.inner.settings;
         f.debug_struct("MysqlLocker")
             .field("target", &settings.target)
+            .field("namespace", &settings.namespace)
             .field("fencing", &self.inner.sql.fencing())
             .field("sessions", &settings.sessions)
             .field("max_waiters", &settings.max_waiters)
@@ -421,15 +480,16 @@ impl Locker for MysqlLocker {
         }
     }
 
-    /// The `GET_LOCK` name of `key` ([`lock_name`]).
+    /// The `GET_LOCK` name of `key` in this locker's namespace
+    /// ([`lock_name_in`]).
     fn backend_key(&self, key: &str) -> String {
-        lock_name(key)
+        lock_name_in(&self.inner.settings.namespace, key)
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
         self.inner
-            .try_acquire(LockName::new(key), ttl, self.lease_locker())
+            .try_acquire(self.inner.name(key), ttl, self.lease_locker())
             .await
     }
 
@@ -437,7 +497,7 @@ impl Locker for MysqlLocker {
     /// connections are in use (see the [module docs](self#connections)).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         validate::acquire(key, ttl)?;
-        let name = LockName::new(key);
+        let name = self.inner.name(key);
         if timeout.is_zero() {
             return self
                 .inner
@@ -454,12 +514,12 @@ impl Locker for MysqlLocker {
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        self.inner.release(LockName::new(key), owner).await
+        self.inner.release(self.inner.name(key), owner).await
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        self.inner.verify(LockName::new(key), owner).await
+        self.inner.verify(self.inner.name(key), owner).await
     }
 
     /// One statement per 256 locks on each session that holds some of
@@ -476,7 +536,7 @@ impl Locker for MysqlLocker {
     /// locker is taking, is [`Error::NotAcquired`].
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
-        self.inner.forget(LockName::new(key)).await
+        self.inner.forget(self.inner.name(key)).await
     }
 
     /// One upsert on the marks table (`distlock_marks`, beside the fencing
@@ -485,14 +545,14 @@ impl Locker for MysqlLocker {
     /// unknown.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
-        self.inner.advance_mark(LockName::new(name), value).await
+        self.inner.advance_mark(self.inner.name(name), value).await
     }
 
     /// One statement: `IS_USED_LOCK` of the key's name joined with its
     /// fencing row (see the [module docs](self#inspection)).
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        self.inner.inspect(&LockName::new(key)).await
+        self.inner.inspect(&self.inner.name(key)).await
     }
 
     /// The fencing rows whose key starts with `prefix` and whose name is
@@ -508,6 +568,6 @@ impl Locker for MysqlLocker {
     /// [module docs](self#inspection)).
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        self.inner.force_release(&LockName::new(key), how).await
+        self.inner.force_release(&self.inner.name(key), how).await
     }
 }

@@ -42,8 +42,6 @@ pub(super) struct Pool {
     on_closed: OnClosed,
     /// Set once the fencing table is known to exist.
     table_ready: AtomicBool,
-    /// Set when `ssl-mode=PREFERRED` found a server without TLS.
-    tls_unavailable: AtomicBool,
 }
 
 impl Pool {
@@ -60,7 +58,6 @@ impl Pool {
             next_id: AtomicU64::new(1),
             on_closed,
             table_ready: AtomicBool::new(false),
-            tls_unavailable: AtomicBool::new(false),
         }
     }
 
@@ -121,8 +118,7 @@ impl Pool {
         waiter_permit: Option<OwnedSemaphorePermit>,
     ) -> Result<Arc<Session>> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (session, mut conn, incoming) =
-            Session::open(&self.settings, id, role, &self.tls_unavailable).await?;
+        let (session, mut conn, incoming) = Session::open(&self.settings, id, role).await?;
         if let Some(table) = &self.settings.fencing {
             if !self.table_ready.load(Ordering::Acquire) {
                 let create = Sql::create_table(table);
@@ -151,8 +147,7 @@ impl Pool {
     /// exists (see [`marks`]).
     pub(super) async fn ensure_marks_table(&self) -> Result<()> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (session, mut conn, incoming) =
-            Session::open(&self.settings, id, Role::Waiter, &self.tls_unavailable).await?;
+        let (session, mut conn, incoming) = Session::open(&self.settings, id, Role::Waiter).await?;
         let table = marks::table(self.settings.fencing.as_ref());
         let created = ensure_table(
             &mut conn,

@@ -125,7 +125,7 @@ impl Inner {
             .iter()
             .map(|request| {
                 validate::acquire(request.key, request.ttl)?;
-                let name = LockName::new(request.key);
+                let name = self.name(request.key);
                 Ok(Claim {
                     id: name.server,
                     owner: request.owner,

@@ -26,7 +26,7 @@ use mysql_async::{Conn, Row};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use super::config::Settings;
+use super::config::{Settings, SslMode};
 use super::errors::{self, is_fatal, ExecError};
 use crate::Result;
 
@@ -156,53 +156,54 @@ impl Drop for Settle {
 }
 
 impl Session {
-    /// Connects (TLS first under `PREFERRED`, then plain if the server has
-    /// none, remembered in `tls_unavailable`). The caller may use the
+    /// Connects: with TLS unless `ssl-mode=DISABLED`, and under `PREFERRED`
+    /// without it if the server offers none. The caller may use the
     /// connection (to create tables) before it hands it to
     /// [`start`](Self::start).
+    ///
+    /// `PREFERRED` decides per connection, as MySQL's own client does,
+    /// never for the locker's lifetime: a "no TLS" answer is unauthenticated
+    /// (a greeting without the SSL capability), so anyone on the path can
+    /// forge it for one connection, and remembering it would turn TLS off
+    /// for every later session. A server that really has no TLS costs one
+    /// greeting more per connection opened (sessions are few and long-lived).
+    /// Both attempts share one bound, `connect_timeout + query_timeout`.
     pub(super) async fn open(
         settings: &Settings,
         id: u64,
         role: Role,
-        tls_unavailable: &AtomicBool,
     ) -> Result<(Arc<Session>, Conn, Incoming)> {
         let limit = settings
             .connect_timeout
             .saturating_add(settings.query_timeout);
         let context = || format!("cannot connect to {}", settings.target);
-        let connect = |opts: mysql_async::Opts| async move {
-            match tokio::time::timeout(limit, Conn::new(opts)).await {
-                Ok(result) => result.map_err(|e| errors::driver("connect", context(), e)),
-                Err(_) => Err(crate::Error::DeadlineExceeded {
-                    backend: errors::BACKEND,
-                    operation: "connect",
-                    after: limit,
-                }),
-            }
-        };
-        let conn = match &settings.with_tls {
-            Some(tls) if !tls_unavailable.load(Ordering::Relaxed) => {
-                match tokio::time::timeout(limit, Conn::new(tls.clone())).await {
-                    Ok(Ok(conn)) => conn,
-                    Ok(Err(e))
-                        if errors::is_no_tls(&e)
-                            && settings.ssl_mode == super::SslMode::Preferred =>
-                    {
-                        tls_unavailable.store(true, Ordering::Relaxed);
-                        connect(settings.plain.clone()).await?
-                    }
-                    Ok(Err(e)) => return Err(errors::driver("connect", context(), e)),
-                    Err(_) => {
-                        return Err(crate::Error::DeadlineExceeded {
-                            backend: errors::BACKEND,
-                            operation: "connect",
-                            after: limit,
-                        })
-                    }
+        let conn = crate::deadline::bounded(errors::BACKEND, "connect", limit, async {
+            let Some(tls) = &settings.with_tls else {
+                return Conn::new(settings.plain.clone())
+                    .await
+                    .map_err(|e| errors::driver("connect", context(), e));
+            };
+            match Conn::new(tls.clone()).await {
+                Ok(conn) => Ok(conn),
+                Err(e) if errors::is_no_tls(&e) && settings.ssl_mode == SslMode::Preferred => {
+                    Conn::new(settings.plain.clone())
+                        .await
+                        .map_err(|e| errors::driver("connect", context(), e))
                 }
+                Err(e) if errors::is_no_tls(&e) => Err(crate::Error::backend(
+                    errors::BACKEND,
+                    "connect",
+                    format!(
+                        "{}: the server offers no TLS, which ssl-mode={} requires; pass \
+                         ssl-mode=DISABLED to connect without it (or fix the server's TLS setup)",
+                        context(),
+                        settings.ssl_mode.as_str()
+                    ),
+                )),
+                Err(e) => Err(errors::driver("connect", context(), e)),
             }
-            _ => connect(settings.plain.clone()).await?,
-        };
+        })
+        .await?;
         let (requests, incoming) = mpsc::unbounded_channel();
         let closed = Arc::new(AtomicBool::new(false));
         let session = Arc::new(Session {

@@ -6,13 +6,13 @@ use std::io::Write;
 use std::process::Stdio;
 use std::time::Duration;
 
-use distlock::mysql::{lock_name, MysqlLocker, DEFAULT_SESSIONS};
+use distlock::mysql::{lock_name, lock_name_in, MysqlLocker, DEFAULT_SESSIONS};
 use distlock::{Error, Locker, LostReason};
 use test_servers::{MariaDbOptions, MariaDbServer};
 use tokio::time::Instant;
 
 use crate::common::eventually;
-use crate::support::{connect, server, unique, waiting_for, TTL};
+use crate::support::{connect, name_of, server, unique, waiting_for, TTL};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_names_match_the_documented_sql() {
@@ -37,17 +37,27 @@ async fn lock_names_match_the_documented_sql() {
         };
         assert_eq!(name, expected, "{key:?}");
         assert!(name.len() <= 64, "{key:?}: {name}");
+        for namespace in ["distlock", "svc_a", "Billing DB: 2026"] {
+            let name = lock_name_in(namespace, key);
+            let expected = server().sql(&format!(
+                "SELECT CONCAT(LOWER(REGEXP_REPLACE(LEFT('{namespace}', 12), '[^A-Za-z0-9_.:/-]', '_')), '~', \
+                 LOWER(REGEXP_REPLACE(LEFT('{quoted}', 18), '[^A-Za-z0-9_.:/-]', '_')), '~', \
+                 LEFT(SHA2(CONCAT('{namespace}', CHAR(0), '{quoted}'), 256), 32))"
+            ));
+            assert_eq!(name, expected, "{namespace:?} {key:?}");
+            assert!(name.len() <= 64, "{namespace:?} {key:?}: {name}");
+        }
     }
     // The name a locker takes is the one a person would lock by hand.
     let locker = connect("").await;
     let key = unique("By Hand");
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
-    assert_eq!(locker.backend_key(&key), lock_name(&key));
-    assert!(server().lock_holder(&lock_name(&key)).is_some());
-    let by_hand = server().sql(&format!("SELECT GET_LOCK('{}', 0)", lock_name(&key)));
+    assert_eq!(locker.backend_key(&key), name_of(&key));
+    assert!(server().lock_holder(&name_of(&key)).is_some());
+    let by_hand = server().sql(&format!("SELECT GET_LOCK('{}', 0)", name_of(&key)));
     assert_eq!(by_hand, "0", "held by the locker's session");
     lease.release().await.unwrap();
-    assert_eq!(server().lock_holder(&lock_name(&key)), None);
+    assert_eq!(server().lock_holder(&name_of(&key)), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,7 +90,7 @@ async fn keys_differing_in_case_length_or_non_ascii_bytes_are_distinct_locks() {
             a.try_lock(second, TTL).await.unwrap().is_none(),
             "{second:?}"
         );
-        assert_ne!(lock_name(first), lock_name(second));
+        assert_ne!(name_of(first), name_of(second));
         one.release().await.unwrap();
         two.release().await.unwrap();
     }
@@ -93,7 +103,7 @@ async fn a_killed_holder_session_fires_lost_and_frees_the_lock_at_once() {
     let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let mut lost = lease.lost_signal();
     let connection = server()
-        .lock_holder(&lock_name(&key))
+        .lock_holder(&name_of(&key))
         .expect("the holder's session holds it");
     server().sql(&format!("KILL {connection}"));
     let killed = Instant::now();
@@ -137,7 +147,7 @@ async fn a_killed_holder_session_fires_lost_and_frees_the_lock_at_once() {
 async fn kill_query_of_a_waiter_is_an_error_not_contention() {
     let (holder, waiter) = (connect("").await, connect("").await);
     let key = unique("kill-query");
-    let name = lock_name(&key);
+    let name = name_of(&key);
     let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let wait = {
         let (waiter, key) = (waiter.clone(), key.clone());
@@ -175,7 +185,7 @@ async fn kill_query_of_a_waiter_is_an_error_not_contention() {
 async fn an_abandoned_wait_is_killed_on_the_server_and_granted_to_nobody() {
     let (holder, waiter) = (connect("").await, connect("").await);
     let key = unique("abandoned");
-    let name = lock_name(&key);
+    let name = name_of(&key);
     let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let wait = {
         let (waiter, key) = (waiter.clone(), key.clone());
@@ -225,7 +235,7 @@ async fn a_thousand_held_locks_use_the_documented_connections() {
     assert_eq!(connections.len(), DEFAULT_SESSIONS, "{connections:?}");
     // Every one is really held on the server.
     let names: Vec<String> = (0..1000)
-        .map(|i| format!("SELECT '{}' AS n", lock_name(&format!("{base}-{i}"))))
+        .map(|i| format!("SELECT '{}' AS n", name_of(&format!("{base}-{i}"))))
         .collect();
     let held = server().sql(&format!(
         "SELECT SUM(IS_USED_LOCK(n) IS NOT NULL) FROM ({}) AS names",
@@ -309,7 +319,7 @@ async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_fr
     // tests' attempts.
     let locker = connect("&fencing_table=rowlock_fencing").await;
     let key = unique("row-locked");
-    let name = lock_name(&key);
+    let name = name_of(&key);
     // Create the row, then hold its row lock from another session.
     locker
         .try_lock(&key, TTL)
@@ -439,4 +449,46 @@ async fn tls_modes_encrypt_and_check_what_they_say() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("Access denied"), "{err}");
+}
+
+/// A client on the path can strip TLS from one connection (answer without
+/// the SSL capability); under PREFERRED that must cost that connection only,
+/// never every later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_tries_tls_again_on_every_connection_after_a_server_without_it() {
+    let mut server = MariaDbServer::start();
+    let url = server
+        .url()
+        .replace("ssl-mode=DISABLED", "ssl-mode=PREFERRED");
+    // The server offers no TLS: the locker connects without it.
+    let locker = MysqlLocker::from_url(&url).await.unwrap();
+    let lease = locker
+        .try_lock(&unique("plain"), TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    lease.release().await.unwrap();
+    server.restart_with_tls();
+    // From now on the account can log in over TLS only.
+    server.sql(&format!(
+        "ALTER USER '{}'@'%' REQUIRE SSL",
+        MariaDbServer::USER
+    ));
+    // The locker's session died with the restart; the next one it opens
+    // must try TLS again, and so get in.
+    let key = unique("tls-again");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lease = loop {
+        match locker.try_lock(&key, TTL).await {
+            Ok(lease) => break lease.expect("free"),
+            // The dead session is noticed first.
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no session over TLS after the server gained it: {e}"),
+        }
+    };
+    assert!(server.lock_holder(&name_of(&key)).is_some());
+    lease.release().await.unwrap();
 }

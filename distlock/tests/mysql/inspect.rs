@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use distlock::inspect::{with_label, Clock, ForceRelease};
-use distlock::mysql::{lock_name, MysqlLocker};
+use distlock::mysql::MysqlLocker;
 use distlock::{Error, Locker, LostReason};
 use mysql_async::prelude::Queryable;
 
-use crate::support::{connect, server, unique, TTL};
+use crate::support::{connect, name_of, server, unique, TTL};
 
 /// A plain client (no distlock), with its connection id.
 async fn plain_client() -> (mysql_async::Conn, u64) {
@@ -29,14 +29,14 @@ async fn plain_client() -> (mysql_async::Conn, u64) {
 
 async fn plain_lock(conn: &mut mysql_async::Conn, key: &str) {
     let got: Option<i64> = conn
-        .query_first(format!("SELECT GET_LOCK('{}', 0)", lock_name(key)))
+        .query_first(format!("SELECT GET_LOCK('{}', 0)", name_of(key)))
         .await
         .expect("GET_LOCK");
     assert_eq!(got, Some(1), "{key} is free");
 }
 
 async fn plain_unlock(conn: &mut mysql_async::Conn, key: &str) {
-    conn.query_drop(format!("DO RELEASE_LOCK('{}')", lock_name(key)))
+    conn.query_drop(format!("DO RELEASE_LOCK('{}')", name_of(key)))
         .await
         .expect("RELEASE_LOCK");
 }
@@ -172,7 +172,7 @@ async fn a_fencing_table_from_before_holder_records_is_upgraded() {
             token BIGINT NOT NULL, owner_digest CHAR(32) CHARACTER SET ascii NOT NULL, \
             granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB; \
          INSERT INTO distlock.{table} (lock_name, token, owner_digest) VALUES ('{}', 41, 'old')",
-        lock_name(&key)
+        name_of(&key)
     ));
     let locker = connect(&format!("&fencing_table={table}")).await;
     let columns = server().sql(&format!(

@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use distlock::mysql::MysqlLocker;
+use distlock::mysql::{lock_name_in, MysqlLocker};
 use test_servers::MariaDbServer;
 
 pub const TTL: Duration = Duration::from_secs(30);
@@ -22,6 +22,12 @@ pub async fn connect_to(server: &MariaDbServer, params: &str) -> MysqlLocker {
     MysqlLocker::from_url(&format!("{}{params}", server.url()))
         .await
         .expect("connect to the test server")
+}
+
+/// The lock name of `key` for a locker on [`MariaDbServer::url`]: in the
+/// namespace of its database.
+pub fn name_of(key: &str) -> String {
+    lock_name_in(MariaDbServer::DATABASE, key)
 }
 
 /// A key no other test uses, so tests may share a server.

@@ -30,9 +30,10 @@ impl Deployment for MySqlDeployment {
     }
 
     /// `KILL` of the connection `IS_USED_LOCK` names for the key's lock name
-    /// (`distlock::mysql::lock_name`, the name the backend takes).
+    /// (`distlock::mysql::lock_name_in` the URL's database, the name the
+    /// backend takes).
     fn end_session(&mut self, holder: &Holder) -> Result<(), String> {
-        let name = distlock::mysql::lock_name(&holder.key);
+        let name = distlock::mysql::lock_name_in(MariaDbServer::DATABASE, &holder.key);
         let connection = self
             .server
             .lock_holder(&name)
