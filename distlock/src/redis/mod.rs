@@ -1621,7 +1621,7 @@ impl Locker for RedisLocker {
         }
     }
 
-    /// What [`RedisLocker::check_server`] read when the locker was built:
+    /// What the locker read when it was built ([`RedisLocker::server_facts`]):
     /// `appendonly no` (a restart forgets marks and fence counters: see
     /// [`ServerFacts`]), `appendfsync no`, replicas without
     /// [`Config::min_replicas`], or settings it could not read. Asking
