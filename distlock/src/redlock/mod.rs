@@ -101,6 +101,13 @@
 //!   to keep a restarted node out for at least the longest ttl (delayed
 //!   restarts), or `appendonly yes` with `appendfsync always`. distlock
 //!   does not delay restarts: operate the nodes so.
+//! - **Eviction.** A node with `maxmemory` and a `maxmemory-policy` other
+//!   than `noeviction` can evict a held lock's key, which counts like a
+//!   restart. Each node that answers when the locker is built is checked as
+//!   the Redis backend checks its server (see `distlock::redis`, "What the
+//!   server must be configured with"): such a node is refused
+//!   ([`Error::InvalidInput`]) unless `allow_eviction=true`; a node that did
+//!   not answer then is not checked.
 //! - **Network delays** longer than the validity make a grant's replies
 //!   arrive after its keys expired: the validity check refuses such grants,
 //!   but a reply delayed *after* the check is the pause case again.
