@@ -7,7 +7,10 @@
 //! ([`crate::reaper`]) hands each its own statuses. SIGINT and SIGTERM are
 //! not forwarded: they start the graceful shutdown (no new ticks; running
 //! commands get `--grace` to finish, then SIGTERM, then SIGKILL after
-//! `--kill-after`).
+//! `--kill-after`). At start it prints the backend's
+//! [durability warnings](distlock::Locker::durability_warnings) once (for
+//! example a Redis without `appendonly yes`, which a restart would make
+//! re-run finished ticks).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -54,6 +57,14 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         Ok(locker) => locker,
         Err(error) => return crate::run::fail(&error),
     };
+    // What the backend found, when it connected, that a restart or a
+    // failover would make it forget (a Redis without `appendonly yes`
+    // forgets which ticks ran and resets fencing tokens): said once, here,
+    // before the first tick, not per tick. Asking also keeps the library
+    // from logging it again at the first mark write.
+    for warning in locker.durability_warnings() {
+        eprintln!("distlock: warning: {warning}");
+    }
     let mut scheduler = Scheduler::new(locker)
         .on_tick(log_line)
         .stop_timeout(args.kill_after.saturating_add(STOP_SLACK));

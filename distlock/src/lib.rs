@@ -500,6 +500,28 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// What the backend found, when it was built, that makes its marks
+    /// ([`advance_mark`](Locker::advance_mark)) and fencing tokens less
+    /// durable than they look: a server that does not persist them (Redis
+    /// with `appendonly no`: a restart forgets which cron ticks ran and
+    /// restarts tokens at 1), replicas a failover could promote without the
+    /// last writes, or settings it could not read. One sentence per finding,
+    /// naming the setting, the consequence and the fix. Empty when it found
+    /// nothing, or has nothing to check (the default).
+    ///
+    /// Read once at build time and never refreshed; no I/O here. A
+    /// scheduler's owner should show these when it starts (`distlock cron`
+    /// prints them once on stderr).
+    ///
+    /// ```
+    /// use distlock::{memory::MemoryLocker, Locker};
+    ///
+    /// assert!(MemoryLocker::new().durability_warnings().is_empty());
+    /// ```
+    fn durability_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Who holds `key` now: `Ok(None)` if nobody does, else what the backend
     /// knows of the holder ([`inspect::HeldLock`]). Never takes, waits for or
     /// changes the lock. A lock held by a client that recorded nothing (a
@@ -648,6 +670,9 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     }
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
+    }
+    fn durability_warnings(&self) -> Vec<String> {
+        (**self).durability_warnings()
     }
     fn backend_key(&self, key: &str) -> String {
         (**self).backend_key(key)

@@ -215,6 +215,10 @@ impl<L: Locker> Locker for MetricsLocker<L> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+    /// The inner locker's: a wrapper changes nothing the server keeps.
+    fn durability_warnings(&self) -> Vec<String> {
+        self.inner.durability_warnings()
+    }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }

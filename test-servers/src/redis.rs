@@ -22,6 +22,10 @@ pub struct RedisOptions {
     pub tls: Option<RedisTls>,
     /// `--replicaof 127.0.0.1 PORT`: start as a replica of that server.
     pub replica_of: Option<u16>,
+    /// More `redis-server` arguments, after the ones above (for example
+    /// `["--maxmemory", "10mb", "--maxmemory-policy", "volatile-lru"]`, or
+    /// `["--rename-command", "CONFIG", ""]` as managed services do).
+    pub extra_args: Vec<String>,
 }
 
 /// A TLS-only server's certificate, key and CA (see
@@ -117,6 +121,7 @@ impl RedisServer {
         if let Some(primary) = self.options.replica_of {
             command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
         }
+        command.args(&self.options.extra_args);
         let mut child = crate::spawn_tied_to_this_process(command).expect("spawn redis-server");
         wait_for_port(
             self.port,

@@ -63,6 +63,9 @@ impl Locker for CountingLocker {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn durability_warnings(&self) -> Vec<String> {
+        self.inner.durability_warnings()
+    }
     fn backend_key(&self, key: &str) -> String {
         self.inner.backend_key(key)
     }

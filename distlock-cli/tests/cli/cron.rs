@@ -287,7 +287,7 @@ fn bad_schedules_zones_and_config_files_are_one_clear_error_before_anything_runs
 
 /// Runs `distlock cron` with `args` until `until` holds for its stderr (or
 /// 20 s pass), then SIGTERMs it and returns its exit code and stderr.
-fn cron_until(
+pub fn cron_until(
     args: &[&str],
     until: impl Fn(&str) -> bool,
 ) -> (i32, String, PathBuf, tempfile::TempDir) {

@@ -411,3 +411,53 @@ fn three_redis_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
     let tally = crate::cron::three_replicas(&server.url(), "redis");
     crate::cron::assert_exactly_once(&tally);
 }
+
+/// `distlock cron` on a Redis that does not persist (`--appendonly no`, as
+/// the test servers run): a restart would forget which ticks ran and reset
+/// fencing tokens, and the command says so once, when it starts, not per
+/// tick. A server with `appendonly yes` gets no such warning.
+#[test]
+fn cron_warns_once_at_start_about_a_redis_that_does_not_persist_its_marks() {
+    let args = |url: &str| {
+        [
+            "--url",
+            url,
+            "--name",
+            "durable",
+            "--schedule",
+            "* * * * * *",
+            "--",
+            "true",
+        ]
+        .map(str::to_owned)
+    };
+    let server = RedisServer::start();
+    let url = server.url();
+    let args_vec = args(&url);
+    let argv: Vec<&str> = args_vec.iter().map(String::as_str).collect();
+    let (status, err, _out, _dir) =
+        crate::cron::cron_until(&argv, |err| err.matches("ran: exit code 0").count() >= 3);
+    assert_eq!(status, 0, "{err}");
+    assert_eq!(err.matches("appendonly is no").count(), 1, "{err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!(
+            "distlock: warning: redis://127.0.0.1:{}/0: appendonly is no",
+            server.port()
+        )) && first.contains("a restart forgets which cron ticks ran")
+            && first.contains("resets fencing tokens to 1"),
+        "printed first, before any tick: {err}"
+    );
+
+    let durable = RedisServer::start_with(test_servers::RedisOptions {
+        appendonly: true,
+        ..test_servers::RedisOptions::default()
+    });
+    let url = durable.url();
+    let args_vec = args(&url);
+    let argv: Vec<&str> = args_vec.iter().map(String::as_str).collect();
+    let (status, err, _out, _dir) =
+        crate::cron::cron_until(&argv, |err| err.matches("ran: exit code 0").count() >= 2);
+    assert_eq!(status, 0, "{err}");
+    assert!(!err.contains("appendonly"), "{err}");
+}

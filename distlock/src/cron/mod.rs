@@ -80,6 +80,33 @@
 //! causes a duplicate; a skew ahead of more than the period can cause
 //! misses.** Keep replicas on NTP.
 //!
+//! # The marks are as durable as the backend
+//!
+//! That bound holds only while the backend keeps the marks. **A backend that
+//! forgets a mark re-runs the tick it recorded**, whatever the clocks say:
+//! after the mark is gone, a lagging replica, a replica started with
+//! [`Missed::CatchUp`], or the same replica catching up after its run was
+//! stopped finds no trace of the finished tick and runs it again; the job
+//! key's fencing token can restart at 1 too. On Redis:
+//!
+//! - **Restart**: without `appendonly yes` a restart forgets every mark (with
+//!   RDB snapshots only, it rolls back to the last snapshot). With
+//!   `appendonly yes` and `appendfsync everysec` a crash loses at most about
+//!   the last second's marks; `always` loses none.
+//! - **Failover**: replication is asynchronous, so a promoted replica can
+//!   lack the last mark, unless `min_replicas` is set (`?min_replicas=N`):
+//!   each advanced mark then waits (`WAIT`) for N replicas, and a shortfall
+//!   fails the claim (the tick is treated as taken, not run).
+//! - **Eviction**: a server with `maxmemory` and an `allkeys-*` policy can
+//!   evict marks; the Redis backend refuses such a server unless told to
+//!   accept it (`allow_eviction`).
+//!
+//! The locker reports what it found when it connected as
+//! [`Locker::durability_warnings`]: show them when the scheduler starts
+//! (`distlock cron` prints them once on stderr; the Redis backend otherwise
+//! logs them once at the first mark write). Postgres, MySQL and etcd keep
+//! marks as durably as their other data (their own durability settings).
+//!
 //! **Backends without marks** ([`Error::Unsupported`]
 //! from `advance_mark`) fall back to ShedLock's `lockAtLeastFor` semantics,
 //! with a warning logged once per job: the tick's claim is held until

@@ -350,6 +350,9 @@ impl Locker for NoMarks {
     fn backend(&self) -> &'static str {
         "nomarks"
     }
+    fn durability_warnings(&self) -> Vec<String> {
+        self.inner.durability_warnings()
+    }
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             marks: false,

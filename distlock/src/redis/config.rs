@@ -38,7 +38,7 @@ pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 /// The query parameters [`Config::from_url`] understands.
 const URL_PARAMETERS: &str =
     "prefix, connect_timeout, response_timeout, min_replicas, replica_timeout, db (sentinel only), \
-     ca, client_cert, client_key, holder";
+     ca, client_cert, client_key, holder, allow_eviction, require_appendonly";
 
 /// The URL schemes [`Config::from_url`] reads.
 const SCHEMES: &str =
@@ -62,7 +62,8 @@ const SCHEMES: &str =
 /// (`username`, `password`, `keyPrefix`, `addresses`, plus `db`, `tls`,
 /// `tlsCa`, `tlsClientCert`, `tlsClientKey`, `connectTimeout`,
 /// `responseTimeout`, `cluster`, `sentinelMaster`, `sentinelUsername`,
-/// `sentinelPassword`, `minReplicas`, `replicaTimeout`); the snake_case
+/// `sentinelPassword`, `minReplicas`, `replicaTimeout`, `recordHolder`,
+/// `allowEviction`, `requireAppendonly`); the snake_case
 /// spellings are accepted too, unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
@@ -121,9 +122,12 @@ pub struct Config {
     /// config), if they demand one.
     #[serde(alias = "sentinel_password", skip_serializing_if = "Option::is_none")]
     pub sentinel_password: Option<Password>,
-    /// After each grant, wait (Redis `WAIT`) until at least this many
-    /// replicas have the write; a shortfall fails the acquire (the lock is
-    /// released at once, the error is [`Error::Backend`], never contention).
+    /// After each grant, and each mark that was advanced
+    /// ([`Locker::advance_mark`](crate::Locker::advance_mark)), wait (Redis
+    /// `WAIT`) until at least this many replicas have the write; a shortfall
+    /// fails the acquire (the lock is released at once, the error is
+    /// [`Error::Backend`], never contention) or the mark (an outage whose
+    /// outcome is unknown: the mark stays advanced on the master).
     /// 0 (the default) does not wait. This narrows the window in which a
     /// failover loses a grant; it does not close it (see the [module
     /// docs](super), "Replica acknowledgement").
@@ -184,6 +188,27 @@ pub struct Config {
     /// [`Locker::list`]: crate::Locker::list
     #[serde(alias = "record_holder")]
     pub record_holder: bool,
+    /// Accept a server that may evict keys when its memory fills
+    /// (`maxmemory` set and `maxmemory-policy` other than `noeviction`),
+    /// with a warning logged at connect. Default `false`: such a server is
+    /// refused with [`Error::InvalidInput`] when the locker is built,
+    /// because an evicted lock key lets a second caller acquire the lock
+    /// (two holders), and under `allkeys-*` an evicted fence counter or
+    /// mark makes tokens restart at 1 and finished cron ticks run again.
+    /// URL parameter `allow_eviction=true`. See the [module
+    /// docs](super), "What the server must be configured with".
+    #[serde(alias = "allow_eviction")]
+    pub allow_eviction: bool,
+    /// Refuse a server that does not write every change to its append-only
+    /// file (`appendonly yes`), or whose setting cannot be read, with
+    /// [`Error::InvalidInput`] when the locker is built. Default `false`: such
+    /// a server is accepted, and [`Locker::durability_warnings`] (printed by
+    /// `distlock cron` at start) says what a restart would forget. URL
+    /// parameter `require_appendonly=true`.
+    ///
+    /// [`Locker::durability_warnings`]: crate::Locker::durability_warnings
+    #[serde(alias = "require_appendonly")]
+    pub require_appendonly: bool,
 }
 
 impl Default for Config {
@@ -207,6 +232,8 @@ impl Default for Config {
             min_replicas: 0,
             replica_timeout: DEFAULT_REPLICA_TIMEOUT,
             record_holder: true,
+            allow_eviction: false,
+            require_appendonly: false,
         }
     }
 }
@@ -233,7 +260,9 @@ impl Config {
     /// certificate), `client_cert` and `client_key` (a client certificate,
     /// for servers that require one): [`Config::tls_ca`],
     /// [`Config::tls_client_cert`], [`Config::tls_client_key`]; `holder`
-    /// (`false` turns holder records off: [`Config::record_holder`]).
+    /// (`false` turns holder records off: [`Config::record_holder`]);
+    /// `allow_eviction` and `require_appendonly` (booleans:
+    /// [`Config::allow_eviction`], [`Config::require_appendonly`]).
     /// Anything else is [`Error::InvalidInput`], as is a URL without a host. Error messages
     /// never contain the password.
     ///
@@ -374,6 +403,10 @@ impl Config {
                     config.db = parse_db(&value).map_err(&bad)?;
                 }
                 "holder" => config.record_holder = parse_bool(&value).map_err(&bad)?,
+                "allow_eviction" => config.allow_eviction = parse_bool(&value).map_err(&bad)?,
+                "require_appendonly" => {
+                    config.require_appendonly = parse_bool(&value).map_err(&bad)?
+                }
                 "ca" => config.tls_ca = Some(PathBuf::from(&*value)),
                 "client_cert" => config.tls_client_cert = Some(PathBuf::from(&*value)),
                 "client_key" => config.tls_client_key = Some(PathBuf::from(&*value)),
@@ -409,6 +442,8 @@ impl Config {
     /// | `DISTLOCK_REDIS_MIN_REPLICAS` | [`min_replicas`](Config::min_replicas) |
     /// | `DISTLOCK_REDIS_REPLICA_TIMEOUT` | [`replica_timeout`](Config::replica_timeout), e.g. `50ms` |
     /// | `DISTLOCK_REDIS_RECORD_HOLDER` | [`record_holder`](Config::record_holder): a boolean as for `TLS` |
+    /// | `DISTLOCK_REDIS_ALLOW_EVICTION` | [`allow_eviction`](Config::allow_eviction): a boolean as for `TLS` |
+    /// | `DISTLOCK_REDIS_REQUIRE_APPENDONLY` | [`require_appendonly`](Config::require_appendonly): a boolean as for `TLS` |
     ///
     /// Other variables with the prefix are ignored (other tools may share it).
     /// A malformed value is [`Error::InvalidInput`] naming the variable.
@@ -510,6 +545,10 @@ impl Config {
                     config.replica_timeout = parse_duration(name, &value).map_err(bad)?
                 }
                 "RECORD_HOLDER" => config.record_holder = parse_bool(&value).map_err(bad)?,
+                "ALLOW_EVICTION" => config.allow_eviction = parse_bool(&value).map_err(bad)?,
+                "REQUIRE_APPENDONLY" => {
+                    config.require_appendonly = parse_bool(&value).map_err(bad)?
+                }
                 _ => {}
             }
         }
@@ -974,6 +1013,28 @@ mod tests {
         assert!(!env.record_holder);
         let json = Config::from_json(r#"{"addresses": ["h"], "recordHolder": false}"#).unwrap();
         assert!(!json.record_holder);
+    }
+
+    #[test]
+    fn the_server_checks_are_configured_from_every_source() {
+        let defaults = Config::default();
+        assert!(!defaults.allow_eviction && !defaults.require_appendonly);
+        let url =
+            Config::from_url("redis://h/?allow_eviction=true&require_appendonly=yes").unwrap();
+        assert!(url.allow_eviction && url.require_appendonly);
+        let error = Config::from_url("redis://h/?allow_eviction=sure").unwrap_err();
+        assert!(error.to_string().contains("not a boolean"), "{error}");
+        let env = Config::from_env_vars([
+            ("DISTLOCK_REDIS_ALLOW_EVICTION", "1"),
+            ("DISTLOCK_REDIS_REQUIRE_APPENDONLY", "true"),
+        ])
+        .unwrap();
+        assert!(env.allow_eviction && env.require_appendonly);
+        let json =
+            Config::from_json(r#"{"allowEviction": true, "require_appendonly": true}"#).unwrap();
+        assert!(json.allow_eviction && json.require_appendonly);
+        let yaml = Config::from_yaml("allow_eviction: true\nrequireAppendonly: true").unwrap();
+        assert_eq!(yaml, json);
     }
 
     #[test]

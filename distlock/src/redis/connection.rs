@@ -85,8 +85,20 @@ impl Connection {
     /// The nodes whose keys make up the whole key space: this one, or every
     /// master of a cluster (from `CLUSTER SLOTS`, one slot per master).
     pub(crate) async fn scan_nodes(&mut self) -> RedisResult<Vec<ScanNode>> {
+        Ok(self
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|(_, node)| node)
+            .collect())
+    }
+
+    /// [`scan_nodes`](Self::scan_nodes), each with its `host:port` (`None`
+    /// for the one server or sentinel-managed master, which the caller
+    /// names), for messages about a node.
+    pub(crate) async fn nodes(&mut self) -> RedisResult<Vec<(Option<String>, ScanNode)>> {
         let Connection::Cluster(cluster) = self else {
-            return Ok(vec![ScanNode::Connected]);
+            return Ok(vec![(None, ScanNode::Connected)]);
         };
         let slots: Vec<Value> = redis::cmd("CLUSTER")
             .arg("SLOTS")
@@ -112,8 +124,35 @@ impl Connection {
         }
         Ok(masters
             .into_iter()
-            .map(|(_, _, slot)| ScanNode::Master(Route::new(slot, SlotAddr::Master)))
+            .map(|(host, port, slot)| {
+                let address = format!("{}:{port}", String::from_utf8_lossy(&host));
+                (
+                    Some(address),
+                    ScanNode::Master(Route::new(slot, SlotAddr::Master)),
+                )
+            })
             .collect())
+    }
+
+    /// Runs `cmd` on `node` (a cluster's master by its route; otherwise the
+    /// one server the connection talks to).
+    pub(crate) async fn query_node<T: FromRedisValue>(
+        &mut self,
+        node: &ScanNode,
+        cmd: Cmd,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            (Connection::Cluster(cluster), ScanNode::Master(route)) => {
+                let value = cluster
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*route)),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+            (other, _) => cmd.query_async(other).await,
+        }
     }
 
     /// One `SCAN cursor MATCH pattern COUNT count` on `node`: the next
@@ -131,18 +170,7 @@ impl Connection {
             .arg(pattern)
             .arg("COUNT")
             .arg(count);
-        match (self, node) {
-            (Connection::Cluster(cluster), ScanNode::Master(route)) => {
-                let value = cluster
-                    .route_command(
-                        scan,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*route)),
-                    )
-                    .await?;
-                Ok(redis::from_redis_value(value)?)
-            }
-            (other, _) => scan.query_async(other).await,
-        }
+        self.query_node(node, scan).await
     }
 }
 

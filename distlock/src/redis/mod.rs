@@ -108,8 +108,16 @@
 //!   containing `{` or `}` is hashed by Redis' first-brace rule, still one
 //!   tag for all of the lock's keys.
 //! - **Marks** ([`Locker::advance_mark`]): `<prefix>{<name>}:mark`, without
-//!   expiry, raised by one script; lost with everything else by a restart
-//!   without persistence (a scheduler could then re-run the last tick).
+//!   expiry, raised by one script. **A mark is as durable as the server's
+//!   persistence**: without `appendonly yes` a restart forgets it (an RDB
+//!   snapshot rolls it back), and the scheduler re-runs ticks it had
+//!   finished; with `appendfsync everysec` a crash loses at most the last
+//!   second's marks. A failover can lose the last mark unless
+//!   [`Config::min_replicas`] is set: then every mark that was advanced is
+//!   followed by `WAIT`, and too few acknowledgements fail it as an outage
+//!   whose outcome is unknown (the mark stays advanced on the master; the
+//!   scheduler then does not run that tick). See "What the server must be
+//!   configured with".
 //!
 //! # Deployments
 //!
@@ -224,6 +232,14 @@
 //! Every acquire is then bounded by the operation bound plus twice the
 //! response timeout (the `WAIT` and the release).
 //!
+//! A mark ([`Locker::advance_mark`]) that was advanced is followed by the
+//! same `WAIT` (one that found the mark already there writes nothing and
+//! does not wait); fewer than `N` acknowledgements fail it as
+//! [`Error::Backend`] with an unknown outcome: the mark stays advanced on
+//! the master (a mark never goes back), and the scheduler treats the tick
+//! as taken and does not run it. Every mark is then bounded by twice the
+//! operation bound.
+//!
 //! This narrows the failover window the section below describes; **it does
 //! not close it**: `WAIT` is not a transaction (a grant a replica has not
 //! acknowledged is still visible on the master, to everybody, until it is
@@ -253,8 +269,13 @@
 //! ```text
 //! ACL SETUSER lockuser on >PASSWORD resetkeys ~lock:* resetchannels &lock:* -@all
 //!     +evalsha +script|load +set +get +incr +pexpire +del +exists +publish
-//!     +ping +subscribe +unsubscribe +pttl +time +scan
+//!     +ping +subscribe +unsubscribe +pttl +time +scan +info
 //! ```
+//!
+//! `+info` lets the locker read the server's eviction and persistence
+//! settings when it is built (see "What the server must be configured
+//! with"); it also tries `CONFIG GET`, which this user need not have (and
+//! should not: `CONFIG GET` can read the server's passwords).
 //!
 //! (add `+select` for a database other than 0; [`ACL_RULES`] holds the
 //! command part). A user missing one of these gets [`Error::Backend`]
@@ -279,6 +300,56 @@
 //!   master is found) and `+ping`.
 //! - **Replica acknowledgement** ([`Config::min_replicas`]): add `+wait`.
 //!
+//! # What the server must be configured with
+//!
+//! When it is built, the locker reads from each master it writes to (the
+//! one server, the master the sentinels name, every master of a cluster,
+//! each Redlock node that answers) `maxmemory`, `maxmemory-policy`,
+//! `appendonly`, `appendfsync` and `save` with one `CONFIG GET`, and `INFO`
+//! at the same time (replicas attached, and the fallback where `CONFIG` is
+//! refused by an ACL or renamed, as on managed Redis: `INFO` reports
+//! `maxmemory`, `maxmemory_policy` and `aof_enabled`).
+//! [`RedisLocker::server_facts`] returns what was read.
+//!
+//! - **Eviction: `maxmemory-policy noeviction`, or no `maxmemory`.** A
+//!   server with `maxmemory` set and any other policy evicts keys when its
+//!   memory fills: `volatile-*` (`volatile-lru` is the default of the
+//!   ElastiCache, Azure Cache and Memorystore parameter groups) evicts keys
+//!   with a ttl first, so a held lock's key can vanish and the next `SET NX`
+//!   succeeds (two holders, neither told); `allkeys-*` can also evict the
+//!   fence counter (tokens restart at 1) and cron marks (finished ticks run
+//!   again). Such a server is **refused** ([`Error::InvalidInput`], `what`
+//!   `"server configuration"`, naming the setting, its value and the fix)
+//!   unless [`Config::allow_eviction`] (`?allow_eviction=true`) accepts the
+//!   risk, which is then logged at `warn`. Under `noeviction` a full server
+//!   refuses writes (`OOM`): acquires fail as outages, nothing is lost.
+//! - **Persistence: `appendonly yes`** for marks and fence counters to
+//!   survive a restart (`appendfsync everysec` loses at most about 1 s of
+//!   writes, `always` none). Without it (RDB snapshots only, or nothing) a
+//!   restart rolls back to the last snapshot or to nothing: locks are
+//!   forgotten, fencing tokens restart where the snapshot left them (at 1
+//!   with no snapshot), and the cron scheduler re-runs ticks it had
+//!   finished. This is **not refused by default** (many deployments, and
+//!   the Redis of a developer's machine, run with `--save "" --appendonly
+//!   no`, for locks whose loss at a restart they accept):
+//!   [`Locker::durability_warnings`] says so, the first mark write logs it
+//!   at `warn` (unless asked already), and `distlock cron` prints it at
+//!   start. [`Config::require_appendonly`] (`?require_appendonly=true`)
+//!   refuses such a server instead.
+//! - **Replicas: [`Config::min_replicas`]**, or a failover can lose the last
+//!   grants and marks (replication is asynchronous; see "Replica
+//!   acknowledgement"). A master with replicas attached and `min_replicas`
+//!   0 is one of the durability warnings.
+//!
+//! Settings that cannot be read (both `CONFIG GET` and `INFO` refused) are
+//! logged at `warn` once, when the locker is built, and the locker works
+//! unchecked (under `require_appendonly` it is refused: nothing proves the
+//! setting). The settings are read **once**: a `CONFIG SET` later, or a
+//! failover to a differently configured replica (a Sentinel's new master,
+//! a cluster's promoted replica), is not noticed; configure replicas like
+//! their masters. Redlock nodes that do not answer when the Redlock locker
+//! is built are not read.
+//!
 //! # What it does not guarantee
 //!
 //! - **Not Redlock.** Exclusivity rests on one key on one master (on a
@@ -291,9 +362,10 @@
 //!   fencing token to the protected resource and have it reject stale tokens
 //!   — though a promoted replica may also have missed the latest `INCR`s.
 //! - **A restart without persistence forgets every lock and can reset fence
-//!   counters**, so tokens can repeat after it. Run Redis with
-//!   `appendonly yes` (ideally `appendfsync always` where fencing matters)
-//!   to keep both across restarts.
+//!   counters**, so tokens can repeat after it, and forgets cron marks, so
+//!   finished ticks can run again. Run Redis with `appendonly yes` (ideally
+//!   `appendfsync always` where fencing matters) to keep them across
+//!   restarts (see "What the server must be configured with").
 //! - **Releases are not retried.** A release that times out is reported as an
 //!   error; the key then expires at its ttl. (Retrying a release by token is
 //!   safe; the caller may.)
@@ -302,7 +374,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -325,6 +398,9 @@ mod inspect;
 mod keys;
 mod releases;
 mod scripts;
+mod server;
+
+pub use server::{FactsSource, ServerFacts};
 
 pub use config::{
     Config, Password, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT,
@@ -378,7 +454,7 @@ impl GroupFailure {
 /// assert!(distlock::redis::ACL_RULES.starts_with("-@all +evalsha"));
 /// ```
 pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpire +del +exists \
-     +publish +ping +subscribe +unsubscribe +pttl +time +scan";
+     +publish +ping +subscribe +unsubscribe +pttl +time +scan +info";
 
 /// What a lock user on a Redis Cluster needs on top of [`ACL_RULES`] (see
 /// the module docs, "ACL"): the slot map, sharded publish from the release
@@ -437,6 +513,35 @@ struct Inner {
     replicas: Option<ReplicaAck>,
     /// [`Config::record_holder`].
     record_holder: bool,
+    /// [`Config::allow_eviction`].
+    allow_eviction: bool,
+    /// [`Config::require_appendonly`].
+    require_appendonly: bool,
+    /// What the server said about eviction and persistence, once read
+    /// ([`RedisLocker::check_server`]).
+    server: OnceLock<ServerReport>,
+    /// The durability warnings were logged or handed to a caller
+    /// ([`Locker::durability_warnings`]): the first mark write logs them
+    /// otherwise, once.
+    durability_reported: AtomicBool,
+}
+
+/// What [`RedisLocker::check_server`] learnt: each master's facts, and a
+/// message per master whose settings could not be read.
+#[derive(Debug, Default)]
+struct ServerReport {
+    facts: Vec<ServerFacts>,
+    unread: Vec<String>,
+}
+
+impl ServerReport {
+    /// Nothing read, for `reason`.
+    fn unread(reason: impl ToString) -> Self {
+        ServerReport {
+            facts: Vec::new(),
+            unread: vec![reason.to_string()],
+        }
+    }
 }
 
 /// [`Config::min_replicas`] and [`Config::replica_timeout`], when set.
@@ -460,12 +565,19 @@ impl RedisLocker {
     /// Cluster's seed nodes, or sentinels and their master), failing if it
     /// cannot be reached or rejects the credentials (one attempt plus the
     /// reconnect retries, all within [`RedisLocker::operation_bound`]).
+    /// Then reads each master's eviction and persistence settings (one more
+    /// round trip, also bounded; see the [module docs](self), "What the
+    /// server must be configured with").
     ///
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a config that names no server, several
     /// without saying they are a cluster or sentinels, or has invalid
-    /// settings; [`Error::Backend`] if connecting fails (an authentication
+    /// settings; also (`what` = `"server configuration"`) for a server that
+    /// may evict keys (`maxmemory` set, `maxmemory-policy` other than
+    /// `noeviction`) unless [`Config::allow_eviction`], and for one without
+    /// `appendonly yes` under [`Config::require_appendonly`].
+    /// [`Error::Backend`] if connecting fails (an authentication
     /// failure says so; for Sentinel, also when no sentinel names a reachable
     /// master); [`Error::DeadlineExceeded`] if it does not finish within the
     /// bound.
@@ -562,7 +674,9 @@ impl RedisLocker {
                 )
             }
         };
-        Ok(parts.into_locker(config, connection, subscriber, publish))
+        let locker = parts.into_locker(config, connection, subscriber, publish);
+        locker.check_server().await?;
+        Ok(locker)
     }
 
     /// A locker on the one server `config` names that connects on first use
@@ -666,6 +780,152 @@ impl RedisLocker {
     /// The prefix of every key this locker writes.
     pub fn key_prefix(&self) -> &str {
         self.inner.keys.prefix()
+    }
+
+    /// What each master this locker writes to reported, when the locker
+    /// was built, about eviction (`maxmemory`, `maxmemory-policy`) and
+    /// persistence (`appendonly`, `appendfsync`, `save`, replicas): one
+    /// entry for one server or the sentinel-managed master, one per master
+    /// of a cluster. Empty where nothing could be read (`CONFIG GET` and
+    /// `INFO` both refused) or not read yet (a Redlock node that did not
+    /// answer when the Redlock locker was built). A snapshot: a master that
+    /// a failover or `CONFIG SET` changes later is not read again (see the
+    /// [module docs](self), "What the server must be configured with").
+    pub fn server_facts(&self) -> &[ServerFacts] {
+        self.inner
+            .server
+            .get()
+            .map(|report| report.facts.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// Reads what each master reports about eviction and persistence
+    /// (`CONFIG GET`, with `INFO` as the fallback), keeps it for
+    /// [`server_facts`](Self::server_facts), and refuses a server that may
+    /// evict our keys unless [`Config::allow_eviction`] (then it warns), or
+    /// one without `appendonly yes` under [`Config::require_appendonly`]. A
+    /// master whose settings cannot be read is logged at `warn` (once, here)
+    /// and accepted, unless `require_appendonly` asks for proof.
+    pub(crate) async fn check_server(&self) -> Result<()> {
+        let mut connection = self.connection();
+        let nodes = match tokio::time::timeout(self.inner.operation_bound, connection.nodes()).await
+        {
+            Ok(Ok(nodes)) => nodes,
+            Ok(Err(error)) => return self.keep_server_report(ServerReport::unread(error)),
+            Err(_) => {
+                let reason = format!("no answer within {:?}", self.inner.operation_bound);
+                return self.keep_server_report(ServerReport::unread(reason));
+            }
+        };
+        let reads = futures_util::future::join_all(nodes.into_iter().map(|(address, node)| {
+            let connection = &connection;
+            async move {
+                let name = address
+                    .clone()
+                    .unwrap_or_else(|| self.inner.target.endpoint.clone());
+                let read = ServerFacts::read(connection, &node, name);
+                let failure = match tokio::time::timeout(self.inner.operation_bound, read).await {
+                    Ok(Ok(facts)) => return Ok(facts),
+                    Ok(Err(reason)) => reason,
+                    Err(_) => format!("no answer within {:?}", self.inner.operation_bound),
+                };
+                // A cluster's master is named; the one server is named by
+                // the message these reasons go into.
+                Err(match address {
+                    Some(address) => format!("{address}: {failure}"),
+                    None => failure,
+                })
+            }
+        }))
+        .await;
+        let mut report = ServerReport::default();
+        for read in reads {
+            match read {
+                Ok(facts) => report.facts.push(facts),
+                Err(reason) => report.unread.push(reason),
+            }
+        }
+        for facts in &report.facts {
+            if let Some(risk) = facts.eviction_risk() {
+                if !self.inner.allow_eviction {
+                    return Err(Error::invalid(
+                        "server configuration",
+                        format!(
+                            "{risk}; or, accepting that risk, set allow_eviction=true (URL \
+                             parameter; Config::allow_eviction)"
+                        ),
+                    ));
+                }
+                tracing::warn!(component = "distlock", backend = BACKEND, node = %facts.node,
+                    "{risk} (accepted: allow_eviction is set)");
+            }
+            if self.inner.require_appendonly && facts.appendonly != Some(true) {
+                return Err(Error::invalid(
+                    "server configuration",
+                    format!(
+                        "{}: appendonly is {} and require_appendonly is set: a restart of this \
+                         server would forget which cron ticks ran and reset fencing tokens to \
+                         1. Set `CONFIG SET appendonly yes` (and in its config file), or drop \
+                         require_appendonly",
+                        facts.node,
+                        match facts.appendonly {
+                            Some(_) => "no",
+                            None => "not reported",
+                        }
+                    ),
+                ));
+            }
+        }
+        self.keep_server_report(report)
+    }
+
+    /// Keeps `report` for [`server_facts`](Self::server_facts) and
+    /// [`Locker::durability_warnings`]; settings that could not be read are
+    /// logged at `warn` (or refused under [`Config::require_appendonly`]),
+    /// and their message kept as one durability warning.
+    fn keep_server_report(&self, mut report: ServerReport) -> Result<()> {
+        if !report.unread.is_empty() {
+            let reasons = report.unread.join("; ");
+            if self.inner.require_appendonly {
+                return Err(Error::invalid(
+                    "server configuration",
+                    format!(
+                        "{}: require_appendonly is set, but the server's settings cannot be \
+                         read ({reasons}); allow this user `INFO` (or `CONFIG GET`), or drop \
+                         require_appendonly",
+                        self.inner.target.endpoint
+                    ),
+                ));
+            }
+            let message = format!(
+                "{}: cannot read the server's maxmemory-policy and appendonly ({reasons}), so \
+                 neither eviction (an evicted lock has two holders) nor persistence (a restart \
+                 forgets cron marks and resets fencing tokens to 1) was checked; make sure it \
+                 runs with maxmemory-policy noeviction and appendonly yes, and allow this user \
+                 `INFO`",
+                self.inner.target.endpoint
+            );
+            tracing::warn!(component = "distlock", backend = BACKEND, "{message}");
+            report.unread = vec![message];
+        }
+        // Set once: a locker is checked when it is built.
+        let _ = self.inner.server.set(report);
+        Ok(())
+    }
+
+    /// What makes this locker's marks and fence counters less durable than
+    /// they look (see [`Locker::durability_warnings`]).
+    fn durability_report(&self) -> Vec<String> {
+        let Some(report) = self.inner.server.get() else {
+            return Vec::new();
+        };
+        let min_replicas = self.inner.replicas.map_or(0, |ack| ack.min_replicas);
+        report
+            .facts
+            .iter()
+            .flat_map(|facts| facts.durability_warnings(min_replicas))
+            .chain(report.unread.iter().cloned())
+            .collect()
     }
 
     /// How long `key`'s lock has left on the server's clock (`PTTL`), or
@@ -873,12 +1133,8 @@ impl RedisLocker {
         ack: ReplicaAck,
         owner: &str,
     ) -> std::result::Result<(), (Error, bool)> {
-        let timeout_millis = u64::try_from(ack.timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(ack.min_replicas).arg(timeout_millis);
-        let acknowledged: u32 = self
-            .connection()
-            .query_on_node_of(&self.inner.keys.lock_key(key), wait)
+        let acknowledged = self
+            .wait_for_replicas(&self.inner.keys.lock_key(key), ack)
             .await
             .map_err(|e| (self.inner.target.error("acquire", e, true), false))?;
         if acknowledged >= ack.min_replicas {
@@ -902,6 +1158,56 @@ impl RedisLocker {
             ),
         );
         Err((error, released))
+    }
+
+    /// `WAIT min_replicas timeout` on the node serving `redis_key` (on a
+    /// cluster, the master of its slot): how many replicas have every write
+    /// this connection made before it.
+    async fn wait_for_replicas(&self, redis_key: &str, ack: ReplicaAck) -> redis::RedisResult<u32> {
+        let timeout_millis = u64::try_from(ack.timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(ack.min_replicas).arg(timeout_millis);
+        self.connection().query_on_node_of(redis_key, wait).await
+    }
+
+    /// Waits until `ack.min_replicas` replicas have the mark just advanced
+    /// in `mark_key`, under the operation bound. A shortfall, or a `WAIT`
+    /// that fails, is an outage whose outcome is unknown: the mark stays
+    /// advanced on the master (a mark never goes back), but a failover now
+    /// could lose it.
+    async fn confirm_mark(&self, name: &str, mark_key: &str, ack: ReplicaAck) -> Result<()> {
+        let acknowledged = bounded(BACKEND, "advance_mark", self.inner.operation_bound, async {
+            self.wait_for_replicas(mark_key, ack)
+                .await
+                .map_err(|e| self.inner.target.error("advance_mark", e, true))
+        })
+        .await?;
+        if acknowledged >= ack.min_replicas {
+            return Ok(());
+        }
+        Err(Error::backend(
+            BACKEND,
+            "advance_mark",
+            format!(
+                "{}: only {acknowledged} replica(s) acknowledged the mark {name:?} within {:?}, \
+                 {} required (min_replicas); the mark stays advanced on the master, but a \
+                 failover now could lose it: treat the tick as taken, never as free to run",
+                self.inner.target.endpoint, ack.timeout, ack.min_replicas
+            ),
+        )
+        .with_outcome_unknown())
+    }
+
+    /// Logs the [durability warnings](Locker::durability_warnings) at
+    /// `warn`, the first time marks are used, unless a caller already asked
+    /// for them.
+    fn report_durability_once(&self) {
+        if self.inner.durability_reported.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        for warning in self.durability_report() {
+            tracing::warn!(component = "distlock", backend = BACKEND, "{warning}");
+        }
     }
 
     /// The acquire script, writing `value` into the lock: the bare owner
@@ -996,6 +1302,10 @@ impl Parts {
                 publish,
                 replicas,
                 record_holder: config.record_holder,
+                allow_eviction: config.allow_eviction,
+                require_appendonly: config.require_appendonly,
+                server: OnceLock::new(),
+                durability_reported: AtomicBool::new(false),
             }),
         }
     }
@@ -1258,9 +1568,15 @@ impl Locker for RedisLocker {
 
     /// One script on `<prefix>{<name>}:mark`, a key without expiry (see
     /// `scripts.rs` for its encoding). A reply lost on a broken connection
-    /// leaves the outcome unknown ([`Error::is_outcome_unknown`]).
+    /// leaves the outcome unknown ([`Error::is_outcome_unknown`]). With
+    /// [`Config::min_replicas`], a mark that was advanced is followed by
+    /// `WAIT` (bounded like every call); too few acknowledgements fail it as
+    /// an outage whose outcome is unknown. The first call logs the
+    /// [durability warnings](Locker::durability_warnings), unless they were
+    /// asked for already.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
+        self.report_durability_once();
         let mark_key = self.inner.keys.mark_key(name);
         let (advanced, stored): (u8, String) =
             bounded(BACKEND, "advance_mark", self.inner.operation_bound, async {
@@ -1289,6 +1605,11 @@ impl Locker for RedisLocker {
                 )
             })
         };
+        if advanced == 1 {
+            if let Some(ack) = self.inner.replicas {
+                self.confirm_mark(name, &mark_key, ack).await?;
+            }
+        }
         match (advanced, stored.as_str()) {
             (1, "") => Ok(MarkAdvance::Advanced { previous: None }),
             (1, previous) => Ok(MarkAdvance::Advanced {
@@ -1298,6 +1619,19 @@ impl Locker for RedisLocker {
                 current: decode(current)?,
             }),
         }
+    }
+
+    /// What the locker read when it was built ([`RedisLocker::server_facts`]):
+    /// `appendonly no` (a restart forgets marks and fence counters: see
+    /// [`ServerFacts`]), `appendfsync no`, replicas without
+    /// [`Config::min_replicas`], or settings it could not read. Asking
+    /// counts as reporting them: the first mark write then does not log
+    /// them again.
+    fn durability_warnings(&self) -> Vec<String> {
+        self.inner
+            .durability_reported
+            .store(true, Ordering::Relaxed);
+        self.durability_report()
     }
 
     /// One read-only script: the lock key's value (held or not), its `PTTL`

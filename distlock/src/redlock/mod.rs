@@ -101,6 +101,13 @@
 //!   to keep a restarted node out for at least the longest ttl (delayed
 //!   restarts), or `appendonly yes` with `appendfsync always`. distlock
 //!   does not delay restarts: operate the nodes so.
+//! - **Eviction.** A node with `maxmemory` and a `maxmemory-policy` other
+//!   than `noeviction` can evict a held lock's key, which counts like a
+//!   restart. Each node that answers when the locker is built is checked as
+//!   the Redis backend checks its server (see `distlock::redis`, "What the
+//!   server must be configured with"): such a node is refused
+//!   ([`Error::InvalidInput`]) unless `allow_eviction=true`; a node that did
+//!   not answer then is not checked.
 //! - **Network delays** longer than the validity make a grant's replies
 //!   arrive after its keys expired: the validity check refuses such grants,
 //!   but a reply delayed *after* the check is the pause case again.
@@ -245,7 +252,11 @@ impl RedlockLocker {
     /// [`Error::InvalidInput`] for a config without nodes, with a node
     /// listed twice, or otherwise malformed (see [`Config`]);
     /// [`Error::Backend`] naming each failed node if fewer than a majority
-    /// answered (an authentication failure says so).
+    /// answered (an authentication failure says so);
+    /// [`Error::InvalidInput`] naming the node if one that answered may
+    /// evict keys (`maxmemory` with a `maxmemory-policy` other than
+    /// `noeviction`) and `allow_eviction` is not set, as for
+    /// [`RedisLocker::from_config`](crate::redis::RedisLocker::from_config).
     ///
     /// # Examples
     ///
@@ -270,6 +281,16 @@ impl RedlockLocker {
         }
         let quorum = majority(nodes.len());
         let pings = futures_util::future::join_all(nodes.iter().map(|node| node.ping())).await;
+        // Each node that answered is checked like a Redis locker's server
+        // (eviction, persistence); one that did not is not read at all.
+        let checks = nodes
+            .iter()
+            .zip(&pings)
+            .filter(|(_, answer)| answer.is_ok())
+            .map(|(node, _)| node.check_server());
+        for check in futures_util::future::join_all(checks).await {
+            check?;
+        }
         let mut tally = Tally::default();
         for (node, answer) in nodes.iter().zip(pings) {
             tally.count(node.endpoint(), answer.map(|()| true));

@@ -14,6 +14,8 @@ mod acl;
 mod breaker;
 mod cluster;
 mod config;
+mod durability;
+mod eviction;
 mod faults;
 mod inspect;
 mod interop;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use distlock::redis::RedisLocker;
-use distlock::Locker;
+use distlock::{Locker, MarkAdvance};
 use test_servers::{RedisOptions, RedisServer};
 use tokio::time::Instant;
 
@@ -92,4 +92,77 @@ async fn too_few_replicas_fail_the_acquire_and_release_it() {
     let held = holder.try_lock("held", TTL).await.unwrap().expect("free");
     assert!(locker.try_lock("held", TTL).await.unwrap().is_none());
     held.release().await.expect("release");
+}
+
+/// The Redis key of mark `name` under the default prefix.
+fn mark_key(name: &str) -> String {
+    format!("lock:{{{name}}}:mark")
+}
+
+#[tokio::test]
+async fn an_advanced_mark_is_on_the_replica_when_the_call_returns() {
+    let (primary, replica) = primary_and_replica();
+    in_sync(&replica).await;
+    let url = format!("{}?min_replicas=1&replica_timeout=200ms", primary.url());
+    let locker = RedisLocker::from_url(&url).await.expect("connect");
+    // min_replicas is set: no warning about the replica.
+    assert_eq!(locker.durability_warnings().len(), 1, "appendonly only");
+    for tick in 1..=20 {
+        let advanced = locker.advance_mark("cron:rep", tick).await.unwrap();
+        assert!(
+            matches!(advanced, MarkAdvance::Advanced { .. }),
+            "{advanced:?}"
+        );
+        // WAIT returned: the replica has the mark now, not eventually.
+        assert_eq!(
+            replica.cli(&["get", &mark_key("cron:rep")]),
+            primary.cli(&["get", &mark_key("cron:rep")]),
+            "tick {tick}"
+        );
+    }
+    // Without min_replicas the replica is a durability warning.
+    let unacked = RedisLocker::from_url(&primary.url()).await.unwrap();
+    let warnings = unacked.durability_warnings();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("1 replica(s) and min_replicas is 0")),
+        "{warnings:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_mark_the_replica_does_not_acknowledge_fails_as_an_outage() {
+    let (primary, replica) = primary_and_replica();
+    in_sync(&replica).await;
+    let url = format!("{}?min_replicas=1&replica_timeout=50ms", primary.url());
+    let locker = RedisLocker::from_url(&url).await.expect("connect");
+    locker.advance_mark("cron:rep", 1).await.expect("acked");
+    replica.pause();
+    let started = Instant::now();
+    let result = locker.advance_mark("cron:rep", 2).await;
+    let took = started.elapsed();
+    replica.resume();
+    let err = result.unwrap_err();
+    eprintln!("unacknowledged mark after {took:?}: {err}");
+    assert!(err.is_outage() && err.is_outcome_unknown(), "{err:?}");
+    assert!(!err.is_contention());
+    let message = err.to_string();
+    assert!(
+        message.contains("only 0 replica(s) acknowledged the mark \"cron:rep\"")
+            && message.contains("min_replicas")
+            && message.contains("treat the tick as taken"),
+        "{message}"
+    );
+    assert!(took < 2 * locker.operation_bound(), "{took:?}");
+    // The mark stays advanced on the primary: the tick is not run again.
+    assert_eq!(
+        locker.advance_mark("cron:rep", 2).await.unwrap(),
+        MarkAdvance::AlreadyAt { current: 2 }
+    );
+    // A peek that finds the mark there writes nothing and waits for nobody.
+    replica.pause();
+    let peek = locker.advance_mark("cron:rep", 0).await;
+    replica.resume();
+    assert_eq!(peek.unwrap(), MarkAdvance::AlreadyAt { current: 2 });
 }
