@@ -16,8 +16,9 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Acquires the lock, runs CMD under it, and returns the exit code.
 pub(crate) async fn run(args: RunArgs) -> u8 {
-    // What `distlock status` shows as the holder's label: the command.
-    inspect::set_process_label(command_label(&args.command));
+    // What `distlock status` shows as the holder's label: the command, its
+    // secret-looking values redacted (it is stored beside the lock).
+    inspect::set_process_label(inspect::command_label(&args.command));
     let locker = match open(&args.backend).await {
         Ok(locker) => locker,
         Err(error) => return fail(&error),
@@ -98,15 +99,6 @@ pub(crate) async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>>
 pub(crate) fn fail(error: &Error) -> u8 {
     eprintln!("distlock: {error}");
     exit::for_error(error)
-}
-
-/// CMD's argv joined by spaces, as a holder label.
-pub(crate) fn command_label(argv: &[std::ffi::OsString]) -> String {
-    let words: Vec<String> = argv
-        .iter()
-        .map(|arg| arg.to_string_lossy().into_owned())
-        .collect();
-    words.join(" ")
 }
 
 /// `--wait` as the library gets it: none is one attempt, beyond [`FOREVER`]

@@ -411,3 +411,49 @@ fn three_redis_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
     let tally = crate::cron::three_replicas(&server.url(), "redis");
     crate::cron::assert_exactly_once(&tally);
 }
+
+#[test]
+fn the_lock_value_and_list_show_the_command_without_its_secrets() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // CMD reads its own lock's value and `distlock list` while it holds the
+    // lock; its arguments carry an option's secret and a URL's password.
+    let probe = "redis-cli -p \"$PORT\" GET 'lock:{dump}'; \"$BIN\" list --url \"$URL\"";
+    let output = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--key",
+            "dump",
+            "--",
+            "sh",
+            "-c",
+            probe,
+            "dump-job",
+            "--password=hunter2",
+            "redis://:hunter2@cache:6379",
+        ])
+        .env("PORT", server.port().to_string())
+        .env("BIN", BIN)
+        .env("URL", &url)
+        .output()
+        .expect("run distlock");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    eprintln!("{stdout}");
+    assert!(!stdout.contains("hunter2"), "secret stored: {stdout}");
+    let label = "dump-job --password=*** redis://:***@cache:6379";
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The value's fields (owner, ttl, grant, pid, host, label), then the
+    // list: a header and the lock.
+    assert_eq!(lines.len(), 8, "{stdout:?}");
+    assert!(
+        lines[5].starts_with("sh -c redis-cli") && lines[5].ends_with(label),
+        "the value's label: {stdout:?}"
+    );
+    assert!(
+        lines[7].starts_with("dump ") && lines[7].contains("sh -c redis-cli"),
+        "listed with its command: {stdout:?}"
+    );
+}
