@@ -154,3 +154,29 @@ fn a_wrong_password_exits_69_without_printing_it() {
         "password leaked: {stderr}"
     );
 }
+
+#[test]
+fn the_release_clears_the_holder_columns_of_the_fencing_row() {
+    let key = format!("cli-dump-{}", std::process::id());
+    let mut child = run(
+        &key,
+        &["sh", "-c", "sleep 1", "dump-job", "--password=hunter2"],
+    );
+    wait_until("the lock is granted", Duration::from_secs(10), || {
+        holder(&key).is_some()
+    });
+    let columns = format!(
+        "SELECT token, holder_pid IS NULL, holder_host IS NULL, holder_label FROM distlock.distlock_fencing \
+         WHERE key_name = '{key}'"
+    );
+    let row = server().sql(&columns);
+    assert!(
+        row.ends_with("0\t0\tsh -c sleep 1 dump-job --password=***"),
+        "while held: {row:?}"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(holder(&key), None, "released");
+    // The token stays; nothing names the holder any more.
+    let row = server().sql(&columns);
+    assert!(row.ends_with("\t1\t1\tNULL"), "after release: {row:?}");
+}

@@ -350,7 +350,7 @@ fn a_forced_release_logs_its_operator_without_the_urls_password() {
 }
 
 #[test]
-fn no_secret_of_a_commands_argv_is_stored_while_held() {
+fn no_secret_of_a_commands_argv_is_stored_and_the_release_clears_the_holder() {
     let (server, url) = server_with_password("pg-hunter2");
     // The command's own arguments carry secrets: an option's value and a
     // URL's password.
@@ -384,4 +384,18 @@ fn no_secret_of_a_commands_argv_is_stored_while_held() {
     let row = server.psql("SELECT f::text FROM distlock_fencing f");
     assert!(!row.contains("hunter2"), "while held: {row}");
     assert_eq!(holder.wait().unwrap().code(), Some(0));
+
+    // After the release no column names the holder any more; the token and
+    // the grant stay.
+    let row = server.psql("SELECT f::text FROM distlock_fencing f");
+    assert!(!row.contains("hunter2"), "after release: {row}");
+    assert_eq!(
+        server
+            .psql(
+                "SELECT token, key_name, holder_host IS NULL, holder_pid IS NULL, \
+             holder_label IS NULL, granted_at IS NOT NULL FROM distlock_fencing"
+            )
+            .trim(),
+        "1|dump|t|t|t|t"
+    );
 }
