@@ -946,3 +946,36 @@ fn an_interactive_command_owns_the_terminal_while_it_runs() {
     assert!(stdout.contains("got hello"), "{stdout}");
     assert!(stdout.contains("foreground"), "{stdout}");
 }
+
+/// A lease whose validity already ends within its drift margin when CMD
+/// would be spawned (a ttl at or under the 100 ms the margin adds) must not
+/// start CMD: distlock exits 76 and says why. (Before, CMD was spawned and
+/// stopped at once.)
+#[test]
+fn a_lease_already_within_its_drift_margin_never_starts_the_command() {
+    let fixture = Fixture::new();
+    let marker = fixture.path("started");
+    let output = fixture
+        .distlock()
+        .args([
+            "run",
+            "--url",
+            "memory://",
+            "--key",
+            "short",
+            "--ttl",
+            "50ms",
+        ])
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 76, "{}", stderr(&output));
+    let said = stderr(&output);
+    assert!(
+        said.contains("lock \"short\" is valid for only")
+            && said.contains("not starting the command"),
+        "{said}"
+    );
+    assert!(!marker.exists(), "the command ran: {said}");
+}
