@@ -22,7 +22,12 @@
 //!    SIGQUIT, SIGUSR1 and SIGUSR2 forwarded to its whole group.
 //! 5. When the leader exits and members of its group remain, they get
 //!    SIGTERM, then SIGKILL after `--kill-after`; distlock returns once the
-//!    group is empty, with the leader's status.
+//!    group is empty, with the leader's status. A member that survives
+//!    SIGKILL (in uninterruptible sleep: frozen, blocked in the kernel) is
+//!    waited for with no time limit, and named on stderr after 2 s and every
+//!    30 s: the lock is released only after the work under it has stopped.
+//!    (A lock that expires, as on Redis, cannot be held meanwhile once its
+//!    refreshes fail or it is lost: it lapses at its ttl.)
 //!
 //! # Stop deadlines
 //!
@@ -68,6 +73,12 @@ use crate::reaper;
 /// member whose parent is alive but outside distlock's reach sends no SIGCHLD
 /// to distlock when it exits.
 const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// How long after the first SIGKILL members still alive are named on stderr
+/// (a SIGKILLed group is normally gone within milliseconds), and how often
+/// after that.
+const SURVIVOR_QUIET: Duration = Duration::from_secs(2);
+const SURVIVOR_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// The longest `--kill-after` for a lease of `ttl`: ttl/2 − drift_margin(ttl).
 ///
@@ -189,6 +200,7 @@ pub(crate) async fn supervise(
         leader_status: None,
         stop: None,
         killed: false,
+        survivor_report_at: None,
         cut_short: false,
     };
     let code = supervisor.run(signals.as_mut(), stop).await;
@@ -276,6 +288,9 @@ struct Supervisor<'a> {
     leader_status: Option<ExitStatus>,
     stop: Option<Stop>,
     killed: bool,
+    /// When members surviving SIGKILL are next named (set at the first
+    /// SIGKILL).
+    survivor_report_at: Option<Instant>,
     /// The lease was lost, ran low or reached its max hold: exit 76.
     cut_short: bool,
 }
@@ -458,7 +473,38 @@ impl Supervisor<'_> {
             // catches nothing new (a SIGKILLed group cannot fork), but it is
             // the one signal that must not be missed.
             process_group::signal_group(self.leader_pid, libc::SIGKILL);
+            self.report_survivors(now);
         }
+    }
+
+    /// Names the members of CMD's group still alive [`SURVIVOR_QUIET`] after
+    /// the first SIGKILL, and every [`SURVIVOR_REPORT_EVERY`] after that:
+    /// distlock keeps killing and waiting for them, with no time limit, and
+    /// releases the lock only once they are gone.
+    fn report_survivors(&mut self, now: Instant) {
+        let report_at = *self
+            .survivor_report_at
+            .get_or_insert_with(|| now.checked_add(SURVIVOR_QUIET).unwrap_or(now));
+        if now < report_at {
+            return;
+        }
+        self.survivor_report_at = now.checked_add(SURVIVOR_REPORT_EVERY);
+        let survivors = match process_group::live_members(self.leader_pid) {
+            Ok(live) if live.is_empty() => return,
+            Ok(live) => process_group::describe(&live),
+            Err(error) => format!("members (cannot list them: /proc: {error})"),
+        };
+        let expiring = match self.lease.valid_until() {
+            Some(_) => {
+                "; a lock that expires (as on Redis) lapses at its ttl meanwhile if it cannot be refreshed"
+            }
+            None => "",
+        };
+        eprintln!(
+            "distlock: {survivors} of the command's process group survive SIGKILL (D: uninterruptible \
+             sleep, e.g. frozen); lock {:?} is released only after they are gone{expiring}",
+            self.key
+        );
     }
 
     fn next_wake(&self) -> Option<Instant> {
