@@ -399,3 +399,19 @@ fn no_secret_of_a_commands_argv_is_stored_and_the_release_clears_the_holder() {
         "1|dump|t|t|t|t"
     );
 }
+
+/// `distlock run --wait 1s` against a server whose port drops every
+/// segment: connecting is bounded by the wait too, and it is an outage
+/// (69, naming the server and --wait), never contention. (Before: 5 s, the
+/// connect timeout.) Needs root and `nft`.
+#[test]
+fn run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait() {
+    const NAME: &str =
+        "postgres::run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait";
+    if !netns::inside(NAME) {
+        return netns::rerun_inside(NAME);
+    }
+    let server = PostgresServer::start();
+    let _cut = netns::Partition::start(&[server.port()], netns::Direction::Both);
+    crate::support::assert_outage_within_the_wait(&server.url(), server.port());
+}

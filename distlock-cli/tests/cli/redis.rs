@@ -457,3 +457,20 @@ fn the_lock_value_and_list_show_the_command_without_its_secrets() {
         "listed with its command: {stdout:?}"
     );
 }
+
+/// `distlock run --wait 1s` against a Redis whose port drops every segment:
+/// an outage (69) within the wait and its grace. (Before: 2.2 s.) Needs
+/// root and `nft`.
+#[test]
+fn run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait() {
+    const NAME: &str = "redis::run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait";
+    if !test_servers::netns::inside(NAME) {
+        return test_servers::netns::rerun_inside(NAME);
+    }
+    let server = RedisServer::start();
+    let _cut = test_servers::netns::Partition::start(
+        &[server.port()],
+        test_servers::netns::Direction::Both,
+    );
+    crate::support::assert_outage_within_the_wait(&server.url(), server.port());
+}
