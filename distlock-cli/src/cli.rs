@@ -130,7 +130,9 @@ pub(crate) struct RunArgs {
     pub(crate) ttl: Duration,
 
     /// Wait up to this long for the lock [default: one attempt, no waiting].
-    /// Durations beyond 100 years wait 100 years.
+    /// It bounds connecting too: a backend that has not answered 500 ms
+    /// after it is unreachable (exit 69). Durations beyond 100 years wait
+    /// 100 years.
     #[arg(long, short, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,
 

@@ -24,7 +24,6 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::cli::CronArgs;
 use crate::cron_config::{self, JobSpec};
 use crate::exit;
-use crate::run::command_label;
 use crate::supervise::{kill_after_cap, supervise, Command};
 
 /// How long after `--kill-after` the scheduler still waits for a stopped
@@ -74,7 +73,11 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
     let count = specs.len();
     for JobSpec { job, command } in specs {
         // What `distlock status` shows as the holder of the job's locks.
-        let label = format!("cron job {}: {}", job.name(), command_label(&command));
+        let label = format!(
+            "cron job {}: {}",
+            job.name(),
+            distlock::inspect::command_label(&command)
+        );
         let job = job.label(label);
         let command: Arc<[OsString]> = command.into();
         let kill_after = args.kill_after;

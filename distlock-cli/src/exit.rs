@@ -32,7 +32,8 @@ Exit status of `distlock run`:
   75              the lock is held elsewhere (--conflict-exit-code)
   76              the lock was lost, could not be refreshed in time, or
                   reached --max-hold while CMD ran; CMD's process group was
-                  stopped before the lock was released
+                  stopped before the lock was released (not started
+                  if the lock was lost or about to lapse before it could)
   64              bad usage: flags, URL, key or ttl
   69              the backend is unreachable or failed
   70              distlock could not set up (signal handlers, watchdog)

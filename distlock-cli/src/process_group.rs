@@ -136,6 +136,48 @@ pub(crate) fn group_alive(pgid: u32) -> bool {
     result == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// The processes of group `pgid` that are alive, not zombies, each with
+/// its state letter from `/proc/PID/stat` (`D`: in uninterruptible sleep,
+/// such as a process frozen by a cgroup freezer or blocked on a dead NFS
+/// server, which a SIGKILL ends only once it wakes up). Zombies are left
+/// out: their work is over, and they stay in the group until whoever
+/// inherited them reaps them, which an init that does not reap (a
+/// container's) never does. Fails if `/proc` cannot be read.
+pub(crate) fn live_members(pgid: u32) -> io::Result<Vec<(u32, char)>> {
+    let mut live = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(pid) = entry?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // Gone since the listing: not a member any more.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp ...`: comm may hold spaces and `)`.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace();
+        let state = fields.next().and_then(|s| s.chars().next());
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<u32>().ok());
+        match (state, pgrp) {
+            (Some('Z' | 'X'), _) => {}
+            (Some(state), Some(group)) if group == pgid => live.push((pid, state)),
+            _ => {}
+        }
+    }
+    Ok(live)
+}
+
+/// `pid 12 (D), pid 13 (S)`: live members for a message.
+pub(crate) fn describe(members: &[(u32, char)]) -> String {
+    let words: Vec<String> = members
+        .iter()
+        .map(|(pid, state)| format!("pid {pid} ({state})"))
+        .collect();
+    words.join(", ")
+}
+
 /// Reaps every child that has exited, without blocking: CMD's leader, the
 /// orphans distlock inherited as subreaper, the watchdog. Children that
 /// stopped (job control) are reported too, once per stop

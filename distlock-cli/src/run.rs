@@ -9,6 +9,12 @@ use crate::cli::{Backend, ReleaseArgs, RunArgs};
 use crate::exit;
 use crate::supervise::{kill_after_cap, supervise, Command};
 
+/// How far past `--wait` connecting and acquiring may run before the
+/// backend counts as unreachable (exit 69): the library's wait ends at
+/// `--wait`, and the attempt under way then still needs a round trip to
+/// answer.
+pub(crate) const WAIT_GRACE: Duration = Duration::from_millis(500);
+
 /// Durations past this are "forever": far beyond any real wait or hold, yet
 /// small enough that no deadline computed from them can overflow an `Instant`
 /// (`--wait 300000000000y` would).
@@ -16,15 +22,42 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Acquires the lock, runs CMD under it, and returns the exit code.
 pub(crate) async fn run(args: RunArgs) -> u8 {
-    // What `distlock status` shows as the holder's label: the command.
-    inspect::set_process_label(command_label(&args.command));
-    let locker = match open(&args.backend).await {
-        Ok(locker) => locker,
-        Err(error) => return fail(&error),
-    };
+    // What `distlock status` shows as the holder's label: the command, its
+    // secret-looking values redacted (it is stored beside the lock).
+    inspect::set_process_label(inspect::command_label(&args.command));
     let wait = effective_wait(args.wait);
-    let mut lease = match locker.lock(&args.key, args.ttl, wait).await {
-        Ok(lease) => lease,
+    let acquire = async {
+        let locker = open(&args.backend).await?;
+        let lease = locker.lock(&args.key, args.ttl, wait).await?;
+        Ok::<_, Error>((locker, lease))
+    };
+    // With --wait, the deadline bounds connecting too: a server that does
+    // not answer is an outage once the wait is over, not a reason to sit out
+    // the backend's connect timeout (5 s on Postgres) and then report
+    // contention or a connect error. Without --wait the backend's own
+    // timeouts bound the one attempt.
+    let acquired = match args.wait {
+        Some(_) => match tokio::time::timeout(wait.saturating_add(WAIT_GRACE), acquire).await {
+            Ok(acquired) => acquired,
+            Err(_) => {
+                let url = args.backend.url.as_deref().unwrap_or("file://");
+                eprintln!(
+                    "distlock: {} did not answer within --wait {} (+ {} grace) for lock {:?}: \
+                     the backend is unreachable or too slow (nothing was acquired)",
+                    server_of(url),
+                    humantime::format_duration(wait),
+                    humantime::format_duration(WAIT_GRACE),
+                    args.key
+                );
+                return exit::UNAVAILABLE;
+            }
+        },
+        None => acquire.await,
+    };
+    // `locker` is kept for as long as the lease: it is what the lease
+    // refreshes and releases through.
+    let (_locker, mut lease) = match acquired {
+        Ok(acquired) => acquired,
         Err(error) if error.is_contention() => {
             let waited = args
                 .wait
@@ -95,18 +128,26 @@ pub(crate) async fn open(backend: &Backend) -> distlock::Result<Arc<dyn Locker>>
     Ok(locker.with_metrics().with_tracing().shared())
 }
 
+/// The server part of a backend URL for messages: its scheme and
+/// authority without the user or password (`postgres://db1:5432`), or the
+/// file backend's path.
+pub(crate) fn server_of(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "the backend".to_owned();
+    };
+    if scheme == "file" {
+        return url.to_owned();
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    format!("{scheme}://{hosts}")
+}
+
 pub(crate) fn fail(error: &Error) -> u8 {
     eprintln!("distlock: {error}");
     exit::for_error(error)
-}
-
-/// CMD's argv joined by spaces, as a holder label.
-pub(crate) fn command_label(argv: &[std::ffi::OsString]) -> String {
-    let words: Vec<String> = argv
-        .iter()
-        .map(|arg| arg.to_string_lossy().into_owned())
-        .collect();
-    words.join(" ")
 }
 
 /// `--wait` as the library gets it: none is one attempt, beyond [`FOREVER`]
@@ -154,6 +195,26 @@ mod tests {
             let cap = kill_after_cap(huge);
             prop_assert!(cap <= huge / 2);
             prop_assert!(capped_kill_after(huge, huge) <= cap);
+        }
+    }
+
+    #[test]
+    fn messages_name_the_server_without_its_credentials() {
+        for (url, server) in [
+            (
+                "postgres://app:hunter2@db1:5432/app?sslmode=disable",
+                "postgres://db1:5432",
+            ),
+            (
+                "redis://:hunter2@127.0.0.1:6379/0",
+                "redis://127.0.0.1:6379",
+            ),
+            ("redis+cluster://u:p@a:1,b:2", "redis+cluster://a:1,b:2"),
+            ("etcd://10.0.0.1:2379", "etcd://10.0.0.1:2379"),
+            ("memory://", "memory://"),
+            ("not a url", "the backend"),
+        ] {
+            assert_eq!(server_of(url), server, "{url}");
         }
     }
 

@@ -11,14 +11,23 @@
 //! 2. The watchdog starts ([`crate::watchdog`]), then CMD is spawned as the
 //!    leader of its own process group ([`crate::process_group`]); CMD cannot
 //!    exec before the watchdog watches its group.
-//! 3. The process's one reaper ([`crate::reaper`], a SIGCHLD-driven
+//! 3. Just before the spawn the lease is checked again: connecting, the
+//!    holder record, the keepalive and the watchdog took time since the
+//!    grant. If it was lost, or its proactive stop (below) would already be
+//!    due, CMD is not started and distlock exits 76.
+//! 4. The process's one reaper ([`crate::reaper`], a SIGCHLD-driven
 //!    `waitpid(-1)` loop) hands this command's statuses to its supervisor by
 //!    pid, so several commands can run at once (`distlock cron`); an
 //!    interactive command (`distlock run`) gets SIGINT, SIGTERM, SIGHUP,
 //!    SIGQUIT, SIGUSR1 and SIGUSR2 forwarded to its whole group.
-//! 4. When the leader exits and members of its group remain, they get
+//! 5. When the leader exits and members of its group remain, they get
 //!    SIGTERM, then SIGKILL after `--kill-after`; distlock returns once the
-//!    group is empty, with the leader's status.
+//!    group is empty, with the leader's status. A member that survives
+//!    SIGKILL (in uninterruptible sleep: frozen, blocked in the kernel) is
+//!    waited for with no time limit, and named on stderr after 2 s and every
+//!    30 s: the lock is released only after the work under it has stopped.
+//!    (A lock that expires, as on Redis, cannot be held meanwhile once its
+//!    refreshes fail or it is lost: it lapses at its ttl.)
 //!
 //! # Stop deadlines
 //!
@@ -64,6 +73,12 @@ use crate::reaper;
 /// member whose parent is alive but outside distlock's reach sends no SIGCHLD
 /// to distlock when it exits.
 const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// How long after the first SIGKILL members still alive are named on stderr
+/// (a SIGKILLed group is normally gone within milliseconds), and how often
+/// after that.
+const SURVIVOR_QUIET: Duration = Duration::from_secs(2);
+const SURVIVOR_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// The longest `--kill-after` for a lease of `ttl`: ttl/2 − drift_margin(ttl).
 ///
@@ -141,6 +156,18 @@ pub(crate) async fn supervise(
         .interactive
         .then(crate::terminal::foreground_stdin)
         .flatten();
+    // Connecting, the holder record, the keepalive and the watchdog all took
+    // time since the grant: the lease may be gone or about to lapse.
+    if let Some(why) = refuse_to_start(lease, command.kill_after, Instant::now()) {
+        eprintln!(
+            "distlock: lock {:?} {why}; not starting the command",
+            lease.key()
+        );
+        drop(handoff);
+        lifeline.done();
+        give_terminal_back(terminal);
+        return exit::LOST;
+    }
     let env = LeaseEnv {
         key: lease.key(),
         owner: lease.owner(),
@@ -173,6 +200,7 @@ pub(crate) async fn supervise(
         leader_status: None,
         stop: None,
         killed: false,
+        survivor_report_at: None,
         cut_short: false,
     };
     let code = supervisor.run(signals.as_mut(), stop).await;
@@ -180,6 +208,36 @@ pub(crate) async fn supervise(
     lifeline.done();
     give_terminal_back(terminal);
     code
+}
+
+/// Why CMD must not be started under `lease` at `now`, if it must not: the
+/// lease is lost (released, taken over, its connection died, its max hold
+/// reached), or its known validity ends within `kill_after + drift`, where
+/// the proactive stop (see the [module docs](self)) would already be due: a
+/// CMD started then would be told to stop at once, and could run past the
+/// lease's end before the SIGKILL. Checked after everything that takes time
+/// between the grant and the spawn; what remains after the check (the
+/// watchdog's hand-over, microseconds) is covered by the supervisor, which
+/// checks the lease again as soon as CMD runs.
+fn refuse_to_start(lease: &Lease, kill_after: Duration, now: Instant) -> Option<String> {
+    if let Some(reason) = lease.lost_signal().reason() {
+        return Some(format!(
+            "was lost before the command could start ({reason})"
+        ));
+    }
+    let until = lease.valid_until()?;
+    let drift = distlock::drift_margin(lease.ttl());
+    let lead = kill_after.saturating_add(drift);
+    if now < minus(until, lead) {
+        return None;
+    }
+    let left = until.saturating_duration_since(now);
+    Some(format!(
+        "is valid for only {} more, less than --kill-after {} + drift margin {}",
+        humantime::format_duration(round_ms(left)),
+        humantime::format_duration(kill_after),
+        humantime::format_duration(round_ms(drift)),
+    ))
 }
 
 fn give_terminal_back(terminal: Option<libc::c_int>) {
@@ -230,6 +288,9 @@ struct Supervisor<'a> {
     leader_status: Option<ExitStatus>,
     stop: Option<Stop>,
     killed: bool,
+    /// When members surviving SIGKILL are next named (set at the first
+    /// SIGKILL).
+    survivor_report_at: Option<Instant>,
     /// The lease was lost, ran low or reached its max hold: exit 76.
     cut_short: bool,
 }
@@ -412,7 +473,38 @@ impl Supervisor<'_> {
             // catches nothing new (a SIGKILLed group cannot fork), but it is
             // the one signal that must not be missed.
             process_group::signal_group(self.leader_pid, libc::SIGKILL);
+            self.report_survivors(now);
         }
+    }
+
+    /// Names the members of CMD's group still alive [`SURVIVOR_QUIET`] after
+    /// the first SIGKILL, and every [`SURVIVOR_REPORT_EVERY`] after that:
+    /// distlock keeps killing and waiting for them, with no time limit, and
+    /// releases the lock only once they are gone.
+    fn report_survivors(&mut self, now: Instant) {
+        let report_at = *self
+            .survivor_report_at
+            .get_or_insert_with(|| now.checked_add(SURVIVOR_QUIET).unwrap_or(now));
+        if now < report_at {
+            return;
+        }
+        self.survivor_report_at = now.checked_add(SURVIVOR_REPORT_EVERY);
+        let survivors = match process_group::live_members(self.leader_pid) {
+            Ok(live) if live.is_empty() => return,
+            Ok(live) => process_group::describe(&live),
+            Err(error) => format!("members (cannot list them: /proc: {error})"),
+        };
+        let expiring = match self.lease.valid_until() {
+            Some(_) => {
+                "; a lock that expires (as on Redis) lapses at its ttl meanwhile if it cannot be refreshed"
+            }
+            None => "",
+        };
+        eprintln!(
+            "distlock: {survivors} of the command's process group survive SIGKILL (D: uninterruptible \
+             sleep, e.g. frozen); lock {:?} is released only after they are gone{expiring}",
+            self.key
+        );
     }
 
     fn next_wake(&self) -> Option<Instant> {
@@ -516,5 +608,54 @@ impl Forwarded {
             _ = self.user1.recv() => libc::SIGUSR1,
             _ = self.user2.recv() => libc::SIGUSR2,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock::memory::MemoryLocker;
+    use distlock::Locker;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    async fn lease(ttl: Duration) -> Lease {
+        let locker = MemoryLocker::new();
+        let lease = locker.try_lock("job", ttl).await.unwrap();
+        lease.expect("a fresh memory locker has the key free")
+    }
+
+    #[tokio::test]
+    async fn a_fresh_lease_lets_the_command_start() {
+        let lease = lease(30 * SECOND).await;
+        assert_eq!(refuse_to_start(&lease, 10 * SECOND, Instant::now()), None);
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_does_not() {
+        let lease = lease(30 * SECOND).await;
+        lease.lost_notifier().notify(LostReason::NotHeld);
+        let why = refuse_to_start(&lease, SECOND, Instant::now()).expect("refused");
+        assert!(
+            why.starts_with("was lost before the command could start"),
+            "{why}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lease_whose_proactive_stop_is_due_does_not() {
+        let ttl = 30 * SECOND;
+        let lease = lease(ttl).await;
+        let until = lease.valid_until().expect("memory leases expire");
+        let lead = 10 * SECOND + distlock::drift_margin(ttl);
+        // Just before the stop would be due: starts; from then on: refused.
+        let before = until - lead - Duration::from_millis(1);
+        assert_eq!(refuse_to_start(&lease, 10 * SECOND, before), None);
+        let why = refuse_to_start(&lease, 10 * SECOND, until - lead).expect("refused");
+        assert!(why.starts_with("is valid for only 10s"), "{why}");
+        assert!(
+            refuse_to_start(&lease, Duration::ZERO, until).is_some(),
+            "expired"
+        );
     }
 }

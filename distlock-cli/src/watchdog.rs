@@ -18,7 +18,10 @@
 //! - **lifeline**: only distlock holds the write end, the watchdog reads it.
 //!   distlock writes one "done" byte once CMD's whole group has exited. EOF
 //!   without that byte means distlock died: the watchdog sends SIGKILL to the
-//!   group until it is empty (or ~2 s have passed) and exits.
+//!   group until no process of it is alive, with no time limit, and exits.
+//!   Survivors (a member in uninterruptible sleep, such as one frozen by a
+//!   cgroup freezer, dies only when it wakes) are named on stderr after 2 s
+//!   and every 30 s after that.
 //! - **pid**: CMD's child writes its pid (= its new process group id) from
 //!   `pre_exec`, before exec.
 //! - **go**: CMD's child then blocks in `pre_exec` reading one byte that the
@@ -34,11 +37,14 @@
 //! On the file backend the watchdog also holds a duplicate of the lock file's
 //! descriptor (`--hold`, from [`distlock::Lease::duplicate_lock_fd`]): a
 //! `flock` belongs to the open file, so the lock stays held until the
-//! watchdog exits, which it does only after CMD's group is empty (or after
-//! distlock said "done"). A SIGKILLed distlock therefore cannot free a file
-//! lock while CMD's processes still run; the kernel frees it when the
-//! watchdog, having killed them, exits. (Postgres and Redis locks belong to
-//! a connection or expire on the server: nothing can be handed over there.)
+//! watchdog exits, which it does only after no process of CMD's group is
+//! alive (or after distlock said "done"). A SIGKILLed distlock therefore
+//! cannot free a file lock while CMD's processes still run, however long
+//! they take to die; the kernel frees it when the watchdog, having killed
+//! them, exits. (Postgres and Redis locks belong to a connection or expire
+//! on the server: nothing can be handed over there. A Postgres lock is
+//! freed when distlock's connection closes, a Redis lock lapses at its ttl:
+//! for them the watchdog can only keep killing, and report, what survives.)
 //!
 //! The watchdog ignores the terminal's signals (SIGINT, SIGQUIT, SIGTSTP,
 //! SIGHUP, ...) and sits in its own process group, so neither Ctrl-C nor
@@ -61,6 +67,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cli::WatchdogArgs;
+use crate::process_group;
 
 /// The byte distlock writes on the lifeline when CMD's group has exited.
 const DONE: u8 = b'd';
@@ -83,7 +90,10 @@ impl Lifeline {
     /// signalling anything, and, if it holds the lock's open file, waits
     /// (up to 2 s) until it has exited and so closed it. A failed write is
     /// harmless: the watchdog then sees EOF and signals a group that no
-    /// longer exists.
+    /// longer exists. The bound frees nothing early: the group is already
+    /// empty, and a watchdog that has not exited yet (stopped by a signal)
+    /// still holds the file lock until it does, whatever distlock's release
+    /// (which closes only distlock's own descriptor) does meanwhile.
     pub(crate) fn done(mut self) {
         let _ = self.write.write_all(&[DONE]);
         if self.holds_lock {
@@ -159,11 +169,13 @@ pub(crate) fn start(lock_file: Option<OwnedFd>) -> io::Result<(Lifeline, Handoff
         command.arg("--hold").arg(hold.to_string());
     }
     command
-        // It prints nothing, and must not keep a caller's pipe open (`$(distlock
-        // run ...)`, `2>&1 | ...`) during its last moments after distlock.
+        // It reads and prints nothing but, after distlock died, the members of
+        // the group that survive SIGKILL: on distlock's stderr, which it keeps
+        // open only as long as it outlives distlock, that is, as long as the
+        // command's work (which holds it too) may still run.
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(Stdio::inherit());
     // SAFETY: setpgid and fcntl are async-signal-safe and nothing here
     // allocates.
     unsafe {
@@ -272,20 +284,58 @@ pub(crate) fn main(args: WatchdogArgs) -> u8 {
     0
 }
 
-/// SIGKILL to the group until it is empty, for at most ~2 s (zombies count
-/// as members until whoever inherited them reaps them).
+/// How long the watchdog kills quietly before it reports survivors, and
+/// polls quickly: a SIGKILLed group is normally gone within milliseconds.
+const QUIET: Duration = Duration::from_secs(2);
+/// How often survivors are reported again after [`QUIET`].
+const REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// SIGKILL to the group until no process of it is alive, however long that
+/// takes: the watchdog (and with it a file lock it holds) must not go while
+/// the lock's work may still run. A member in uninterruptible sleep (frozen
+/// by a cgroup freezer, blocked in the kernel on a dead NFS server) dies
+/// only when it wakes up; one that changed its user may be beyond this
+/// process's permission. Survivors are reported on stderr after [`QUIET`],
+/// then every [`REPORT_EVERY`]. Zombies do not count (see
+/// [`process_group::live_members`]); if `/proc` cannot be read, the group is
+/// waited for until `kill` finds it empty, zombies included.
 fn kill_group(group: libc::pid_t) {
-    if group <= 1 {
+    let Ok(pgid) = u32::try_from(group) else {
+        return;
+    };
+    if pgid <= 1 {
         return;
     }
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(2) {
+    let mut report_at = started.checked_add(QUIET);
+    loop {
         // SAFETY: kill has no memory-safety preconditions.
         let gone = unsafe { libc::kill(-group, libc::SIGKILL) } != 0
             && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone {
             return;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let live = process_group::live_members(pgid);
+        if live.as_ref().is_ok_and(Vec::is_empty) {
+            return;
+        }
+        if report_at.is_some_and(|at| Instant::now() >= at) {
+            let survivors = match &live {
+                Ok(live) => process_group::describe(live),
+                Err(error) => format!("members (cannot list them: /proc: {error})"),
+            };
+            eprintln!(
+                "distlock watchdog: distlock died; {survivors} of the command's process group {pgid} \
+                 survive SIGKILL after {}s (D: uninterruptible sleep, e.g. frozen); a file lock stays \
+                 held until they are gone, a lock that expires lapses at its ttl",
+                started.elapsed().as_secs()
+            );
+            report_at = report_at.and_then(|at| at.checked_add(REPORT_EVERY));
+        }
+        let pause = match started.elapsed() < QUIET {
+            true => Duration::from_millis(20),
+            false => Duration::from_millis(100),
+        };
+        std::thread::sleep(pause);
     }
 }

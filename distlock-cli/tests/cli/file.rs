@@ -946,3 +946,231 @@ fn an_interactive_command_owns_the_terminal_while_it_runs() {
     assert!(stdout.contains("got hello"), "{stdout}");
     assert!(stdout.contains("foreground"), "{stdout}");
 }
+
+/// A lease whose validity already ends within its drift margin when CMD
+/// would be spawned (a ttl at or under the 100 ms the margin adds) must not
+/// start CMD: distlock exits 76 and says why. (Before, CMD was spawned and
+/// stopped at once.)
+#[test]
+fn a_lease_already_within_its_drift_margin_never_starts_the_command() {
+    let fixture = Fixture::new();
+    let marker = fixture.path("started");
+    let output = fixture
+        .distlock()
+        .args([
+            "run",
+            "--url",
+            "memory://",
+            "--key",
+            "short",
+            "--ttl",
+            "50ms",
+        ])
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 76, "{}", stderr(&output));
+    let said = stderr(&output);
+    assert!(
+        said.contains("lock \"short\" is valid for only")
+            && said.contains("not starting the command"),
+        "{said}"
+    );
+    assert!(!marker.exists(), "the command ran: {said}");
+}
+
+/// A cgroup-v1 freezer cgroup of this test's own: its processes stop in
+/// uninterruptible sleep (state D) and a SIGKILL stays pending until they
+/// are thawed, as under `docker pause` or a process blocked on a dead NFS
+/// server: a member that survives SIGKILL for as long as it is frozen.
+struct Freezer(PathBuf);
+
+impl Freezer {
+    fn new(name: &str) -> Self {
+        let root = Path::new("/sys/fs/cgroup/freezer");
+        assert!(
+            root.join("freezer.state").exists() || root.join("tasks").exists(),
+            "this test needs the cgroup-v1 freezer hierarchy at {} (and root)",
+            root.display()
+        );
+        let dir = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a freezer cgroup");
+        Freezer(dir)
+    }
+
+    fn freeze(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+        std::fs::write(self.0.join("freezer.state"), "FROZEN").expect("freeze");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(self.0.join("freezer.state"))
+            .unwrap_or_default()
+            .trim()
+            != "FROZEN"
+        {
+            assert!(Instant::now() < deadline, "the cgroup never froze");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn thaw(&self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        self.thaw();
+        // Empty once its processes are gone.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// distlock is SIGKILLed while a member of its command's group is frozen:
+/// the watchdog's SIGKILL cannot end that member until it is thawed. The
+/// watchdog must keep the file lock held (and say which pid survives) for
+/// as long as that takes, not give up after 2 s: a waiting `distlock run`
+/// gets the lock only once the member is gone.
+#[test]
+fn the_watchdog_keeps_a_file_lock_until_a_member_that_survives_sigkill_is_gone() {
+    let fixture = Fixture::new();
+    let pid_file = fixture.path("sleeper");
+    let script = format!("sleep 1234 & echo $! > {}; wait", pid_file.display());
+    let mut holder = fixture
+        .distlock()
+        .args(["run", "--key", "frozen", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // What distlock's stderr receives, the watchdog's included, line by line.
+    let (lines, said) = std::sync::mpsc::channel();
+    let holder_stderr = holder.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(holder_stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    let sleeper = read_pids(&pid_file, 1)[0];
+    let watchdog = watchdog_of(holder.id());
+    let _cleanup = KillOnDrop(vec![sleeper, watchdog]);
+    let freezer = Freezer::new("distlock-test-frozen-member");
+    freezer.freeze(sleeper);
+
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let mut next = fixture
+        .distlock()
+        .args(["run", "--key", "frozen", "--wait", "30s", "--", "sh", "-c"])
+        .arg(none_running(&[sleeper]))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Past the watchdog's old 2 s limit, and then some.
+    std::thread::sleep(Duration::from_millis(3500));
+    assert!(alive(sleeper), "frozen, it cannot have died");
+    assert!(
+        next.try_wait().unwrap().is_none(),
+        "the next holder got the lock while the frozen member lives"
+    );
+    let report: Vec<String> = said.try_iter().collect();
+    assert!(
+        report.iter().any(
+            |line| line.starts_with("distlock watchdog: distlock died; ")
+                && line.contains(&format!("pid {sleeper} (D)"))
+                && line.contains("survive SIGKILL")
+        ),
+        "the watchdog names the survivor: {report:?}"
+    );
+
+    freezer.thaw();
+    wait_until_dead(&[sleeper], Duration::from_secs(5), "after the thaw");
+    let output = wait_with_timeout(next, Duration::from_secs(10));
+    assert_eq!(
+        code(&output),
+        0,
+        "the next holder runs once the member is gone: {}",
+        stderr(&output)
+    );
+}
+
+/// `child`'s output once it exits, or a panic after `within`.
+fn wait_with_timeout(mut child: Child, within: Duration) -> Output {
+    wait_for_exit(&mut child, within);
+    child.wait_with_output().unwrap()
+}
+
+/// The same member frozen while distlock lives and stops its command (max
+/// hold reached): distlock keeps the lock, names the survivor, and releases
+/// only after the thaw let the SIGKILL end it.
+#[test]
+fn run_names_a_member_that_survives_sigkill_and_keeps_the_lock_until_it_is_gone() {
+    let fixture = Fixture::new();
+    let pid_file = fixture.path("sleeper");
+    let script = format!(
+        "sleep 1234 & echo $! > {}.tmp; mv {0}.tmp {0}; wait",
+        pid_file.display()
+    );
+    let mut holder = fixture
+        .distlock()
+        .args([
+            "run",
+            "--key",
+            "frozen-run",
+            "--max-hold",
+            "1s",
+            "--kill-after",
+            "100ms",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, said) = std::sync::mpsc::channel();
+    let holder_stderr = holder.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(holder_stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    let sleeper = read_pids(&pid_file, 1)[0];
+    let _cleanup = KillOnDrop(vec![sleeper, holder.id()]);
+    let freezer = Freezer::new("distlock-test-frozen-run");
+    freezer.freeze(sleeper);
+    // Max hold at 1 s, SIGKILL 100 ms later, the report 2 s after that.
+    std::thread::sleep(Duration::from_millis(4000));
+    assert!(
+        holder.try_wait().unwrap().is_none(),
+        "distlock waits for the survivor"
+    );
+    let contender = fixture.run(&["run", "--key", "frozen-run", "--", "true"]);
+    assert_eq!(code(&contender), 75, "still held: {}", stderr(&contender));
+    let report: Vec<String> = said.try_iter().collect();
+    assert!(
+        report
+            .iter()
+            .any(|line| line.contains(&format!("pid {sleeper} (D)"))
+                && line.contains("survive SIGKILL")
+                && line.contains("lock \"frozen-run\" is released only after they are gone")),
+        "distlock names the survivor: {report:?}"
+    );
+    freezer.thaw();
+    assert_eq!(wait_for_exit(&mut holder, Duration::from_secs(5)), 76);
+    let next = fixture.run(&["run", "--key", "frozen-run", "--", "true"]);
+    assert_eq!(
+        code(&next),
+        0,
+        "free after the survivor died: {}",
+        stderr(&next)
+    );
+}

@@ -281,3 +281,29 @@ fn lock_urls_without_ssl_mode_verify_the_server_certificate_and_name() {
     let output = run(&without_ssl_mode(&tls.url()).replace("127.0.0.1", "localhost"));
     assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
 }
+
+#[test]
+fn the_release_clears_the_holder_columns_of_the_fencing_row() {
+    let key = format!("cli-dump-{}", std::process::id());
+    let mut child = run(
+        &key,
+        &["sh", "-c", "sleep 1", "dump-job", "--password=hunter2"],
+    );
+    wait_until("the lock is granted", Duration::from_secs(10), || {
+        holder(&key).is_some()
+    });
+    let columns = format!(
+        "SELECT token, holder_pid IS NULL, holder_host IS NULL, holder_label FROM distlock.distlock_fencing \
+         WHERE key_name = '{key}'"
+    );
+    let row = server().sql(&columns);
+    assert!(
+        row.ends_with("0\t0\tsh -c sleep 1 dump-job --password=***"),
+        "while held: {row:?}"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(holder(&key), None, "released");
+    // The token stays; nothing names the holder any more.
+    let row = server().sql(&columns);
+    assert!(row.ends_with("\t1\t1\tNULL"), "after release: {row:?}");
+}

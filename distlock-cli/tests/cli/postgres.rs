@@ -392,3 +392,123 @@ fn three_postgres_cron_replicas_run_every_second_exactly_once_through_a_kill_9()
     let tally = crate::cron::three_replicas(&server.url(), "postgres");
     crate::cron::assert_exactly_once(&tally);
 }
+
+/// A server whose URL carries a password, and that URL.
+fn server_with_password(password: &str) -> (PostgresServer, String) {
+    let server = PostgresServer::start_with(test_servers::PostgresOptions {
+        password: Some(password.into()),
+        ..Default::default()
+    });
+    let url = server.url();
+    assert!(
+        url.contains(password),
+        "the URL carries the password: {url}"
+    );
+    (server, url)
+}
+
+#[test]
+fn a_forced_release_logs_its_operator_without_the_urls_password() {
+    let (server, url) = server_with_password("pg-hunter2");
+    let mut holder = run(&url, "forced", &["sleep", "60"]);
+    wait_until(
+        "the holder's lock is granted",
+        Duration::from_secs(10),
+        || server.advisory_locks().len() == 1,
+    );
+    let output = Command::new(BIN)
+        .args([
+            "release",
+            "--url",
+            &url,
+            "--key",
+            "forced",
+            "--force",
+            "--terminate-session",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let log = stderr(&output);
+    eprintln!("{log}");
+    assert!(!log.contains("pg-hunter2"), "password logged: {log}");
+    // Still says who forced it, and with what: the command line, the URL's
+    // user and server, its password replaced.
+    // (The log's field names are coloured: the values are matched.)
+    let operator = format!(
+        "\"{BIN} release --url postgres://postgres:***@127.0.0.1:{}/postgres?sslmode=disable --key forced --force --terminate-session\"",
+        server.port()
+    );
+    assert!(log.contains("lock force-released by an operator"), "{log}");
+    assert!(log.contains(&operator), "{log}");
+    assert!(log.contains("\"sleep 60\""), "the evicted holder: {log}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+#[test]
+fn no_secret_of_a_commands_argv_is_stored_and_the_release_clears_the_holder() {
+    let (server, url) = server_with_password("pg-hunter2");
+    // The command's own arguments carry secrets: an option's value and a
+    // URL's password.
+    let mut holder = run(
+        &url,
+        "dump",
+        &[
+            "sh",
+            "-c",
+            "sleep 2",
+            "dump-job",
+            "--password=hunter2",
+            "postgres://u:hunter2@db/x",
+        ],
+    );
+    wait_until(
+        "the holder's lock is granted",
+        Duration::from_secs(10),
+        || server.advisory_locks().len() == 1,
+    );
+    let status = Command::new(BIN)
+        .args(["status", "--url", &url, "--key", "dump", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        json["holder"]["label"], "sh -c sleep 2 dump-job --password=*** postgres://u:***@db/x",
+        "a useful label, without the secrets: {json}"
+    );
+    let row = server.psql("SELECT f::text FROM distlock_fencing f");
+    assert!(!row.contains("hunter2"), "while held: {row}");
+    assert_eq!(holder.wait().unwrap().code(), Some(0));
+
+    // After the release no column names the holder any more; the token and
+    // the grant stay.
+    let row = server.psql("SELECT f::text FROM distlock_fencing f");
+    assert!(!row.contains("hunter2"), "after release: {row}");
+    assert_eq!(
+        server
+            .psql(
+                "SELECT token, key_name, holder_host IS NULL, holder_pid IS NULL, \
+             holder_label IS NULL, granted_at IS NOT NULL FROM distlock_fencing"
+            )
+            .trim(),
+        "1|dump|t|t|t|t"
+    );
+}
+
+/// `distlock run --wait 1s` against a server whose port drops every
+/// segment: connecting is bounded by the wait too, and it is an outage
+/// (69, naming the server and --wait), never contention. (Before: 5 s, the
+/// connect timeout.) Needs root and `nft`.
+#[test]
+fn run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait() {
+    const NAME: &str =
+        "postgres::run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait";
+    if !netns::inside(NAME) {
+        return netns::rerun_inside(NAME);
+    }
+    let server = PostgresServer::start();
+    let _cut = netns::Partition::start(&[server.port()], netns::Direction::Both);
+    crate::support::assert_outage_within_the_wait(&server.url(), server.port());
+}

@@ -461,3 +461,66 @@ fn cron_warns_once_at_start_about_a_redis_that_does_not_persist_its_marks() {
     assert_eq!(status, 0, "{err}");
     assert!(!err.contains("appendonly"), "{err}");
 }
+
+#[test]
+fn the_lock_value_and_list_show_the_command_without_its_secrets() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // CMD reads its own lock's value and `distlock list` while it holds the
+    // lock; its arguments carry an option's secret and a URL's password.
+    let probe = "redis-cli -p \"$PORT\" GET 'lock:{dump}'; \"$BIN\" list --url \"$URL\"";
+    let output = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--key",
+            "dump",
+            "--",
+            "sh",
+            "-c",
+            probe,
+            "dump-job",
+            "--password=hunter2",
+            "redis://:hunter2@cache:6379",
+        ])
+        .env("PORT", server.port().to_string())
+        .env("BIN", BIN)
+        .env("URL", &url)
+        .output()
+        .expect("run distlock");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    eprintln!("{stdout}");
+    assert!(!stdout.contains("hunter2"), "secret stored: {stdout}");
+    let label = "dump-job --password=*** redis://:***@cache:6379";
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The value's fields (owner, ttl, grant, pid, host, label), then the
+    // list: a header and the lock.
+    assert_eq!(lines.len(), 8, "{stdout:?}");
+    assert!(
+        lines[5].starts_with("sh -c redis-cli") && lines[5].ends_with(label),
+        "the value's label: {stdout:?}"
+    );
+    assert!(
+        lines[7].starts_with("dump ") && lines[7].contains("sh -c redis-cli"),
+        "listed with its command: {stdout:?}"
+    );
+}
+
+/// `distlock run --wait 1s` against a Redis whose port drops every segment:
+/// an outage (69) within the wait and its grace. (Before: 2.2 s.) Needs
+/// root and `nft`.
+#[test]
+fn run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait() {
+    const NAME: &str = "redis::run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait";
+    if !test_servers::netns::inside(NAME) {
+        return test_servers::netns::rerun_inside(NAME);
+    }
+    let server = RedisServer::start();
+    let _cut = test_servers::netns::Partition::start(
+        &[server.port()],
+        test_servers::netns::Direction::Both,
+    );
+    crate::support::assert_outage_within_the_wait(&server.url(), server.port());
+}

@@ -45,3 +45,29 @@ pub fn alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// `distlock run --wait 1s` against `url`, whose server on `port` is cut
+/// off: exits 69 (an outage, not contention) within the wait plus 1.5 s,
+/// naming the server and `--wait`, and never runs its command.
+pub fn assert_outage_within_the_wait(url: &str, port: u16) {
+    let started = Instant::now();
+    let output = std::process::Command::new(BIN)
+        .args([
+            "run", "--url", url, "--key", "cut", "--wait", "1s", "--", "echo", "ran",
+        ])
+        .output()
+        .expect("run distlock");
+    let took = started.elapsed();
+    let said = stderr(&output);
+    eprintln!("took {took:?}: {said}");
+    assert_eq!(code(&output), 69, "{said}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "took {took:?}, past --wait 1s + 1.5 s: {said}"
+    );
+    assert!(
+        said.contains(&format!("127.0.0.1:{port} did not answer within --wait 1s")),
+        "{said}"
+    );
+    assert!(output.stdout.is_empty(), "the command ran");
+}

@@ -383,9 +383,26 @@ impl Sql {
         format!("DO RELEASE_LOCK({})", name.literal())
     }
 
-    /// 1 released, 0 held by another session, NULL no such lock.
-    pub(super) fn release(name: &LockName<'_>) -> String {
-        format!("SELECT RELEASE_LOCK({})", name.literal())
+    /// 1 released, 0 held by another session, NULL no such lock. With
+    /// fencing it first clears the holder columns of the name's row if this
+    /// session holds the lock and its grant wrote the row: host, pid and
+    /// label (taken from a command line) describe a holder and are kept no
+    /// longer than the grant; the token, grant time, key name, ttl and
+    /// session id stay. The row is cleared while the lock is still held, so
+    /// a next holder's record is never touched. (A session that dies holding
+    /// the lock frees it without a statement: its record stays until the
+    /// next grant overwrites it.)
+    pub(super) fn release(&self, name: &LockName<'_>) -> String {
+        let lit = name.literal();
+        match &self.table {
+            Some(table) => format!(
+                "UPDATE {table} SET holder_host = NULL, holder_pid = NULL, holder_label = NULL \
+                 WHERE lock_name = {lit} AND session_id = CONNECTION_ID() \
+                 AND IS_USED_LOCK({lit}) = CONNECTION_ID(); \
+                 SELECT RELEASE_LOCK({lit})"
+            ),
+            None => format!("SELECT RELEASE_LOCK({lit})"),
+        }
     }
 
     /// 1 if this session holds the lock (and so, that it is alive).

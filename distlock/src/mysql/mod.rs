@@ -230,6 +230,12 @@
 //! held by an unknown holder. The record is written by the same round trip
 //! that takes the lock.
 //!
+//! A release clears the holder columns (host, pid, label) in the query
+//! that releases the lock: they describe a holder, and are not kept past
+//! its grant; the token, grant time, key name, ttl and session id stay. A
+//! holder whose connection dies without releasing leaves its record until
+//! the name's next grant overwrites it.
+//!
 //! Rows are deleted only by [`Locker::forget`]. With fencing off
 //! (`fencing=off`, [`MysqlLockerBuilder::fencing`]) an acquire is a bare
 //! `GET_LOCK`, no table is used, and leases have no fencing token. Either

@@ -34,7 +34,7 @@ impl Inner {
         };
         let answer = bounded(BACKEND, "release", limit, async {
             held.session
-                .run(Request::new(Sql::release(&name), limit))
+                .run(Request::new(self.sql.release(&name), limit))
                 .await
                 .map_err(|e| errors::backend("release", context(), e))
         })

@@ -227,7 +227,9 @@ pub(super) struct Sql {
     /// label, ttl_ms`; without: the key.
     pub(super) try_lock: String,
     /// Releases one hold of the key on this session: `true` if it held it.
-    pub(super) unlock: &'static str,
+    /// With fencing it first clears the holder columns of the key's row if
+    /// this session's grant wrote them (see [`CLEAR_HOLDER`]).
+    pub(super) unlock: String,
     /// True if this session holds the key.
     pub(super) holds: String,
     /// Which of the bigint keys in the array `$1` this session does *not*
@@ -256,6 +258,17 @@ pub(super) struct Sql {
     /// no longer holds the key.
     pub(super) terminate: String,
 }
+
+/// What a release clears of the key's fencing row, in the statement that
+/// unlocks it, if this session's grant wrote the row: the holder's host,
+/// pid and label describe a holder, and the label is taken from a command
+/// line, so they are kept no longer than the grant. The token, grant time,
+/// key name, ttl and session pid stay: the token must, and the others
+/// describe the last grant without naming anyone. (A session that dies
+/// holding the lock frees it without a statement: its record stays until
+/// the next grant overwrites it.)
+const CLEAR_HOLDER: &str = "SET holder_host = NULL, holder_pid = NULL, holder_label = NULL \
+     WHERE lock_key = $1::int8 AND session_pid = pg_backend_pid()";
 
 /// Matches this session's granted hold of the bigint advisory key `$1` in
 /// `pg_locks`, which shows a bigint key as its high and low 32-bit halves
@@ -341,11 +354,21 @@ impl Sql {
              CASE WHEN pid = pg_backend_pid() THEN NULL ELSE pg_terminate_backend(pid, $3::int8) END \
              FROM pg_locks WHERE {ANY_HOLD} AND pid = $2::int4"
         );
+        // Read by the SELECT, the UPDATE runs before the unlock: the row is
+        // cleared while this session still holds the key, so it never
+        // clears a next holder's record.
+        let unlock = match &table {
+            Some(table) => format!(
+                "WITH cleared AS (UPDATE {table} {CLEAR_HOLDER} RETURNING 1) \
+                 SELECT pg_advisory_unlock($1::int8) FROM (SELECT count(*) FROM cleared) c"
+            ),
+            None => "SELECT pg_advisory_unlock($1::int8)".to_owned(),
+        };
         Sql {
             forget,
             table,
             try_lock,
-            unlock: "SELECT pg_advisory_unlock($1::int8)",
+            unlock,
             holds: format!("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {OWN_HOLD})"),
             // A set operation, not a join: the planner estimates pg_locks at
             // one row and picks a nested loop, 20 million comparisons for

@@ -257,6 +257,12 @@
 //! grants then read as held by an unknown holder. Every column is written
 //! by the statement that takes the lock: recording adds no round trip.
 //!
+//! A release clears the holder columns (host, pid, label) in the statement
+//! that unlocks the key: they describe a holder, and are not kept past its
+//! grant; the token, grant time, key name, ttl and session pid stay. A
+//! holder whose session dies without releasing leaves its record until the
+//! key's next grant overwrites it.
+//!
 //! Rows are never deleted: one small row per key ever locked. With fencing
 //! off (`fencing=off`, [`PostgresLockerBuilder::fencing`]) an acquire is a
 //! bare `pg_try_advisory_lock`, no table is used, and leases have no fencing

@@ -236,7 +236,7 @@ impl Session {
                 tokio::try_join!(
                     setup,
                     client.prepare(&sql.try_lock),
-                    client.prepare(sql.unlock),
+                    client.prepare(&sql.unlock),
                     client.prepare(&sql.holds),
                     client.prepare(&sql.lost_among),
                     client.prepare(&sql.unlock_if_held),
