@@ -424,7 +424,18 @@ async fn job_loop(env: Arc<JobEnv>) {
             tick::report(&env, next, false, TickOutcome::Missed { count });
         }
         cursor = due;
-        tasks.spawn(tick::tick(env.clone(), due, false));
+        // The next tick waits until this one's claim is decided: claimed
+        // concurrently, a later tick could advance the mark past this one
+        // while its claim is slow, and it could then run nowhere. A claim
+        // slower than the period makes this replica try the next tick late
+        // (or report it missed, above) instead.
+        let (claimed, decided) = tokio::sync::oneshot::channel();
+        tasks.spawn(tick::tick(env.clone(), due, false, Some(claimed)));
+        tokio::select! {
+            // Sent or dropped: either way decided.
+            _ = decided => {}
+            _ = phase.wait_for(|p| *p != Phase::Running) => {}
+        }
     }
     while tasks.join_next().await.is_some() {}
 }
@@ -451,7 +462,7 @@ fn catch_up(env: &Arc<JobEnv>, tasks: &mut JoinSet<()>, now: DateTime<Utc>, look
         return;
     };
     if since(now, latest) <= look_back {
-        tasks.spawn(tick::tick(env.clone(), latest, true));
+        tasks.spawn(tick::tick(env.clone(), latest, true, None));
     }
 }
 

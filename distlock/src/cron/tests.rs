@@ -47,6 +47,19 @@ struct Reports(Arc<Mutex<Vec<Seen>>>);
 type Seen = (String, DateTime<Utc>, &'static str);
 
 impl Reports {
+    /// (replica, outcome label) of each report of tick `at`, sorted.
+    fn of(&self, at: DateTime<Utc>) -> Vec<(String, &'static str)> {
+        let mut seen: Vec<_> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.1 == at)
+            .map(|r| (r.0.clone(), r.2))
+            .collect();
+        seen.sort();
+        seen
+    }
     fn observer(&self) -> impl Fn(&TickReport) + Send + Sync + 'static {
         let reports = self.0.clone();
         move |report: &TickReport| {
@@ -338,21 +351,104 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
     }
 }
 
-/// Memory without marks: what a backend that cannot store them looks like.
+/// Memory with faults injected into chosen calls, and optionally without
+/// marks (what a backend that cannot store them looks like).
 #[derive(Debug, Clone, Default)]
-struct NoMarks {
+struct Faulty {
     inner: MemoryLocker,
+    no_marks: bool,
+    faults: Arc<Mutex<Vec<Fault>>>,
+}
+
+/// One injected fault: the next `times` calls `call` on `key` (a
+/// `try_lock` key, or the name of an `advance_mark` that writes, not a
+/// peek) answer `delay` late (the call takes effect at once, its reply is
+/// slow), or fail with a backend error `delay` late without reaching the
+/// backend (a timeout).
+#[derive(Debug, Clone)]
+struct Fault {
+    call: &'static str,
+    key: String,
+    delay: Duration,
+    fail: bool,
+    times: usize,
+}
+
+impl Faulty {
+    fn no_marks() -> Self {
+        Faulty {
+            no_marks: true,
+            ..Faulty::default()
+        }
+    }
+
+    /// Another view of the same memory with faults of its own (one replica's
+    /// slow or failing connection).
+    fn sibling(&self) -> Self {
+        Faulty {
+            inner: self.inner.clone(),
+            no_marks: self.no_marks,
+            faults: Arc::default(),
+        }
+    }
+
+    fn slow(self, call: &'static str, key: &str, delay: Duration) -> Self {
+        self.inject(call, key, delay, false)
+    }
+
+    fn inject(self, call: &'static str, key: &str, delay: Duration, fail: bool) -> Self {
+        self.faults.lock().unwrap().push(Fault {
+            call,
+            key: key.to_owned(),
+            delay,
+            fail,
+            times: 1,
+        });
+        self
+    }
+
+    /// The fault injected into this call, if any (used up by it).
+    fn fault(&self, call: &str, key: &str) -> Option<Fault> {
+        let mut faults = self.faults.lock().unwrap();
+        let fault = faults
+            .iter_mut()
+            .find(|f| f.call == call && f.key == key && f.times > 0)?;
+        fault.times -= 1;
+        Some(fault.clone())
+    }
+
+    async fn around<T>(
+        &self,
+        call: &'static str,
+        key: &str,
+        real: impl Future<Output = crate::Result<T>>,
+    ) -> crate::Result<T> {
+        let Some(fault) = self.fault(call, key) else {
+            return real.await;
+        };
+        if fault.fail {
+            tokio::time::sleep(fault.delay).await;
+            return Err(Error::backend(
+                "faulty",
+                call,
+                std::io::Error::other("injected failure"),
+            ));
+        }
+        let result = real.await;
+        tokio::time::sleep(fault.delay).await;
+        result
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl Locker for NoMarks {
+impl Locker for Faulty {
     fn backend(&self) -> &'static str {
-        "nomarks"
+        "faulty"
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            marks: false,
+            marks: !self.no_marks,
             ..self.inner.capabilities()
         }
     }
@@ -360,7 +456,9 @@ impl Locker for NoMarks {
         self.inner.backend_key(key)
     }
     async fn try_lock(&self, key: &str, ttl: Duration) -> crate::Result<Option<Lease>> {
-        let lease = self.inner.try_lock(key, ttl).await?;
+        let lease = self
+            .around("try_lock", key, self.inner.try_lock(key, ttl))
+            .await?;
         Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> crate::Result<Lease> {
@@ -379,12 +477,20 @@ impl Locker for NoMarks {
     async fn forget(&self, key: &str) -> crate::Result<()> {
         self.inner.forget(key).await
     }
-    async fn advance_mark(&self, _name: &str, _value: i64) -> crate::Result<MarkAdvance> {
-        Err(Error::Unsupported {
-            backend: "nomarks",
-            operation: "advance_mark",
-            reason: "test".into(),
-        })
+    async fn advance_mark(&self, name: &str, value: i64) -> crate::Result<MarkAdvance> {
+        if self.no_marks {
+            return Err(Error::Unsupported {
+                backend: "faulty",
+                operation: "advance_mark",
+                reason: "test".into(),
+            });
+        }
+        if value == 0 {
+            // A peek.
+            return self.inner.advance_mark(name, value).await;
+        }
+        self.around("advance_mark", name, self.inner.advance_mark(name, value))
+            .await
     }
     async fn watch_releases(&self, key: &str) -> crate::Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await
@@ -410,7 +516,7 @@ async fn without_marks_skew_within_max_skew_never_duplicates_and_beyond_it_can()
         (Duration::from_millis(2300), Duration::from_secs(5), false),
         (Duration::from_millis(2300), Duration::from_secs(1), true),
     ] {
-        let locker = shared(NoMarks::default());
+        let locker = shared(Faulty::no_marks());
         let base = TokioClock::starting_at(start());
         let runs = Runs::default();
         let mut running = Vec::new();
@@ -766,4 +872,114 @@ async fn a_jobs_label_is_what_its_claims_record_as_their_holder() {
     for label in seen.iter() {
         assert_eq!(label.as_deref(), Some("cron job labelled: ./report.sh"));
     }
+}
+
+/// One scheduler per (replica, locker, clock) running `job`, recording its
+/// runs and every report.
+fn replicas(
+    job: &Job,
+    replicas: Vec<(&str, Arc<dyn Locker>, Arc<dyn Clock>)>,
+    runs: &Runs,
+    reports: &Reports,
+) -> Vec<RunningScheduler> {
+    replicas
+        .into_iter()
+        .map(|(name, locker, clock)| {
+            let mut scheduler = Scheduler::new(locker)
+                .replica_id(name)
+                .clock(ArcClock(clock))
+                .on_tick(reports.observer());
+            let runs = runs.clone();
+            scheduler
+                .add(job.clone(), move |ctx| {
+                    let runs = runs.clone();
+                    async move {
+                        runs.record(&ctx);
+                        Ok(())
+                    }
+                })
+                .unwrap();
+            scheduler.start().unwrap()
+        })
+        .collect()
+}
+
+async fn shutdown_all(running: Vec<RunningScheduler>) {
+    for scheduler in running {
+        scheduler.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+/// Issue 23: a tick claim whose reply took longer than the period was
+/// overtaken by the next tick's claim on the same replica, which advanced
+/// the mark; the slow one then found the mark past it and reported "already
+/// ran", though nothing ran it. Ticks are now claimed in order: the slow one
+/// runs, late, and so does the next.
+#[tokio::test(start_paused = true)]
+async fn a_claim_slower_than_the_period_runs_late_instead_of_being_overtaken() {
+    let first = start() + TimeDelta::milliseconds(500); // 10:00:01
+    let locker = Faulty::default().slow(
+        "try_lock",
+        &job::tick_key("slow-claim", first),
+        Duration::from_millis(1500),
+    );
+    let (runs, reports) = (Runs::default(), Reports::default());
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(start()));
+    let running = replicas(
+        &every_second("slow-claim"),
+        vec![("a", shared(locker), clock)],
+        &runs,
+        &reports,
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    shutdown_all(running).await;
+    assert_eq!(reports.of(first), [("a".to_owned(), "ran")]);
+    assert_exactly_once(&runs.snapshot(), first, first + TimeDelta::seconds(8));
+    assert_eq!(reports.count("already_ran"), 0, "{:?}", reports.0);
+}
+
+/// Issue 23, across replicas: `a` holds tick 10:00:01's claim but its reply
+/// is slower than the period; `b` waits for it until the next tick is due,
+/// then moves on and runs 10:00:02, which makes 10:00:01 impossible to run
+/// (marks only grow). `a` reported that "already ran": it is missed.
+#[tokio::test(start_paused = true)]
+async fn a_claim_overtaken_by_another_replica_reports_the_tick_missed_not_already_ran() {
+    let first = start() + TimeDelta::milliseconds(500); // 10:00:01
+    let memory = Faulty::default();
+    let slow = memory.sibling().slow(
+        "try_lock",
+        &job::tick_key("overtaken", first),
+        Duration::from_millis(1500),
+    );
+    let (runs, reports) = (Runs::default(), Reports::default());
+    let base = TokioClock::starting_at(start());
+    let running = replicas(
+        &every_second("overtaken"),
+        vec![
+            ("a", shared(slow), Arc::new(base.clone())),
+            (
+                "b",
+                shared(memory),
+                Arc::new(SkewedClock::behind(base, Duration::from_millis(100))),
+            ),
+        ],
+        &runs,
+        &reports,
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    shutdown_all(running).await;
+    assert_eq!(
+        reports.of(first),
+        [
+            ("a".to_owned(), "missed"),
+            ("b".to_owned(), "held_elsewhere")
+        ]
+    );
+    let runs = runs.snapshot();
+    assert!(!runs.contains_key(&first), "{runs:?}");
+    assert_exactly_once(
+        &runs,
+        first + TimeDelta::seconds(1),
+        first + TimeDelta::seconds(8),
+    );
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::future::BoxFuture;
 use metrics::{counter, histogram};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -227,8 +227,13 @@ pub enum TickOutcome {
     PreviousRunning,
     /// The job's mark says this tick, or a later one, already started.
     AlreadyRan,
-    /// This replica woke too late for these ticks (its process was paused
-    /// or its clock jumped) and skipped them; `scheduled_at` is the first.
+    /// This replica was too late for these ticks and skipped them;
+    /// `scheduled_at` is the first. Either it woke too late (its process was
+    /// paused, its clock jumped, or claiming its previous tick took longer
+    /// than the period), or (`count` 1) its claim of this tick was decided
+    /// only after a later tick had started somewhere: marks only grow, so
+    /// this tick can run nowhere any more, and nobody ran it while this
+    /// replica held its claim.
     Missed {
         /// How many ticks were skipped (counted up to 10 000).
         count: u64,
@@ -296,7 +301,7 @@ impl fmt::Display for TickOutcome {
             TickOutcome::HeldElsewhere => f.write_str("skipped: held elsewhere"),
             TickOutcome::PreviousRunning => f.write_str("skipped: previous run still running"),
             TickOutcome::AlreadyRan => f.write_str("skipped: already ran"),
-            TickOutcome::Missed { count } => write!(f, "missed: {count} tick(s), woke too late"),
+            TickOutcome::Missed { count } => write!(f, "missed: {count} tick(s), too late"),
             TickOutcome::ClaimFailed { error } => write!(f, "failed to claim: {error}"),
         }
     }
@@ -329,7 +334,17 @@ pub struct TickReport {
 
 /// Runs tick `at` of the job and reports it. Catch-up attempts report only
 /// what they did (a run, a failure to claim), not every "already ran".
-pub(super) async fn tick(env: Arc<JobEnv>, at: DateTime<Utc>, catch_up: bool) {
+///
+/// `claimed` is dropped once the tick's claim is decided (run here, or not),
+/// before the run: the job's loop waits for that before it tries the next
+/// tick, so that this replica never advances the mark past a tick it is
+/// still claiming.
+pub(super) async fn tick(
+    env: Arc<JobEnv>,
+    at: DateTime<Utc>,
+    catch_up: bool,
+    claimed: Option<oneshot::Sender<()>>,
+) {
     let span = tracing::info_span!(
         "cron_tick",
         job = %env.job.name,
@@ -339,7 +354,7 @@ pub(super) async fn tick(env: Arc<JobEnv>, at: DateTime<Utc>, catch_up: bool) {
         outcome = tracing::field::Empty,
     );
     async {
-        let claimed = claim_and_run(&env, at, catch_up);
+        let claimed = claim_and_run(&env, at, catch_up, claimed);
         let (outcome, claims) = match &env.job.label {
             // The claims record the job's label as their holder's.
             Some(label) => crate::inspect::with_label(label.clone(), claimed).await,
@@ -453,6 +468,7 @@ async fn claim_and_run(
     env: &JobEnv,
     at: DateTime<Utc>,
     catch_up: bool,
+    claimed: Option<oneshot::Sender<()>>,
 ) -> (TickOutcome, Option<Claims>) {
     let job = &env.job;
     let at_ms = at.timestamp_millis();
@@ -502,7 +518,15 @@ async fn claim_and_run(
     if marks {
         let outcome = match locker.advance_mark(&env.mark, at_ms).await {
             Ok(MarkAdvance::Advanced { .. }) => None,
-            Ok(MarkAdvance::AlreadyAt { .. }) => Some(TickOutcome::AlreadyRan),
+            Ok(MarkAdvance::AlreadyAt { current }) if current == at_ms => {
+                Some(TickOutcome::AlreadyRan)
+            }
+            // A later tick started while this replica was claiming this
+            // one (its claim was slower than the tick's window): marks only
+            // grow, so this tick can no longer run anywhere. Nobody ran it
+            // while this replica held its claim: it is missed, not "already
+            // ran".
+            Ok(MarkAdvance::AlreadyAt { .. }) => Some(TickOutcome::Missed { count: 1 }),
             Err(error) => Some(TickOutcome::ClaimFailed { error }),
         };
         if let Some(outcome) = outcome {
@@ -513,6 +537,8 @@ async fn claim_and_run(
             return (outcome, None);
         }
     }
+    // The tick is decided: this replica runs it.
+    drop(claimed);
     // 4. Run, keeping both claims alive.
     let keepalive = KeepAlive::default().max_hold(job.at_most);
     for lease in std::iter::once(&mut tick).chain(job_lease.as_mut()) {
