@@ -396,6 +396,10 @@ impl Faulty {
         self.inject(call, key, delay, false)
     }
 
+    fn failing(self, call: &'static str, key: &str, after: Duration) -> Self {
+        self.inject(call, key, after, true)
+    }
+
     fn inject(self, call: &'static str, key: &str, delay: Duration, fail: bool) -> Self {
         self.faults.lock().unwrap().push(Fault {
             call,
@@ -982,4 +986,43 @@ async fn a_claim_overtaken_by_another_replica_reports_the_tick_missed_not_alread
         first + TimeDelta::seconds(1),
         first + TimeDelta::seconds(8),
     );
+}
+
+/// Issue 23: `a` wins tick 10:00:01's claim, then taking the job's key or
+/// advancing the mark fails (after 300 ms, a timeout) and it releases the
+/// claim. `b` had found the claim held and given up, so nobody ran the
+/// tick. Now `b` waits for the claim to be completed or released, and runs
+/// the tick once `a` lets it go.
+#[tokio::test(start_paused = true)]
+async fn a_winner_that_fails_after_claiming_lets_a_waiting_replica_run_the_tick() {
+    let first = start() + TimeDelta::milliseconds(500); // 10:00:01
+    for call in ["try_lock", "advance_mark"] {
+        let memory = Faulty::default();
+        let failing = memory
+            .sibling()
+            .failing(call, "cron:handover", Duration::from_millis(300));
+        let (runs, reports) = (Runs::default(), Reports::default());
+        let base = TokioClock::starting_at(start());
+        let running = replicas(
+            &every_second("handover"),
+            vec![
+                ("a", shared(failing), Arc::new(base.clone())),
+                (
+                    "b",
+                    shared(memory),
+                    Arc::new(SkewedClock::behind(base, Duration::from_millis(100))),
+                ),
+            ],
+            &runs,
+            &reports,
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        shutdown_all(running).await;
+        assert_eq!(
+            reports.of(first),
+            [("a".to_owned(), "claim_failed"), ("b".to_owned(), "ran")],
+            "{call}"
+        );
+        assert_exactly_once(&runs.snapshot(), first, first + TimeDelta::seconds(3));
+    }
 }

@@ -221,7 +221,10 @@ pub enum TickOutcome {
         /// How long it ran.
         duration: Duration,
     },
-    /// Another replica holds this tick's claim: it is running it.
+    /// Another replica holds this tick's claim. Where the backend has marks,
+    /// this replica kept looking until that replica took the tick (the mark
+    /// reached it), or until the tick's window ended (the next tick came
+    /// due) with the claim still held and the tick not taken.
     HeldElsewhere,
     /// An earlier run of the job is still running ([`Overlap::Forbid`]).
     PreviousRunning,
@@ -239,8 +242,10 @@ pub enum TickOutcome {
         count: u64,
     },
     /// The backend failed while the tick was claimed: the job did not run
-    /// here. It may have been taken (an outcome-unknown error), so it is not
-    /// retried.
+    /// here. It may have been taken (an outcome-unknown error), so this
+    /// replica does not retry it; the claim is released, and a replica that
+    /// found it held and is still within the tick's window claims it then
+    /// and runs it unless the mark says it was taken.
     ClaimFailed {
         /// What failed.
         error: Error,
@@ -492,12 +497,12 @@ async fn claim_and_run(
         // finished tick (reported quietly: catch-ups report only runs).
         return (TickOutcome::AlreadyRan, None);
     }
-    // 1. The tick's claim: one attempt, never a wait.
+    // 1. The tick's claim; held elsewhere, wait for its holder to take the
+    //    tick or let it go (where marks say which), never queue.
     let tick_key = tick_key(&job.name, at);
-    let mut tick = match locker.try_lock(&tick_key, job.at_most).await {
-        Ok(Some(lease)) => lease,
-        Ok(None) => return (TickOutcome::HeldElsewhere, None),
-        Err(error) => return (TickOutcome::ClaimFailed { error }, None),
+    let mut tick = match claim_tick(env, &tick_key, at, marks).await {
+        Ok(lease) => lease,
+        Err(outcome) => return (outcome, None),
     };
     // 2. The job's key, held while the run lasts.
     let mut job_lease = None;
@@ -568,6 +573,57 @@ async fn claim_and_run(
     };
     // 5. The tick's claim is released once held long enough.
     (outcome, Some(hold(env, at, tick, marks)))
+}
+
+/// The first pause between two looks at a tick's claim held elsewhere;
+/// it doubles up to [`CLAIM_POLL_MAX`].
+const CLAIM_POLL_MIN: Duration = Duration::from_millis(50);
+const CLAIM_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Step 1: claims tick `at` under `key`.
+///
+/// Held elsewhere, on a backend with marks, it keeps looking until the
+/// holder has taken the tick (the mark reaches it: [`TickOutcome::HeldElsewhere`]),
+/// or has let it go without taking it (its job's key or mark failed, or an
+/// earlier run still runs: then it claims the tick itself), or the tick's
+/// window ends (the next tick is due, or the scheduler drains). Giving up
+/// at once left a tick whose winner failed after claiming it to nobody.
+/// Where the backend has no marks the claim itself is the record of a run,
+/// so a claim found held is never waited for: its release may mean the
+/// tick ran.
+async fn claim_tick(
+    env: &JobEnv,
+    key: &str,
+    at: DateTime<Utc>,
+    marks: bool,
+) -> std::result::Result<Lease, TickOutcome> {
+    let at_ms = at.timestamp_millis();
+    let window_end = env.job.next_after(at).unwrap_or(at);
+    let mut phase = env.phase.clone();
+    let mut pause = CLAIM_POLL_MIN;
+    loop {
+        match env.locker.try_lock(key, env.job.at_most).await {
+            Ok(Some(lease)) => return Ok(lease),
+            Ok(None) => {}
+            Err(error) => return Err(TickOutcome::ClaimFailed { error }),
+        }
+        let left = since(window_end, env.clock.now());
+        if !marks || left.is_zero() || env.phase() != Phase::Running {
+            return Err(TickOutcome::HeldElsewhere);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause.min(left)) => {}
+            _ = phase.wait_for(|p| *p != Phase::Running) => return Err(TickOutcome::HeldElsewhere),
+        }
+        pause = pause.saturating_mul(2).min(CLAIM_POLL_MAX);
+        match env.locker.advance_mark(&env.mark, 0).await {
+            Ok(MarkAdvance::AlreadyAt { current }) if current >= at_ms => {
+                return Err(TickOutcome::HeldElsewhere)
+            }
+            Ok(_) => {}
+            Err(error) => return Err(TickOutcome::ClaimFailed { error }),
+        }
+    }
 }
 
 fn hold(env: &JobEnv, at: DateTime<Utc>, tick: Lease, marks: bool) -> Claims {
