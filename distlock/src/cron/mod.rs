@@ -131,6 +131,7 @@
 //! | `distlock_cron_ticks_total` | counter | job, outcome ([`TickOutcome::label`]) |
 //! | `distlock_cron_run_duration_seconds` | histogram | job |
 //! | `distlock_cron_lag_seconds` | histogram | job (scheduled instant to start) |
+//! | `distlock_cron_schedule_errors_total` | counter | job (croner could not compute the next tick; retried) |
 //!
 //! Labels never carry a key or an instant. Wrap the locker with
 //! [`LockerExt::with_metrics`](crate::LockerExt::with_metrics) and
@@ -141,8 +142,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::FutureExt;
+use metrics::counter;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -379,6 +381,11 @@ const MISSED_COUNT_LIMIT: u64 = 10_000;
 /// stepped (NTP, a test's skew) is noticed within this.
 const CLOCK_RECHECK: Duration = Duration::from_secs(1);
 
+/// The first pause before computing a job's next tick again after croner
+/// failed to; it doubles up to [`SCHEDULE_RETRY_MAX`].
+const SCHEDULE_RETRY_MIN: Duration = Duration::from_secs(1);
+const SCHEDULE_RETRY_MAX: Duration = Duration::from_secs(60);
+
 /// One job on this replica: sleep to each tick, hand it to a task, repeat
 /// until the scheduler drains; then wait for the tick tasks.
 async fn job_loop(env: Arc<JobEnv>) {
@@ -389,13 +396,41 @@ async fn job_loop(env: Arc<JobEnv>) {
         Missed::Skip => None,
     };
     let mut cursor = env.clock.now();
+    let mut retry = SCHEDULE_RETRY_MIN;
     if let Some(look_back) = look_back {
         catch_up(&env, &mut tasks, cursor, look_back);
     }
     while *phase.borrow() == Phase::Running {
-        let Some(next) = env.job.next_after(cursor) else {
-            tracing::warn!(component = "distlock", job = %env.job.name, "the schedule has no further tick; the job stops");
-            break;
+        let next = match env.job.next_after(cursor) {
+            Ok(next) => {
+                retry = SCHEDULE_RETRY_MIN;
+                next
+            }
+            Err(error) => {
+                // Ending the loop here left the job dead in a running
+                // process after one warning. croner's errors depend on the
+                // instant searched from (a clock that read nonsense), so
+                // keep the loop and retry from the clock's time, which
+                // skips the ticks in between: say so at error level, each
+                // time, and count it.
+                counter!("distlock_cron_schedule_errors_total", "job" => env.job.name.clone())
+                    .increment(1);
+                tracing::error!(
+                    component = "distlock",
+                    job = %env.job.name,
+                    after = %cursor.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                    %error,
+                    retry_in = ?retry,
+                    "cron: cannot compute the job's next tick; it runs no tick until this succeeds"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    changed = phase.changed() => if changed.is_err() { break },
+                }
+                retry = retry.saturating_mul(2).min(SCHEDULE_RETRY_MAX);
+                cursor = env.clock.now();
+                continue;
+            }
         };
         let left = since(next, env.clock.now());
         if !left.is_zero() {
@@ -448,8 +483,8 @@ fn count_between(job: &Compiled, first: DateTime<Utc>, last: DateTime<Utc>) -> u
     while at < last && count < MISSED_COUNT_LIMIT {
         count += 1;
         match job.next_after(at) {
-            Some(next) => at = next,
-            None => break,
+            Ok(next) => at = next,
+            Err(_) => break,
         }
     }
     count

@@ -598,6 +598,8 @@ async fn claim_tick(
     marks: bool,
 ) -> std::result::Result<Lease, TickOutcome> {
     let at_ms = at.timestamp_millis();
+    // Without a next tick (croner failed: see the job's loop) the window
+    // is this tick's own instant: one attempt.
     let window_end = env.job.next_after(at).unwrap_or(at);
     let mut phase = env.phase.clone();
     let mut pause = CLAIM_POLL_MIN;
