@@ -878,11 +878,14 @@ async fn a_jobs_label_is_what_its_claims_record_as_their_holder() {
     }
 }
 
+/// A replica's name, its view of the backend and its clock.
+type Replica<'a> = (&'a str, Arc<dyn Locker>, Arc<dyn Clock>);
+
 /// One scheduler per (replica, locker, clock) running `job`, recording its
 /// runs and every report.
 fn replicas(
     job: &Job,
-    replicas: Vec<(&str, Arc<dyn Locker>, Arc<dyn Clock>)>,
+    replicas: Vec<Replica<'_>>,
     runs: &Runs,
     reports: &Reports,
 ) -> Vec<RunningScheduler> {
@@ -1054,12 +1057,13 @@ impl Clock for SteppedClock {
 }
 
 /// Issue 23: croner answers an error, not a tick, for a search that has to
-/// move on from a start past its limit (year 5000), as a replica whose clock read nonsense at boot
-/// asks. The job's loop took any error for "the schedule has no further
-/// tick" and ended for good after one warning, so the job never ran again
-/// in that process, even once NTP had fixed the clock. Now each failure is
-/// logged and counted, and the loop retries from the clock's time, backing
-/// off (1 s, 2 s, ...).
+/// move on from a start past its limit (year 5000): here the scheduler's
+/// clock reads 5001 when it starts (the job itself was checked against the
+/// system clock), and is stepped back later, as NTP steps a clock that read
+/// nonsense. The job's loop took any croner error for "the schedule has no
+/// further tick" and ended for good after one warning, so the job never ran
+/// again in that process. Now each failure is logged and counted, and the
+/// loop retries from the clock's time, backing off (1 s, 2 s, ...).
 #[test]
 fn a_schedule_error_is_counted_and_retried_and_the_job_runs_once_the_clock_is_sane() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
