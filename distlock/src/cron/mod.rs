@@ -494,7 +494,7 @@ async fn job_loop(env: Arc<JobEnv>) {
         let (claimed, decided) = tokio::sync::oneshot::channel();
         tasks.spawn(tick::tick(env.clone(), due, false, Some(claimed)));
         tokio::select! {
-            // Sent or dropped: either way decided.
+            // The tick's task drops its end once the claim is decided.
             _ = decided => {}
             _ = phase.wait_for(|p| *p != Phase::Running) => {}
         }
