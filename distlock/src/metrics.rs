@@ -396,4 +396,8 @@ pub fn describe_metrics() {
         Unit::Seconds,
         "From a tick's scheduled instant to the start of its run, by job."
     );
+    describe_counter!(
+        "distlock_cron_schedule_errors_total",
+        "Failures to compute a cron job's next tick (retried with back-off), by job."
+    );
 }

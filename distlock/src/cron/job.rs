@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use croner::errors::CronError;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 
@@ -256,10 +257,13 @@ impl Job {
             handler_watches_loss: self.handler_watches_loss,
             label: self.label.clone(),
         };
-        if compiled.next_after(Utc::now()).is_none() {
+        if let Err(e) = compiled.next_after(Utc::now()) {
             return Err(Error::invalid(
                 "cron schedule",
-                format!("job {name:?}: schedule {:?} never fires", self.schedule),
+                format!(
+                    "job {name:?}: schedule {:?} never fires ({e})",
+                    self.schedule
+                ),
             ));
         }
         Ok(compiled)
@@ -332,15 +336,21 @@ pub(super) struct Compiled {
 }
 
 impl Compiled {
-    /// The first tick strictly after `after`, or `None` if there is none
-    /// before croner's search limit (year 5000).
-    pub(super) fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    /// The first tick strictly after `after`.
+    ///
+    /// # Errors
+    ///
+    /// croner's, for a search it cannot finish: one that has to move past
+    /// its limit (year 5000: a clock that reads nonsense), or that exceeds
+    /// its iteration bound. A checked schedule always fires again before
+    /// the limit, so the error depends on `after`: the caller retries from
+    /// a later instant.
+    pub(super) fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>, CronError> {
         // The instant carries its UTC offset into the zone, so croner knows
         // which pass of a repeated (fall-back) hour it is on.
         let local = after.with_timezone(&self.zone);
         self.cron
             .find_next_occurrence(&local, false)
-            .ok()
             .map(|next| next.with_timezone(&Utc))
     }
 
@@ -388,17 +398,17 @@ mod tests {
     fn five_and_six_fields_and_nicknames_parse() {
         let every_minute = Job::new("a", "* * * * *").compile().unwrap();
         assert_eq!(
-            every_minute.next_after(utc(2026, 1, 1, 10, 0, 30)),
+            every_minute.next_after(utc(2026, 1, 1, 10, 0, 30)).ok(),
             Some(utc(2026, 1, 1, 10, 1, 0))
         );
         let every_second = Job::new("b", "* * * * * *").compile().unwrap();
         assert_eq!(
-            every_second.next_after(utc(2026, 1, 1, 10, 0, 30)),
+            every_second.next_after(utc(2026, 1, 1, 10, 0, 30)).ok(),
             Some(utc(2026, 1, 1, 10, 0, 31))
         );
         let daily = Job::new("c", "@daily").compile().unwrap();
         assert_eq!(
-            daily.next_after(utc(2026, 1, 1, 10, 0, 30)),
+            daily.next_after(utc(2026, 1, 1, 10, 0, 30)).ok(),
             Some(utc(2026, 1, 2, 0, 0, 0))
         );
         assert_eq!(
@@ -475,14 +485,14 @@ mod tests {
             .unwrap();
         // 02:30 does not exist on the 29th: the job runs at 03:00 CEST (01:00 UTC).
         assert_eq!(
-            fixed.next_after(utc(2026, 3, 28, 12, 0, 0)),
+            fixed.next_after(utc(2026, 3, 28, 12, 0, 0)).ok(),
             Some(utc(2026, 3, 29, 1, 0, 0))
         );
         // 02:30 happens twice on 25 October: once, at the first (CEST, 00:30 UTC).
         let first = fixed.next_after(utc(2026, 10, 24, 12, 0, 0)).unwrap();
         assert_eq!(first, utc(2026, 10, 25, 0, 30, 0));
         assert_eq!(
-            fixed.next_after(first),
+            fixed.next_after(first).ok(),
             Some(utc(2026, 10, 26, 1, 30, 0)),
             "not again in the repeated hour"
         );

@@ -29,13 +29,18 @@
 //! # How a tick runs
 //!
 //! For tick `T` (its scheduled instant, UTC) of job `J`, on every replica
-//! whose clock reaches `T`:
+//! whose clock reaches `T` (each replica tries a job's ticks in order: the
+//! next once this one's steps 0–3 are decided; its run may go on):
 //!
 //! 0. **Peek** at the job's mark (`Locker::advance_mark("cron:J", 0)`, which
 //!    changes nothing): at or past `T` means the tick already started
 //!    somewhere: skip ("already ran").
-//! 1. **Claim the tick**: `try_lock("cron:J@T", at_most)`, one attempt. Held
-//!    means another replica is on it: skip ("held elsewhere"), never queue.
+//! 1. **Claim the tick**: `try_lock("cron:J@T", at_most)`. Held means
+//!    another replica is on it ("held elsewhere"). With marks this replica
+//!    keeps looking, never queueing, until that one has advanced the mark
+//!    to `T`, or has released the claim without taking the tick (then this
+//!    replica claims it), or the next tick is due. Without marks it skips at
+//!    once: there a released claim may mean the tick ran.
 //! 2. With [`Overlap::Forbid`] (the default), **take the job's key**
 //!    `cron:J`, held for as long as the run lasts. Held means an earlier run
 //!    still runs: skip ("previous run still running").
@@ -43,7 +48,9 @@
 //!    ([`Locker::advance_mark`]): atomic and only growing, so exactly one
 //!    replica advances it to `T`; the others find it there ("already ran").
 //!    A backend error here means the tick may have been taken: the job does
-//!    not run ("failed to claim").
+//!    not run ("failed to claim"). The mark found past `T` means a later
+//!    tick started while this replica claimed `T` (slower than the period):
+//!    `T` can run nowhere any more ("missed").
 //! 4. **Run** the handler with a [`JobContext`], keeping both claims alive
 //!    ([`Lease::keep_alive`](crate::Lease::keep_alive), bounded by
 //!    [`Job::at_most`]); a lost lock stops it.
@@ -59,7 +66,27 @@
 //!   the mark is checked and written while the tick is claimed. A replica
 //!   that crashes after step 3 has used the tick: it is **not** re-run
 //!   elsewhere (as ShedLock, this is "at most once" for a tick whose runner
-//!   died). A tick is run by some replica as long as one is up and on time.
+//!   died).
+//! - **A tick runs while a replica is up**, with marks, unless one of these
+//!   holds, each reported as shown: every replica that tried it found an
+//!   earlier run still running ("previous running"; see [Missed
+//!   ticks](#missed-ticks)); no replica tried it before the next tick was
+//!   due (all down, paused, lagging by more than the period, or each still
+//!   deciding its previous tick: "missed" where they woke late); the replica
+//!   holding its claim neither advanced the mark nor released the claim
+//!   before the next tick was due (a claim slower than the period: it then
+//!   reports "missed"; or a replica hung or killed while claiming); its mark
+//!   advance failed after reaching the backend (the tick counts as taken,
+//!   not run); its runner died after step 3 (above); or a replica whose
+//!   clock runs ahead by more than the period moved the mark past it
+//!   ([clock skew](#clock-skew)). A replica that fails at step 2 or 3 and
+//!   releases the claim hands the tick to those still looking. Without marks
+//!   a claim found held is never waited for, so a tick whose winner fails
+//!   after claiming it is not run.
+//! - **A job's loop does not die**: if croner cannot compute the next tick
+//!   (a clock that reads past its year-5000 limit), the job logs it at error
+//!   level and counts it each time, and retries from the clock's time (1 s,
+//!   doubling to 60 s); it runs no tick until that succeeds.
 //! - **No overlap** with [`Overlap::Forbid`]: the job's key excludes a second
 //!   run while one lasts, on any replica.
 //! - **The job stops before its lock can lapse**: its claims are kept alive;
@@ -135,9 +162,9 @@
 //! longer than the period under [`Overlap::Forbid`]) is skipped by default.
 //! [`Missed::CatchUp`] runs the latest such tick once, within a bounded
 //! look-back, when a replica starts or a run ends on it. A replica that wakes
-//! later than a tick it slept for (a paused process, a clock that jumped)
-//! runs the latest due tick and reports the ones before it as
-//! [`TickOutcome::Missed`].
+//! later than a tick it slept for (a paused process, a clock that jumped, a
+//! claim of its previous tick slower than the period) runs the latest due
+//! tick and reports the ones before it as [`TickOutcome::Missed`].
 //!
 //! # Shutdown
 //!
@@ -158,6 +185,7 @@
 //! | `distlock_cron_ticks_total` | counter | job, outcome ([`TickOutcome::label`]) |
 //! | `distlock_cron_run_duration_seconds` | histogram | job |
 //! | `distlock_cron_lag_seconds` | histogram | job (scheduled instant to start) |
+//! | `distlock_cron_schedule_errors_total` | counter | job (croner could not compute the next tick; retried) |
 //!
 //! Labels never carry a key or an instant. Wrap the locker with
 //! [`LockerExt::with_metrics`](crate::LockerExt::with_metrics) and
@@ -168,8 +196,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::FutureExt;
+use metrics::counter;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -406,6 +435,11 @@ const MISSED_COUNT_LIMIT: u64 = 10_000;
 /// stepped (NTP, a test's skew) is noticed within this.
 const CLOCK_RECHECK: Duration = Duration::from_secs(1);
 
+/// The first pause before computing a job's next tick again after croner
+/// failed to; it doubles up to [`SCHEDULE_RETRY_MAX`].
+const SCHEDULE_RETRY_MIN: Duration = Duration::from_secs(1);
+const SCHEDULE_RETRY_MAX: Duration = Duration::from_secs(60);
+
 /// One job on this replica: sleep to each tick, hand it to a task, repeat
 /// until the scheduler drains; then wait for the tick tasks.
 async fn job_loop(env: Arc<JobEnv>) {
@@ -416,13 +450,41 @@ async fn job_loop(env: Arc<JobEnv>) {
         Missed::Skip => None,
     };
     let mut cursor = env.clock.now();
+    let mut retry = SCHEDULE_RETRY_MIN;
     if let Some(look_back) = look_back {
         catch_up(&env, &mut tasks, cursor, look_back);
     }
     while *phase.borrow() == Phase::Running {
-        let Some(next) = env.job.next_after(cursor) else {
-            tracing::warn!(component = "distlock", job = %env.job.name, "the schedule has no further tick; the job stops");
-            break;
+        let next = match env.job.next_after(cursor) {
+            Ok(next) => {
+                retry = SCHEDULE_RETRY_MIN;
+                next
+            }
+            Err(error) => {
+                // Ending the loop here left the job dead in a running
+                // process after one warning. croner's errors depend on the
+                // instant searched from (a clock that read nonsense), so
+                // keep the loop and retry from the clock's time, which
+                // skips the ticks in between: say so at error level, each
+                // time, and count it.
+                counter!("distlock_cron_schedule_errors_total", "job" => env.job.name.clone())
+                    .increment(1);
+                tracing::error!(
+                    component = "distlock",
+                    job = %env.job.name,
+                    after = %cursor.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                    %error,
+                    retry_in = ?retry,
+                    "cron: cannot compute the job's next tick; it runs no tick until this succeeds"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    changed = phase.changed() => if changed.is_err() { break },
+                }
+                retry = retry.saturating_mul(2).min(SCHEDULE_RETRY_MAX);
+                cursor = env.clock.now();
+                continue;
+            }
         };
         let left = since(next, env.clock.now());
         if !left.is_zero() {
@@ -451,7 +513,18 @@ async fn job_loop(env: Arc<JobEnv>) {
             tick::report(&env, next, false, TickOutcome::Missed { count });
         }
         cursor = due;
-        tasks.spawn(tick::tick(env.clone(), due, false));
+        // The next tick waits until this one's claim is decided: claimed
+        // concurrently, a later tick could advance the mark past this one
+        // while its claim is slow, and it could then run nowhere. A claim
+        // slower than the period makes this replica try the next tick late
+        // (or report it missed, above) instead.
+        let (claimed, decided) = tokio::sync::oneshot::channel();
+        tasks.spawn(tick::tick(env.clone(), due, false, Some(claimed)));
+        tokio::select! {
+            // The tick's task drops its end once the claim is decided.
+            _ = decided => {}
+            _ = phase.wait_for(|p| *p != Phase::Running) => {}
+        }
     }
     while tasks.join_next().await.is_some() {}
 }
@@ -464,8 +537,8 @@ fn count_between(job: &Compiled, first: DateTime<Utc>, last: DateTime<Utc>) -> u
     while at < last && count < MISSED_COUNT_LIMIT {
         count += 1;
         match job.next_after(at) {
-            Some(next) => at = next,
-            None => break,
+            Ok(next) => at = next,
+            Err(_) => break,
         }
     }
     count
@@ -478,7 +551,7 @@ fn catch_up(env: &Arc<JobEnv>, tasks: &mut JoinSet<()>, now: DateTime<Utc>, look
         return;
     };
     if since(now, latest) <= look_back {
-        tasks.spawn(tick::tick(env.clone(), latest, true));
+        tasks.spawn(tick::tick(env.clone(), latest, true, None));
     }
 }
 

@@ -47,6 +47,19 @@ struct Reports(Arc<Mutex<Vec<Seen>>>);
 type Seen = (String, DateTime<Utc>, &'static str);
 
 impl Reports {
+    /// (replica, outcome label) of each report of tick `at`, sorted.
+    fn of(&self, at: DateTime<Utc>) -> Vec<(String, &'static str)> {
+        let mut seen: Vec<_> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.1 == at)
+            .map(|r| (r.0.clone(), r.2))
+            .collect();
+        seen.sort();
+        seen
+    }
     fn observer(&self) -> impl Fn(&TickReport) + Send + Sync + 'static {
         let reports = self.0.clone();
         move |report: &TickReport| {
@@ -338,24 +351,111 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
     }
 }
 
-/// Memory without marks: what a backend that cannot store them looks like.
+/// Memory with faults injected into chosen calls, and optionally without
+/// marks (what a backend that cannot store them looks like).
 #[derive(Debug, Clone, Default)]
-struct NoMarks {
+struct Faulty {
     inner: MemoryLocker,
+    no_marks: bool,
+    faults: Arc<Mutex<Vec<Fault>>>,
+}
+
+/// One injected fault: the next `times` calls `call` on `key` (a
+/// `try_lock` key, or the name of an `advance_mark` that writes, not a
+/// peek) answer `delay` late (the call takes effect at once, its reply is
+/// slow), or fail with a backend error `delay` late without reaching the
+/// backend (a timeout).
+#[derive(Debug, Clone)]
+struct Fault {
+    call: &'static str,
+    key: String,
+    delay: Duration,
+    fail: bool,
+    times: usize,
+}
+
+impl Faulty {
+    fn no_marks() -> Self {
+        Faulty {
+            no_marks: true,
+            ..Faulty::default()
+        }
+    }
+
+    /// Another view of the same memory with faults of its own (one replica's
+    /// slow or failing connection).
+    fn sibling(&self) -> Self {
+        Faulty {
+            inner: self.inner.clone(),
+            no_marks: self.no_marks,
+            faults: Arc::default(),
+        }
+    }
+
+    fn slow(self, call: &'static str, key: &str, delay: Duration) -> Self {
+        self.inject(call, key, delay, false)
+    }
+
+    fn failing(self, call: &'static str, key: &str, after: Duration) -> Self {
+        self.inject(call, key, after, true)
+    }
+
+    fn inject(self, call: &'static str, key: &str, delay: Duration, fail: bool) -> Self {
+        self.faults.lock().unwrap().push(Fault {
+            call,
+            key: key.to_owned(),
+            delay,
+            fail,
+            times: 1,
+        });
+        self
+    }
+
+    /// The fault injected into this call, if any (used up by it).
+    fn fault(&self, call: &str, key: &str) -> Option<Fault> {
+        let mut faults = self.faults.lock().unwrap();
+        let fault = faults
+            .iter_mut()
+            .find(|f| f.call == call && f.key == key && f.times > 0)?;
+        fault.times -= 1;
+        Some(fault.clone())
+    }
+
+    async fn around<T>(
+        &self,
+        call: &'static str,
+        key: &str,
+        real: impl Future<Output = crate::Result<T>>,
+    ) -> crate::Result<T> {
+        let Some(fault) = self.fault(call, key) else {
+            return real.await;
+        };
+        if fault.fail {
+            tokio::time::sleep(fault.delay).await;
+            return Err(Error::backend(
+                "faulty",
+                call,
+                std::io::Error::other("injected failure"),
+            ));
+        }
+        let result = real.await;
+        tokio::time::sleep(fault.delay).await;
+        result
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl Locker for NoMarks {
+impl Locker for Faulty {
     fn backend(&self) -> &'static str {
-        "nomarks"
+        "faulty"
     }
     fn durability_warnings(&self) -> Vec<String> {
         self.inner.durability_warnings()
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            marks: false,
+            marks: !self.no_marks,
             ..self.inner.capabilities()
         }
     }
@@ -363,7 +463,9 @@ impl Locker for NoMarks {
         self.inner.backend_key(key)
     }
     async fn try_lock(&self, key: &str, ttl: Duration) -> crate::Result<Option<Lease>> {
-        let lease = self.inner.try_lock(key, ttl).await?;
+        let lease = self
+            .around("try_lock", key, self.inner.try_lock(key, ttl))
+            .await?;
         Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> crate::Result<Lease> {
@@ -382,12 +484,20 @@ impl Locker for NoMarks {
     async fn forget(&self, key: &str) -> crate::Result<()> {
         self.inner.forget(key).await
     }
-    async fn advance_mark(&self, _name: &str, _value: i64) -> crate::Result<MarkAdvance> {
-        Err(Error::Unsupported {
-            backend: "nomarks",
-            operation: "advance_mark",
-            reason: "test".into(),
-        })
+    async fn advance_mark(&self, name: &str, value: i64) -> crate::Result<MarkAdvance> {
+        if self.no_marks {
+            return Err(Error::Unsupported {
+                backend: "faulty",
+                operation: "advance_mark",
+                reason: "test".into(),
+            });
+        }
+        if value == 0 {
+            // A peek.
+            return self.inner.advance_mark(name, value).await;
+        }
+        self.around("advance_mark", name, self.inner.advance_mark(name, value))
+            .await
     }
     async fn watch_releases(&self, key: &str) -> crate::Result<Option<ReleaseWatch>> {
         self.inner.watch_releases(key).await
@@ -413,7 +523,7 @@ async fn without_marks_skew_within_max_skew_never_duplicates_and_beyond_it_can()
         (Duration::from_millis(2300), Duration::from_secs(5), false),
         (Duration::from_millis(2300), Duration::from_secs(1), true),
     ] {
-        let locker = shared(NoMarks::default());
+        let locker = shared(Faulty::no_marks());
         let base = TokioClock::starting_at(start());
         let runs = Runs::default();
         let mut running = Vec::new();
@@ -769,4 +879,245 @@ async fn a_jobs_label_is_what_its_claims_record_as_their_holder() {
     for label in seen.iter() {
         assert_eq!(label.as_deref(), Some("cron job labelled: ./report.sh"));
     }
+}
+
+/// A replica's name, its view of the backend and its clock.
+type Replica<'a> = (&'a str, Arc<dyn Locker>, Arc<dyn Clock>);
+
+/// One scheduler per (replica, locker, clock) running `job`, recording its
+/// runs and every report.
+fn replicas(
+    job: &Job,
+    replicas: Vec<Replica<'_>>,
+    runs: &Runs,
+    reports: &Reports,
+) -> Vec<RunningScheduler> {
+    replicas
+        .into_iter()
+        .map(|(name, locker, clock)| {
+            let mut scheduler = Scheduler::new(locker)
+                .replica_id(name)
+                .clock(ArcClock(clock))
+                .on_tick(reports.observer());
+            let runs = runs.clone();
+            scheduler
+                .add(job.clone(), move |ctx| {
+                    let runs = runs.clone();
+                    async move {
+                        runs.record(&ctx);
+                        Ok(())
+                    }
+                })
+                .unwrap();
+            scheduler.start().unwrap()
+        })
+        .collect()
+}
+
+async fn shutdown_all(running: Vec<RunningScheduler>) {
+    for scheduler in running {
+        scheduler.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+/// Issue 23: a tick claim whose reply took longer than the period was
+/// overtaken by the next tick's claim on the same replica, which advanced
+/// the mark; the slow one then found the mark past it and reported "already
+/// ran", though nothing ran it. Ticks are now claimed in order: the slow one
+/// runs, late, and so does the next.
+#[tokio::test(start_paused = true)]
+async fn a_claim_slower_than_the_period_runs_late_instead_of_being_overtaken() {
+    let first = start() + TimeDelta::milliseconds(500); // 10:00:01
+    let locker = Faulty::default().slow(
+        "try_lock",
+        &job::tick_key("slow-claim", first),
+        Duration::from_millis(1500),
+    );
+    let (runs, reports) = (Runs::default(), Reports::default());
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(start()));
+    let running = replicas(
+        &every_second("slow-claim"),
+        vec![("a", shared(locker), clock)],
+        &runs,
+        &reports,
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    shutdown_all(running).await;
+    assert_eq!(reports.of(first), [("a".to_owned(), "ran")]);
+    assert_exactly_once(&runs.snapshot(), first, first + TimeDelta::seconds(8));
+    assert_eq!(reports.count("already_ran"), 0, "{:?}", reports.0);
+}
+
+/// Issue 23, across replicas: `a` holds tick 10:00:01's claim but its reply
+/// is slower than the period; `b` waits for it until the next tick is due,
+/// then moves on and runs 10:00:02, which makes 10:00:01 impossible to run
+/// (marks only grow). `a` reported that "already ran": it is missed.
+#[tokio::test(start_paused = true)]
+async fn a_claim_overtaken_by_another_replica_reports_the_tick_missed_not_already_ran() {
+    let first = start() + TimeDelta::milliseconds(500); // 10:00:01
+    let memory = Faulty::default();
+    let slow = memory.sibling().slow(
+        "try_lock",
+        &job::tick_key("overtaken", first),
+        Duration::from_millis(1500),
+    );
+    let (runs, reports) = (Runs::default(), Reports::default());
+    let base = TokioClock::starting_at(start());
+    let running = replicas(
+        &every_second("overtaken"),
+        vec![
+            ("a", shared(slow), Arc::new(base.clone())),
+            (
+                "b",
+                shared(memory),
+                Arc::new(SkewedClock::behind(base, Duration::from_millis(100))),
+            ),
+        ],
+        &runs,
+        &reports,
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    shutdown_all(running).await;
+    assert_eq!(
+        reports.of(first),
+        [
+            ("a".to_owned(), "missed"),
+            ("b".to_owned(), "held_elsewhere")
+        ]
+    );
+    let runs = runs.snapshot();
+    assert!(!runs.contains_key(&first), "{runs:?}");
+    assert_exactly_once(
+        &runs,
+        first + TimeDelta::seconds(1),
+        first + TimeDelta::seconds(8),
+    );
+}
+
+/// Issue 23: `a` wins tick 10:00:01's claim, then taking the job's key or
+/// advancing the mark fails (after 300 ms, a timeout) and it releases the
+/// claim. `b` had found the claim held and given up, so nobody ran the
+/// tick. Now `b` waits for the claim to be completed or released, and runs
+/// the tick once `a` lets it go.
+#[tokio::test(start_paused = true)]
+async fn a_winner_that_fails_after_claiming_lets_a_waiting_replica_run_the_tick() {
+    let first = start() + TimeDelta::milliseconds(500); // 10:00:01
+    for call in ["try_lock", "advance_mark"] {
+        let memory = Faulty::default();
+        let failing = memory
+            .sibling()
+            .failing(call, "cron:handover", Duration::from_millis(300));
+        let (runs, reports) = (Runs::default(), Reports::default());
+        let base = TokioClock::starting_at(start());
+        let running = replicas(
+            &every_second("handover"),
+            vec![
+                ("a", shared(failing), Arc::new(base.clone())),
+                (
+                    "b",
+                    shared(memory),
+                    Arc::new(SkewedClock::behind(base, Duration::from_millis(100))),
+                ),
+            ],
+            &runs,
+            &reports,
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        shutdown_all(running).await;
+        assert_eq!(
+            reports.of(first),
+            [("a".to_owned(), "claim_failed"), ("b".to_owned(), "ran")],
+            "{call}"
+        );
+        assert_exactly_once(&runs.snapshot(), first, first + TimeDelta::seconds(3));
+    }
+}
+
+/// A wall clock the test steps, as NTP steps one that read nonsense at boot.
+#[derive(Debug, Clone)]
+struct SteppedClock {
+    base: TokioClock,
+    offset: Arc<Mutex<TimeDelta>>,
+}
+
+impl SteppedClock {
+    fn starting_at(at: DateTime<Utc>) -> Self {
+        SteppedClock {
+            base: TokioClock::starting_at(at),
+            offset: Arc::default(),
+        }
+    }
+
+    fn step_to(&self, at: DateTime<Utc>) {
+        *self.offset.lock().unwrap() = at - self.base.now();
+    }
+}
+
+impl Clock for SteppedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.base.now() + *self.offset.lock().unwrap()
+    }
+}
+
+/// Issue 23: croner answers an error, not a tick, for a search that has to
+/// move on from a start past its limit (year 5000): here the scheduler's
+/// clock reads 5001 when it starts (the job itself was checked against the
+/// system clock), and is stepped back later, as NTP steps a clock that read
+/// nonsense. The job's loop took any croner error for "the schedule has no
+/// further tick" and ended for good after one warning, so the job never ran
+/// again in that process. Now each failure is logged and counted, and the
+/// loop retries from the clock's time, backing off (1 s, 2 s, ...).
+#[test]
+fn a_schedule_error_is_counted_and_retried_and_the_job_runs_once_the_clock_is_sane() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let runs = Runs::default();
+    let reports = Reports::default();
+    metrics::with_local_recorder(&recorder, || {
+        crate::test_support::paused_runtime().block_on(async {
+            let bogus = Utc.with_ymd_and_hms(5001, 6, 1, 0, 0, 0).unwrap();
+            let clock = SteppedClock::starting_at(bogus);
+            let running = replicas(
+                &Job::new("boot-clock", "*/2 * * * * *").at_most(Duration::from_secs(30)),
+                vec![("a", shared(MemoryLocker::new()), Arc::new(clock.clone()))],
+                &runs,
+                &reports,
+            );
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            clock.step_to(start()); // 10:00:00.5
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            shutdown_all(running).await;
+        })
+    });
+    let runs = runs.snapshot();
+    let at = |s| Utc.with_ymd_and_hms(2026, 12, 1, 10, 0, s).unwrap();
+    assert_eq!(
+        runs.keys().copied().collect::<Vec<_>>(),
+        [at(2), at(4), at(6), at(8), at(10)],
+        "{runs:?}"
+    );
+    assert!(runs.values().all(|who| who.len() == 1), "{runs:?}");
+    // Retried at +1 s (still year 5000) and at +3 s (10:00:01 by then).
+    let errors: Vec<_> = recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "distlock_cron_schedule_errors_total")
+        .map(|(key, _, _, value)| {
+            let labels: Vec<_> = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (labels, value)
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [(
+            vec![("job".to_owned(), "boot-clock".to_owned())],
+            DebugValue::Counter(2)
+        )]
+    );
 }

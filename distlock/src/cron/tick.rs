@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::future::BoxFuture;
 use metrics::{counter, histogram};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -221,21 +221,31 @@ pub enum TickOutcome {
         /// How long it ran.
         duration: Duration,
     },
-    /// Another replica holds this tick's claim: it is running it.
+    /// Another replica holds this tick's claim. Where the backend has marks,
+    /// this replica kept looking until that replica took the tick (the mark
+    /// reached it), or until the tick's window ended (the next tick came
+    /// due) with the claim still held and the tick not taken.
     HeldElsewhere,
     /// An earlier run of the job is still running ([`Overlap::Forbid`]).
     PreviousRunning,
     /// The job's mark says this tick, or a later one, already started.
     AlreadyRan,
-    /// This replica woke too late for these ticks (its process was paused
-    /// or its clock jumped) and skipped them; `scheduled_at` is the first.
+    /// This replica was too late for these ticks and skipped them;
+    /// `scheduled_at` is the first. Either it woke too late (its process was
+    /// paused, its clock jumped, or claiming its previous tick took longer
+    /// than the period), or (`count` 1) its claim of this tick was decided
+    /// only after a later tick had started somewhere: marks only grow, so
+    /// this tick can run nowhere any more, and nobody ran it while this
+    /// replica held its claim.
     Missed {
         /// How many ticks were skipped (counted up to 10 000).
         count: u64,
     },
     /// The backend failed while the tick was claimed: the job did not run
-    /// here. It may have been taken (an outcome-unknown error), so it is not
-    /// retried.
+    /// here. It may have been taken (an outcome-unknown error), so this
+    /// replica does not retry it; the claim is released, and a replica that
+    /// found it held and is still within the tick's window claims it then
+    /// and runs it unless the mark says it was taken.
     ClaimFailed {
         /// What failed.
         error: Error,
@@ -296,7 +306,7 @@ impl fmt::Display for TickOutcome {
             TickOutcome::HeldElsewhere => f.write_str("skipped: held elsewhere"),
             TickOutcome::PreviousRunning => f.write_str("skipped: previous run still running"),
             TickOutcome::AlreadyRan => f.write_str("skipped: already ran"),
-            TickOutcome::Missed { count } => write!(f, "missed: {count} tick(s), woke too late"),
+            TickOutcome::Missed { count } => write!(f, "missed: {count} tick(s), too late"),
             TickOutcome::ClaimFailed { error } => write!(f, "failed to claim: {error}"),
         }
     }
@@ -329,7 +339,17 @@ pub struct TickReport {
 
 /// Runs tick `at` of the job and reports it. Catch-up attempts report only
 /// what they did (a run, a failure to claim), not every "already ran".
-pub(super) async fn tick(env: Arc<JobEnv>, at: DateTime<Utc>, catch_up: bool) {
+///
+/// `claimed` is dropped once the tick's claim is decided (run here, or not),
+/// before the run: the job's loop waits for that before it tries the next
+/// tick, so that this replica never advances the mark past a tick it is
+/// still claiming.
+pub(super) async fn tick(
+    env: Arc<JobEnv>,
+    at: DateTime<Utc>,
+    catch_up: bool,
+    claimed: Option<oneshot::Sender<()>>,
+) {
     let span = tracing::info_span!(
         "cron_tick",
         job = %env.job.name,
@@ -339,7 +359,7 @@ pub(super) async fn tick(env: Arc<JobEnv>, at: DateTime<Utc>, catch_up: bool) {
         outcome = tracing::field::Empty,
     );
     async {
-        let claimed = claim_and_run(&env, at, catch_up);
+        let claimed = claim_and_run(&env, at, catch_up, claimed);
         let (outcome, claims) = match &env.job.label {
             // The claims record the job's label as their holder's.
             Some(label) => crate::inspect::with_label(label.clone(), claimed).await,
@@ -453,6 +473,7 @@ async fn claim_and_run(
     env: &JobEnv,
     at: DateTime<Utc>,
     catch_up: bool,
+    claimed: Option<oneshot::Sender<()>>,
 ) -> (TickOutcome, Option<Claims>) {
     let job = &env.job;
     let at_ms = at.timestamp_millis();
@@ -476,12 +497,12 @@ async fn claim_and_run(
         // finished tick (reported quietly: catch-ups report only runs).
         return (TickOutcome::AlreadyRan, None);
     }
-    // 1. The tick's claim: one attempt, never a wait.
+    // 1. The tick's claim; held elsewhere, wait for its holder to take the
+    //    tick or let it go (where marks say which), never queue.
     let tick_key = tick_key(&job.name, at);
-    let mut tick = match locker.try_lock(&tick_key, job.at_most).await {
-        Ok(Some(lease)) => lease,
-        Ok(None) => return (TickOutcome::HeldElsewhere, None),
-        Err(error) => return (TickOutcome::ClaimFailed { error }, None),
+    let mut tick = match claim_tick(env, &tick_key, at, marks).await {
+        Ok(lease) => lease,
+        Err(outcome) => return (outcome, None),
     };
     // 2. The job's key, held while the run lasts.
     let mut job_lease = None;
@@ -502,7 +523,15 @@ async fn claim_and_run(
     if marks {
         let outcome = match locker.advance_mark(&env.mark, at_ms).await {
             Ok(MarkAdvance::Advanced { .. }) => None,
-            Ok(MarkAdvance::AlreadyAt { .. }) => Some(TickOutcome::AlreadyRan),
+            Ok(MarkAdvance::AlreadyAt { current }) if current == at_ms => {
+                Some(TickOutcome::AlreadyRan)
+            }
+            // A later tick started while this replica was claiming this
+            // one (its claim was slower than the tick's window): marks only
+            // grow, so this tick can no longer run anywhere. Nobody ran it
+            // while this replica held its claim: it is missed, not "already
+            // ran".
+            Ok(MarkAdvance::AlreadyAt { .. }) => Some(TickOutcome::Missed { count: 1 }),
             Err(error) => Some(TickOutcome::ClaimFailed { error }),
         };
         if let Some(outcome) = outcome {
@@ -513,6 +542,8 @@ async fn claim_and_run(
             return (outcome, None);
         }
     }
+    // The tick is decided: this replica runs it.
+    drop(claimed);
     // 4. Run, keeping both claims alive.
     let keepalive = KeepAlive::default().max_hold(job.at_most);
     for lease in std::iter::once(&mut tick).chain(job_lease.as_mut()) {
@@ -542,6 +573,59 @@ async fn claim_and_run(
     };
     // 5. The tick's claim is released once held long enough.
     (outcome, Some(hold(env, at, tick, marks)))
+}
+
+/// The first pause between two looks at a tick's claim held elsewhere;
+/// it doubles up to [`CLAIM_POLL_MAX`].
+const CLAIM_POLL_MIN: Duration = Duration::from_millis(50);
+const CLAIM_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Step 1: claims tick `at` under `key`.
+///
+/// Held elsewhere, on a backend with marks, it keeps looking until the
+/// holder has taken the tick (the mark reaches it: [`TickOutcome::HeldElsewhere`]),
+/// or has let it go without taking it (its job's key or mark failed, or an
+/// earlier run still runs: then it claims the tick itself), or the tick's
+/// window ends (the next tick is due, or the scheduler drains). Giving up
+/// at once left a tick whose winner failed after claiming it to nobody.
+/// Where the backend has no marks the claim itself is the record of a run,
+/// so a claim found held is never waited for: its release may mean the
+/// tick ran.
+async fn claim_tick(
+    env: &JobEnv,
+    key: &str,
+    at: DateTime<Utc>,
+    marks: bool,
+) -> std::result::Result<Lease, TickOutcome> {
+    let at_ms = at.timestamp_millis();
+    // Without a next tick (croner failed: see the job's loop) the window
+    // is this tick's own instant: one attempt.
+    let window_end = env.job.next_after(at).unwrap_or(at);
+    let mut phase = env.phase.clone();
+    let mut pause = CLAIM_POLL_MIN;
+    loop {
+        match env.locker.try_lock(key, env.job.at_most).await {
+            Ok(Some(lease)) => return Ok(lease),
+            Ok(None) => {}
+            Err(error) => return Err(TickOutcome::ClaimFailed { error }),
+        }
+        let left = since(window_end, env.clock.now());
+        if !marks || left.is_zero() || env.phase() != Phase::Running {
+            return Err(TickOutcome::HeldElsewhere);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause.min(left)) => {}
+            _ = phase.wait_for(|p| *p != Phase::Running) => return Err(TickOutcome::HeldElsewhere),
+        }
+        pause = pause.saturating_mul(2).min(CLAIM_POLL_MAX);
+        match env.locker.advance_mark(&env.mark, 0).await {
+            Ok(MarkAdvance::AlreadyAt { current }) if current >= at_ms => {
+                return Err(TickOutcome::HeldElsewhere)
+            }
+            Ok(_) => {}
+            Err(error) => return Err(TickOutcome::ClaimFailed { error }),
+        }
+    }
 }
 
 fn hold(env: &JobEnv, at: DateTime<Utc>, tick: Lease, marks: bool) -> Claims {
