@@ -138,13 +138,17 @@ impl LockDir {
                 }
                 continue;
             }
+            if FileType::from_raw_mode(entry.st_mode) != FileType::Directory {
+                return Err(io_error(io::Error::from_raw_os_error(libc::ENOTDIR), &here));
+            }
             // `O_NOFOLLOW`: if the entry became a symbolic link since it was
             // looked at, this fails instead of following it.
             let fd = open_dir(parent, &name).map_err(|e| {
-                let e = if e.raw_os_error() == Some(libc::ELOOP) {
+                let e = if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) {
                     io::Error::new(
                         e.kind(),
-                        "replaced by a symbolic link while being opened; try again, and find out who changes it",
+                        "replaced by something else than a directory while being opened; try again, \
+                         and find out who changes it",
                     )
                 } else {
                     e
@@ -231,7 +235,14 @@ impl LockDir {
     /// The names of the directory's entries (not `.` and `..`).
     pub(super) fn names(&self) -> io::Result<Vec<OsString>> {
         let mut names = Vec::new();
-        for entry in rustix::fs::Dir::read_from(&self.fd)? {
+        // Opened for reading here: the kept descriptor may be `O_PATH`.
+        let readable = rustix::fs::openat(
+            &self.fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        for entry in rustix::fs::Dir::new(readable)? {
             let name = entry?.file_name().to_bytes().to_vec();
             if name != b"." && name != b".." {
                 names.push(OsString::from_vec(name));
@@ -252,11 +263,21 @@ fn components(path: &Path) -> VecDeque<OsString> {
         .collect()
 }
 
+/// How directories are opened: `O_PATH` where there is one, which needs no
+/// read permission, so a directory on the way that may only be searched
+/// (mode 0711, as some systems give `/home`) is passed as the kernel's own
+/// lookup passes it; every `*at` call takes such a descriptor. Elsewhere the
+/// directories on the way must be readable.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const DIR_ACCESS: OFlags = OFlags::PATH;
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+const DIR_ACCESS: OFlags = OFlags::RDONLY;
+
 fn open_dir(parent: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
         parent,
         name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        DIR_ACCESS | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
 }
