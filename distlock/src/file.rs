@@ -25,11 +25,18 @@
 //! - **Waiting**: waiters in the same process are woken by a release; across
 //!   processes they poll.
 //! - **Directory safety**: a lock file another local user can replace is a
-//!   lock that user can break. Directories the locker creates are mode 0700;
-//!   a directory (or its parent) owned by another user, or writable by every
-//!   user (a sticky parent such as `/tmp` excepted), is refused; lock files
-//!   are opened with `O_NOFOLLOW` and must be regular files, so a planted
-//!   symlink is an error, never followed.
+//!   lock that user can break. The locker opens its directory once, walking
+//!   the path from `/` one component at a time without following a changed
+//!   symlink, and refuses it unless every directory on the way (and every
+//!   symlink followed) belongs to this user or root, and none is writable by
+//!   its group or others (a sticky one such as `/tmp` excepted, but never the
+//!   lock directory itself); see the rule in `file/dir.rs`. It then keeps
+//!   that directory open and does every later open, `stat` and `unlink`
+//!   relative to it (`openat(2)`), so a path swapped after the check (a
+//!   symlink on the way replaced) cannot send its lock files elsewhere.
+//!   Directories the locker creates are mode 0700; lock files are opened
+//!   with `O_NOFOLLOW` and must be regular files, so a planted symlink is an
+//!   error, never followed.
 //! - **Marks** ([`Locker::advance_mark`]): one file per mark beside the lock
 //!   files (`k-<name>.mark` or `h-<hash>.mark`), rewritten under its own
 //!   `flock`; like fencing counters, not `fsync`ed unless durable.
@@ -54,9 +61,9 @@
 //! (`h-<first 128 bits of SHA-256, hex>.lock`).
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -70,8 +77,11 @@ use crate::{
     ReleaseWatch, Result,
 };
 
+mod dir;
 mod inspect;
 mod mark;
+
+use dir::LockDir;
 
 const BACKEND: &str = "file";
 const RECORD_MAGIC: &str = "distlock-file-v1";
@@ -106,7 +116,8 @@ pub struct FileLocker {
 struct Inner {
     /// The `Arc` every lease of this locker and its clones shares.
     leases: crate::SharedLocker,
-    dir: PathBuf,
+    /// Open for the locker's whole life: every file is reached through it.
+    dir: LockDir,
     durable: bool,
     held: Mutex<HashMap<String, Held>>,
     releases: LocalReleases,
@@ -135,35 +146,27 @@ impl FileLockerBuilder {
         self
     }
 
-    /// Creates the directory if missing (mode 0700: only this user can plant
-    /// or replace lock files in it), checks it is safe, and returns the
-    /// locker.
+    /// Opens the directory, creating what is missing of it (mode 0700: only
+    /// this user can plant or replace lock files in it), checks it is safe
+    /// (see the [module docs](self)), and returns the locker, which keeps it
+    /// open: the path is never resolved again.
     ///
     /// # Errors
     ///
-    /// [`Error::Backend`] if the directory cannot be created or inspected;
-    /// [`Error::InvalidInput`] (`what = "lock directory"`) if it, or the
-    /// directory it is in, belongs to another user (root excepted) or is
-    /// writable by every user (a sticky parent such as `/tmp` excepted):
-    /// another local user could then replace lock files or plant symlinks,
-    /// taking locks from under their holders.
+    /// [`Error::Backend`] if the directory cannot be created or opened;
+    /// [`Error::InvalidInput`] (`what = "lock directory"`), naming the
+    /// offending path and what to do, if it or a directory (or symlink) on
+    /// its way from `/` belongs to another user than this one or root, or if
+    /// it or a directory on the way is writable by its group or others (a
+    /// sticky directory on the way such as `/tmp` excepted): another local
+    /// user could then replace lock files or plant symlinks, taking locks
+    /// from under their holders.
     pub fn build(self) -> Result<FileLocker> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(|e| {
-                Error::backend(
-                    BACKEND,
-                    "create the lock directory",
-                    with_path(e, &self.dir),
-                )
-            })?;
-        check_directory(&self.dir)?;
+        let dir = LockDir::open(&self.dir)?;
         Ok(FileLocker {
             inner: Arc::new(Inner {
                 leases: crate::SharedLocker::default(),
-                dir: self.dir,
+                dir,
                 durable: self.durable,
                 held: Mutex::default(),
                 releases: LocalReleases::default(),
@@ -196,7 +199,9 @@ impl FileLocker {
     /// A locker keeping its lock files in `dir`, created if missing; see
     /// [`FileLocker::builder`] for options.
     ///
-    /// Fails with [`Error::Backend`] if the directory cannot be created.
+    /// Fails as [`FileLockerBuilder::build`]: [`Error::Backend`] if the
+    /// directory cannot be created or opened, [`Error::InvalidInput`] if
+    /// another local user could tamper with it.
     pub fn new(dir: impl AsRef<Path>) -> Result<Self> {
         Self::builder(dir).build()
     }
@@ -228,14 +233,17 @@ impl FileLocker {
         default_dir_from(non_empty("XDG_STATE_HOME"), non_empty("HOME"), uid)
     }
 
-    /// The directory holding the lock files.
+    /// The directory holding the lock files, as it was named to the
+    /// locker (which opened it once and uses it through a descriptor since).
     pub fn dir(&self) -> &Path {
-        &self.inner.dir
+        self.inner.dir.path()
     }
 
-    /// The path of the lock file for `key`.
+    /// The path of the lock file for `key`, under [`FileLocker::dir`]: where
+    /// a person finds it as long as that path still leads to the directory
+    /// the locker opened.
     pub fn path_for(&self, key: &str) -> PathBuf {
-        self.inner.dir.join(file_name(key))
+        self.inner.dir.path_of(&file_name(key, "lock"))
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
@@ -269,11 +277,12 @@ impl FileLocker {
     /// Unlock of a lock this instance does not hold: tell the caller whether
     /// it is held elsewhere under `owner` (which only its process can free).
     fn unlock_elsewhere(&self, key: &str, owner: &str) -> Result<()> {
-        let path = self.path_for(key);
+        let name = file_name(key, "lock");
+        let path = self.inner.dir.path_of(&name);
         let not_held = || Error::NotHeld {
             key: key.to_owned(),
         };
-        let file = match open_lock_file(&path, false) {
+        let file = match self.inner.dir.open_file(&name, false) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_held()),
             Err(e) => return Err(Error::backend(BACKEND, "release", with_path(e, &path))),
@@ -323,9 +332,10 @@ impl Locker for FileLocker {
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        let path = self.path_for(key);
+        let name = file_name(key, "lock");
+        let path = self.inner.dir.path_of(&name);
         let io_error = |e| Error::backend(BACKEND, "acquire", with_path(e, &path));
-        let file = open_lock_file(&path, true).map_err(io_error)?;
+        let file = self.inner.dir.open_file(&name, true).map_err(io_error)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Ok(None),
@@ -382,10 +392,10 @@ impl Locker for FileLocker {
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let path = self.path_for(key);
+        let name = file_name(key, "lock");
         let mut held = self.held();
         let still_ours = match held.get(key) {
-            Some(h) if h.owner == owner => same_file(&h.file, &path),
+            Some(h) if h.owner == owner => same_file(&self.inner.dir, &h.file, &name),
             _ => {
                 return Err(Error::NotHeld {
                     key: key.to_owned(),
@@ -427,9 +437,10 @@ impl Locker for FileLocker {
                 key: key.to_owned(),
             });
         }
-        let path = self.path_for(key);
+        let name = file_name(key, "lock");
+        let path = self.inner.dir.path_of(&name);
         let io_error = |e| Error::backend(BACKEND, "forget", with_path(e, &path));
-        let file = match open_lock_file(&path, false) {
+        let file = match self.inner.dir.open_file(&name, false) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_error(e)),
@@ -445,10 +456,10 @@ impl Locker for FileLocker {
         }
         // Unlink only the file we locked: if another forget replaced or
         // deleted it meanwhile, the path is no longer ours to delete.
-        if !same_file(&file, &path) {
+        if !same_file(&self.inner.dir, &file, &name) {
             return Ok(());
         }
-        match std::fs::remove_file(&path) {
+        match self.inner.dir.remove(&name) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io_error(e)),
@@ -459,7 +470,7 @@ impl Locker for FileLocker {
 
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        inspect::one(&self.path_for(key), key).await
+        inspect::one(&self.inner.dir, &file_name(key, "lock"), key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
@@ -494,8 +505,13 @@ impl Locker for FileLocker {
     /// [`Error::DeadlineExceeded`].
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
-        let path = self.path_for(name).with_extension("mark");
-        mark::advance(&path, value, self.inner.durable).await
+        mark::advance(
+            &self.inner.dir,
+            &file_name(name, "mark"),
+            value,
+            self.inner.durable,
+        )
+        .await
     }
 }
 
@@ -514,101 +530,29 @@ fn default_dir_from(
     PathBuf::from(format!("/var/tmp/distlock-{uid}/locks"))
 }
 
-/// Refuses a lock directory another local user could tamper with: one owned
-/// by someone other than this user or root, or writable by everybody; and the
-/// same for the directory holding it, where a world-writable one is accepted
-/// only with the sticky bit (`/tmp`), which stops others renaming our entries.
-fn check_directory(dir: &Path) -> Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let inspect = |path: &Path| {
-        std::fs::metadata(path)
-            .map_err(|e| Error::backend(BACKEND, "inspect the lock directory", with_path(e, path)))
-    };
-    let unsafe_because = |path: &Path, meta: &std::fs::Metadata, is_parent: bool| {
-        let mode = meta.mode();
-        let world_writable = mode & 0o002 != 0;
-        let sticky = mode & 0o1000 != 0;
-        if meta.uid() != me && meta.uid() != 0 {
-            Some(format!(
-                "{} belongs to uid {}, not to this user (uid {me}) or root",
-                path.display(),
-                meta.uid()
-            ))
-        } else if world_writable && !(is_parent && sticky) {
-            Some(format!("{} is writable by every user", path.display()))
-        } else {
-            None
-        }
-    };
-    let canonical = std::fs::canonicalize(dir)
-        .map_err(|e| Error::backend(BACKEND, "inspect the lock directory", with_path(e, dir)))?;
-    let mut checks = vec![(canonical.as_path(), false)];
-    if let Some(parent) = canonical.parent() {
-        checks.push((parent, true));
-    }
-    for (path, is_parent) in checks {
-        if let Some(reason) = unsafe_because(path, &inspect(path)?, is_parent) {
-            return Err(Error::invalid(
-                "lock directory",
-                format!(
-                    "{reason}: another local user could replace lock files or plant symlinks there \
-                     and take locks from their holders; use a directory only you (or root) can write"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Opens (creating if missing) the lock file at `path` for reading and
-/// writing, refusing to follow a symlink planted in its place (`O_NOFOLLOW`)
-/// or to use anything but a regular file. std opens with `O_CLOEXEC`: a child
-/// process never inherits the lock.
-fn open_lock_file(path: &Path, create: bool) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(create)
-        .create(create)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                io::Error::new(
-                    e.kind(),
-                    "the lock file is a symbolic link; refusing to follow it (remove it if you did not put it there)",
-                )
-            } else {
-                e
-            }
-        })?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the lock file is not a regular file",
-        ));
-    }
-    Ok(file)
-}
-
-/// The lock file name for `key` (see the module docs).
-fn file_name(key: &str) -> String {
+/// The name of the file for `key` with `extension` (`lock`, or `mark` for a
+/// mark; see the module docs).
+fn file_name(key: &str, extension: &str) -> String {
     let plain = key.len() <= 100
         && !key.starts_with('.')
         && key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if plain {
-        format!("k-{key}.lock")
+        format!("k-{key}.{extension}")
     } else {
-        format!("h-{}.lock", crate::util::sha256_hex128(key.as_bytes()))
+        format!(
+            "h-{}.{extension}",
+            crate::util::sha256_hex128(key.as_bytes())
+        )
     }
 }
 
-fn same_file(file: &File, path: &Path) -> bool {
-    match (file.metadata(), std::fs::metadata(path)) {
-        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+/// Whether `name` in `dir` is still the open `file` (not deleted, not
+/// replaced).
+fn same_file(dir: &LockDir, file: &File, name: &str) -> bool {
+    match (file.metadata(), dir.file_id(name)) {
+        (Ok(open), Ok(named)) => (open.dev(), open.ino()) == named,
         _ => false,
     }
 }
@@ -679,18 +623,24 @@ fn with_path(error: io::Error, path: &Path) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
+
+    const TTL: Duration = Duration::from_secs(30);
 
     #[test]
     fn plain_keys_keep_their_name_and_others_are_hashed() {
-        assert_eq!(file_name("nightly-backup_1.0"), "k-nightly-backup_1.0.lock");
+        assert_eq!(
+            file_name("nightly-backup_1.0", "lock"),
+            "k-nightly-backup_1.0.lock"
+        );
         for odd in ["a/b", "../etc", ".hidden", "ключ", "a b", &"x".repeat(101)] {
-            let name = file_name(odd);
+            let name = file_name(odd, "lock");
             assert!(
                 name.starts_with("h-") && name.len() == 2 + 32 + 5,
                 "{odd:?} -> {name}"
             );
         }
-        assert_ne!(file_name("a/b"), file_name("a/c"));
+        assert_ne!(file_name("a/b", "lock"), file_name("a/c", "lock"));
     }
 
     #[test]
@@ -795,6 +745,169 @@ mod tests {
         // A sticky parent (as /tmp) is fine.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         FileLocker::new(&inner).unwrap();
+    }
+
+    /// Gives `path` (not following a symlink) to `uid`: a directory or link
+    /// of another local user. Needs root, as these tests do.
+    fn give_to(path: &Path, uid: u32) {
+        std::os::unix::fs::lchown(path, Some(uid), Some(uid))
+            .expect("chown to another uid (these tests run as root)");
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn refusal(err: Error) -> String {
+        match err {
+            Error::InvalidInput {
+                what: "lock directory",
+                reason,
+            } => reason,
+            other => panic!("not refused as a lock directory: {other:?}"),
+        }
+    }
+
+    /// The path of the lock directory was resolved again at every open: a
+    /// symlink on the way swapped after the check sent the lock files to
+    /// another directory, where another process (in the original one) did
+    /// not see them.
+    #[tokio::test]
+    async fn an_ancestor_symlink_swapped_after_the_build_does_not_move_the_lock_files() {
+        let root = tempfile::tempdir().unwrap();
+        let (first, second) = (root.path().join("first"), root.path().join("second"));
+        for dir in [&first, &second] {
+            std::fs::create_dir_all(dir.join("locks")).unwrap();
+        }
+        let link = root.path().join("current");
+        std::os::unix::fs::symlink(&first, &link).unwrap();
+        let locker = FileLocker::new(link.join("locks")).unwrap();
+        // Swapped atomically: a new link renamed over the old one.
+        let next = root.path().join("next");
+        std::os::unix::fs::symlink(&second, &next).unwrap();
+        std::fs::rename(&next, &link).unwrap();
+
+        let mut lease = locker.try_lock("k", TTL).await.unwrap().unwrap();
+        assert!(first.join("locks/k-k.lock").is_file());
+        assert!(!second.join("locks/k-k.lock").exists());
+        let beside = FileLocker::new(first.join("locks")).unwrap();
+        assert!(
+            beside.try_lock("k", TTL).await.unwrap().is_none(),
+            "the lock is in the directory that was checked"
+        );
+        lease.refresh(TTL).await.expect("still its file");
+        #[cfg(target_os = "linux")]
+        assert_eq!(
+            locker.inspect("k").await.unwrap().map(|held| held.key),
+            Some("k".to_owned())
+        );
+        locker.advance_mark("m", 1).await.unwrap();
+        assert!(first.join("locks/k-m.mark").is_file());
+        assert!(!second.join("locks/k-m.mark").exists());
+        lease.release().await.unwrap();
+        locker.forget("k").await.unwrap();
+        assert!(!first.join("locks/k-k.lock").exists(), "forgotten there");
+    }
+
+    /// Only the lock directory and its parent were checked.
+    #[test]
+    fn a_directory_on_the_way_owned_by_another_user_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let theirs = root.path().join("theirs");
+        let locks = theirs.join("mine/locks");
+        std::fs::create_dir_all(&locks).unwrap();
+        give_to(&theirs, 4242);
+        let reason = refusal(FileLocker::new(&locks).unwrap_err());
+        assert!(
+            reason.contains(&format!(
+                "the directory {} belongs to uid 4242",
+                theirs.display()
+            )),
+            "{reason}"
+        );
+        // The lock directory itself, too.
+        let other = root.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        give_to(&other, 4242);
+        let reason = refusal(FileLocker::new(&other).unwrap_err());
+        assert!(reason.contains("belongs to uid 4242"), "{reason}");
+    }
+
+    /// Only writable-by-every-user was refused: a group's members could
+    /// replace the lock directory or its files just as well.
+    #[test]
+    fn a_directory_writable_by_its_group_is_refused_unless_sticky_on_the_way() {
+        let root = tempfile::tempdir().unwrap();
+        let group = root.path().join("group");
+        std::fs::create_dir(&group).unwrap();
+        set_mode(&group, 0o770);
+        let reason = refusal(FileLocker::new(&group).unwrap_err());
+        assert!(
+            reason.contains(&format!(
+                "{} is writable by its group (mode 770)",
+                group.display()
+            )) && reason.contains("chmod go-w"),
+            "{reason}"
+        );
+        let locks = group.join("locks");
+        std::fs::create_dir(&locks).unwrap();
+        set_mode(&locks, 0o700);
+        let reason = refusal(FileLocker::new(&locks).unwrap_err());
+        assert!(
+            reason.contains("writable by its group (mode 770) without the sticky bit"),
+            "{reason}"
+        );
+        // Sticky on the way (as /tmp) is fine; for the lock directory it is not.
+        set_mode(&group, 0o1770);
+        FileLocker::new(&locks).unwrap();
+        let reason = refusal(FileLocker::new(&group).unwrap_err());
+        assert!(reason.contains("writable by its group"), "{reason}");
+    }
+
+    /// A symlink on the way in a shared sticky directory, owned by another
+    /// user, who can replace it at will: canonicalizing followed it.
+    #[test]
+    fn a_symlink_on_the_way_owned_by_another_user_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let shared = root.path().join("shared");
+        let mine = root.path().join("mine");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::create_dir(&mine).unwrap();
+        // Group-writable and sticky: accepted on the way, and the kernel's
+        // protected_symlinks (world-writable sticky directories only) lets
+        // it be followed.
+        set_mode(&shared, 0o1770);
+        let link = shared.join("link");
+        std::os::unix::fs::symlink(&mine, &link).unwrap();
+        give_to(&link, 4242);
+        let reason = refusal(FileLocker::new(link.join("locks")).unwrap_err());
+        assert!(
+            reason.contains(&format!(
+                "the symbolic link {} belongs to uid 4242",
+                link.display()
+            )),
+            "{reason}"
+        );
+        // Ours, it is followed.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        give_to(&link, unsafe { libc::geteuid() });
+        let locker = FileLocker::new(link.join("locks")).unwrap();
+        assert!(mine.join("locks").is_dir());
+        assert_eq!(locker.dir(), link.join("locks"));
+    }
+
+    #[tokio::test]
+    async fn the_default_directory_under_var_tmp_works() {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let dir = default_dir_from(None, None, unsafe { libc::getuid() });
+        assert!(dir.starts_with("/var/tmp"));
+        let locker = FileLocker::new(&dir).unwrap();
+        let key = format!("default-dir-test-{}", crate::new_owner_token());
+        let lease = locker.try_lock(&key, TTL).await.unwrap().unwrap();
+        assert!(locker.path_for(&key).is_file());
+        lease.release().await.unwrap();
+        locker.forget(&key).await.unwrap();
     }
 
     #[tokio::test]

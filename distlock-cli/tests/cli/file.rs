@@ -424,6 +424,30 @@ fn bad_input_is_one_clear_line() {
     }
 }
 
+/// A lock directory its group can write was accepted (only writable by
+/// every user was refused): the group's members could replace lock files.
+#[test]
+fn a_lock_directory_others_can_write_is_refused_naming_it_and_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let fixture = Fixture::new();
+    std::fs::create_dir(fixture.lock_dir()).expect("create");
+    std::fs::set_permissions(fixture.lock_dir(), std::fs::Permissions::from_mode(0o770))
+        .expect("chmod");
+    let ran = fixture.path("ran");
+    let output = fixture.run(&["run", "--key", "k", "--", "touch", ran.to_str().unwrap()]);
+    let message = stderr(&output);
+    assert_eq!(code(&output), 64, "{message}");
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert!(
+        message.contains(&format!(
+            "{} is writable by its group",
+            fixture.lock_dir().display()
+        )) && message.contains("chmod go-w"),
+        "{message}"
+    );
+    assert!(!ran.exists(), "the command must not run");
+}
+
 #[test]
 fn metrics_are_served_in_prometheus_format_while_the_command_runs() {
     use std::io::{Read, Write};

@@ -8,11 +8,10 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{open_lock_file, read_record, with_path, Record, BACKEND};
+use super::{read_record, with_path, LockDir, Record, BACKEND};
 use crate::inspect::HeldLock;
 use crate::{Error, Result};
 
@@ -26,18 +25,20 @@ type FileId = (u64, u64);
 const STALE_RECORD_RETRIES: u32 = 20;
 const STALE_RECORD_PAUSE: Duration = Duration::from_millis(1);
 
-/// What `path` (the lock file of `key`) is held by, if anyone.
-pub(super) async fn one(path: &Path, key: &str) -> Result<Option<HeldLock>> {
+/// What the file `name` of `dir` (the lock file of `key`) is held by, if
+/// anyone.
+pub(super) async fn one(dir: &LockDir, name: &str, key: &str) -> Result<Option<HeldLock>> {
+    let path = &dir.path_of(name);
     for attempt in 0..=STALE_RECORD_RETRIES {
-        let id = match std::fs::symlink_metadata(path) {
-            Ok(meta) => (meta.dev(), meta.ino()),
+        let id = match dir.file_id(name) {
+            Ok(id) => id,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::backend(BACKEND, "inspect", with_path(e, path))),
         };
         let Some(&holder_pid) = flock_holders()?.get(&id) else {
             return Ok(None);
         };
-        let record = match open_lock_file(path, false) {
+        let record = match dir.open_file(name, false) {
             Ok(file) => read_record(&file, path)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::backend(BACKEND, "inspect", with_path(e, path))),
@@ -57,25 +58,23 @@ pub(super) async fn one(path: &Path, key: &str) -> Result<Option<HeldLock>> {
 /// by key. A file whose record names no key (written before holder records)
 /// is named by its file name if that is the key itself (`k-<key>.lock`), and
 /// left out if its name is a hash.
-pub(super) async fn all(dir: &Path, prefix: &str) -> Result<Vec<HeldLock>> {
+pub(super) async fn all(dir: &LockDir, prefix: &str) -> Result<Vec<HeldLock>> {
     let holders = flock_holders()?;
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| Error::backend(BACKEND, "list", with_path(e, dir)))?;
+    let names = dir
+        .names()
+        .map_err(|e| Error::backend(BACKEND, "list", with_path(e, dir.path())))?;
     let mut listed = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::backend(BACKEND, "list", with_path(e, dir)))?;
-        let name = entry.file_name();
+    for name in names {
         let Some(name) = name.to_str().filter(|n| n.ends_with(".lock")) else {
             continue;
         };
-        let path = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        let Ok(id) = dir.file_id(name) else {
             continue; // forgotten meanwhile
         };
-        if !holders.contains_key(&(meta.dev(), meta.ino())) {
+        if !holders.contains_key(&id) {
             continue;
         }
-        let Some(key) = key_of(&path, name)? else {
+        let Some(key) = key_of(dir, name)? else {
             continue;
         };
         if !key.starts_with(prefix) {
@@ -83,7 +82,7 @@ pub(super) async fn all(dir: &Path, prefix: &str) -> Result<Vec<HeldLock>> {
         }
         // Read again through `one`, which checks the record is the current
         // holder's.
-        if let Some(held) = one(&path, &key).await? {
+        if let Some(held) = one(dir, name, &key).await? {
             listed.push(held);
         }
     }
@@ -91,8 +90,9 @@ pub(super) async fn all(dir: &Path, prefix: &str) -> Result<Vec<HeldLock>> {
     Ok(listed)
 }
 
-fn key_of(path: &Path, name: &str) -> Result<Option<String>> {
-    let recorded = match open_lock_file(path, false) {
+fn key_of(dir: &LockDir, name: &str) -> Result<Option<String>> {
+    let path = &dir.path_of(name);
+    let recorded = match dir.open_file(name, false) {
         Ok(file) => read_record(&file, path)?.and_then(|record| record.key),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::backend(BACKEND, "list", with_path(e, path))),
@@ -171,10 +171,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let old = format!("{} {:020} {:010} owner\n", super::super::RECORD_MAGIC, 3, 1);
         assert!(super::super::parse_record(&old).is_some_and(|r| r.key.is_none()));
+        let lock_dir = LockDir::open(dir.path()).expect("open");
         for (name, expected) in [("k-nightly.lock", Some("nightly")), ("h-0123.lock", None)] {
-            let path = dir.path().join(name);
-            std::fs::write(&path, &old).expect("write");
-            assert_eq!(key_of(&path, name).expect("read").as_deref(), expected);
+            std::fs::write(dir.path().join(name), &old).expect("write");
+            assert_eq!(key_of(&lock_dir, name).expect("read").as_deref(), expected);
         }
     }
 }

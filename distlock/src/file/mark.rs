@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{open_lock_file, with_path, BACKEND};
+use super::{with_path, LockDir, BACKEND};
 use crate::{Error, MarkAdvance, Result};
 
 const MARK_MAGIC: &str = "distlock-mark-v1";
@@ -21,10 +21,17 @@ const MARK_MAGIC: &str = "distlock-mark-v1";
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 const RETRY_EVERY: Duration = Duration::from_millis(2);
 
-/// Raises the mark stored at `path` to `value` if it is lower or absent.
-pub(super) async fn advance(path: &Path, value: i64, durable: bool) -> Result<MarkAdvance> {
+/// Raises the mark stored in the file `name` of `dir` to `value` if it is
+/// lower or absent.
+pub(super) async fn advance(
+    dir: &LockDir,
+    name: &str,
+    value: i64,
+    durable: bool,
+) -> Result<MarkAdvance> {
+    let path = &dir.path_of(name);
     let io_error = |e| Error::backend(BACKEND, "advance_mark", with_path(e, path));
-    let file = open_lock_file(path, true).map_err(io_error)?;
+    let file = dir.open_file(name, true).map_err(io_error)?;
     lock_briefly(&file, path).await?;
     let advance = match read(&file, path)? {
         Some(current) if current >= value => MarkAdvance::AlreadyAt { current },
@@ -110,7 +117,10 @@ mod tests {
     fn every_value_round_trips_in_one_width() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
-        let file = open_lock_file(&path, true).unwrap();
+        let file = LockDir::open(dir.path())
+            .unwrap()
+            .open_file("m", true)
+            .unwrap();
         let mut widths = Vec::new();
         for value in [i64::MIN, -1, 0, 7, i64::MAX] {
             write(&file, value).unwrap();
@@ -125,7 +135,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
         std::fs::write(&path, "hello\n").unwrap();
-        let file = open_lock_file(&path, true).unwrap();
+        let file = LockDir::open(dir.path())
+            .unwrap()
+            .open_file("m", true)
+            .unwrap();
         let err = read(&file, &path).unwrap_err().to_string();
         assert!(err.contains("does not hold a distlock mark"), "{err}");
     }
@@ -134,10 +147,10 @@ mod tests {
     async fn a_mark_locked_by_a_stuck_process_is_a_bounded_outage() {
         tokio::time::pause();
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m");
-        let stuck = open_lock_file(&path, true).unwrap();
+        let dir = LockDir::open(dir.path()).unwrap();
+        let stuck = dir.open_file("m", true).unwrap();
         stuck.try_lock().unwrap();
-        let err = advance(&path, 1, false).await.unwrap_err();
+        let err = advance(&dir, "m", 1, false).await.unwrap_err();
         assert!(
             matches!(
                 err,

@@ -139,6 +139,7 @@ impl Lease {
                 .and_then(|until| until.checked_sub(parts.ttl))
                 .unwrap_or(now),
             lost: None,
+            expired_early_by: signal::NOT_EXPIRED,
         });
         Lease {
             key: parts.key.into(),
@@ -584,6 +585,7 @@ pub fn new_owner_token() -> String {
 mod tests {
     use super::*;
     use crate::memory::MemoryLocker;
+    use futures_util::FutureExt;
     use std::sync::Mutex;
 
     #[test]
@@ -701,6 +703,43 @@ mod tests {
             })
         ));
         assert_eq!(signal.reason(), Some(LostReason::Expired));
+    }
+
+    /// The work signal (early by a margin) says expired while the lease is
+    /// still valid; a refresh getting through in that margin (the keepalive
+    /// retrying through an outage) extended the validity, and the same
+    /// signal said held again: work told to stop was told to go on.
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_that_said_expired_never_says_held_again() {
+        let locker = MemoryLocker::new();
+        let ttl = Duration::from_secs(10);
+        let mut lease = locker.try_lock("k", ttl).await.unwrap().unwrap();
+        let mut early = lease.lost_signal().early_by(Duration::from_secs(2));
+        let copy = early.clone();
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(early.reason(), Some(LostReason::Expired));
+        lease.refresh(ttl).await.unwrap();
+        assert_eq!(
+            lease.valid_until(),
+            Some(Instant::now() + ttl),
+            "the lock itself is held, and the lease knows it"
+        );
+        assert_eq!(lease.lost_signal().reason(), None);
+        assert_eq!(early.reason(), Some(LostReason::Expired));
+        assert_eq!(copy.reason(), Some(LostReason::Expired));
+        assert_eq!(
+            early.wait().now_or_never(),
+            Some(LostReason::Expired),
+            "waiting again returns at once"
+        );
+        // A signal early by more would have said expired too, and says so;
+        // one early by less had not, and follows the new validity.
+        let earlier = lease.lost_signal().early_by(Duration::from_secs(3));
+        assert_eq!(earlier.reason(), Some(LostReason::Expired));
+        let later = lease.lost_signal().early_by(Duration::from_secs(1));
+        assert_eq!(later.reason(), None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(later.reason(), Some(LostReason::Expired));
     }
 
     #[tokio::test(start_paused = true)]

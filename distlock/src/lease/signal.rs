@@ -60,6 +60,27 @@ pub(super) struct LeaseStatus {
     pub(super) renewed_at: Instant,
     /// Set once, when the lease is lost or released; never cleared.
     pub(super) lost: Option<LostReason>,
+    /// The smallest margin (see [`margin_key`]) with which a [`LostSignal`]
+    /// has answered [`LostReason::Expired`], [`NOT_EXPIRED`] until one has:
+    /// every signal early by that much or more answers it from then on,
+    /// whatever a later refresh says, so no signal says held after it (or
+    /// one firing no later) said expired. Zero (the lease's own validity ran
+    /// out) also refuses every later refresh. (A `u32` of milliseconds fits
+    /// beside `lost` in what would be padding: no byte more per lease.)
+    pub(super) expired_early_by: u32,
+}
+
+/// [`LeaseStatus::expired_early_by`] while no signal has answered expired.
+pub(super) const NOT_EXPIRED: u32 = u32::MAX;
+
+/// A signal's margin as [`LeaseStatus::expired_early_by`] keeps it: whole
+/// milliseconds, rounded up so that only a zero margin is zero, saturating
+/// below [`NOT_EXPIRED`]. Order-preserving, so "early by as much or more"
+/// holds between keys as between margins (up to the rounding: a signal
+/// early by less within the same millisecond counts as early by as much).
+fn margin_key(margin: Duration) -> u32 {
+    u32::try_from(margin.as_nanos().div_ceil(1_000_000))
+        .map_or(NOT_EXPIRED - 1, |ms| ms.min(NOT_EXPIRED - 1))
 }
 
 /// The state shared by a lease, its keepalive, its lost signals and notifiers.
@@ -128,6 +149,33 @@ impl Shared {
             self.changed.notify_waiters();
         }
         changed
+    }
+
+    /// What a signal firing `margin` before the known validity ends answers
+    /// now: `Err` with why the lease is over for it, or until when it is
+    /// held for it (`None`: until it ends). An answer of
+    /// [`LostReason::Expired`] is recorded (see
+    /// [`LeaseStatus::expired_early_by`]): it is final.
+    fn check(&self, margin: Duration) -> Result<Option<Instant>, LostReason> {
+        let status = &mut self.state().status;
+        if let Some(reason) = status.lost {
+            return Err(reason);
+        }
+        let key = margin_key(margin);
+        if key >= status.expired_early_by {
+            return Err(LostReason::Expired);
+        }
+        let Some(deadline) = expires_at(status, margin) else {
+            return Ok(None);
+        };
+        // Read under the lock, as `extend_validity` reads it: a refresh
+        // cannot slip between this reading and the answer.
+        if Instant::now() >= deadline {
+            // Smaller than the recorded margin (checked above).
+            status.expired_early_by = key;
+            return Err(LostReason::Expired);
+        }
+        Ok(Some(deadline))
     }
 
     /// A signal following this state.
@@ -264,16 +312,6 @@ impl LostSignal {
         self.shared.status().valid_until
     }
 
-    /// When this signal fires by expiry: `margin` before the known validity
-    /// ends (saturating at "already").
-    fn expires_at(&self, status: &LeaseStatus) -> Option<Instant> {
-        status.valid_until.map(|until| {
-            until
-                .checked_sub(self.margin)
-                .unwrap_or(status.renewed_at.min(until))
-        })
-    }
-
     /// Waits until the lease is lost and says why. Returns at once if it
     /// already is.
     ///
@@ -287,41 +325,44 @@ impl LostSignal {
             let changed = self.shared.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let status = self.shared.status();
-            if let Some(reason) = status.lost {
-                return reason;
-            }
-            match self.expires_at(&status) {
-                Some(deadline) => {
-                    if Instant::now() >= deadline {
-                        return LostReason::Expired;
-                    }
+            match self.shared.check(self.margin) {
+                Err(reason) => return reason,
+                Ok(Some(deadline)) => {
                     tokio::select! {
                         () = changed => {}
                         () = tokio::time::sleep_until(deadline) => {}
                     }
                 }
-                None => changed.await,
+                Ok(None) => changed.await,
             }
         }
     }
 
     /// The reason the lease is lost, or `None` while it is still believed
-    /// held. Once it has said the lease is lost it never says held again: a
-    /// refresh that arrives after the known validity ended does not revive
-    /// the lease (see [`Lease::refresh`](crate::Lease::refresh)).
+    /// held. Once it has said the lease is lost it never says held again, nor
+    /// do its clones: a refresh that arrives after the known validity ended
+    /// does not revive the lease (see [`Lease::refresh`](crate::Lease::refresh)),
+    /// and one that arrives after an [`early_by`](LostSignal::early_by)
+    /// signal fired extends the lease but not that signal, nor any other
+    /// early by as much or more (they would have fired too).
     pub fn reason(&self) -> Option<LostReason> {
-        let status = self.shared.status();
-        status.lost.or(match self.expires_at(&status) {
-            Some(deadline) if Instant::now() >= deadline => Some(LostReason::Expired),
-            _ => None,
-        })
+        self.shared.check(self.margin).err()
     }
 
     /// True once the lease is lost, released or expired.
     pub fn is_lost(&self) -> bool {
         self.reason().is_some()
     }
+}
+
+/// When a signal early by `margin` fires by expiry: `margin` before the known
+/// validity ends (saturating at "already").
+fn expires_at(status: &LeaseStatus, margin: Duration) -> Option<Instant> {
+    status.valid_until.map(|until| {
+        until
+            .checked_sub(margin)
+            .unwrap_or(status.renewed_at.min(until))
+    })
 }
 
 impl fmt::Debug for LostSignal {
@@ -343,15 +384,16 @@ pub(super) fn extend_validity(
     from: Instant,
     ttl: Duration,
 ) -> Result<(), LostReason> {
-    let now = Instant::now();
     let validity = shared.validity_for(ttl);
     let mut refused = None;
     shared.update(|s| {
+        // Read under the lock, as a signal's answer reads it (`check`).
+        let now = Instant::now();
         if let Some(reason) = s.lost {
             refused = Some(reason);
             return false;
         }
-        if s.valid_until.is_some_and(|until| now >= until) {
+        if s.expired_early_by == 0 || s.valid_until.is_some_and(|until| now >= until) {
             refused = Some(LostReason::Expired);
             return false;
         }
@@ -370,5 +412,19 @@ pub(super) fn extend_validity(
             Err(LostReason::Expired)
         }
         Some(reason) => Err(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_keys_keep_the_order_and_only_zero_is_zero() {
+        assert_eq!(margin_key(Duration::ZERO), 0);
+        assert_eq!(margin_key(Duration::from_nanos(1)), 1);
+        assert_eq!(margin_key(Duration::from_millis(400)), 400);
+        assert_eq!(margin_key(Duration::from_micros(400_001)), 401);
+        assert_eq!(margin_key(Duration::MAX), NOT_EXPIRED - 1);
     }
 }

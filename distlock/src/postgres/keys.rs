@@ -14,10 +14,19 @@ use crate::{validate, Error, Result};
 /// The first 8 bytes, read as a big-endian two's-complement `i64`, of the
 /// SHA-256 digest of:
 ///
-/// - the UTF-8 bytes of `key`, when `namespace` is empty;
-/// - otherwise the UTF-8 bytes of `namespace`, one zero byte, then the UTF-8
-///   bytes of `key` (namespaces cannot contain a zero byte, so the split is
-///   unambiguous).
+/// - the UTF-8 bytes of `key`, when `namespace` is empty and `key` has no
+///   zero byte;
+/// - otherwise the UTF-8 bytes of `namespace` (possibly none), one zero
+///   byte, then the UTF-8 bytes of `key`.
+///
+/// `namespace` must not contain a zero byte (a locker refuses such a
+/// namespace): the first zero byte is where the namespace ends, so no two
+/// (namespace, key) pairs hash the same bytes. A key with a zero byte always
+/// gets the separator, even without a namespace: hashed alone, the key
+/// `"billing\0k"` would be the key `"k"` of namespace `billing`. Keys without
+/// a zero byte hash as they always have; a distlock older than this rule
+/// hashed a key with a zero byte and no namespace without the separator, so
+/// it and a newer one do not exclude each other on such a key.
 ///
 /// The same in SQL (PostgreSQL 11 or later), for an empty namespace:
 ///
@@ -30,6 +39,13 @@ use crate::{validate, Error, Result};
 /// ```sql
 /// SELECT ('x' || encode(substr(sha256(convert_to('billing', 'UTF8') || '\x00'::bytea
 ///         || convert_to('nightly-report', 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint;
+/// ```
+///
+/// A key with a zero byte cannot be Postgres `text`: hash its bytes as
+/// `bytea`, after the separator. For the key `"a\0b"` without a namespace:
+///
+/// ```sql
+/// SELECT ('x' || encode(substr(sha256('\x00'::bytea || '\x610062'::bytea), 1, 8), 'hex'))::bit(64)::bigint;
 /// ```
 ///
 /// # Collisions
@@ -45,10 +61,14 @@ use crate::{validate, Error, Result};
 ///
 /// assert_eq!(advisory_key("", "nightly-report"), advisory_key("", "nightly-report"));
 /// assert_ne!(advisory_key("billing", "nightly-report"), advisory_key("", "nightly-report"));
+/// assert_ne!(advisory_key("", "billing\0nightly-report"), advisory_key("billing", "nightly-report"));
 /// ```
 pub fn advisory_key(namespace: &str, key: &str) -> i64 {
     let mut hasher = Sha256::new();
-    if !namespace.is_empty() {
+    // The separator only where it was always written, or where the key
+    // itself has a zero byte (see above): every other key keeps its digest,
+    // which running holders of older versions lock.
+    if !namespace.is_empty() || key.contains('\0') {
         hasher.update(namespace.as_bytes());
         hasher.update([0u8]);
     }
@@ -121,11 +141,23 @@ mod tests {
             advisory_key("billing", "nightly-report"),
             8192123173007030350
         );
+        // Checked against a real server's sha256 of the bytea '\x00610062'
+        // (tests/postgres/behaviour.rs).
+        assert_eq!(advisory_key("", "a\0b"), 4423714668093431729);
     }
 
     #[test]
     fn namespace_and_key_cannot_be_shifted_into_each_other() {
         assert_ne!(advisory_key("ab", "c"), advisory_key("a", "bc"));
+    }
+
+    #[test]
+    fn a_zero_byte_in_a_key_cannot_pose_as_the_namespace_separator() {
+        // Without a namespace the key's bytes were hashed alone, so the key
+        // "a\0b" hashed exactly as the key "b" in namespace "a".
+        assert_ne!(advisory_key("", "a\0b"), advisory_key("a", "b"));
+        assert_ne!(advisory_key("", "\0b"), advisory_key("", "b"));
+        assert_ne!(advisory_key("a", "\0b"), advisory_key("a", "b"));
     }
 
     #[test]

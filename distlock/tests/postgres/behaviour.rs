@@ -61,8 +61,51 @@ async fn advisory_keys_match_the_documented_sql() {
             "{namespace:?} {key:?}"
         );
     }
+    // A key with a zero byte, which Postgres text cannot hold: its bytes as
+    // bytea, after the separator even without a namespace.
+    for (namespace, key, bytes) in [
+        ("", "a\0b", "00610062"),
+        ("billing", "\0b", "62696c6c696e67000062"),
+    ] {
+        let sql = format!(
+            "SELECT ('x' || encode(substr(sha256('\\x{bytes}'::bytea), 1, 8), 'hex'))::bit(64)::bigint"
+        );
+        let from_sql: i64 = server().psql(&sql).parse().expect("a bigint");
+        assert_eq!(
+            from_sql,
+            advisory_key(namespace, key),
+            "{namespace:?} {key:?}"
+        );
+    }
     let locker = connect("&namespace=billing").await;
     assert_eq!(locker.advisory_key("k"), advisory_key("billing", "k"));
+}
+
+/// A zero byte in a key without a namespace hashed exactly as the namespace
+/// separator: the key `<ns>\0<k>` and the key `<k>` in namespace `<ns>` were
+/// one advisory lock, so each excluded the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_a_zero_byte_is_not_the_key_of_another_namespace() {
+    let namespace = unique("ns");
+    let plain = connect("").await;
+    let spaced = connect(&format!("&namespace={namespace}")).await;
+    let key = unique("k");
+    let posing = format!("{namespace}\0{key}");
+    assert_ne!(plain.advisory_key(&posing), spaced.advisory_key(&key));
+    let first = plain
+        .try_lock(&posing, TTL)
+        .await
+        .expect("a key with a zero byte is locked with fencing on")
+        .expect("free");
+    assert_eq!(first.fencing_token(), Some(1));
+    let second = spaced
+        .try_lock(&key, TTL)
+        .await
+        .expect("try")
+        .expect("another lock than the zero-byte key's, so free");
+    assert_eq!(second.fencing_token(), Some(1));
+    first.release().await.expect("release");
+    second.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
