@@ -569,28 +569,29 @@ impl fmt::Debug for Settings {
 }
 
 impl Settings {
-    /// How long a lock may still be held on the server after this client
-    /// closed its session because the server went silent (a ping or
-    /// statement unanswered for `query_timeout`), counted from that moment:
-    ///
-    /// - the client closes a silent session at most `ping_interval +
-    ///   query_timeout` after it last heard from the server (an idle session
-    ///   is pinged after `ping_interval`; any statement is bounded by
-    ///   `query_timeout`);
-    /// - the server frees the session's locks `wait_timeout` after the last
-    ///   command it received, which it answered no later than the client
-    ///   heard that answer;
-    ///
-    /// so the server frees them no earlier than `wait_timeout −
-    /// ping_interval − query_timeout` after the client's detection, less a
-    /// second for timer slack and the network's delay. 15 − 1 − 5 − 1 = 8 s
-    /// with the defaults. None of this holds for a holder paused (or whose
-    /// runtime stalls) through it: fencing tokens are the remedy.
+    /// How long after this client last heard an answer from the server the
+    /// server keeps the session's locks at the least, whatever happens next:
+    /// it frees them `wait_timeout` after the last command it answered, and
+    /// it answered that one no later than the client heard the answer; a
+    /// second is taken off for timer slack and the answer's way back. 15 − 1
+    /// = 14 s with the defaults. A silent session's leases stay valid until
+    /// then (see [`Session`](super::session::Session)). None of this holds
+    /// for a holder paused through it: fencing tokens are the remedy.
+    pub(super) fn server_window(&self) -> Duration {
+        self.wait_timeout.saturating_sub(GRACE_MARGIN)
+    }
+
+    /// The grace a holder has left when its session is given up at the
+    /// latest: the client gives a silent session up at most `ping_interval +
+    /// query_timeout` after it last heard from the server (an idle session
+    /// is pinged after `ping_interval`; any statement or ping is bounded by
+    /// `query_timeout`), so `server_window() − ping_interval −
+    /// query_timeout`: 15 − 1 − 1 − 5 = 8 s with the defaults.
+    #[cfg(test)]
     pub(super) fn partition_grace(&self) -> Duration {
-        self.wait_timeout
+        self.server_window()
             .saturating_sub(self.ping_interval)
             .saturating_sub(self.query_timeout)
-            .saturating_sub(GRACE_MARGIN)
     }
 }
 

@@ -39,10 +39,11 @@ pub(super) enum Role {
     Waiter,
 }
 
-/// Called once, by the actor, when a session's connection is gone: with the
-/// session's id, why, and how long its locks may still be held on the
-/// server ([`Settings::partition_grace`] when the server went silent, zero
-/// otherwise).
+/// Called once, by the actor, when a session's connection is gone (or given
+/// up as silent): with the session's id, why, and how long its locks may
+/// still be held on the server (what is left of
+/// [`Settings::server_window`] since the server was last heard, when it
+/// went silent; zero otherwise).
 pub(super) type OnClosed = Arc<dyn Fn(u64, &str, Duration) + Send + Sync>;
 
 /// Something to drop once a request is settled: the reservation of the key
@@ -258,6 +259,10 @@ impl Session {
     }
 }
 
+/// How late a deadline may be noticed before the delay is taken for a stall
+/// of this process rather than the server's silence.
+const STALL_TOLERANCE: Duration = Duration::from_millis(500);
+
 /// The receiving end of a session's requests, between open and start.
 pub(super) struct Incoming(mpsc::UnboundedReceiver<Queued>);
 
@@ -294,7 +299,14 @@ impl Actor {
         let (why, grace) = match &end {
             End::Dropped => ("distlock closed the connection".to_owned(), Duration::ZERO),
             End::Failed(why) => (why.clone(), Duration::ZERO),
-            End::Silent(why) => (why.clone(), self.settings.partition_grace()),
+            End::Silent(why) => (
+                why.clone(),
+                self.last_heard
+                    .checked_add(self.settings.server_window())
+                    .map_or(Duration::ZERO, |until| {
+                        until.saturating_duration_since(Instant::now())
+                    }),
+            ),
             End::Abandoned => ("a native wait was abandoned".to_owned(), Duration::ZERO),
         };
         let Actor {
@@ -304,13 +316,18 @@ impl Actor {
             settings,
             ..
         } = self;
-        if matches!(end, End::Dropped) {
-            // COM_QUIT: the server ends the session at once.
-            let _ = tokio::time::timeout(settings.query_timeout, conn.disconnect()).await;
-        } else {
-            drop(conn);
-        }
-        drop(waiter_permit);
+        let conn = match end {
+            End::Dropped => {
+                // COM_QUIT: the server ends the session at once.
+                let _ = tokio::time::timeout(settings.query_timeout, conn.disconnect()).await;
+                None
+            }
+            // Kept open through the grace (below): closing it now would
+            // free the session's locks at once if the server is alive after
+            // all (slow, or stalled itself), under holders still inside it.
+            End::Silent(_) => Some(conn),
+            End::Failed(_) | End::Abandoned => None,
+        };
         on_closed(self.id, &why, grace);
         // Requests still queued never ran: their callers learn the session
         // is gone, and their reservations end after the death was reported.
@@ -318,6 +335,11 @@ impl Actor {
         while let Ok(queued) = incoming.try_recv() {
             let _ = queued.reply.send(Err(ExecError::Closed(why.clone())));
         }
+        if let Some(conn) = conn {
+            tokio::time::sleep(grace).await;
+            drop(conn);
+        }
+        drop(waiter_permit);
         drop(kept);
     }
 
@@ -342,17 +364,41 @@ impl Actor {
         }
     }
 
+    /// Pings the server. Unanswered for `query_timeout`, the server went
+    /// silent, unless the deadline itself was noticed more than
+    /// [`STALL_TOLERANCE`] late: then this process stalled (SIGSTOP, a
+    /// frozen VM, a starved runtime), the answer may be waiting unread, and
+    /// the same ping is given another `query_timeout` (a ping cannot be
+    /// abandoned halfway: the connection would read its answer as the next
+    /// statement's).
     async fn ping(&mut self) -> Option<End> {
         let limit = self.settings.query_timeout;
-        match tokio::time::timeout(limit, self.conn.ping()).await {
-            Ok(Ok(())) => {
-                self.last_heard = Instant::now();
-                None
+        let ping = self.conn.ping();
+        tokio::pin!(ping);
+        loop {
+            let waiting_since = Instant::now();
+            tokio::select! {
+                // An answer that is ready wins over a deadline noticed at the
+                // same time.
+                biased;
+                answered = &mut ping => {
+                    return match answered {
+                        Ok(()) => {
+                            self.last_heard = Instant::now();
+                            None
+                        }
+                        Err(e) => Some(End::Failed(format!("a ping failed: {e}"))),
+                    };
+                }
+                () = tokio::time::sleep(limit) => {
+                    let late = waiting_since.elapsed().saturating_sub(limit);
+                    if late <= STALL_TOLERANCE {
+                        return Some(End::Silent(format!(
+                            "the server did not answer a ping within {limit:?}"
+                        )));
+                    }
+                }
             }
-            Ok(Err(e)) => Some(End::Failed(format!("a ping failed: {e}"))),
-            Err(_) => Some(End::Silent(format!(
-                "the server did not answer a ping within {limit:?}"
-            ))),
         }
     }
 
