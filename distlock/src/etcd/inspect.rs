@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 
-use super::recipe::{self, queue_prefix};
+use super::recipe;
 use super::{errors, EtcdLocker, BACKEND};
 use crate::inspect::{self, ForceRelease, HeldLock};
 use crate::{Error, Result};
@@ -26,28 +26,24 @@ struct Found {
 }
 
 impl EtcdLocker {
-    /// The first contender of `name`'s queue, described as `key`.
+    /// The first contender of `name`'s queue, described as `key`: the same
+    /// direct members the acquire transaction orders ([`recipe::first_of`]),
+    /// never a nested name's holder.
     async fn holder_of(&self, key: &str, operation: &'static str) -> Result<Option<Found>> {
-        let prefix = queue_prefix(&self.backend_key(key));
-        let response = self
+        let name = self.backend_key(key);
+        let (first, _) = self
             .inner
             .request(operation, false, || {
-                let mut kv = self.inner.kv();
-                let prefix = prefix.clone();
-                async move {
-                    let options = GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1);
-                    kv.get(prefix, Some(options)).await
-                }
+                recipe::first_of(self.inner.kv(), &name, false)
             })
             .await?;
-        let Some(first) = response.kvs().first() else {
+        let Some(first) = first else {
             return Ok(None);
         };
         let mut ttls = HashMap::new();
-        Ok(Some(self.describe(key, first, operation, &mut ttls).await?))
+        Ok(Some(
+            self.describe(key, &first, operation, &mut ttls).await?,
+        ))
     }
 
     /// What a contender key says of its grant, with its lease's remaining

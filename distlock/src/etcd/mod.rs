@@ -4,11 +4,29 @@
 //!
 //! - **Names**: the distlock key `K` is the etcd lock name `<prefix>K`
 //!   (prefix default `lock:`), the name `etcdctl lock lock:K` takes.
+//! - **Names that nest are distinct locks.** The queue of `K` is its
+//!   *direct members*, the keys `<prefix>K/<lease hex>`; the keys of `K/x`
+//!   (`<prefix>K/x/<lease hex>`), though under the same etcd prefix, are
+//!   another queue. Every read of a queue (acquire, the wait for the key
+//!   ahead, inspect, list, forget, force-release) keeps the direct members
+//!   only, so `jobs` is free while `jobs/nightly` is held, and forcing
+//!   `jobs` out never deletes a `jobs/nightly` key.
+//! - **Interoperability with `etcdctl lock` and Go's `concurrency.Mutex`**
+//!   holds for every key, nested or not: the same name is the same queue,
+//!   and neither side is ever granted a lock the other holds. One
+//!   difference is theirs: Go's recipe ranges over the whole prefix, so
+//!   `etcdctl lock lock:K` also waits while anyone (us included) holds or
+//!   waits for `K/x` (checked against etcd 3.4's `etcdctl`). While it waits
+//!   there, its key is the first of `K`'s queue, so our `K` waits behind
+//!   it and [`Locker::inspect`] reports it as `K`'s holder: it costs
+//!   waiting, never exclusion. Names without a `/` are not affected.
 //! - **Acquire** is one transaction, as `concurrency.Mutex` does it: write
 //!   `<name>/<lease id in hex>` on this locker's session lease *only if
 //!   absent*, and read the key under `<name>/` with the lowest create
-//!   revision: that key's owner holds the lock. A [`Locker::try_lock`] that
-//!   is not first deletes its own key again and reports contention.
+//!   revision: that key's owner holds the lock. If that key is a nested
+//!   name's, one more read finds whether a direct member is ahead of ours.
+//!   A [`Locker::try_lock`] that is not first deletes its own key again and
+//!   reports contention.
 //! - **Waiting** ([`Locker::lock`]) keeps its key in the queue and watches
 //!   the key just ahead of it for deletion, then looks again: waiters are
 //!   woken in FIFO order by etcd itself, without polling. When nothing is
@@ -99,8 +117,9 @@
 //!   backend sets three ([`Config`]): `connect_timeout` per connection,
 //!   `request_timeout` per request, `keepalive_timeout` per keep-alive
 //!   answer (and the HTTP/2 ping timeout). [`Locker::try_lock`] is bounded
-//!   by [`EtcdLocker::operation_bound`] (three requests: a lease grant for
-//!   a new ttl class, the acquire transaction, and its undo on contention);
+//!   by [`EtcdLocker::operation_bound`] (four requests: a lease grant for
+//!   a new ttl class, the acquire transaction, a read of the queue when a
+//!   nested name's key is older than ours, and the undo on contention);
 //!   [`Locker::lock`] by its timeout + [`DEADLINE_GRACE`].
 //! - **An acquire whose outcome is unknown** (its answer timed out, the
 //!   connection broke after it was sent, or its future was dropped) may
@@ -152,11 +171,10 @@
 //!   A key written by `etcdctl lock` or Go's `concurrency.Mutex` (an empty
 //!   value) is held by an unknown holder, never free.
 //! - [`Locker::list`] is one range read over `<key prefix><prefix>`,
-//!   grouped by lock name (the key up to its last `/`; marks keys have no
-//!   `/` and are skipped), reporting the lowest create revision of each,
-//!   plus one `TimeToLive` per holding lease. As with etcd's recipe, a name
-//!   that is another name plus `/...` shares its queue prefix: the holder
-//!   of `K/x` is also in `K`'s queue.
+//!   grouped by lock name (the key up to its last `/`, so `K` and `K/x` are
+//!   listed apart; marks keys have no `/` and are skipped), reporting the
+//!   lowest create revision of each, plus one `TimeToLive` per holding
+//!   lease.
 //! - [`Locker::force_release`] with [`ForceRelease::Lock`](crate::inspect::ForceRelease::Lock)
 //!   deletes the holder's key, compared on its create revision (so a new
 //!   holder's key is never deleted), which hands the lock to the next
@@ -411,11 +429,12 @@ impl EtcdLocker {
         &self.inner.prefix
     }
 
-    /// The bound on [`Locker::try_lock`]: three request timeouts (a lease
-    /// grant for a new ttl class, the acquire transaction, the undo of a
-    /// contended attempt). 6 s with the default timeouts.
+    /// The bound on [`Locker::try_lock`]: four request timeouts (a lease
+    /// grant for a new ttl class, the acquire transaction, a read of the
+    /// queue when a nested name's key is older than ours, the undo of a
+    /// contended attempt). 8 s with the default timeouts.
     pub fn operation_bound(&self) -> Duration {
-        self.inner.request_timeout.saturating_mul(3)
+        self.inner.request_timeout.saturating_mul(4)
     }
 
     /// The session lease ids this locker holds now, one per ttl class in
@@ -720,7 +739,17 @@ impl EtcdLocker {
             written.revision = Some(revision);
         }
         let key_name = contender_key(&name, session.lease);
-        if first != revision {
+        let first = match first {
+            Some(first) => first == revision,
+            // A nested name's key is older than ours: is one of ours?
+            None => self
+                .request("acquire", false, || {
+                    recipe::ahead_of(self.inner.kv(), &name, revision)
+                })
+                .await?
+                .is_none(),
+        };
+        if !first {
             match wait {
                 None => {
                     // Not first: leave the queue and report contention.

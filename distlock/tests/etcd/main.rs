@@ -6,4 +6,5 @@
 mod cluster;
 mod inspect;
 mod interop;
+mod nesting;
 mod session;
