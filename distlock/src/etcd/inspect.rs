@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 
 use super::recipe;
 use super::{errors, EtcdLocker, BACKEND};
@@ -100,50 +100,71 @@ impl EtcdLocker {
             .map(|found| found.held))
     }
 
-    /// One range read over every key under `<key prefix><prefix>`, grouped
-    /// by lock name (the key up to its last `/`; marks keys, which have
-    /// none, are skipped), the lowest create revision of each being its
-    /// holder.
+    /// Every key under `<key prefix><prefix>`, read in pages of
+    /// [`recipe::PAGE`] keys (each under the request timeout, all at the
+    /// revision of the first: one snapshot), grouped by lock name (the key
+    /// up to its last `/`; marks keys, which have none, are skipped), the
+    /// lowest create revision of each being its holder.
     pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let start = format!("{}{prefix}", self.inner.prefix);
-        let response = self
-            .inner
-            .request("list", false, || {
-                let mut kv = self.inner.kv();
-                let start = start.clone();
-                async move {
-                    let options = GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend);
-                    kv.get(start, Some(options)).await
+        let start = format!("{}{prefix}", self.inner.prefix).into_bytes();
+        let end = recipe::prefix_end(&start);
+        // The holder (lowest create revision) of each name seen so far.
+        let mut holders: HashMap<String, KeyValue> = HashMap::new();
+        let mut from = start;
+        let mut at = 0;
+        let mut limit = recipe::PAGE;
+        loop {
+            let page = self
+                .inner
+                .request("list", false, || {
+                    let mut kv = self.inner.kv();
+                    let (from, end) = (from.clone(), end.clone());
+                    let mut page_limit = limit;
+                    async move {
+                        let page =
+                            recipe::page(&mut kv, &from, &end, at, false, &mut page_limit).await?;
+                        Ok((page, page_limit))
+                    }
+                })
+                .await?;
+            let (page, page_limit) = page;
+            limit = page_limit;
+            at = page.at;
+            let next = page.kvs.last().map(|kv| [kv.key(), b"\0"].concat());
+            for kv in page.kvs {
+                if let Some(lock) = self.lock_of(&kv, prefix) {
+                    let older = holders
+                        .get(&lock)
+                        .is_some_and(|held| held.create_revision() <= kv.create_revision());
+                    if !older {
+                        holders.insert(lock, kv);
+                    }
                 }
-            })
-            .await?;
-        // Sorted by create revision: the first key seen of a name holds it.
-        let mut holders: HashMap<String, &KeyValue> = HashMap::new();
-        for kv in response.kvs() {
-            let Ok(full) = std::str::from_utf8(kv.key()) else {
-                continue;
-            };
-            let Some(name) = full.strip_prefix(self.inner.prefix.as_str()) else {
-                continue;
-            };
-            let Some((lock, lease_hex)) = name.rsplit_once('/') else {
-                continue; // a mark, or another program's key
-            };
-            let is_contender =
-                !lease_hex.is_empty() && lease_hex.bytes().all(|b| b.is_ascii_hexdigit());
-            if is_contender && lock.starts_with(prefix) {
-                holders.entry(lock.to_owned()).or_insert(kv);
+            }
+            match next.and_then(|next| recipe::continue_after(next, &end)) {
+                Some(next) if page.more => from = next,
+                _ => break,
             }
         }
         let mut ttls = HashMap::new();
         let mut listed = Vec::with_capacity(holders.len());
         for (lock, kv) in holders {
-            listed.push(self.describe(&lock, kv, "list", &mut ttls).await?.held);
+            listed.push(self.describe(&lock, &kv, "list", &mut ttls).await?.held);
         }
         listed.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(listed)
+    }
+
+    /// The lock name (distlock key) whose contender `kv` is, if it is one
+    /// under `prefix`: its key is `<key prefix><name>/<lease hex>`.
+    fn lock_of(&self, kv: &KeyValue, prefix: &str) -> Option<String> {
+        let full = std::str::from_utf8(kv.key()).ok()?;
+        let name = full.strip_prefix(self.inner.prefix.as_str())?;
+        // No `/`: a mark, or another program's key.
+        let (lock, lease_hex) = name.rsplit_once('/')?;
+        let is_contender =
+            !lease_hex.is_empty() && lease_hex.bytes().all(|b| b.is_ascii_hexdigit());
+        (is_contender && lock.starts_with(prefix)).then(|| lock.to_owned())
     }
 
     pub(super) async fn force_release_key(

@@ -170,11 +170,15 @@
 //!   more): how long the lock outlives a holder that stopped renewing now.
 //!   A key written by `etcdctl lock` or Go's `concurrency.Mutex` (an empty
 //!   value) is held by an unknown holder, never free.
-//! - [`Locker::list`] is one range read over `<key prefix><prefix>`,
-//!   grouped by lock name (the key up to its last `/`, so `K` and `K/x` are
-//!   listed apart; marks keys have no `/` and are skipped), reporting the
-//!   lowest create revision of each, plus one `TimeToLive` per holding
-//!   lease.
+//! - [`Locker::list`] reads every key under `<key prefix><prefix>` in
+//!   pages of 512 keys (each page under the request timeout, not the whole
+//!   listing, which grows with the number of locks; all pages at the
+//!   revision of the first, so the listing is one snapshot), grouped by
+//!   lock name (the key up to its last `/`, so `K` and `K/x` are listed
+//!   apart; marks keys have no `/` and are skipped), reporting the lowest
+//!   create revision of each, plus one `TimeToLive` per holding lease. One
+//!   unpaginated read failed past the 4 MiB a gRPC answer may have (about
+//!   10,000 held locks).
 //! - [`Locker::force_release`] with [`ForceRelease::Lock`](crate::inspect::ForceRelease::Lock)
 //!   deletes the holder's key, compared on its create revision (so a new
 //!   holder's key is never deleted), which hands the lock to the next
@@ -1349,8 +1353,9 @@ impl Locker for EtcdLocker {
         self.inspect_key(key).await
     }
 
-    /// One range read over `<key prefix><prefix>`, plus one `TimeToLive`
-    /// per holding lease.
+    /// Range reads over `<key prefix><prefix>` in pages of 512 keys (each
+    /// under the request timeout, all at one revision), plus one
+    /// `TimeToLive` per holding lease.
     async fn list(&self, prefix: &str) -> Result<Vec<inspect_api::HeldLock>> {
         self.list_keys(prefix).await
     }
