@@ -416,6 +416,16 @@ impl EtcdServer {
         self.cluster.kill(0);
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.cluster.pause(0);
+    }
+
+    /// Thaws the server (SIGCONT).
+    pub fn resume(&self) {
+        self.cluster.resume(0);
+    }
+
     /// Starts it again on the same port and data (locks and leases kept, as
     /// etcd persists them), and waits until it serves.
     pub fn restart(&mut self) {

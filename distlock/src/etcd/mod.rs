@@ -112,7 +112,10 @@
 //!   [`Error::DeadlineExceeded`] (then [`Error::Unavailable`] through a
 //!   [`BreakerLocker`](crate::BreakerLocker)), never contention. Members
 //!   are asked to refuse requests while they have no leader
-//!   (`require_leader`), so a partitioned member fails fast.
+//!   (`require_leader`), so a partitioned member fails fast. A
+//!   [`Locker::lock`] whose wait outlived a failure (its watch broke, then
+//!   etcd answered again) ends at its deadline as [`Error::Timeout`]; only
+//!   a failure still current at the deadline makes it an outage.
 //! - **Timeouts.** etcd-client has no default request timeout; this
 //!   backend sets three ([`Config`]): `connect_timeout` per connection,
 //!   `request_timeout` per request, `keepalive_timeout` per keep-alive
@@ -816,8 +819,11 @@ impl EtcdLocker {
     }
 
     /// Waits until no key is ahead of revision `revision` in `name`'s queue
-    /// (true), or until `deadline` (false). Errors past the deadline are
-    /// reported as errors, not as a timeout: an outage is not contention.
+    /// (true), or until `deadline` (false). A failure still current at the
+    /// deadline (the last read or watch failed, and nothing answered since)
+    /// is reported as that error, not as a timeout: an outage is not
+    /// contention. One that a later read answered is forgotten, so a brief
+    /// outage early in a wait does not turn its plain timeout into one.
     async fn wait_turn(
         &self,
         name: &str,
@@ -839,7 +845,11 @@ impl EtcdLocker {
                 })
                 .await
             {
-                Ok(ahead) => ahead,
+                // etcd answers again: whatever failed before is over.
+                Ok(ahead) => {
+                    last_error = None;
+                    ahead
+                }
                 Err(error) => {
                     last_error = Some(error);
                     self.pause(deadline).await;
@@ -858,8 +868,7 @@ impl EtcdLocker {
             )
             .await
             {
-                Ok(Watched::Deleted) => last_error = None,
-                Ok(Watched::TimedOut) => {}
+                Ok(Watched::Deleted | Watched::TimedOut) => {}
                 Err(failure) => {
                     last_error = Some(match failure {
                         WatchFailure::Etcd(error) => {

@@ -8,3 +8,4 @@ mod inspect;
 mod interop;
 mod nesting;
 mod session;
+mod waiting;
