@@ -80,7 +80,9 @@
 //!   about every ttl/3 and reads each answer. The ttl is how long the lock
 //!   outlives its holder's keep-alive: **a holder that crashes, hangs or
 //!   is cut off keeps the lock until its lease expires, one ttl (rounded
-//!   up to whole seconds) after its last successful keep-alive**; a live
+//!   up to whole seconds) after its last successful keep-alive**, and up
+//!   to one more ttl for each leader change meanwhile (see "What it does
+//!   not guarantee"); a live
 //!   holder keeps it until it releases, however long that is, as with
 //!   `etcdctl lock` ([`Capabilities::expires`] is false, like Postgres).
 //!   Bound a live holder with [`KeepAlive::max_hold`](crate::KeepAlive::max_hold).
@@ -203,15 +205,28 @@
 //!   etcd grants the lock to another. The fencing token (the create
 //!   revision) is the remedy: pass it to the protected resource and have it
 //!   reject writes with a smaller token than it has seen.
-//! - **A leader change extends the orphan bound.** etcd 3.4 resets every
-//!   lease's remaining ttl to its full ttl when a new leader takes over (a
-//!   lease with 3 s of 10 left gets 10 s again). A holder that crashed just
-//!   before a leader change therefore keeps its lock for up to one more
-//!   ttl: up to about 2 × ttl (plus the election) in all, instead of one
-//!   (measured: 4.4 s at a 2 s ttl with the leader killed 1.2 s after the
-//!   holder, against 2.4 s without). A restart of a single-node cluster
-//!   restores leases with their full ttl in the same way. Nothing is
-//!   granted early by it: the reset only ever lengthens.
+//! - **Each leader change extends the orphan bound.** etcd 3.4 resets
+//!   every lease's remaining ttl to its full ttl, plus an election timeout,
+//!   when a new leader takes over (a lease with 3 s of 10 left gets 10 s
+//!   again): the new leader's lessor is promoted with fresh expiries
+//!   (`Promote` in
+//!   <https://github.com/etcd-io/etcd/blob/release-3.4/lease/lessor.go>).
+//!   So a holder that crashed keeps its lock for **up to ttl × (1 + the
+//!   number of leader changes before its lease runs out)**, plus an
+//!   election timeout per change; under a leader that keeps flapping, for
+//!   as long as it flaps. Measured: 4.4 s at a 2 s ttl with the leader
+//!   killed 1.2 s after the holder (2.4 s without); 7.9 s at a 3 s ttl with
+//!   leadership moved at 2.2 s and 4.3 s (the test
+//!   `each_leader_change_extends_a_dead_holders_lease_by_up_to_one_ttl`).
+//!   A restart of a single-node cluster restores leases with their full
+//!   ttl in the same way. Nothing is granted early by it: the reset only
+//!   ever lengthens. There is no sound client-side remedy: a waiter that
+//!   reads the holder's lease (`LeaseTimeToLive`) cannot tell a reset from
+//!   a renewal by a live holder, and revoking on that guess could free a
+//!   lock its holder is still using. etcd 3.4.23's only lease-checkpoint
+//!   setting, `--experimental-enable-lease-checkpoint`, was not measured as
+//!   a remedy here. Rely on the fencing token for safety, and keep leader
+//!   changes rare (a stable network, an election timeout suited to it).
 //! - **Clock rate.** The holder gives its lease up on its own clock,
 //!   ttl − drift margin after the last keep-alive it sent; the server
 //!   expires it on the leader's clock. A holder whose clock runs much
