@@ -149,14 +149,10 @@ pub(super) async fn members(
     loop {
         let read = page(client, &from, &end, at, keys_only, &mut limit).await?;
         at = read.at;
-        let next = read.kvs.last().map(|last| {
-            let key = last.key();
-            let rest = key.get(prefix.len()..).unwrap_or_default();
-            match rest.iter().position(|&byte| byte == b'/') {
-                Some(slash) => [key.get(..prefix.len() + slash).unwrap_or(key), b"0"].concat(),
-                None => [key, b"\0"].concat(),
-            }
-        });
+        let next = read
+            .kvs
+            .last()
+            .map(|last| member_scan_next(&prefix, last.key()));
         found.extend(
             read.kvs
                 .into_iter()
@@ -166,6 +162,19 @@ pub(super) async fn members(
             Some(next) if read.more => from = next,
             _ => return Ok((found, at)),
         }
+    }
+}
+
+/// Where a scan of the queue `prefix` goes on after a page ending in `key`:
+/// just past it if it is a direct member; past the whole subtree of the
+/// nested name it belongs to otherwise (`P/x/...` goes on at `P/x0`, `0`
+/// being the byte after `/`, so `P/x` and `P/x.` came before and `P/x0`
+/// is next).
+fn member_scan_next(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+    let rest = key.get(prefix.len()..).unwrap_or_default();
+    match rest.iter().position(|&byte| byte == b'/') {
+        Some(slash) => [key.get(..prefix.len() + slash).unwrap_or(key), b"0"].concat(),
+        None => [key, b"\0"].concat(),
     }
 }
 
@@ -601,6 +610,20 @@ mod tests {
                 String::from_utf8_lossy(other)
             );
         }
+    }
+
+    #[test]
+    fn a_member_scan_skips_each_nested_subtree_in_one_hop() {
+        let prefix = b"lock:k/";
+        assert_eq!(member_scan_next(prefix, b"lock:k/1f"), b"lock:k/1f\0");
+        assert_eq!(member_scan_next(prefix, b"lock:k/x/1f"), b"lock:k/x0");
+        assert_eq!(member_scan_next(prefix, b"lock:k/x/y/1f"), b"lock:k/x0");
+        // Nothing of x's subtree is at or after the next start, nothing
+        // outside it is skipped.
+        let next = member_scan_next(prefix, b"lock:k/x/1f");
+        assert!(b"lock:k/x/zzzz/ffff".as_slice() < next.as_slice());
+        assert!(b"lock:k/x0".as_slice() >= next.as_slice());
+        assert!(b"lock:k/x.".as_slice() < b"lock:k/x/".as_slice());
     }
 
     #[test]

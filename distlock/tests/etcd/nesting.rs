@@ -246,3 +246,51 @@ async fn etcdctl_lock_interoperates_on_nested_names() {
     assert!(output.status.success());
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "got-a");
 }
+
+/// More nested keys, all older than ours, than one page of a queue scan
+/// (512): the scan goes past each nested name's subtree and still finds
+/// the direct members, which sort after them (lease ids in hex never
+/// start with `0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_behind_more_nested_keys_than_one_page_is_still_found() {
+    let server = EtcdServer::start();
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("connect etcd-client");
+    for i in 0..300 {
+        // Two keys per nested name, so a page ends inside a subtree.
+        for lease in ["1", "2"] {
+            raw.put(format!("lock:k/0n{i:03}/{lease}"), "", None)
+                .await
+                .expect("put a nested key");
+        }
+    }
+    let held = a
+        .try_lock("k", TTL)
+        .await
+        .expect("try")
+        .expect("k is free: only nested names are held");
+    assert!(b.try_lock("k", TTL).await.expect("try").is_none());
+    assert_eq!(
+        b.inspect("k")
+            .await
+            .expect("inspect")
+            .and_then(|h| h.fencing_token),
+        held.fencing_token()
+    );
+    assert!(matches!(
+        b.forget("k").await,
+        Err(distlock::Error::NotAcquired { .. })
+    ));
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("k", TTL, Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.expect("release");
+    let next = waiting.await.expect("join").expect("granted after release");
+    next.release().await.expect("release");
+    assert_eq!(b.inspect("k").await.expect("inspect"), None);
+    b.forget("k").await.expect("nobody holds or waits for k");
+}
