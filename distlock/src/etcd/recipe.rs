@@ -110,9 +110,12 @@ pub(super) async fn page(
                     kvs: response.take_kvs(),
                 })
             }
-            // tonic's "decoded message length too large".
+            // tonic's "decoded message length too large" (etcd's own
+            // OutOfRange, a compacted revision, is not helped by halving).
             Err(etcd_client::Error::GRpcStatus(status))
-                if status.code() == tonic::Code::OutOfRange && *limit > 1 =>
+                if status.code() == tonic::Code::OutOfRange
+                    && status.message().contains("message length too large")
+                    && *limit > 1 =>
             {
                 *limit /= 2;
             }
