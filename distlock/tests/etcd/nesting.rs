@@ -4,7 +4,7 @@
 //! (`lock:K/<lease hex>`): acquiring, waiting for the key ahead, inspecting,
 //! listing, forgetting and force-releasing `K` never see `K/x`'s holder.
 
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use distlock::etcd::EtcdLocker;
@@ -13,6 +13,29 @@ use distlock::Locker;
 use test_servers::EtcdServer;
 
 const TTL: Duration = Duration::from_secs(10);
+
+/// A child process killed and reaped if the test ends (or fails) before
+/// it was taken back: a waiting `etcdctl lock` outlives its server.
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("the child was taken")
+    }
+
+    fn take(mut self) -> Child {
+        self.0.take().expect("the child was taken")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
 
 async fn connect(server: &EtcdServer) -> EtcdLocker {
     EtcdLocker::from_url(&server.url())
@@ -182,17 +205,20 @@ async fn etcdctl_lock_interoperates_on_nested_names() {
         .await
         .expect("try")
         .expect("free");
-    let mut etcdctl = server
-        .etcdctl_command(&["lock", "lock:a/b", "--", "echo", "got-it"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn etcdctl lock");
+    let mut etcdctl = Reaped(Some(
+        server
+            .etcdctl_command(&["lock", "lock:a/b", "--", "echo", "got-it"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn etcdctl lock"),
+    ));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        etcdctl.try_wait().expect("try_wait").is_none(),
+        etcdctl.child().try_wait().expect("try_wait").is_none(),
         "etcdctl got lock:a/b while we held a/b"
     );
     ab.release().await.expect("release");
+    let etcdctl = etcdctl.take();
     let output = tokio::task::spawn_blocking(move || etcdctl.wait_with_output())
         .await
         .expect("join")
@@ -201,11 +227,13 @@ async fn etcdctl_lock_interoperates_on_nested_names() {
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "got-it");
 
     // etcdctl holds a/b: our a is free, our a/b is not.
-    let mut etcdctl = server
-        .etcdctl_command(&["lock", "lock:a/b", "--", "sleep", "30"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn etcdctl lock");
+    let etcdctl = Reaped(Some(
+        server
+            .etcdctl_command(&["lock", "lock:a/b", "--", "sleep", "30"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn etcdctl lock"),
+    ));
     let deadline = Instant::now() + Duration::from_secs(10);
     while keys_under(&server, "lock:a/b/").is_empty() {
         assert!(Instant::now() < deadline, "etcdctl never took lock:a/b");
@@ -223,22 +251,24 @@ async fn etcdctl_lock_interoperates_on_nested_names() {
 
     // Go's recipe: `etcdctl lock lock:a` waits behind the holder of
     // lock:a/b, though nobody holds a.
-    let mut behind = server
-        .etcdctl_command(&["lock", "lock:a", "--", "echo", "got-a"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn etcdctl lock");
+    let mut behind = Reaped(Some(
+        server
+            .etcdctl_command(&["lock", "lock:a", "--", "echo", "got-a"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn etcdctl lock"),
+    ));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        behind.try_wait().expect("try_wait").is_none(),
+        behind.child().try_wait().expect("try_wait").is_none(),
         "etcdctl lock lock:a no longer waits behind lock:a/b: update the module docs"
     );
-    etcdctl.kill().expect("kill etcdctl");
-    let _ = etcdctl.wait();
-    // Its key lives on a 60 s lease: delete it; the waiter then runs.
+    drop(etcdctl); // killed and reaped
+                   // Its key lives on a 60 s lease: delete it; the waiter then runs.
     for key in keys_under(&server, "lock:a/b/") {
         server.etcdctl_ok(&["del", &key]);
     }
+    let behind = behind.take();
     let output = tokio::task::spawn_blocking(move || behind.wait_with_output())
         .await
         .expect("join")
