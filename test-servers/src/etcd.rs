@@ -289,6 +289,40 @@ impl EtcdCluster {
         None
     }
 
+    /// Hands leadership to member `to` (`etcdctl move-leader`, sent to the
+    /// current leader) and waits until `to` leads: a leader change without
+    /// a member going down. Panics if it does not happen within 10 s.
+    pub fn move_leader(&self, to: usize) {
+        let status = self.etcdctl_at(
+            &self.members[to].client_url(),
+            &["endpoint", "status", "-w", "fields"],
+        );
+        let text = String::from_utf8_lossy(&status.stdout);
+        let id: u64 = text
+            .lines()
+            .find_map(|line| line.strip_prefix("\"MemberID\" : "))
+            .and_then(|id| id.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no member id in: {text}"));
+        let leader = self.wait_for_leader(Duration::from_secs(10));
+        if leader == to {
+            return;
+        }
+        let output = self.etcdctl_at(
+            &self.members[leader].client_url(),
+            &["move-leader", &format!("{id:x}")],
+        );
+        assert!(
+            output.status.success(),
+            "etcdctl move-leader failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.leader() != Some(to) {
+            assert!(Instant::now() < deadline, "member {to} never took the lead");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until some running member reports a leader, or panics.
     pub fn wait_for_leader(&self, timeout: Duration) -> usize {
         let deadline = Instant::now() + timeout;
@@ -414,6 +448,16 @@ impl EtcdServer {
     /// Kills the server (SIGKILL).
     pub fn kill(&mut self) {
         self.cluster.kill(0);
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.cluster.pause(0);
+    }
+
+    /// Thaws the server (SIGCONT).
+    pub fn resume(&self) {
+        self.cluster.resume(0);
     }
 
     /// Starts it again on the same port and data (locks and leases kept, as

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use distlock::Locker;
 use test_servers::{EtcdCluster, EtcdServer};
 
-use crate::support::{stderr, wait_for_exit, BIN};
+use crate::support::{code, stderr, wait_for_exit, BIN};
 
 /// Waits until `etcdctl` shows a key under `name/`, or panics.
 fn wait_for_holder(show: impl Fn() -> String, name: &str) -> String {
@@ -188,6 +188,57 @@ async fn a_sigkilled_holder_across_a_leader_kill_frees_the_lock_within_two_ttls(
     );
     assert!(freed < Duration::from_secs(2 * ttl + 5), "{freed:?}");
     cluster.restart(leader);
+}
+
+/// The scenario with real processes: while `distlock run` holds
+/// `jobs/nightly`, the name `jobs` is free for `status`, `run` and
+/// `release --force`, and `release --force --key jobs` leaves the
+/// `jobs/nightly` holder's key (and its command) alone.
+#[test]
+fn a_nested_name_held_by_distlock_run_leaves_its_parent_name_free() {
+    let server = EtcdServer::start();
+    let url = server.url();
+    let mut holder = spawn_holder(&url, "jobs/nightly", "3s");
+    let show = || server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:jobs/"]);
+    let nightly_key = wait_for_holder(show, "lock:jobs/nightly");
+    let distlock = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+
+    let output = distlock(&["status", "--url", &url, "--key", "jobs"]);
+    assert_eq!(code(&output), 1, "jobs is free: {}", stderr(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "\"jobs\" is free\n"
+    );
+    let output = distlock(&["status", "--url", &url, "--key", "jobs/nightly"]);
+    assert_eq!(
+        code(&output),
+        0,
+        "jobs/nightly is held: {}",
+        stderr(&output)
+    );
+
+    let output = distlock(&["run", "--url", &url, "--key", "jobs", "--", "true"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+
+    let output = distlock(&["release", "--url", &url, "--key", "jobs", "--force"]);
+    assert_eq!(code(&output), 1, "nothing held: {}", stderr(&output));
+    assert_eq!(
+        show().lines().filter(|l| !l.is_empty()).collect::<Vec<_>>(),
+        [nightly_key.as_str()],
+        "jobs/nightly's key is untouched"
+    );
+    // Two refreshes later (every ttl/3) the holder still runs its command.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        holder.try_wait().unwrap().is_none(),
+        "the jobs/nightly holder lost its lock: {}",
+        holder
+            .try_wait()
+            .map(|s| format!("{s:?}"))
+            .unwrap_or_default()
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
 }
 
 #[test]

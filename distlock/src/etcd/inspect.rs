@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 
-use super::recipe::{self, queue_prefix};
+use super::recipe;
 use super::{errors, EtcdLocker, BACKEND};
 use crate::inspect::{self, ForceRelease, HeldLock};
 use crate::{Error, Result};
@@ -26,28 +26,24 @@ struct Found {
 }
 
 impl EtcdLocker {
-    /// The first contender of `name`'s queue, described as `key`.
+    /// The first contender of `name`'s queue, described as `key`: the same
+    /// direct members the acquire transaction orders ([`recipe::first_of`]),
+    /// never a nested name's holder.
     async fn holder_of(&self, key: &str, operation: &'static str) -> Result<Option<Found>> {
-        let prefix = queue_prefix(&self.backend_key(key));
-        let response = self
+        let name = self.backend_key(key);
+        let (first, _) = self
             .inner
             .request(operation, false, || {
-                let mut kv = self.inner.kv();
-                let prefix = prefix.clone();
-                async move {
-                    let options = GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1);
-                    kv.get(prefix, Some(options)).await
-                }
+                recipe::first_of(self.inner.kv(), &name, false)
             })
             .await?;
-        let Some(first) = response.kvs().first() else {
+        let Some(first) = first else {
             return Ok(None);
         };
         let mut ttls = HashMap::new();
-        Ok(Some(self.describe(key, first, operation, &mut ttls).await?))
+        Ok(Some(
+            self.describe(key, &first, operation, &mut ttls).await?,
+        ))
     }
 
     /// What a contender key says of its grant, with its lease's remaining
@@ -104,50 +100,71 @@ impl EtcdLocker {
             .map(|found| found.held))
     }
 
-    /// One range read over every key under `<key prefix><prefix>`, grouped
-    /// by lock name (the key up to its last `/`; marks keys, which have
-    /// none, are skipped), the lowest create revision of each being its
-    /// holder.
+    /// Every key under `<key prefix><prefix>`, read in pages of
+    /// [`recipe::PAGE`] keys (each under the request timeout, all at the
+    /// revision of the first: one snapshot), grouped by lock name (the key
+    /// up to its last `/`; marks keys, which have none, are skipped), the
+    /// lowest create revision of each being its holder.
     pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let start = format!("{}{prefix}", self.inner.prefix);
-        let response = self
-            .inner
-            .request("list", false, || {
-                let mut kv = self.inner.kv();
-                let start = start.clone();
-                async move {
-                    let options = GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend);
-                    kv.get(start, Some(options)).await
+        let start = format!("{}{prefix}", self.inner.prefix).into_bytes();
+        let end = recipe::prefix_end(&start);
+        // The holder (lowest create revision) of each name seen so far.
+        let mut holders: HashMap<String, KeyValue> = HashMap::new();
+        let mut from = start;
+        let mut at = 0;
+        let mut limit = recipe::PAGE;
+        loop {
+            let page = self
+                .inner
+                .request("list", false, || {
+                    let mut kv = self.inner.kv();
+                    let (from, end) = (from.clone(), end.clone());
+                    let mut page_limit = limit;
+                    async move {
+                        let page =
+                            recipe::page(&mut kv, &from, &end, at, false, &mut page_limit).await?;
+                        Ok((page, page_limit))
+                    }
+                })
+                .await?;
+            let (page, page_limit) = page;
+            limit = page_limit;
+            at = page.at;
+            let next = page.kvs.last().map(|kv| [kv.key(), b"\0"].concat());
+            for kv in page.kvs {
+                if let Some(lock) = self.lock_of(&kv, prefix) {
+                    let older = holders
+                        .get(&lock)
+                        .is_some_and(|held| held.create_revision() <= kv.create_revision());
+                    if !older {
+                        holders.insert(lock, kv);
+                    }
                 }
-            })
-            .await?;
-        // Sorted by create revision: the first key seen of a name holds it.
-        let mut holders: HashMap<String, &KeyValue> = HashMap::new();
-        for kv in response.kvs() {
-            let Ok(full) = std::str::from_utf8(kv.key()) else {
-                continue;
-            };
-            let Some(name) = full.strip_prefix(self.inner.prefix.as_str()) else {
-                continue;
-            };
-            let Some((lock, lease_hex)) = name.rsplit_once('/') else {
-                continue; // a mark, or another program's key
-            };
-            let is_contender =
-                !lease_hex.is_empty() && lease_hex.bytes().all(|b| b.is_ascii_hexdigit());
-            if is_contender && lock.starts_with(prefix) {
-                holders.entry(lock.to_owned()).or_insert(kv);
+            }
+            match next.and_then(|next| recipe::continue_after(next, &end)) {
+                Some(next) if page.more => from = next,
+                _ => break,
             }
         }
         let mut ttls = HashMap::new();
         let mut listed = Vec::with_capacity(holders.len());
         for (lock, kv) in holders {
-            listed.push(self.describe(&lock, kv, "list", &mut ttls).await?.held);
+            listed.push(self.describe(&lock, &kv, "list", &mut ttls).await?.held);
         }
         listed.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(listed)
+    }
+
+    /// The lock name (distlock key) whose contender `kv` is, if it is one
+    /// under `prefix`: its key is `<key prefix><name>/<lease hex>`.
+    fn lock_of(&self, kv: &KeyValue, prefix: &str) -> Option<String> {
+        let full = std::str::from_utf8(kv.key()).ok()?;
+        let name = full.strip_prefix(self.inner.prefix.as_str())?;
+        // No `/`: a mark, or another program's key.
+        let (lock, lease_hex) = name.rsplit_once('/')?;
+        let is_contender =
+            !lease_hex.is_empty() && lease_hex.bytes().all(|b| b.is_ascii_hexdigit());
+        (is_contender && lock.starts_with(prefix)).then(|| lock.to_owned())
     }
 
     pub(super) async fn force_release_key(

@@ -4,11 +4,29 @@
 //!
 //! - **Names**: the distlock key `K` is the etcd lock name `<prefix>K`
 //!   (prefix default `lock:`), the name `etcdctl lock lock:K` takes.
+//! - **Names that nest are distinct locks.** The queue of `K` is its
+//!   *direct members*, the keys `<prefix>K/<lease hex>`; the keys of `K/x`
+//!   (`<prefix>K/x/<lease hex>`), though under the same etcd prefix, are
+//!   another queue. Every read of a queue (acquire, the wait for the key
+//!   ahead, inspect, list, forget, force-release) keeps the direct members
+//!   only, so `jobs` is free while `jobs/nightly` is held, and forcing
+//!   `jobs` out never deletes a `jobs/nightly` key.
+//! - **Interoperability with `etcdctl lock` and Go's `concurrency.Mutex`**
+//!   holds for every key, nested or not: the same name is the same queue,
+//!   and neither side is ever granted a lock the other holds. One
+//!   difference is theirs: Go's recipe ranges over the whole prefix, so
+//!   `etcdctl lock lock:K` also waits while anyone (us included) holds or
+//!   waits for `K/x` (checked against etcd 3.4's `etcdctl`). While it waits
+//!   there, its key is the first of `K`'s queue, so our `K` waits behind
+//!   it and [`Locker::inspect`] reports it as `K`'s holder: it costs
+//!   waiting, never exclusion. Names without a `/` are not affected.
 //! - **Acquire** is one transaction, as `concurrency.Mutex` does it: write
 //!   `<name>/<lease id in hex>` on this locker's session lease *only if
 //!   absent*, and read the key under `<name>/` with the lowest create
-//!   revision: that key's owner holds the lock. A [`Locker::try_lock`] that
-//!   is not first deletes its own key again and reports contention.
+//!   revision: that key's owner holds the lock. If that key is a nested
+//!   name's, one more read finds whether a direct member is ahead of ours.
+//!   A [`Locker::try_lock`] that is not first deletes its own key again and
+//!   reports contention.
 //! - **Waiting** ([`Locker::lock`]) keeps its key in the queue and watches
 //!   the key just ahead of it for deletion, then looks again: waiters are
 //!   woken in FIFO order by etcd itself, without polling. When nothing is
@@ -62,7 +80,9 @@
 //!   about every ttl/3 and reads each answer. The ttl is how long the lock
 //!   outlives its holder's keep-alive: **a holder that crashes, hangs or
 //!   is cut off keeps the lock until its lease expires, one ttl (rounded
-//!   up to whole seconds) after its last successful keep-alive**; a live
+//!   up to whole seconds) after its last successful keep-alive**, and up
+//!   to one more ttl for each leader change meanwhile (see "What it does
+//!   not guarantee"); a live
 //!   holder keeps it until it releases, however long that is, as with
 //!   `etcdctl lock` ([`Capabilities::expires`] is false, like Postgres).
 //!   Bound a live holder with [`KeepAlive::max_hold`](crate::KeepAlive::max_hold).
@@ -94,13 +114,17 @@
 //!   [`Error::DeadlineExceeded`] (then [`Error::Unavailable`] through a
 //!   [`BreakerLocker`](crate::BreakerLocker)), never contention. Members
 //!   are asked to refuse requests while they have no leader
-//!   (`require_leader`), so a partitioned member fails fast.
+//!   (`require_leader`), so a partitioned member fails fast. A
+//!   [`Locker::lock`] whose wait outlived a failure (its watch broke, then
+//!   etcd answered again) ends at its deadline as [`Error::Timeout`]; only
+//!   a failure still current at the deadline makes it an outage.
 //! - **Timeouts.** etcd-client has no default request timeout; this
 //!   backend sets three ([`Config`]): `connect_timeout` per connection,
 //!   `request_timeout` per request, `keepalive_timeout` per keep-alive
 //!   answer (and the HTTP/2 ping timeout). [`Locker::try_lock`] is bounded
-//!   by [`EtcdLocker::operation_bound`] (three requests: a lease grant for
-//!   a new ttl class, the acquire transaction, and its undo on contention);
+//!   by [`EtcdLocker::operation_bound`] (four requests: a lease grant for
+//!   a new ttl class, the acquire transaction, a read of the queue when a
+//!   nested name's key is older than ours, and the undo on contention);
 //!   [`Locker::lock`] by its timeout + [`DEADLINE_GRACE`].
 //! - **An acquire whose outcome is unknown** (its answer timed out, the
 //!   connection broke after it was sent, or its future was dropped) may
@@ -151,12 +175,15 @@
 //!   more): how long the lock outlives a holder that stopped renewing now.
 //!   A key written by `etcdctl lock` or Go's `concurrency.Mutex` (an empty
 //!   value) is held by an unknown holder, never free.
-//! - [`Locker::list`] is one range read over `<key prefix><prefix>`,
-//!   grouped by lock name (the key up to its last `/`; marks keys have no
-//!   `/` and are skipped), reporting the lowest create revision of each,
-//!   plus one `TimeToLive` per holding lease. As with etcd's recipe, a name
-//!   that is another name plus `/...` shares its queue prefix: the holder
-//!   of `K/x` is also in `K`'s queue.
+//! - [`Locker::list`] reads every key under `<key prefix><prefix>` in
+//!   pages of 512 keys (each page under the request timeout, not the whole
+//!   listing, which grows with the number of locks; all pages at the
+//!   revision of the first, so the listing is one snapshot), grouped by
+//!   lock name (the key up to its last `/`, so `K` and `K/x` are listed
+//!   apart; marks keys have no `/` and are skipped), reporting the lowest
+//!   create revision of each, plus one `TimeToLive` per holding lease. One
+//!   unpaginated read failed past the 4 MiB a gRPC answer may have (about
+//!   10,000 held locks).
 //! - [`Locker::force_release`] with [`ForceRelease::Lock`](crate::inspect::ForceRelease::Lock)
 //!   deletes the holder's key, compared on its create revision (so a new
 //!   holder's key is never deleted), which hands the lock to the next
@@ -178,15 +205,28 @@
 //!   etcd grants the lock to another. The fencing token (the create
 //!   revision) is the remedy: pass it to the protected resource and have it
 //!   reject writes with a smaller token than it has seen.
-//! - **A leader change extends the orphan bound.** etcd 3.4 resets every
-//!   lease's remaining ttl to its full ttl when a new leader takes over (a
-//!   lease with 3 s of 10 left gets 10 s again). A holder that crashed just
-//!   before a leader change therefore keeps its lock for up to one more
-//!   ttl: up to about 2 × ttl (plus the election) in all, instead of one
-//!   (measured: 4.4 s at a 2 s ttl with the leader killed 1.2 s after the
-//!   holder, against 2.4 s without). A restart of a single-node cluster
-//!   restores leases with their full ttl in the same way. Nothing is
-//!   granted early by it: the reset only ever lengthens.
+//! - **Each leader change extends the orphan bound.** etcd 3.4 resets
+//!   every lease's remaining ttl to its full ttl, plus an election timeout,
+//!   when a new leader takes over (a lease with 3 s of 10 left gets 10 s
+//!   again): the new leader's lessor is promoted with fresh expiries
+//!   (`Promote` in
+//!   <https://github.com/etcd-io/etcd/blob/release-3.4/lease/lessor.go>).
+//!   So a holder that crashed keeps its lock for **up to ttl × (1 + the
+//!   number of leader changes before its lease runs out)**, plus an
+//!   election timeout per change; under a leader that keeps flapping, for
+//!   as long as it flaps. Measured: 4.4 s at a 2 s ttl with the leader
+//!   killed 1.2 s after the holder (2.4 s without); 7.9 s at a 3 s ttl with
+//!   leadership moved at 2.2 s and 4.3 s (the test
+//!   `each_leader_change_extends_a_dead_holders_lease_by_up_to_one_ttl`).
+//!   A restart of a single-node cluster restores leases with their full
+//!   ttl in the same way. Nothing is granted early by it: the reset only
+//!   ever lengthens. There is no sound client-side remedy: a waiter that
+//!   reads the holder's lease (`LeaseTimeToLive`) cannot tell a reset from
+//!   a renewal by a live holder, and revoking on that guess could free a
+//!   lock its holder is still using. etcd 3.4.23's only lease-checkpoint
+//!   setting, `--experimental-enable-lease-checkpoint`, was not measured as
+//!   a remedy here. Rely on the fencing token for safety, and keep leader
+//!   changes rare (a stable network, an election timeout suited to it).
 //! - **Clock rate.** The holder gives its lease up on its own clock,
 //!   ttl − drift margin after the last keep-alive it sent; the server
 //!   expires it on the leader's clock. A holder whose clock runs much
@@ -411,11 +451,12 @@ impl EtcdLocker {
         &self.inner.prefix
     }
 
-    /// The bound on [`Locker::try_lock`]: three request timeouts (a lease
-    /// grant for a new ttl class, the acquire transaction, the undo of a
-    /// contended attempt). 6 s with the default timeouts.
+    /// The bound on [`Locker::try_lock`]: four request timeouts (a lease
+    /// grant for a new ttl class, the acquire transaction, a read of the
+    /// queue when a nested name's key is older than ours, the undo of a
+    /// contended attempt). 8 s with the default timeouts.
     pub fn operation_bound(&self) -> Duration {
-        self.inner.request_timeout.saturating_mul(3)
+        self.inner.request_timeout.saturating_mul(4)
     }
 
     /// The session lease ids this locker holds now, one per ttl class in
@@ -720,7 +761,17 @@ impl EtcdLocker {
             written.revision = Some(revision);
         }
         let key_name = contender_key(&name, session.lease);
-        if first != revision {
+        let first = match first {
+            Some(first) => first == revision,
+            // A nested name's key is older than ours: is one of ours?
+            None => self
+                .request("acquire", false, || {
+                    recipe::ahead_of(self.inner.kv(), &name, revision)
+                })
+                .await?
+                .is_none(),
+        };
+        if !first {
             match wait {
                 None => {
                     // Not first: leave the queue and report contention.
@@ -783,8 +834,11 @@ impl EtcdLocker {
     }
 
     /// Waits until no key is ahead of revision `revision` in `name`'s queue
-    /// (true), or until `deadline` (false). Errors past the deadline are
-    /// reported as errors, not as a timeout: an outage is not contention.
+    /// (true), or until `deadline` (false). A failure still current at the
+    /// deadline (the last read or watch failed, and nothing answered since)
+    /// is reported as that error, not as a timeout: an outage is not
+    /// contention. One that a later read answered is forgotten, so a brief
+    /// outage early in a wait does not turn its plain timeout into one.
     async fn wait_turn(
         &self,
         name: &str,
@@ -806,7 +860,11 @@ impl EtcdLocker {
                 })
                 .await
             {
-                Ok(ahead) => ahead,
+                // etcd answers again: whatever failed before is over.
+                Ok(ahead) => {
+                    last_error = None;
+                    ahead
+                }
                 Err(error) => {
                     last_error = Some(error);
                     self.pause(deadline).await;
@@ -825,8 +883,7 @@ impl EtcdLocker {
             )
             .await
             {
-                Ok(Watched::Deleted) => last_error = None,
-                Ok(Watched::TimedOut) => {}
+                Ok(Watched::Deleted | Watched::TimedOut) => {}
                 Err(failure) => {
                     last_error = Some(match failure {
                         WatchFailure::Etcd(error) => {
@@ -1320,8 +1377,9 @@ impl Locker for EtcdLocker {
         self.inspect_key(key).await
     }
 
-    /// One range read over `<key prefix><prefix>`, plus one `TimeToLive`
-    /// per holding lease.
+    /// Range reads over `<key prefix><prefix>` in pages of 512 keys (each
+    /// under the request timeout, all at one revision), plus one
+    /// `TimeToLive` per holding lease.
     async fn list(&self, prefix: &str) -> Result<Vec<inspect_api::HeldLock>> {
         self.list_keys(prefix).await
     }

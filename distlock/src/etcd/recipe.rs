@@ -11,6 +11,15 @@
 //!   below its own) until it is deleted, then looks again, until none is
 //!   left ahead.
 //!
+//! One difference: `P/` also contains the queues of every name under `P`
+//! (`P/x/<lease>` is a contender for `P/x`), and `mutex.go` counts them as
+//! contenders for `P` too. Here the queue of `P` is its *direct members*
+//! only, the keys with no `/` after `P/` ([`is_member`]): a range over `P/`
+//! that answers with a nested name's key first is followed by a scan of the
+//! direct members ([`members`]). Every read of a queue goes through these
+//! two, so acquiring, waiting, inspecting, forgetting and force-releasing
+//! agree on who is in it.
+//!
 //! Our keys' values start with the secret part of the owner token and a
 //! line break, followed by the grant's holder record
 //! ([`HolderRecord::encode`]; nothing with recording off). etcd's mutex
@@ -22,8 +31,8 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::time::Instant;
 
@@ -32,6 +41,144 @@ use crate::inspect::HolderRecord;
 /// The prefix of every contender's key of lock name `name`: `name/`.
 pub(super) fn queue_prefix(name: &str) -> String {
     format!("{name}/")
+}
+
+/// Whether `key` is a direct member of the queue whose prefix is `prefix`
+/// ([`queue_prefix`]): something follows the prefix, and no `/`. A key with
+/// a `/` after the prefix belongs to the queue of a nested name.
+pub(super) fn is_member(prefix: &[u8], key: &[u8]) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
+/// The end of the range of every key that starts with `prefix`: the prefix
+/// with its last byte below `0xff` incremented and the rest cut (etcd's own
+/// `GetPrefixRangeEnd`); `\0`, "to the end of the key space", if there is
+/// no such byte.
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&byte| byte < 0xff) {
+        Some(last) => {
+            let mut end = prefix[..=last].to_vec();
+            end[last] = end[last].saturating_add(1);
+            end
+        }
+        None => vec![0],
+    }
+}
+
+/// How many keys one page of a scan asks for ([`members`], and the
+/// listing's). Our keys are at most about 2.5 KiB with their values (a
+/// 1 KiB name, a 32-byte secret, a record with a 256-byte label), so a page
+/// stays far below the 4 MiB a gRPC answer may have (tonic's default limit,
+/// which etcd-client keeps): a single read of a whole prefix failed past
+/// about 10,000 held locks.
+pub(super) const PAGE: i64 = 512;
+
+/// One page of a scan: the keys read, whether the range has more, and the
+/// revision read at.
+pub(super) struct Page {
+    pub(super) kvs: Vec<KeyValue>,
+    pub(super) more: bool,
+    pub(super) at: i64,
+}
+
+/// Reads up to `limit` keys of `[from, end)` in key order at revision `at`
+/// (the newest if 0). A page the client cannot take in one answer (values
+/// far bigger than ours, written by another program) is asked again with
+/// half the limit, which stays halved for the pages after it.
+pub(super) async fn page(
+    client: &mut etcd_client::KvClient,
+    from: &[u8],
+    end: &[u8],
+    at: i64,
+    keys_only: bool,
+    limit: &mut i64,
+) -> Result<Page, etcd_client::Error> {
+    loop {
+        let mut options = GetOptions::new()
+            .with_range(end)
+            .with_limit(*limit)
+            .with_revision(at);
+        if keys_only {
+            options = options.with_keys_only();
+        }
+        match client.get(from, Some(options)).await {
+            Ok(mut response) => {
+                return Ok(Page {
+                    more: response.more(),
+                    at: response.header().map_or(at, |h| h.revision()),
+                    kvs: response.take_kvs(),
+                })
+            }
+            // tonic's "decoded message length too large" (etcd's own
+            // OutOfRange, a compacted revision, is not helped by halving).
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.code() == tonic::Code::OutOfRange
+                    && status.message().contains("message length too large")
+                    && *limit > 1 =>
+            {
+                *limit /= 2;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// `next`, where a scan's next page would start, if that is still inside
+/// the range ending at `end`; `None` once the range is done.
+pub(super) fn continue_after(next: Vec<u8>, end: &[u8]) -> Option<Vec<u8>> {
+    // `\0` as the end is "to the end of the key space".
+    (end == [0] || next.as_slice() < end).then_some(next)
+}
+
+/// Every direct member of `name`'s queue ([`is_member`]) at revision `at`
+/// (the newest if 0), and the revision read at: `name/` read in key order,
+/// [`PAGE`] keys at a time ([`page`]), every page at the revision of the
+/// first (one snapshot). Each nested name's subtree is skipped at once
+/// (after `P/x/...` the next page starts at `P/x0`, `0` being the byte
+/// after `/`), so there is about one page per [`PAGE`] direct members plus
+/// one per nested name met.
+pub(super) async fn members(
+    client: &mut etcd_client::KvClient,
+    name: &str,
+    mut at: i64,
+    keys_only: bool,
+) -> Result<(Vec<KeyValue>, i64), etcd_client::Error> {
+    let prefix = queue_prefix(name).into_bytes();
+    let end = prefix_end(&prefix);
+    let mut found = Vec::new();
+    let mut from = prefix.clone();
+    let mut limit = PAGE;
+    loop {
+        let read = page(client, &from, &end, at, keys_only, &mut limit).await?;
+        at = read.at;
+        let next = read
+            .kvs
+            .last()
+            .map(|last| member_scan_next(&prefix, last.key()));
+        found.extend(
+            read.kvs
+                .into_iter()
+                .filter(|kv| is_member(&prefix, kv.key())),
+        );
+        match next.and_then(|next| continue_after(next, &end)) {
+            Some(next) if read.more => from = next,
+            _ => return Ok((found, at)),
+        }
+    }
+}
+
+/// Where a scan of the queue `prefix` goes on after a page ending in `key`:
+/// just past it if it is a direct member; past the whole subtree of the
+/// nested name it belongs to otherwise (`P/x/...` goes on at `P/x0`, `0`
+/// being the byte after `/`, so `P/x` and `P/x.` came before and `P/x0`
+/// is next).
+fn member_scan_next(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+    let rest = key.get(prefix.len()..).unwrap_or_default();
+    match rest.iter().position(|&byte| byte == b'/') {
+        Some(slash) => [key.get(..prefix.len() + slash).unwrap_or(key), b"0"].concat(),
+        None => [key, b"\0"].concat(),
+    }
 }
 
 /// The key a contender holding lease `lease` writes for `name`:
@@ -107,8 +254,9 @@ impl Token {
 pub(super) enum Enqueued {
     /// Our key was written at `revision` (its create revision, the fencing
     /// token if granted); the first key in the queue has create revision
-    /// `first`.
-    Written { revision: i64, first: i64 },
+    /// `first`, or `None` if the oldest key under the queue's prefix is a
+    /// nested name's (then [`ahead_of`] says whether anything is ahead).
+    Written { revision: i64, first: Option<i64> },
     /// A key of our lease for this name already existed, created at
     /// `revision`: an orphan of an earlier attempt whose clean-up failed.
     Orphan { revision: i64 },
@@ -147,17 +295,23 @@ pub(super) async fn enqueue(
     let response = client.txn(txn).await?;
     let revision = response.header().map_or(0, |h| h.revision());
     let responses = response.op_responses();
-    let create_revision_of = |index: usize| match responses.get(index) {
-        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
+    let first_of = |index: usize| match responses.get(index) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first(),
         _ => None,
     };
     if response.succeeded() {
-        // Our own key is in the queue, so the first one exists.
-        let first = create_revision_of(1).unwrap_or(revision);
+        // Our own key is in the queue, so the first one exists; if it is a
+        // nested name's, the first of ours is unknown.
+        let prefix = queue_prefix(name);
+        let first = match first_of(1) {
+            Some(kv) if is_member(prefix.as_bytes(), kv.key()) => Some(kv.create_revision()),
+            Some(_) => None,
+            None => Some(revision),
+        };
         Ok(Enqueued::Written { revision, first })
     } else {
         Ok(Enqueued::Orphan {
-            revision: create_revision_of(0).unwrap_or(0),
+            revision: first_of(0).map_or(0, KeyValue::create_revision),
         })
     }
 }
@@ -278,44 +432,93 @@ fn holds_secret(value: &[u8], secret: &str) -> bool {
     value.starts_with(secret.as_bytes()) && value.get(secret.len()).is_some_and(|&byte| byte < 0x0b)
 }
 
-/// How many contenders `name`'s queue has (holder included).
+/// How many contenders `name`'s queue has (holder included): one count
+/// of the prefix, and a scan of the direct members only if that counted
+/// any (they may all be nested names').
 pub(super) async fn queue_length(
     mut client: etcd_client::KvClient,
     name: &str,
-) -> Result<i64, etcd_client::Error> {
+) -> Result<usize, etcd_client::Error> {
     let response = client
         .get(
             queue_prefix(name),
             Some(GetOptions::new().with_prefix().with_count_only()),
         )
         .await?;
-    Ok(response.count())
+    if response.count() == 0 {
+        return Ok(0);
+    }
+    let at = response.header().map_or(0, |h| h.revision());
+    Ok(members(&mut client, name, at, true).await?.0.len())
+}
+
+/// The first contender of `name`'s queue (lowest create revision, as the
+/// acquire transaction sees it), with its value unless `keys_only`, and the
+/// revision read at: one sorted read of the prefix, and a scan of the
+/// direct members if that answered with a nested name's key.
+pub(super) async fn first_of(
+    mut client: etcd_client::KvClient,
+    name: &str,
+    keys_only: bool,
+) -> Result<(Option<KeyValue>, i64), etcd_client::Error> {
+    let prefix = queue_prefix(name);
+    let mut options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    if keys_only {
+        options = options.with_keys_only();
+    }
+    let mut response = client.get(prefix.as_str(), Some(options)).await?;
+    let read_at = response.header().map_or(0, |h| h.revision());
+    let Some(first) = response.take_kvs().into_iter().next() else {
+        return Ok((None, read_at));
+    };
+    if is_member(prefix.as_bytes(), first.key()) {
+        return Ok((Some(first), read_at));
+    }
+    let (members, read_at) = members(&mut client, name, read_at, keys_only).await?;
+    let first = members.into_iter().min_by_key(KeyValue::create_revision);
+    Ok((first, read_at))
 }
 
 /// The key just ahead of the contender with create revision `revision`
 /// (`mutex.go`'s `waitDeletes`: the last-created key below it), and the
-/// revision the read was made at; `None` once nothing is ahead.
+/// revision the read was made at; `None` once nothing is ahead. One sorted
+/// read, and a scan of the direct members if that answered with a nested
+/// name's key (which `waitDeletes` would wait for).
 pub(super) async fn ahead_of(
     mut client: etcd_client::KvClient,
     name: &str,
     revision: i64,
 ) -> Result<Option<(Vec<u8>, i64)>, etcd_client::Error> {
+    let prefix = queue_prefix(name);
+    let below = revision.saturating_sub(1);
     let response = client
         .get(
-            queue_prefix(name),
+            prefix.as_str(),
             Some(
                 GetOptions::new()
                     .with_prefix()
+                    .with_keys_only()
                     .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_max_create_revision(revision.saturating_sub(1))
+                    .with_max_create_revision(below)
                     .with_limit(1),
             ),
         )
         .await?;
     let read_at = response.header().map_or(0, |h| h.revision());
-    Ok(response
-        .kvs()
-        .first()
+    let Some(last) = response.kvs().first() else {
+        return Ok(None);
+    };
+    if is_member(prefix.as_bytes(), last.key()) {
+        return Ok(Some((last.key().to_vec(), read_at)));
+    }
+    let (members, read_at) = members(&mut client, name, read_at, true).await?;
+    Ok(members
+        .into_iter()
+        .filter(|kv| kv.create_revision() <= below)
+        .max_by_key(KeyValue::create_revision)
         .map(|kv| (kv.key().to_vec(), read_at)))
 }
 
@@ -390,6 +593,48 @@ mod tests {
             "lock:k/694d77a1b2c3"
         );
         assert_eq!(queue_prefix("lock:k"), "lock:k/");
+    }
+
+    #[test]
+    fn a_queue_is_its_direct_members_only() {
+        let prefix = queue_prefix("lock:jobs");
+        let prefix = prefix.as_bytes();
+        assert!(is_member(prefix, b"lock:jobs/694d77a1b2c3"));
+        for other in [
+            &b"lock:jobs/nightly/694d77a1b2c3"[..],
+            b"lock:jobs/",
+            b"lock:jobs",
+            b"lock:jobsx/1",
+            b"lock:job/1",
+        ] {
+            assert!(
+                !is_member(prefix, other),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
+    fn a_member_scan_skips_each_nested_subtree_in_one_hop() {
+        let prefix = b"lock:k/";
+        assert_eq!(member_scan_next(prefix, b"lock:k/1f"), b"lock:k/1f\0");
+        assert_eq!(member_scan_next(prefix, b"lock:k/x/1f"), b"lock:k/x0");
+        assert_eq!(member_scan_next(prefix, b"lock:k/x/y/1f"), b"lock:k/x0");
+        // Nothing of x's subtree is at or after the next start, nothing
+        // outside it is skipped.
+        let next = member_scan_next(prefix, b"lock:k/x/1f");
+        assert!(b"lock:k/x/zzzz/ffff".as_slice() < next.as_slice());
+        assert!(b"lock:k/x0".as_slice() >= next.as_slice());
+        assert!(b"lock:k/x.".as_slice() < b"lock:k/x/".as_slice());
+    }
+
+    #[test]
+    fn a_prefix_ends_where_etcd_ends_it() {
+        assert_eq!(prefix_end(b"lock:k/"), b"lock:k0");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), [0]);
+        assert_eq!(prefix_end(b""), [0]);
     }
 
     /// The batch's client-side check answers what the server's two range

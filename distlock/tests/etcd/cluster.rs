@@ -1,6 +1,7 @@
 //! A three-node cluster under failure: a leader killed while a lock is
-//! held never yields two holders, and a lost quorum is an outage, never
-//! contention, from which the same locker recovers.
+//! held never yields two holders, a lost quorum is an outage, never
+//! contention, from which the same locker recovers, and each leader change
+//! gives a dead holder's lease up to one more ttl.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -137,5 +138,80 @@ async fn a_lost_quorum_is_an_outage_and_the_locker_recovers_after_it() {
             }
         }
     };
+    lease.release().await.unwrap();
+}
+
+/// etcd resets a lease's remaining ttl to the full ttl (plus an election
+/// timeout) whenever a new leader takes over, so each leader change while a
+/// dead holder's lease is outstanding extends its hold by up to one more
+/// ttl: the bound is ttl × (1 + leader changes), plus an election timeout
+/// per change, as the module docs say. A holder that never renews (a raw
+/// lease and key, as a crashed `etcdctl lock` or Go client leaves them)
+/// outlives two leader changes past 2 × ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_leader_change_extends_a_dead_holders_lease_by_up_to_one_ttl() {
+    const TTL: Duration = Duration::from_secs(3);
+    // test-servers' `--election-timeout`, which etcd adds on promotion.
+    const ELECTION: Duration = Duration::from_millis(600);
+    // etcd looks for expired leases every 500 ms.
+    const EXPIRY_CHECK: Duration = Duration::from_millis(500);
+    let cluster = EtcdCluster::start(3);
+    let endpoints: Vec<String> = cluster.endpoints().split(',').map(str::to_owned).collect();
+    let mut raw = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("connect etcd-client");
+    let rival = distlock::connect(&cluster.url()).await.unwrap();
+    let granted_at = Instant::now();
+    let lease = raw.lease_grant(TTL.as_secs() as i64, None).await.unwrap();
+    let key = format!("lock:k/{:x}", lease.id());
+    raw.put(
+        key.as_str(),
+        "",
+        Some(etcd_client::PutOptions::new().with_lease(lease.id())),
+    )
+    .await
+    .unwrap();
+    assert!(rival.try_lock("k", TTL).await.unwrap().is_none(), "held");
+
+    // Two leader changes, each before the lease could expire.
+    let mut changes = 0;
+    for at in [Duration::from_secs(2), Duration::from_secs(4)] {
+        tokio::time::sleep_until((granted_at + at).into()).await;
+        let leader = cluster.wait_for_leader(Duration::from_secs(10));
+        let next = (leader + 1) % cluster.size();
+        tokio::task::block_in_place(|| cluster.move_leader(next));
+        changes += 1;
+        eprintln!("leader {leader} -> {next} at {:?}", granted_at.elapsed());
+    }
+    // Past 2 × ttl the dead holder still holds the lock.
+    tokio::time::sleep_until((granted_at + TTL * 2 + Duration::from_millis(300)).into()).await;
+    assert!(
+        rival.try_lock("k", TTL).await.unwrap().is_none(),
+        "the dead holder's key outlived 2 x ttl"
+    );
+    let gone_after = loop {
+        let found = raw.get(key.as_str(), None).await.unwrap();
+        if found.kvs().is_empty() {
+            break granted_at.elapsed();
+        }
+        assert!(
+            granted_at.elapsed() < Duration::from_secs(30),
+            "never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let bound = TTL * (1 + changes) + ELECTION * changes + EXPIRY_CHECK;
+    eprintln!(
+        "ttl {TTL:?}, {changes} leader changes: the dead holder's key lived {gone_after:?} \
+         (2 x ttl {:?}, documented bound {bound:?})",
+        TTL * 2
+    );
+    assert!(gone_after > TTL * 2, "{gone_after:?}");
+    assert!(gone_after < bound, "{gone_after:?} >= {bound:?}");
+    let lease = rival
+        .try_lock("k", TTL)
+        .await
+        .unwrap()
+        .expect("free at last");
     lease.release().await.unwrap();
 }

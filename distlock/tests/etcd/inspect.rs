@@ -241,3 +241,58 @@ async fn recording_off_leaves_the_holder_unknown() {
     lease.release().await.expect("release");
     assert_eq!(locker.inspect("quiet").await.expect("inspect"), None);
 }
+
+/// More than one answer's worth (gRPC's 4 MiB) under the prefix: 40 names
+/// whose keys another program wrote with 128 KiB values, and 520 locks of
+/// ours (more than one page of keys). One read of it all failed with
+/// "decoded message length too large"; the listing reads it in pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_larger_than_one_grpc_answer_is_read_in_pages() {
+    let server = EtcdServer::start();
+    let locker = connect(&server, "").await;
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("connect etcd-client");
+    let big = "v".repeat(128 * 1024);
+    for i in 0..40 {
+        raw.put(
+            format!("lock:big/n{i:02}/{:x}", 0x1000 + i),
+            big.as_str(),
+            None,
+        )
+        .await
+        .expect("put a big foreign key");
+    }
+    let ours: Vec<String> = (0..520).map(|i| format!("many/{i:03}")).collect();
+    let mut held = Vec::with_capacity(ours.len());
+    for chunk in ours.chunks(40) {
+        let granted =
+            futures_util::future::join_all(chunk.iter().map(|key| locker.try_lock(key, TTL))).await;
+        for lease in granted {
+            held.push(lease.expect("try").expect("free"));
+        }
+    }
+
+    let listed = locker.list("").await.expect("list past 4 MiB");
+    let keys: Vec<&str> = listed.iter().map(|h| h.key.as_str()).collect();
+    let mut expected: Vec<String> = (0..40).map(|i| format!("big/n{i:02}")).collect();
+    expected.extend(ours.iter().cloned());
+    assert_eq!(keys, expected);
+    assert!(
+        listed[..40].iter().all(|h| h.holder.is_none()),
+        "foreign keys: no record"
+    );
+    for (listed, lease) in listed[40..].iter().zip(&held) {
+        assert_eq!(
+            listed.fencing_token,
+            lease.fencing_token(),
+            "{}",
+            listed.key
+        );
+    }
+    let big_only = locker.list("big/").await.expect("list big/");
+    assert_eq!(big_only.len(), 40);
+    for lease in held {
+        lease.release().await.expect("release");
+    }
+}

@@ -6,4 +6,6 @@
 mod cluster;
 mod inspect;
 mod interop;
+mod nesting;
 mod session;
+mod waiting;
