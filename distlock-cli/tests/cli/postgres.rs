@@ -344,7 +344,7 @@ fn a_holder_behind_a_hop_stops_before_a_direct_waiter_is_granted_the_lock() {
             "--wait",
             "60s",
         ])
-        .args(["--", "sh", "-c", &format!("{}", writer("second"))])
+        .args(["--", "sh", "-c", &writer("second")])
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the second distlock");

@@ -743,6 +743,10 @@ fn idle_session_timeout_missing(wanted: Option<Duration>, applied: &[&str]) -> b
     wanted.is_some() && !applied.contains(&"idle_session_timeout")
 }
 
+fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs().max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -756,8 +760,4 @@ mod tests {
         assert!(!idle_session_timeout_missing(ten, &pg14));
         assert!(!idle_session_timeout_missing(None, &pg13));
     }
-}
-
-fn whole_seconds(duration: Duration) -> u64 {
-    duration.as_secs().max(1)
 }

@@ -14,22 +14,41 @@ use distlock::{drift_margin, Locker, LostReason};
 use test_servers::{netns, FaultProxy, PostgresServer};
 use tokio::time::Instant;
 
+use crate::support::{holder_port, still_held_by};
+
 const TTL: Duration = Duration::from_secs(3);
 
-/// The pid of the session holding advisory key `key`, and its client port
-/// as the server sees it (here: the hop's upstream socket).
-fn holder_port(server: &PostgresServer, key: i64) -> (i32, u16) {
-    let row = server.psql(&format!(
-        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-         AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
-    ));
-    let (pid, port) = row.split_once('|').expect("one holder: pid|port");
-    (pid.parse().expect("pid"), port.parse().expect("port"))
+/// A holder on a server reached through a local hop, holding `key`, two
+/// seconds into the hold (the watch's pings are steady by then).
+struct HeldThroughHop {
+    server: PostgresServer,
+    hop: FaultProxy,
+    /// The locker; its sessions go through the hop.
+    _holder: PostgresLocker,
+    lease: distlock::Lease,
+    /// The advisory key and the server pid of the session holding it.
+    id: i64,
+    pid: i32,
 }
 
-fn still_held_by(server: &PostgresServer, key: i64, pid: i32) -> bool {
-    server.advisory_locks().contains(&(pid, key))
+async fn hold_through_hop(key: &str) -> HeldThroughHop {
+    let server = PostgresServer::start();
+    let hop = FaultProxy::start(server.port());
+    let holder = PostgresLocker::from_url(&hop.proxied_url(&server.url()))
+        .await
+        .unwrap();
+    let id = holder.advisory_key(key);
+    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let (pid, _) = holder_port(&server, id);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    HeldThroughHop {
+        server,
+        hop,
+        _holder: holder,
+        lease,
+        id,
+        pid,
+    }
 }
 
 /// Waits (up to `limit` after `from`) until the server no longer lists the
@@ -129,18 +148,15 @@ async fn upstream_cut() {
 /// `idle_session_timeout` distlock sets on its sessions, not hours later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hop_that_goes_silent_both_ways_frees_the_lock_within_the_documented_bound() {
-    let server = PostgresServer::start();
-    let hop = FaultProxy::start(server.port());
-    let holder = PostgresLocker::from_url(&hop.proxied_url(&server.url()))
-        .await
-        .unwrap();
-    let key = "silent-hop";
-    let id = holder.advisory_key(key);
-    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let HeldThroughHop {
+        server,
+        hop,
+        lease,
+        id,
+        pid,
+        ..
+    } = hold_through_hop("silent-hop").await;
     let mut lost = lease.lost_signal();
-    let (pid, _) = holder_port(&server, id);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-
     let cut = Instant::now();
     hop.blackhole();
     let reason = tokio::time::timeout(Duration::from_secs(30), lost.wait())
@@ -184,18 +200,15 @@ async fn a_hop_that_goes_silent_both_ways_frees_the_lock_within_the_documented_b
 /// have freed it the moment the path came back, seconds before that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_given_up_for_silence_keeps_its_locks_on_the_server_through_the_grace() {
-    let server = PostgresServer::start();
-    let hop = FaultProxy::start(server.port());
-    let holder = PostgresLocker::from_url(&hop.proxied_url(&server.url()))
-        .await
-        .unwrap();
-    let key = "comes-back";
-    let id = holder.advisory_key(key);
-    let lease = holder.try_lock(key, TTL).await.unwrap().expect("free");
+    let HeldThroughHop {
+        server,
+        hop,
+        lease,
+        id,
+        pid,
+        ..
+    } = hold_through_hop("comes-back").await;
     let mut lost = lease.lost_signal();
-    let (pid, _) = holder_port(&server, id);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-
     let cut = Instant::now();
     hop.blackhole();
     tokio::time::timeout(Duration::from_secs(30), lost.wait())

@@ -9,24 +9,11 @@ use std::time::Duration;
 use distlock::postgres::PostgresLocker;
 use distlock::{drift_margin, Locker, LostReason};
 use test_servers::{netns, PostgresServer};
+
+use crate::support::{holder_port, still_held_by};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
-
-/// The client port of the session holding advisory key `key`.
-fn holder_port(server: &PostgresServer, key: i64) -> (i32, u16) {
-    let row = server.psql(&format!(
-        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-         AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
-    ));
-    let (pid, port) = row.split_once('|').expect("one holder: pid|port");
-    (pid.parse().expect("pid"), port.parse().expect("port"))
-}
-
-fn still_held_by(server: &PostgresServer, key: i64, pid: i32) -> bool {
-    server.advisory_locks().contains(&(pid, key))
-}
 
 #[test]
 fn a_partitioned_holder_is_told_before_the_server_frees_its_lock() {

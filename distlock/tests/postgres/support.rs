@@ -16,3 +16,20 @@ pub fn holders(server: &PostgresServer, key: i64) -> Vec<i32> {
         .map(|(pid, _)| pid)
         .collect()
 }
+
+/// The server pid of the session holding advisory key `key`, and its client
+/// port as the server sees it (the holder's own, or a hop's upstream one).
+pub fn holder_port(server: &PostgresServer, key: i64) -> (i32, u16) {
+    let row = server.psql(&format!(
+        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+         AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+    ));
+    let (pid, port) = row.split_once('|').expect("one holder: pid|port");
+    (pid.parse().expect("pid"), port.parse().expect("port"))
+}
+
+/// True while server process `pid` holds advisory key `key`.
+pub fn still_held_by(server: &PostgresServer, key: i64, pid: i32) -> bool {
+    server.advisory_locks().contains(&(pid, key))
+}
