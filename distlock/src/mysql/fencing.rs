@@ -398,11 +398,20 @@ impl Sql {
             Some(table) => format!(
                 "UPDATE {table} SET holder_host = NULL, holder_pid = NULL, holder_label = NULL \
                  WHERE lock_name = {lit} AND session_id = CONNECTION_ID() \
-                 AND IS_USED_LOCK({lit}) = CONNECTION_ID(); \
+                 AND IS_USED_LOCK({lit}) = CONNECTION_ID() \
+                 AND (holder_host IS NOT NULL OR holder_pid IS NOT NULL OR holder_label IS NOT NULL); \
                  SELECT RELEASE_LOCK({lit})"
             ),
             None => format!("SELECT RELEASE_LOCK({lit})"),
         }
+    }
+
+    /// The release alone, without clearing the holder record: what a
+    /// release falls back to when the clearing `UPDATE` failed (and so the
+    /// `RELEASE_LOCK` after it never ran). 1 released, 0 held by another
+    /// session, NULL no such lock.
+    pub(super) fn release_only(name: &LockName<'_>) -> String {
+        format!("SELECT RELEASE_LOCK({})", name.literal())
     }
 
     /// 1 if this session holds the lock (and so, that it is alive).

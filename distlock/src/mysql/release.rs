@@ -32,13 +32,36 @@ impl Inner {
                 name.key, self.settings.target
             )
         };
-        let answer = bounded(BACKEND, "release", limit, async {
-            held.session
-                .run(Request::new(self.sql.release(&name), limit))
-                .await
-                .map_err(|e| errors::backend("release", context(), e))
-        })
-        .await?;
+        let release = |sql: String| {
+            let session = &held.session;
+            bounded(BACKEND, "release", limit, async move {
+                session
+                    .run(Request::new(sql, limit))
+                    .await
+                    .map_err(|e| errors::backend("release", context(), e))
+            })
+        };
+        let answer = match release(self.sql.release(&name)).await {
+            Ok(answer) => answer,
+            // The statement clears the row's holder record before it
+            // releases; if that part failed (the row locked by another
+            // client past `innodb_lock_wait_timeout`), `RELEASE_LOCK` never
+            // ran, and the lock would stay on a live session for good.
+            // Release alone.
+            Err(error) => match release(Sql::release_only(&name)).await {
+                Ok(answer) => {
+                    tracing::warn!(
+                        component = "distlock",
+                        backend = BACKEND,
+                        key = name.key,
+                        %error,
+                        "released the lock without clearing its holder record in the fencing row"
+                    );
+                    answer
+                }
+                Err(_) => return Err(error),
+            },
+        };
         let released = answer
             .int(0)
             .map_err(|why| Error::backend(BACKEND, "release", format!("{}: {why}", context())))?;

@@ -268,7 +268,8 @@ pub(super) struct Sql {
 /// holding the lock frees it without a statement: its record stays until
 /// the next grant overwrites it.)
 const CLEAR_HOLDER: &str = "SET holder_host = NULL, holder_pid = NULL, holder_label = NULL \
-     WHERE lock_key = $1::int8 AND session_pid = pg_backend_pid()";
+     WHERE lock_key = $1::int8 AND session_pid = pg_backend_pid() \
+     AND (holder_host IS NOT NULL OR holder_pid IS NOT NULL OR holder_label IS NOT NULL)";
 
 /// Matches this session's granted hold of the bigint advisory key `$1` in
 /// `pg_locks`, which shows a bigint key as its high and low 32-bit halves

@@ -29,7 +29,30 @@ impl Inner {
             )
         };
         let unlock = held.session.unlock(key.id);
-        if errors::within("release", query_timeout, context, unlock).await? {
+        let unlocked = match errors::within("release", query_timeout, context, unlock).await {
+            Ok(unlocked) => unlocked,
+            // The statement clears the row's holder record before it
+            // unlocks; if that part failed (the row locked by another client
+            // past `lock_timeout`), the unlock did not run, and the lock
+            // would stay on a live session for good. Unlock alone.
+            Err(error) => {
+                let bare = held.session.unlock_if_held(key.id);
+                match errors::within("release", query_timeout, context, bare).await {
+                    Ok(unlocked) => {
+                        tracing::warn!(
+                            component = "distlock",
+                            backend = BACKEND,
+                            key = key.name,
+                            %error,
+                            "released the lock without clearing its holder record in the fencing row"
+                        );
+                        unlocked
+                    }
+                    Err(_) => return Err(error),
+                }
+            }
+        };
+        if unlocked {
             if held.session.role == Role::Waiter {
                 self.pool.recycle(held.session);
             }

@@ -87,3 +87,40 @@ async fn a_server_restart_loses_every_lease_and_tokens_keep_increasing() {
     assert!(next > token, "{next} after {token}");
     second.release().await.unwrap();
 }
+
+/// As on Postgres: the release clears the holder record before
+/// `RELEASE_LOCK`, in one batch; with the row locked by another client past
+/// `innodb_lock_wait_timeout`, the batch stopped at the `UPDATE` and the
+/// lock stayed on a live session for good. The release must still free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_frees_the_lock_even_when_its_fencing_row_is_locked() {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let server = MariaDbServer::start();
+    let locker = connect_to(&server, "&query_timeout=4").await;
+    let key = unique("row-locked-release");
+    let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
+    let name = name_of(&key);
+
+    let mut row_lock = server
+        .client_command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run the mariadb client");
+    writeln!(
+        row_lock.stdin.as_mut().unwrap(),
+        "BEGIN; SELECT 1 FROM {}.distlock_fencing WHERE lock_name = '{name}' FOR UPDATE; SELECT SLEEP(60);",
+        MariaDbServer::DATABASE
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let result = lease.release().await;
+    let held_after = server.lock_holder(&name);
+    let _ = row_lock.kill();
+    let _ = row_lock.wait();
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(held_after, None, "still held after the release");
+}

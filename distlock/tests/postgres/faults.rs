@@ -355,3 +355,46 @@ async fn a_locked_fencing_row_fails_one_attempt_and_spares_its_session() {
     };
     lease.release().await.unwrap();
 }
+
+/// The release also clears the holder record of the key's fencing row; with
+/// that row locked by another client past `lock_timeout`, the clearing
+/// fails, and the unlock in the same statement never ran: the lock stayed on
+/// a live session for good. The release must still free the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_frees_the_lock_even_when_its_fencing_row_is_locked() {
+    let server = PostgresServer::start();
+    let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
+    let key = unique("row-locked-release");
+    let id = locker.advisory_key(&key);
+    let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
+
+    let mut row_lock = server
+        .psql_command()
+        .arg("-q")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run psql");
+    writeln!(
+        row_lock.stdin.as_mut().unwrap(),
+        "BEGIN; SELECT 1 FROM distlock_fencing WHERE lock_key = {id} FOR UPDATE;"
+    )
+    .unwrap();
+    eventually(Duration::from_secs(5), "the row is locked", || {
+        server.psql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'")
+            == "1"
+    })
+    .await;
+
+    let result = lease.release().await;
+    let held_after = holders(&server, id);
+    let _ = row_lock.kill();
+    let _ = row_lock.wait();
+    assert!(result.is_ok(), "{result:?}");
+    assert!(
+        held_after.is_empty(),
+        "still held by {held_after:?} after the release"
+    );
+    let other = PostgresLocker::from_url(&server.url()).await.unwrap();
+    assert!(other.try_lock(&key, TTL).await.unwrap().is_some());
+}
