@@ -373,6 +373,22 @@ impl Actor {
     /// statement's).
     async fn ping(&mut self) -> Option<End> {
         let limit = self.settings.query_timeout;
+        // An answer later than the server window would come too late to
+        // matter: the server may free the locks first. Give up now, while
+        // the leases still have what is left of it (this also bounds how
+        // long stalls of this process can put the verdict off).
+        let window_left = self
+            .last_heard
+            .checked_add(self.settings.server_window())
+            .map_or(Duration::ZERO, |until| {
+                until.saturating_duration_since(Instant::now())
+            });
+        if window_left < limit {
+            return Some(End::Silent(format!(
+                "no answer from the server for {:?}, too long to wait for a ping",
+                self.last_heard.elapsed()
+            )));
+        }
         let ping = self.conn.ping();
         tokio::pin!(ping);
         loop {

@@ -559,6 +559,7 @@ impl PostgresLockerBuilder {
         };
         let tls = Tls::new(self.ssl_mode, &self.root_certs)?;
         self.apply_connection_defaults();
+        self.check_pings_fit_the_server_window()?;
         Ok(Settings {
             target: describe_target(&self.pg),
             pg: self.pg,
@@ -575,6 +576,29 @@ impl PostgresLockerBuilder {
             idle_session_timeout: self.idle_session_timeout,
             server_keepalive: self.server_keepalive,
         })
+    }
+
+    /// A holder must hear of a silent server before the server may free its
+    /// locks: `ping_interval + ping_timeout` shorter than the server window
+    /// (see [`Settings::server_window`]), or the lost signal would come with
+    /// no grace, after the lock may be someone else's. (With the server's
+    /// keepalive left alone nothing is promised anyway: no check.)
+    fn check_pings_fit_the_server_window(&self) -> Result<()> {
+        let silence_limit = self.ping_interval.saturating_add(self.ping_timeout);
+        let window = server_window(self.server_keepalive, self.idle_session_timeout);
+        if !window.is_zero() && silence_limit >= window {
+            return Err(Error::invalid(
+                "ping_timeout",
+                format!(
+                    "ping_interval + ping_timeout is {silence_limit:?}, not shorter than the \
+                     {window:?} the server keeps a silent holder's locks (its keepalive and \
+                     idle_session_timeout): a holder would learn of a silent server only after \
+                     its locks may be someone else's; shorten the pings or lengthen \
+                     idle_session_timeout"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// distlock's defaults where the URL was silent: short keepalives, a
@@ -684,14 +708,7 @@ impl Settings {
     /// between client and server whose own keepalive gives up on the client
     /// sooner (the module docs say what it must be configured with).
     pub(super) fn server_window(&self) -> Duration {
-        let Some(server) = self.server_keepalive else {
-            return Duration::ZERO;
-        };
-        let keepalive = server.earliest_detection().saturating_sub(server.idle);
-        match self.idle_session_timeout {
-            Some(idle) => keepalive.min(idle),
-            None => keepalive,
-        }
+        server_window(self.server_keepalive, self.idle_session_timeout)
     }
 
     /// The grace a holder still has when its session is declared dead at the
@@ -700,6 +717,21 @@ impl Settings {
     #[cfg(test)]
     fn grace_at_silence_limit(&self) -> Duration {
         self.server_window().saturating_sub(self.silence_limit())
+    }
+}
+
+/// See [`Settings::server_window`].
+fn server_window(
+    server_keepalive: Option<TcpKeepalive>,
+    idle_session_timeout: Option<Duration>,
+) -> Duration {
+    let Some(server) = server_keepalive else {
+        return Duration::ZERO;
+    };
+    let keepalive = server.earliest_detection().saturating_sub(server.idle);
+    match idle_session_timeout {
+        Some(idle) => keepalive.min(idle),
+        None => keepalive,
     }
 }
 
@@ -913,10 +945,19 @@ mod tests {
         let s = settings("postgres://u@h/d?idle_session_timeout=off").unwrap();
         assert_eq!(s.idle_session_timeout, None);
         assert_eq!(s.server_window(), Duration::from_secs(10));
-        // Slower pings leave less grace, never a negative one.
-        let s =
+        // Pings slower than the server window are refused: the holder
+        // would hear of a silent server only after its locks may be freed.
+        let err =
             settings("postgres://u@h/d?ping_interval=5s&ping_timeout=6s&idle_session_timeout=off")
-                .unwrap();
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("not shorter than the 10s"), "{err}");
+        // With the server's keepalive left alone nothing is promised: no check.
+        let s = settings(
+            "postgres://u@h/d?ping_interval=5s&ping_timeout=6s&idle_session_timeout=off\
+             &server_keepalives=off",
+        )
+        .unwrap();
         assert_eq!(s.silence_limit(), Duration::from_secs(11));
         assert_eq!(s.grace_at_silence_limit(), Duration::ZERO);
     }

@@ -591,6 +591,16 @@ fn spawn_watch(session: Weak<Session>, ping_interval: Duration, ping_timeout: Du
             } else {
                 let heard = liveness.heard_sent();
                 if heard.elapsed() >= ping_interval {
+                    // A ping answered later than the server window would
+                    // come too late to matter: the server may free the locks
+                    // first. Give up now, while the leases still have what
+                    // is left of it (this also bounds how long stalls of
+                    // this process can put the verdict off).
+                    let left = liveness.grace(live.server_window);
+                    if !live.server_window.is_zero() && left <= ping_timeout {
+                        give_up(&live, heard, "the server window ran short before an answer").await;
+                        return;
+                    }
                     let sent = Instant::now();
                     let answered = tokio::time::timeout(ping_timeout, live.ping()).await;
                     let waited = sent.elapsed();
@@ -599,22 +609,14 @@ fn spawn_watch(session: Weak<Session>, ping_interval: Duration, ping_timeout: Du
                     // of it) since the ping was sent: the server is there.
                     let heard_since = liveness.heard_sent() != heard;
                     if answered.is_err() && !stalled && !heard_since {
-                        let grace = live.give_up_silent();
-                        tracing::warn!(
-                            component = "distlock",
-                            backend = BACKEND,
-                            session = live.id,
-                            silent_for = ?heard.elapsed(),
-                            ?grace,
-                            "a session's server stopped answering (a partition, or a server \
-                             silent behind a proxy or pooler): its locks are given up, its \
-                             connection closed once they can no longer be held"
-                        );
-                        // Holding the session keeps its connection (and the
-                        // locks on the server) until the grace has passed.
-                        tokio::time::sleep(grace).await;
-                        live.close_now();
+                        give_up(&live, heard, "a ping went unanswered").await;
                         return;
+                    }
+                    if matches!(answered, Ok(Err(_))) && !heard_since {
+                        // Failed at once without an answer (the connection
+                        // is going): its driver reports it; do not spin.
+                        drop(live);
+                        tokio::time::sleep(ping_interval).await;
                     }
                     continue;
                 }
@@ -627,6 +629,25 @@ fn spawn_watch(session: Weak<Session>, ping_interval: Duration, ping_timeout: Du
             }
         }
     });
+}
+
+/// Gives a silent session up: its leases are told now, with what is left
+/// of the server window, and its connection (with the locks on the server)
+/// is held open until that has passed, then closed.
+async fn give_up(live: &Session, heard: Instant, why: &str) {
+    let grace = live.give_up_silent();
+    tracing::warn!(
+        component = "distlock",
+        backend = BACKEND,
+        session = live.id,
+        silent_for = ?heard.elapsed(),
+        ?grace,
+        "a session's server stopped answering ({why}: a partition, or a server silent behind a \
+         proxy or pooler): its locks are given up, its connection closed once they can no \
+         longer be held"
+    );
+    tokio::time::sleep(grace).await;
+    live.close_now();
 }
 
 /// True when the connection died because this side's TCP keepalive or user
