@@ -320,7 +320,7 @@ impl Inner {
                 BACKEND,
                 "acquire",
                 format!(
-                    "the connection to {} closed right after {:?} was granted; the server has released it",
+                    "the session on {} was lost right after {:?} was granted (closed, or given up as silent); the server releases it when the session ends",
                     self.settings.target, key.name
                 ),
             )

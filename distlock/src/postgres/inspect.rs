@@ -118,7 +118,15 @@ impl Inner {
                     .into(),
             });
         }
-        let session = self.pool.shared(0).await?;
+        // A listing reads the whole fencing table and `pg_locks`, which may
+        // take seconds: on a waiter connection, which holds no lock, not on
+        // a shared session, whose silence meanwhile would be taken for the
+        // server's and give its locks up. (All waiter connections in use:
+        // the shared one it is.)
+        let (session, waiter) = match self.pool.waiter().await? {
+            Some(waiter) => (waiter, true),
+            None => (self.pool.shared(0).await?, false),
+        };
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = errors::within(
             "list",
@@ -127,6 +135,9 @@ impl Inner {
             session.query(&self.sql.list, &[&prefix]),
         )
         .await?;
+        if waiter {
+            self.pool.recycle(session);
+        }
         let mut listed = Vec::with_capacity(rows.len());
         for row in &rows {
             let hold =
