@@ -9,10 +9,10 @@ use crate::cli::{Backend, ReleaseArgs, RunArgs};
 use crate::exit;
 use crate::supervise::{kill_after_cap, supervise, Command};
 
-/// How far past `--wait` connecting and acquiring may run before the
-/// backend counts as unreachable (exit 69): the library's wait ends at
-/// `--wait`, and the attempt under way then still needs a round trip to
-/// answer.
+/// How far past `--wait` connecting may run before the backend counts as
+/// unreachable (exit 69), and the margin allowed past the library's own
+/// bound on the acquire (`--wait` left after connecting, plus
+/// [`distlock::DEADLINE_GRACE`]).
 pub(crate) const WAIT_GRACE: Duration = Duration::from_millis(500);
 
 /// Durations past this are "forever": far beyond any real wait or hold, yet
@@ -26,33 +26,57 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     // secret-looking values redacted (it is stored beside the lock).
     inspect::set_process_label(inspect::command_label(&args.command));
     let wait = effective_wait(args.wait);
-    let acquire = async {
-        let locker = open(&args.backend).await?;
-        let lease = locker.lock(&args.key, args.ttl, wait).await?;
-        Ok::<_, Error>((locker, lease))
-    };
-    // With --wait, the deadline bounds connecting too: a server that does
-    // not answer is an outage once the wait is over, not a reason to sit out
-    // the backend's connect timeout (5 s on Postgres) and then report
-    // contention or a connect error. Without --wait the backend's own
-    // timeouts bound the one attempt.
     let acquired = match args.wait {
-        Some(_) => match tokio::time::timeout(wait.saturating_add(WAIT_GRACE), acquire).await {
-            Ok(acquired) => acquired,
-            Err(_) => {
+        // With --wait, one deadline bounds connecting and acquiring: a
+        // server that does not answer is an outage once the wait is over,
+        // not a reason to sit out the backend's connect timeout (5 s on
+        // Postgres); and the acquire waits only for what connecting left.
+        Some(_) => {
+            let started = tokio::time::Instant::now();
+            let unanswered = |stage: &str| {
                 let url = args.backend.url.as_deref().unwrap_or("file://");
                 eprintln!(
-                    "distlock: {} did not answer within --wait {} (+ {} grace) for lock {:?}: \
-                     the backend is unreachable or too slow (nothing was acquired)",
+                    "distlock: {} did not answer within --wait {} (+ {} grace) for lock {:?} \
+                     ({stage}): the backend is unreachable or too slow",
                     server_of(url),
                     humantime::format_duration(wait),
                     humantime::format_duration(WAIT_GRACE),
                     args.key
                 );
-                return exit::UNAVAILABLE;
+                exit::UNAVAILABLE
+            };
+            let locker =
+                match tokio::time::timeout(wait.saturating_add(WAIT_GRACE), open(&args.backend))
+                    .await
+                {
+                    Ok(Ok(locker)) => locker,
+                    Ok(Err(error)) => return fail(&error),
+                    Err(_) => return unanswered("connecting; nothing was acquired"),
+                };
+            let left = wait.saturating_sub(started.elapsed());
+            // The library returns within `left + DEADLINE_GRACE` whatever the
+            // server does; this only guards against a backend that does not.
+            let bound = left
+                .saturating_add(distlock::DEADLINE_GRACE)
+                .saturating_add(WAIT_GRACE);
+            match tokio::time::timeout(bound, locker.lock(&args.key, args.ttl, left)).await {
+                Ok(acquired) => acquired.map(|lease| (locker, lease)),
+                Err(_) => {
+                    return unanswered(
+                        "acquiring; an attempt in flight may have taken the lock, which then \
+                         expires at its ttl or with its session",
+                    )
+                }
             }
-        },
-        None => acquire.await,
+        }
+        None => {
+            async {
+                let locker = open(&args.backend).await?;
+                let lease = locker.lock(&args.key, args.ttl, wait).await?;
+                Ok::<_, Error>((locker, lease))
+            }
+            .await
+        }
     };
     // `locker` is kept for as long as the lease: it is what the lease
     // refreshes and releases through.
