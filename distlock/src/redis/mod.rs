@@ -234,7 +234,8 @@
 //!
 //! A mark ([`Locker::advance_mark`]) that was advanced is followed by the
 //! same `WAIT` (one that found the mark already there writes nothing and
-//! does not wait); fewer than `N` acknowledgements fail it as
+//! does not wait, nor does a first write of 0 or less, which records no
+//! progress: the cron scheduler's peek); fewer than `N` acknowledgements fail it as
 //! [`Error::Backend`] with an unknown outcome: the mark stays advanced on
 //! the master (a mark never goes back), and the scheduler treats the tick
 //! as taken and does not run it. Every mark is then bounded by twice the
@@ -1605,7 +1606,12 @@ impl Locker for RedisLocker {
                 )
             })
         };
-        if advanced == 1 {
+        // A first write of 0 or less records no progress: losing it in a
+        // failover loses nothing, so it is not waited for. (The cron
+        // scheduler peeks at a mark by advancing it to 0, and a job's first
+        // peek must not stall on missing replicas.)
+        let records_progress = value > 0 || !stored.is_empty();
+        if advanced == 1 && records_progress {
             if let Some(ack) = self.inner.replicas {
                 self.confirm_mark(name, &mark_key, ack).await?;
             }

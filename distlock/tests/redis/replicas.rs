@@ -163,6 +163,13 @@ async fn a_mark_the_replica_does_not_acknowledge_fails_as_an_outage() {
     // A peek that finds the mark there writes nothing and waits for nobody.
     replica.pause();
     let peek = locker.advance_mark("cron:rep", 0).await;
+    // Nor does the first peek of a job that never ran (the mark absent): it
+    // records no progress, so it does not wait for the paused replica.
+    let first_peek = locker.advance_mark("cron:never-ran", 0).await;
     replica.resume();
     assert_eq!(peek.unwrap(), MarkAdvance::AlreadyAt { current: 2 });
+    assert_eq!(
+        first_peek.unwrap(),
+        MarkAdvance::Advanced { previous: None }
+    );
 }
