@@ -194,7 +194,12 @@
 //! and the keepalive all use the namespaced name. **Upgrading** from a
 //! distlock without namespaces changes the names of every locker whose URL
 //! names a database: stop every old client of a lock before a new one takes
-//! it (or pin `prefix=` on both), and marks start afresh under the new names.
+//! it (or pin `prefix=` on both). Under the new names **fencing tokens
+//! start again at 1** (the counter rows are per name: a resource that keeps
+//! the highest token it saw refuses the new holders until their tokens pass
+//! it) and **marks start afresh** (a `distlock cron --catch-up` replica may
+//! run again a tick that finished before the upgrade). Pin `prefix=` (empty)
+//! to keep the old names, tokens and marks.
 //!
 //! Every backend has such a namespace: Postgres `namespace` (hashed into the
 //! advisory key; none by default: advisory locks are per database), Redis,
