@@ -219,6 +219,18 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
         expect,
         orphan_bound,
     };
+    // Postgres, directly or through a hop: the server ends the session the
+    // moment the holder's socket closes; a stopped client keeps its
+    // session, so its lock; cut off, the holder is told within 4 s by its
+    // pings and stops, and the server ends the silent session 10–12 s after
+    // its last statement (keepalive, idle_session_timeout).
+    let postgres_session_cells = vec![
+        cell(Kill, Exclusive, second),
+        cell(Pause, Exclusive, pause),
+        cell(Blackhole, Exclusive, Duration::from_secs(15)),
+        cell(BlackholeOutgoing, Exclusive, Duration::from_secs(15)),
+        cell(BlackholeIncoming, Exclusive, Duration::from_secs(15)),
+    ];
     vec![
         Backend {
             name: "file",
@@ -237,22 +249,17 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             fencing: true,
             start: || Ok(Box::new(deploy::PostgresDeployment::start()?)),
             workers: Workers::Processes,
-            cells: vec![
-                // The server ends the session the moment the socket closes.
-                cell(Kill, Exclusive, second),
-                // A stopped client keeps its session, so its lock.
-                cell(Pause, Exclusive, pause),
-                // "10–12 s after its host goes silent"; the holder is told
-                // within 4 s and stops first.
-                cell(Blackhole, Exclusive, Duration::from_secs(15)),
-                cell(BlackholeOutgoing, Exclusive, Duration::from_secs(15)),
-                cell(BlackholeIncoming, Exclusive, Duration::from_secs(15)),
-                // The session's end frees the lock and tells the holder.
-                cell(Reset, Races, 2 * second),
-                cell(EndSession, Races, 2 * second),
-                // Crash recovery, then a grant.
-                cell(Restart, Races, Duration::from_secs(10)),
-            ],
+            cells: [
+                postgres_session_cells.clone(),
+                vec![
+                    // The session's end frees the lock and tells the holder.
+                    cell(Reset, Races, 2 * second),
+                    cell(EndSession, Races, 2 * second),
+                    // Crash recovery, then a grant.
+                    cell(Restart, Races, Duration::from_secs(10)),
+                ],
+            ]
+            .concat(),
         },
         Backend {
             name: "redis",
@@ -380,17 +387,8 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
             fencing: true,
             start: || Ok(Box::new(deploy::PostgresHopDeployment::start()?)),
             workers: Workers::Processes,
-            cells: vec![
-                // The hop closes its upstream when the holder's socket does.
-                cell(Kill, Exclusive, second),
-                cell(Pause, Exclusive, pause),
-                // The holder is told within 4 s by its pings; the server
-                // ends the silent session 10–12 s after its last statement
-                // (keepalive, idle_session_timeout).
-                cell(Blackhole, Exclusive, Duration::from_secs(15)),
-                cell(BlackholeOutgoing, Exclusive, Duration::from_secs(15)),
-                cell(BlackholeIncoming, Exclusive, Duration::from_secs(15)),
-            ],
+            // The hop closes its upstream when the holder's socket does.
+            cells: postgres_session_cells,
         },
         // PgBouncer in session mode with its default (2-hour) client
         // keepalive: a holder that goes silent leaves its server session to

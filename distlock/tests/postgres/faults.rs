@@ -295,24 +295,7 @@ async fn a_locked_fencing_row_fails_one_attempt_and_spares_its_session() {
             .unwrap();
     }
 
-    // An open transaction holding the fencing row.
-    let mut row_lock = server
-        .psql_command()
-        .arg("-q")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("run psql");
-    writeln!(
-        row_lock.stdin.as_mut().unwrap(),
-        "BEGIN; SELECT 1 FROM distlock_fencing WHERE lock_key = {id} FOR UPDATE;"
-    )
-    .unwrap();
-    eventually(Duration::from_secs(5), "the row is locked", || {
-        server.psql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'")
-            == "1"
-    })
-    .await;
+    let mut row_lock = lock_fencing_row(&server, id).await;
 
     let attempt = tokio::spawn({
         let (locker, key) = (locker.clone(), blocked.clone());
@@ -368,6 +351,25 @@ async fn a_release_frees_the_lock_even_when_its_fencing_row_is_locked() {
     let id = locker.advisory_key(&key);
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
 
+    let mut row_lock = lock_fencing_row(&server, id).await;
+
+    let result = lease.release().await;
+    let held_after = holders(&server, id);
+    let _ = row_lock.kill();
+    let _ = row_lock.wait();
+    assert!(result.is_ok(), "{result:?}");
+    assert!(
+        held_after.is_empty(),
+        "still held by {held_after:?} after the release"
+    );
+    let other = PostgresLocker::from_url(&server.url()).await.unwrap();
+    assert!(other.try_lock(&key, TTL).await.unwrap().is_some());
+}
+
+/// An open transaction of another client (psql) holding the fencing row of
+/// advisory key `id` (`SELECT … FOR UPDATE`), returned once the row is
+/// locked; killing the child ends it.
+async fn lock_fencing_row(server: &PostgresServer, id: i64) -> std::process::Child {
     let mut row_lock = server
         .psql_command()
         .arg("-q")
@@ -385,16 +387,5 @@ async fn a_release_frees_the_lock_even_when_its_fencing_row_is_locked() {
             == "1"
     })
     .await;
-
-    let result = lease.release().await;
-    let held_after = holders(&server, id);
-    let _ = row_lock.kill();
-    let _ = row_lock.wait();
-    assert!(result.is_ok(), "{result:?}");
-    assert!(
-        held_after.is_empty(),
-        "still held by {held_after:?} after the release"
-    );
-    let other = PostgresLocker::from_url(&server.url()).await.unwrap();
-    assert!(other.try_lock(&key, TTL).await.unwrap().is_some());
+    row_lock
 }
