@@ -33,8 +33,36 @@ pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinelSet, SENTINEL_MASTER_NAME};
 pub use tls::TestCertificates;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a server to
+/// listen on.
+///
+/// Chosen at random below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`, 32768–60999 by default; ip(7)),
+/// not by binding port 0: a port from that range can be taken, between this
+/// check and the server's own bind, as the local port of any outgoing
+/// connection on the machine (the fault suite opens hundreds), and the
+/// server then fails to start. Falls back to an ephemeral port if no port
+/// below the range is free.
 pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+
+    const LOWEST: u16 = 10_000;
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_start > LOWEST {
+        let span = u64::from(ephemeral_start - LOWEST);
+        for _ in 0..256 {
+            let random = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish();
+            let port = LOWEST + u16::try_from(random % span).unwrap_or(0);
+            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
