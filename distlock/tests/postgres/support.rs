@@ -1,6 +1,10 @@
 //! Helpers the Postgres modules share.
 
+use std::time::Duration;
+
+use distlock::{Lease, LostReason};
 use test_servers::PostgresServer;
+use tokio::time::Instant;
 
 /// A key no other test uses, so tests may share a server.
 pub fn unique(name: &str) -> String {
@@ -32,4 +36,17 @@ pub fn holder_port(server: &PostgresServer, key: i64) -> (i32, u16) {
 /// True while server process `pid` holds advisory key `key`.
 pub fn still_held_by(server: &PostgresServer, key: i64, pid: i32) -> bool {
     server.advisory_locks().contains(&(pid, key))
+}
+
+/// Waits (up to 30 s) for `lease` to be lost after a cut that left its
+/// session silent, asserts it was lost as `ConnectionLost`, and returns when
+/// the holder was told and until when the lease stays valid.
+pub async fn told_of_a_silent_session(lease: &Lease) -> (Instant, Instant) {
+    let reason = tokio::time::timeout(Duration::from_secs(30), lease.lost_signal().wait())
+        .await
+        .expect("the holder learns within 30 s that its session went silent");
+    let told = Instant::now();
+    assert_eq!(reason, LostReason::ConnectionLost);
+    let valid_until = lease.valid_until().expect("a lost lease has a validity");
+    (told, valid_until)
 }
