@@ -4,6 +4,10 @@
 //!
 //! A missing binary is a test failure whose message says how to install it,
 //! never a skipped test.
+//!
+//! Tests that only need *a* server (they never kill, pause or restart it)
+//! share one per test binary through `shared()` (e.g.
+//! [`PostgresServer::shared`]); keys unique to each test keep them apart.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -33,6 +37,40 @@ pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinelSet, SENTINEL_MASTER_NAME};
 pub use tls::TestCertificates;
 
+/// Gives each listed server type a `shared()` accessor: one server of its
+/// kind per test binary, started on first use.
+macro_rules! shared_servers {
+    ($($server:ident),* $(,)?) => {$(
+        impl $server {
+            #[doc = concat!(
+                "The one [`", stringify!($server), "`] of this test binary, started ",
+                "(with [`", stringify!($server), "::start`]) by the first caller; ",
+                "for tests that never kill, pause or restart it.\n\n",
+                "It lives in a `static`, so it is never dropped: ",
+                "[`spawn_tied_to_this_process`] makes it die with the test binary, ",
+                "under `cargo test` (one process) and `cargo nextest` (one per test).\n\n",
+                "# Panics\n\n",
+                "As [`", stringify!($server), "::start`] does, saying how to install a missing ",
+                "binary. A failed start is not remembered: the next caller tries again ",
+                "(and fails the same way)."
+            )]
+            pub fn shared() -> &'static $server {
+                static SHARED: OnceLock<$server> = OnceLock::new();
+                SHARED.get_or_init($server::start)
+            }
+        }
+    )*};
+}
+
+shared_servers!(
+    EtcdServer,
+    MariaDbServer,
+    PostgresServer,
+    RedisCluster,
+    RedisSentinelSet,
+    RedisServer,
+);
+
 /// A TCP port on 127.0.0.1 that was free a moment ago, for a server to
 /// listen on.
 ///
@@ -44,8 +82,6 @@ pub use tls::TestCertificates;
 /// server then fails to start. Falls back to an ephemeral port if no port
 /// below the range is free.
 pub fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-
     const LOWEST: u16 = 10_000;
     let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -54,10 +90,7 @@ pub fn free_port() -> u16 {
     if ephemeral_start > LOWEST {
         let span = u64::from(ephemeral_start - LOWEST);
         for _ in 0..256 {
-            let random = std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish();
-            let port = LOWEST + u16::try_from(random % span).unwrap_or(0);
+            let port = LOWEST + u16::try_from(random_u64() % span).unwrap_or(0);
             if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
                 return port;
             }
@@ -67,6 +100,21 @@ pub fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
         .expect("cannot bind an ephemeral loopback port")
+}
+
+/// `name` followed by 16 random hex digits: a key no other test uses, so
+/// tests may share a server (see `shared()`, e.g. [`PostgresServer::shared`]).
+pub fn unique_key(name: &str) -> String {
+    format!("{name}-{:016x}", random_u64())
+}
+
+/// A random number from the standard library's per-process hash seeds (a
+/// fresh `RandomState` each call), so this crate needs no `rand`.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// Finds `name` on `PATH` or in the usual Debian locations, or panics saying

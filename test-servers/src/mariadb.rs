@@ -401,8 +401,7 @@ mod tests {
     #[test]
     #[ignore = "a helper, run as a child process by another test"]
     fn child_starts_a_shared_server_and_exits() {
-        static SHARED: std::sync::OnceLock<MariaDbServer> = std::sync::OnceLock::new();
-        let server = SHARED.get_or_init(MariaDbServer::start);
+        let server = MariaDbServer::shared();
         println!("DATADIR={}", server.data_dir().display());
     }
 

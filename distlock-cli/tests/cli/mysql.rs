@@ -2,35 +2,24 @@
 //! module: its startup is the slow part.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock::mysql::lock_name_in;
 use test_servers::{MariaDbOptions, MariaDbServer};
 
 use crate::cron::{now_secs, rfc3339};
-use crate::support::{alive, stderr, wait_for_exit, BIN};
-
-fn server() -> &'static MariaDbServer {
-    static SERVER: OnceLock<MariaDbServer> = OnceLock::new();
-    SERVER.get_or_init(MariaDbServer::start)
-}
-
-fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !condition() {
-        assert!(
-            started.elapsed() < within,
-            "{what} did not happen within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    started.elapsed()
-}
+use crate::support::{alive, stderr, wait_for_exit, wait_until, BIN};
 
 fn run(key: &str, command: &[&str]) -> Child {
     Command::new(BIN)
-        .args(["run", "--url", &server().url(), "--key", key, "--"])
+        .args([
+            "run",
+            "--url",
+            &MariaDbServer::shared().url(),
+            "--key",
+            key,
+            "--",
+        ])
         .args(command)
         .spawn()
         .expect("spawn distlock")
@@ -39,7 +28,15 @@ fn run(key: &str, command: &[&str]) -> Child {
 /// `distlock run --key KEY -- true`, waited for.
 fn try_once(key: &str) -> Output {
     Command::new(BIN)
-        .args(["run", "--url", &server().url(), "--key", key, "--", "true"])
+        .args([
+            "run",
+            "--url",
+            &MariaDbServer::shared().url(),
+            "--key",
+            key,
+            "--",
+            "true",
+        ])
         .output()
         .expect("run distlock")
 }
@@ -47,7 +44,7 @@ fn try_once(key: &str) -> Output {
 /// The connection holding `key`'s lock (named in the namespace of the URL's
 /// database).
 fn holder(key: &str) -> Option<u64> {
-    server().lock_holder(&lock_name_in(MariaDbServer::DATABASE, key))
+    MariaDbServer::shared().lock_holder(&lock_name_in(MariaDbServer::DATABASE, key))
 }
 
 #[test]
@@ -76,7 +73,14 @@ fn run_holds_the_lock_while_the_command_runs_and_frees_it_after() {
 
     // A second run gets a larger fencing token, and CMD's exit code.
     let output = Command::new(BIN)
-        .args(["run", "--url", &server().url(), "--key", &key, "--"])
+        .args([
+            "run",
+            "--url",
+            &MariaDbServer::shared().url(),
+            "--key",
+            &key,
+            "--",
+        ])
         .args(["sh", "-c", "echo $DISTLOCK_FENCING_TOKEN; exit 3"])
         .output()
         .unwrap();
@@ -141,7 +145,7 @@ fn wait_until_parsed(path: &std::path::Path) -> u32 {
 
 #[test]
 fn a_wrong_password_exits_69_without_printing_it() {
-    let url = server()
+    let url = MariaDbServer::shared()
         .url()
         .replace(MariaDbServer::PASSWORD, "wrong-secret");
     assert!(url.contains("wrong-secret"));
@@ -167,11 +171,11 @@ fn two_services_on_one_server_each_run_every_tick_of_their_own_cron_job() {
     let dir = tempfile::tempdir().unwrap();
     let services = ["svc_a", "svc_b"].map(|service| {
         let database = format!("{service}_{}", std::process::id());
-        server().sql(&format!(
+        MariaDbServer::shared().sql(&format!(
             "CREATE DATABASE {database}; GRANT ALL ON {database}.* TO '{}'@'%'",
             MariaDbServer::USER
         ));
-        let url = server().url().replacen(
+        let url = MariaDbServer::shared().url().replacen(
             &format!("/{}?", MariaDbServer::DATABASE),
             &format!("/{database}?"),
             1,
@@ -231,7 +235,7 @@ fn without_ssl_mode(url: &str) -> String {
 
 #[test]
 fn lock_urls_without_ssl_mode_refuse_a_server_without_tls_saying_how_to_connect_anyway() {
-    let url = without_ssl_mode(&server().url());
+    let url = without_ssl_mode(&MariaDbServer::shared().url());
     assert!(!url.contains("ssl-mode"), "{url}");
     let key = format!("cli-no-tls-{}", std::process::id());
     let output = Command::new(BIN)
@@ -296,7 +300,7 @@ fn the_release_clears_the_holder_columns_of_the_fencing_row() {
         "SELECT token, holder_pid IS NULL, holder_host IS NULL, holder_label FROM distlock.distlock_fencing \
          WHERE key_name = '{key}'"
     );
-    let row = server().sql(&columns);
+    let row = MariaDbServer::shared().sql(&columns);
     assert!(
         row.ends_with("0\t0\tsh -c sleep 1 dump-job --password=***"),
         "while held: {row:?}"
@@ -304,6 +308,6 @@ fn the_release_clears_the_holder_columns_of_the_fencing_row() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
     assert_eq!(holder(&key), None, "released");
     // The token stays; nothing names the holder any more.
-    let row = server().sql(&columns);
+    let row = MariaDbServer::shared().sql(&columns);
     assert!(row.ends_with("\t1\t1\tNULL"), "after release: {row:?}");
 }

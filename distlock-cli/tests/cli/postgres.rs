@@ -7,19 +7,7 @@ use std::time::{Duration, Instant};
 
 use test_servers::{netns, FaultProxy, PostgresServer};
 
-use crate::support::{stderr, BIN};
-
-fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !condition() {
-        assert!(
-            started.elapsed() < within,
-            "{what} did not happen within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    started.elapsed()
-}
+use crate::support::{stderr, wait_until, BIN};
 
 fn run(url: &str, key: &str, command: &[&str]) -> Child {
     Command::new(BIN)

@@ -33,6 +33,20 @@ pub fn wait_for_exit(child: &mut Child, within: Duration) -> i32 {
     }
 }
 
+/// Polls `condition` every 10 ms until it holds and returns how long that
+/// took, or panics naming `what` once `within` has passed.
+pub fn wait_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < within,
+            "{what} did not happen within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    started.elapsed()
+}
+
 /// True while `pid` names a live (not zombie) process.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

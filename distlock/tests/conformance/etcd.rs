@@ -3,18 +3,13 @@
 //! and session leases), opened through `distlock::connect` like an
 //! application would.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use distlock::Locker;
 use test_servers::EtcdServer;
 
-fn server_url() -> String {
-    static SERVER: OnceLock<EtcdServer> = OnceLock::new();
-    SERVER.get_or_init(EtcdServer::start).url()
-}
-
 distlock::conformance_suite!(|| async {
-    let locker: Arc<dyn Locker> = distlock::connect(&server_url())
+    let locker: Arc<dyn Locker> = distlock::connect(&EtcdServer::shared().url())
         .await
         .expect("connect to the test etcd");
     assert_eq!(locker.backend(), "etcd");

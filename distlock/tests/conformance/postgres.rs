@@ -2,20 +2,15 @@
 //! test binary starts; every client is a separate `PostgresLocker` (its own
 //! sessions), as separate processes would be.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use distlock::postgres::PostgresLocker;
 use distlock::Locker;
 use test_servers::PostgresServer;
 
-fn url() -> String {
-    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
-    SERVER.get_or_init(PostgresServer::start).url()
-}
-
 distlock::conformance_suite!(|| async {
     Arc::new(
-        PostgresLocker::from_url(&url())
+        PostgresLocker::from_url(&PostgresServer::shared().url())
             .await
             .expect("connect to the test server"),
     ) as Arc<dyn Locker>

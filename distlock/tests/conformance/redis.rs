@@ -2,22 +2,15 @@
 //! test binary, every client a new connection to it (as separate processes
 //! would have), opened through `distlock::connect` like an application would.
 //!
-//! The server lives in a `static`, which is never dropped; test-servers ties it
-//! to this process (`PR_SET_PDEATHSIG`), so it dies with the test binary under
-//! both `cargo test` (one process) and `cargo nextest` (one per test).
+//! The server is [`RedisServer::shared`], which dies with the test binary.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use distlock::Locker;
 use test_servers::RedisServer;
 
-fn server_url() -> String {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(RedisServer::start).url()
-}
-
 distlock::conformance_suite!(|| async {
-    let locker: Arc<dyn Locker> = distlock::connect(&server_url())
+    let locker: Arc<dyn Locker> = distlock::connect(&RedisServer::shared().url())
         .await
         .expect("connect to the test redis-server");
     assert_eq!(locker.backend(), "redis");

@@ -5,18 +5,13 @@
 //! channel share one slot (their hash tag), so the scripts and the sharded
 //! release notifications work on any of them.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use distlock::Locker;
 use test_servers::RedisCluster;
 
-fn cluster_url() -> String {
-    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(RedisCluster::start).url()
-}
-
 distlock::conformance_suite!(|| async {
-    let locker: Arc<dyn Locker> = distlock::connect(&cluster_url())
+    let locker: Arc<dyn Locker> = distlock::connect(&RedisCluster::shared().url())
         .await
         .expect("connect to the test cluster");
     assert_eq!(locker.backend(), "redis");

@@ -3,18 +3,13 @@
 //! for that): every client a new `redis+sentinel://` locker opened through
 //! `distlock::connect`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use distlock::Locker;
 use test_servers::RedisSentinelSet;
 
-fn sentinel_url() -> String {
-    static SET: OnceLock<RedisSentinelSet> = OnceLock::new();
-    SET.get_or_init(RedisSentinelSet::start).url()
-}
-
 distlock::conformance_suite!(|| async {
-    let locker: Arc<dyn Locker> = distlock::connect(&sentinel_url())
+    let locker: Arc<dyn Locker> = distlock::connect(&RedisSentinelSet::shared().url())
         .await
         .expect("connect through the test sentinels");
     assert_eq!(locker.backend(), "redis");

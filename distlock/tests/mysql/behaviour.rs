@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use distlock::mysql::{lock_name, lock_name_in, MysqlLocker, DEFAULT_SESSIONS};
 use distlock::{Error, Locker, LostReason};
-use test_servers::{MariaDbOptions, MariaDbServer};
+use test_servers::{unique_key, MariaDbOptions, MariaDbServer};
 use tokio::time::Instant;
 
 use crate::common::eventually;
-use crate::support::{connect, name_of, server, unique, waiting_for, TTL};
+use crate::support::{connect, name_of, waiting_for, TTL};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_names_match_the_documented_sql() {
@@ -30,7 +30,7 @@ async fn lock_names_match_the_documented_sql() {
         let expected = if name == key {
             key.to_owned()
         } else {
-            server().sql(&format!(
+            MariaDbServer::shared().sql(&format!(
                 "SELECT CONCAT(LOWER(REGEXP_REPLACE(LEFT('{quoted}', 24), '[^A-Za-z0-9_.:/-]', '_')), \
                  '~', LEFT(SHA2('{quoted}', 256), 32))"
             ))
@@ -39,7 +39,7 @@ async fn lock_names_match_the_documented_sql() {
         assert!(name.len() <= 64, "{key:?}: {name}");
         for namespace in ["distlock", "svc_a", "Billing DB: 2026"] {
             let name = lock_name_in(namespace, key);
-            let expected = server().sql(&format!(
+            let expected = MariaDbServer::shared().sql(&format!(
                 "SELECT CONCAT(LOWER(REGEXP_REPLACE(LEFT('{namespace}', 12), '[^A-Za-z0-9_.:/-]', '_')), '~', \
                  LOWER(REGEXP_REPLACE(LEFT('{quoted}', 18), '[^A-Za-z0-9_.:/-]', '_')), '~', \
                  LEFT(SHA2(CONCAT('{namespace}', CHAR(0), '{quoted}'), 256), 32))"
@@ -50,20 +50,22 @@ async fn lock_names_match_the_documented_sql() {
     }
     // The name a locker takes is the one a person would lock by hand.
     let locker = connect("").await;
-    let key = unique("By Hand");
+    let key = unique_key("By Hand");
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
     assert_eq!(locker.backend_key(&key), name_of(&key));
-    assert!(server().lock_holder(&name_of(&key)).is_some());
-    let by_hand = server().sql(&format!("SELECT GET_LOCK('{}', 0)", name_of(&key)));
+    assert!(MariaDbServer::shared()
+        .lock_holder(&name_of(&key))
+        .is_some());
+    let by_hand = MariaDbServer::shared().sql(&format!("SELECT GET_LOCK('{}', 0)", name_of(&key)));
     assert_eq!(by_hand, "0", "held by the locker's session");
     lease.release().await.unwrap();
-    assert_eq!(server().lock_holder(&name_of(&key)), None);
+    assert_eq!(MariaDbServer::shared().lock_holder(&name_of(&key)), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_differing_in_case_length_or_non_ascii_bytes_are_distinct_locks() {
     let (a, b) = (connect("").await, connect("").await);
-    let base = unique("case");
+    let base = unique_key("case");
     let long = "x".repeat(900);
     let pairs = [
         (base.clone(), base.to_uppercase()),
@@ -99,13 +101,13 @@ async fn keys_differing_in_case_length_or_non_ascii_bytes_are_distinct_locks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_session_fires_lost_and_frees_the_lock_at_once() {
     let (holder, other) = (connect("").await, connect("").await);
-    let key = unique("kill");
+    let key = unique_key("kill");
     let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let mut lost = lease.lost_signal();
-    let connection = server()
+    let connection = MariaDbServer::shared()
         .lock_holder(&name_of(&key))
         .expect("the holder's session holds it");
-    server().sql(&format!("KILL {connection}"));
+    MariaDbServer::shared().sql(&format!("KILL {connection}"));
     let killed = Instant::now();
     // The server freed it with the session: another client gets it now.
     let taken = other
@@ -146,7 +148,7 @@ async fn a_killed_holder_session_fires_lost_and_frees_the_lock_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_query_of_a_waiter_is_an_error_not_contention() {
     let (holder, waiter) = (connect("").await, connect("").await);
-    let key = unique("kill-query");
+    let key = unique_key("kill-query");
     let name = name_of(&key);
     let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let wait = {
@@ -156,11 +158,11 @@ async fn kill_query_of_a_waiter_is_an_error_not_contention() {
     eventually(
         Duration::from_secs(5),
         "the wait reaches the server",
-        || waiting_for(server(), &name).len() == 1,
+        || waiting_for(MariaDbServer::shared(), &name).len() == 1,
     )
     .await;
-    let id = waiting_for(server(), &name)[0];
-    server().sql(&format!("KILL QUERY {id}"));
+    let id = waiting_for(MariaDbServer::shared(), &name)[0];
+    MariaDbServer::shared().sql(&format!("KILL QUERY {id}"));
     let err = tokio::time::timeout(Duration::from_secs(5), wait)
         .await
         .expect("the wait ends")
@@ -184,7 +186,7 @@ async fn kill_query_of_a_waiter_is_an_error_not_contention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_wait_is_killed_on_the_server_and_granted_to_nobody() {
     let (holder, waiter) = (connect("").await, connect("").await);
-    let key = unique("abandoned");
+    let key = unique_key("abandoned");
     let name = name_of(&key);
     let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let wait = {
@@ -194,13 +196,13 @@ async fn an_abandoned_wait_is_killed_on_the_server_and_granted_to_nobody() {
     eventually(
         Duration::from_secs(5),
         "the wait reaches the server",
-        || waiting_for(server(), &name).len() == 1,
+        || waiting_for(MariaDbServer::shared(), &name).len() == 1,
     )
     .await;
     wait.abort();
     assert!(wait.await.unwrap_err().is_cancelled());
     let gone = eventually(Duration::from_secs(5), "KILL QUERY ends the wait", || {
-        waiting_for(server(), &name).is_empty()
+        waiting_for(MariaDbServer::shared(), &name).is_empty()
     })
     .await;
     eprintln!("the abandoned wait left the server {gone:?} after the cancellation");
@@ -217,11 +219,11 @@ async fn an_abandoned_wait_is_killed_on_the_server_and_granted_to_nobody() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_held_locks_use_the_documented_connections() {
     let user = "thousand";
-    server().create_user(user, "pw-1000");
-    let locker = MysqlLocker::from_url(&server().url_as(user, "pw-1000"))
+    MariaDbServer::shared().create_user(user, "pw-1000");
+    let locker = MysqlLocker::from_url(&MariaDbServer::shared().url_as(user, "pw-1000"))
         .await
         .unwrap();
-    let base = unique("thousand");
+    let base = unique_key("thousand");
     let started = Instant::now();
     let mut leases = Vec::new();
     for i in 0..1000 {
@@ -230,14 +232,14 @@ async fn a_thousand_held_locks_use_the_documented_connections() {
     }
     eprintln!("1,000 acquires in {:?}", started.elapsed());
     assert_eq!(locker.held_count(), 1000);
-    let connections = server().connections_of(user);
+    let connections = MariaDbServer::shared().connections_of(user);
     eprintln!("1,000 held locks: {} connections", connections.len());
     assert_eq!(connections.len(), DEFAULT_SESSIONS, "{connections:?}");
     // Every one is really held on the server.
     let names: Vec<String> = (0..1000)
         .map(|i| format!("SELECT '{}' AS n", name_of(&format!("{base}-{i}"))))
         .collect();
-    let held = server().sql(&format!(
+    let held = MariaDbServer::shared().sql(&format!(
         "SELECT SUM(IS_USED_LOCK(n) IS NOT NULL) FROM ({}) AS names",
         names.join(" UNION ALL ")
     ));
@@ -318,7 +320,7 @@ async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_fr
     // inserts of new names just below this one, which would fail other
     // tests' attempts.
     let locker = connect("&fencing_table=rowlock_fencing").await;
-    let key = unique("row-locked");
+    let key = unique_key("row-locked");
     let name = name_of(&key);
     // Create the row, then hold its row lock from another session.
     locker
@@ -329,7 +331,7 @@ async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_fr
         .release()
         .await
         .unwrap();
-    let mut blocker = server()
+    let mut blocker = MariaDbServer::shared()
         .client_command()
         .arg(MariaDbServer::DATABASE)
         .stdin(Stdio::piped())
@@ -343,7 +345,7 @@ async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_fr
     )
     .unwrap();
     eventually(Duration::from_secs(5), "the row lock is taken", || {
-        server().sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(20)%'") == "1"
+        MariaDbServer::shared().sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(20)%'") == "1"
     })
     .await;
     let started = Instant::now();
@@ -355,11 +357,11 @@ async fn a_fencing_row_locked_elsewhere_fails_one_attempt_and_leaves_the_lock_fr
         "a lock wait timeout: {err}"
     );
     // The GET_LOCK that preceded the failed bump was released.
-    assert_eq!(server().lock_holder(&name), None);
+    assert_eq!(MariaDbServer::shared().lock_holder(&name), None);
     let _ = blocker.kill();
     let _ = blocker.wait();
     eventually(Duration::from_secs(5), "the blocker's session ends", || {
-        server().sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(20)%'") == "0"
+        MariaDbServer::shared().sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(20)%'") == "0"
     })
     .await;
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
@@ -372,7 +374,7 @@ async fn fencing_off_uses_no_table_and_gives_no_token() {
     let locker = connect("&fencing=off").await;
     assert!(!locker.capabilities().fencing);
     let lease = locker
-        .try_lock(&unique("no-fence"), TTL)
+        .try_lock(&unique_key("no-fence"), TTL)
         .await
         .unwrap()
         .expect("free");
@@ -382,7 +384,7 @@ async fn fencing_off_uses_no_table_and_gives_no_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error_that_never_shows_it() {
-    let url = server()
+    let url = MariaDbServer::shared()
         .url()
         .replace(MariaDbServer::PASSWORD, "hunter2-wrong");
     let err = MysqlLocker::from_url(&url).await.unwrap_err();
@@ -397,11 +399,11 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_and_mariadb_urls_connect() {
     for scheme in ["mysql", "mariadb"] {
-        let url = server().url().replacen("mysql", scheme, 1);
+        let url = MariaDbServer::shared().url().replacen("mysql", scheme, 1);
         let locker = distlock::connect(&url).await.unwrap();
         assert_eq!(locker.backend(), "mysql");
         let lease = locker
-            .try_lock(&unique(scheme), TTL)
+            .try_lock(&unique_key(scheme), TTL)
             .await
             .unwrap()
             .expect("free");
@@ -433,7 +435,7 @@ async fn tls_modes_encrypt_and_check_what_they_say() {
             .await
             .unwrap_or_else(|e| panic!("{mode} to {host}: {e}"));
         let lease = locker
-            .try_lock(&unique("tls"), TTL)
+            .try_lock(&unique_key("tls"), TTL)
             .await
             .unwrap()
             .expect("free");
@@ -463,7 +465,7 @@ async fn preferred_tries_tls_again_on_every_connection_after_a_server_without_it
     // The server offers no TLS: the locker connects without it.
     let locker = MysqlLocker::from_url(&url).await.unwrap();
     let lease = locker
-        .try_lock(&unique("plain"), TTL)
+        .try_lock(&unique_key("plain"), TTL)
         .await
         .unwrap()
         .expect("free");
@@ -476,7 +478,7 @@ async fn preferred_tries_tls_again_on_every_connection_after_a_server_without_it
     ));
     // The locker's session died with the restart; the next one it opens
     // must try TLS again, and so get in.
-    let key = unique("tls-again");
+    let key = unique_key("tls-again");
     let deadline = Instant::now() + Duration::from_secs(10);
     let lease = loop {
         match locker.try_lock(&key, TTL).await {

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use distlock::{drift_margin, Locker, LostReason};
-use test_servers::MariaDbServer;
+use test_servers::{unique_key, MariaDbServer};
 use tokio::time::Instant;
 
-use crate::support::{connect_to, name_of, unique, TTL};
+use crate::support::{connect_to, name_of, TTL};
 
 /// A paused server: the holder gives its session up within its bound and
 /// keeps the documented grace; and when the server comes back during that
@@ -21,7 +21,7 @@ async fn a_paused_server_loses_the_lease_with_the_documented_grace() {
     // Window = wait_timeout − 1 s = 4 s after the last answer; the session
     // is given up 1 to 1.5 s after it (a ping due within 0.5 s, given 1 s).
     let locker = connect_to(&server, "&query_timeout=1&ping_interval=500&wait_timeout=5").await;
-    let key = unique("paused");
+    let key = unique_key("paused");
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
     let holder = server
         .lock_holder(&name_of(&key))
@@ -68,7 +68,7 @@ async fn a_paused_server_loses_the_lease_with_the_documented_grace() {
 async fn a_server_restart_loses_every_lease_and_tokens_keep_increasing() {
     let mut server = MariaDbServer::start();
     let locker = connect_to(&server, "").await;
-    let key = unique("restart");
+    let key = unique_key("restart");
     let first = locker.try_lock(&key, TTL).await.unwrap().expect("free");
     let token = first.fencing_token().expect("fencing is on");
     let mut lost = first.lost_signal();
@@ -99,7 +99,7 @@ async fn a_release_frees_the_lock_even_when_its_fencing_row_is_locked() {
 
     let server = MariaDbServer::start();
     let locker = connect_to(&server, "&query_timeout=4").await;
-    let key = unique("row-locked-release");
+    let key = unique_key("row-locked-release");
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
     let name = name_of(&key);
 

@@ -10,12 +10,15 @@ use distlock::inspect::{with_label, Clock, ForceRelease};
 use distlock::mysql::MysqlLocker;
 use distlock::{Error, Locker, LostReason};
 use mysql_async::prelude::Queryable;
+use test_servers::{unique_key, MariaDbServer};
 
-use crate::support::{connect, name_of, server, unique, TTL};
+use crate::support::{connect, name_of, TTL};
 
 /// A plain client (no distlock), with its connection id.
 async fn plain_client() -> (mysql_async::Conn, u64) {
-    let url = server().url().replace("?ssl-mode=DISABLED", "");
+    let url = MariaDbServer::shared()
+        .url()
+        .replace("?ssl-mode=DISABLED", "");
     let mut conn = mysql_async::Conn::from_url(url)
         .await
         .expect("connect a plain client");
@@ -44,7 +47,7 @@ async fn plain_unlock(conn: &mut mysql_async::Conn, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_get_lock_is_held_by_an_unknown_holder() {
     let locker = connect("").await;
-    let key = unique("plain");
+    let key = unique_key("plain");
     let (mut plain, id) = plain_client().await;
 
     plain_lock(&mut plain, &key).await;
@@ -93,7 +96,7 @@ async fn a_plain_get_lock_is_held_by_an_unknown_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_native_wait_records_its_holder_whatever_its_label() {
     let (holder, waiter) = (connect("").await, connect("").await);
-    let key = unique("Wait Record ünï");
+    let key = unique_key("Wait Record ünï");
     let first = holder
         .try_lock(&key, TTL)
         .await
@@ -130,7 +133,7 @@ async fn the_native_wait_records_its_holder_whatever_its_label() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
     let (on, off) = (connect("").await, connect("&holder=off").await);
-    let key = unique("holder-off");
+    let key = unique_key("holder-off");
     on.try_lock(&key, TTL)
         .await
         .expect("try")
@@ -150,7 +153,7 @@ async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
 
     let bare = connect("&fencing=off").await;
     assert!(!bare.capabilities().list);
-    let key = unique("fencing-off");
+    let key = unique_key("fencing-off");
     let lease = bare.try_lock(&key, TTL).await.expect("try").expect("free");
     let held = bare.inspect(&key).await.expect("inspect").expect("held");
     assert_eq!((held.holder, held.fencing_token), (None, None));
@@ -165,8 +168,8 @@ async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_table_from_before_holder_records_is_upgraded() {
     let table = format!("fence_{:08x}", rand::random::<u32>());
-    let key = unique("upgrade");
-    server().sql(&format!(
+    let key = unique_key("upgrade");
+    MariaDbServer::shared().sql(&format!(
         "CREATE TABLE distlock.{table} (\
             lock_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
             token BIGINT NOT NULL, owner_digest CHAR(32) CHARACTER SET ascii NOT NULL, \
@@ -175,7 +178,7 @@ async fn a_fencing_table_from_before_holder_records_is_upgraded() {
         name_of(&key)
     ));
     let locker = connect(&format!("&fencing_table={table}")).await;
-    let columns = server().sql(&format!(
+    let columns = MariaDbServer::shared().sql(&format!(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'distlock' \
          AND TABLE_NAME = '{table}'"
     ));
@@ -197,7 +200,7 @@ async fn killing_the_connection_frees_every_lock_it_holds() {
     // One shared session: both locks live on it.
     let holder = connect("&sessions=1").await;
     let operator = connect("").await;
-    let (first, second) = (unique("kill-a"), unique("kill-b"));
+    let (first, second) = (unique_key("kill-a"), unique_key("kill-b"));
     let lease_a = holder
         .try_lock(&first, TTL)
         .await
@@ -252,7 +255,7 @@ async fn killing_the_connection_frees_every_lock_it_holds() {
 
     // A plain GET_LOCK's connection is killed too.
     let (mut plain, _) = plain_client().await;
-    let key = unique("kill-plain");
+    let key = unique_key("kill-plain");
     plain_lock(&mut plain, &key).await;
     let evicted = operator
         .force_release(&key, ForceRelease::TerminateSession)
@@ -270,12 +273,12 @@ async fn killing_the_connection_frees_every_lock_it_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_the_right_to_kill_gets_the_servers_reason() {
     let user = format!("weak{:08x}", rand::random::<u32>());
-    server().create_user(&user, "pw-weak");
-    let weak = MysqlLocker::from_url(&server().url_as(&user, "pw-weak"))
+    MariaDbServer::shared().create_user(&user, "pw-weak");
+    let weak = MysqlLocker::from_url(&MariaDbServer::shared().url_as(&user, "pw-weak"))
         .await
         .expect("connect as the weak user");
     let holder = connect("").await;
-    let key = unique("weak");
+    let key = unique_key("weak");
     let lease = holder
         .try_lock(&key, TTL)
         .await
@@ -307,7 +310,7 @@ async fn a_user_without_the_right_to_kill_gets_the_servers_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant() {
     let (locker, waiter) = (connect("").await, connect("").await);
-    let base = unique("zero");
+    let base = unique_key("zero");
     let key = format!("{base}\0byte");
     let lease = with_label("a\0b", locker.try_lock(&key, TTL))
         .await

@@ -5,14 +5,14 @@
 use distlock::inspect::ForceRelease;
 use distlock::mysql::{lock_name, lock_name_in, MysqlLocker};
 use distlock::{Locker, MarkAdvance, RefreshRequest};
-use test_servers::MariaDbServer;
+use test_servers::{unique_key, MariaDbServer};
 
-use crate::support::{server, unique, TTL};
+use crate::support::TTL;
 
 /// A database of its own on the shared server, usable by the test account.
 fn database(name: &str) -> String {
-    let name = unique(name).replace('-', "_");
-    server().sql(&format!(
+    let name = unique_key(name).replace('-', "_");
+    MariaDbServer::shared().sql(&format!(
         "CREATE DATABASE {name}; GRANT ALL ON {name}.* TO '{}'@'%'",
         MariaDbServer::USER
     ));
@@ -21,7 +21,7 @@ fn database(name: &str) -> String {
 
 /// The test server's URL for `database`, with `params` (`&…`) appended.
 fn url_of(database: &str, params: &str) -> String {
-    let url = server().url();
+    let url = MariaDbServer::shared().url();
     let url = url.replacen(
         &format!("/{}?", MariaDbServer::DATABASE),
         &format!("/{database}?"),
@@ -56,8 +56,10 @@ async fn two_databases_on_one_server_hold_the_same_key_at_once() {
     // Each is really held, under its namespaced name, by its own locker.
     assert!(a.try_lock(key, TTL).await.unwrap().is_none());
     assert!(b.try_lock(key, TTL).await.unwrap().is_none());
-    assert!(server().lock_holder(&a.backend_key(key)).is_some());
-    assert_eq!(server().lock_holder(&lock_name(key)), None);
+    assert!(MariaDbServer::shared()
+        .lock_holder(&a.backend_key(key))
+        .is_some());
+    assert_eq!(MariaDbServer::shared().lock_holder(&lock_name(key)), None);
     // Fencing rows, inspection, listing and the keepalive name the same lock.
     assert_eq!(lease_a.fencing_token(), Some(1));
     assert_eq!(lease_b.fencing_token(), Some(1));
@@ -92,7 +94,10 @@ async fn two_databases_on_one_server_hold_the_same_key_at_once() {
     );
     lease_a.release().await.unwrap();
     lease_b.release().await.unwrap();
-    assert_eq!(server().lock_holder(&a.backend_key(key)), None);
+    assert_eq!(
+        MariaDbServer::shared().lock_holder(&a.backend_key(key)),
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +107,7 @@ async fn one_chosen_prefix_makes_two_databases_exclude_each_other() {
     let shared = format!("&prefix=shared&fencing_table={db_a}.distlock_fencing");
     let (a, b) = (locker(&db_a, &shared).await, locker(&db_b, &shared).await);
     assert_eq!(a.backend_key("cleanup"), lock_name_in("shared", "cleanup"));
-    let key = unique("cleanup");
+    let key = unique_key("cleanup");
     let lease = a.try_lock(&key, TTL).await.unwrap().expect("free");
     assert!(b.try_lock(&key, TTL).await.unwrap().is_none(), "held by a");
     let seen = b.inspect(&key).await.unwrap().expect("b sees a's lock");
@@ -124,11 +129,12 @@ async fn one_chosen_prefix_makes_two_databases_exclude_each_other() {
 async fn an_empty_prefix_takes_the_bare_name_other_get_lock_users_take() {
     let db = database("plain");
     let locker = locker(&db, "&prefix=").await;
-    let key = unique("by-hand");
+    let key = unique_key("by-hand");
     assert_eq!(locker.namespace(), "");
     assert_eq!(locker.backend_key(&key), lock_name(&key));
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
-    let by_hand = server().sql(&format!("SELECT GET_LOCK('{}', 0)", lock_name(&key)));
+    let by_hand =
+        MariaDbServer::shared().sql(&format!("SELECT GET_LOCK('{}', 0)", lock_name(&key)));
     assert_eq!(by_hand, "0", "held under the bare name");
     lease.release().await.unwrap();
 }
@@ -138,7 +144,7 @@ async fn a_shared_fencing_table_lists_only_this_namespace() {
     let (db_a, db_b) = (database("svc_a"), database("svc_b"));
     let table = format!("&fencing_table={db_a}.distlock_fencing");
     let (a, b) = (locker(&db_a, &table).await, locker(&db_b, &table).await);
-    let key = unique("report");
+    let key = unique_key("report");
     let lease_a = a.try_lock(&key, TTL).await.unwrap().expect("free in svc_a");
     let lease_b = b.try_lock(&key, TTL).await.unwrap().expect("free in svc_b");
     for (locker, lease) in [(&a, &lease_a), (&b, &lease_b)] {

@@ -1,6 +1,5 @@
 //! Helpers the MySQL modules share.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock::mysql::{lock_name_in, MysqlLocker};
@@ -8,14 +7,10 @@ use test_servers::MariaDbServer;
 
 pub const TTL: Duration = Duration::from_secs(30);
 
-/// The server most tests share.
-pub fn server() -> &'static MariaDbServer {
-    static SERVER: OnceLock<MariaDbServer> = OnceLock::new();
-    SERVER.get_or_init(MariaDbServer::start)
-}
-
+/// A locker on the server most tests share, with `params` appended to its
+/// URL.
 pub async fn connect(params: &str) -> MysqlLocker {
-    connect_to(server(), params).await
+    connect_to(MariaDbServer::shared(), params).await
 }
 
 pub async fn connect_to(server: &MariaDbServer, params: &str) -> MysqlLocker {
@@ -28,11 +23,6 @@ pub async fn connect_to(server: &MariaDbServer, params: &str) -> MysqlLocker {
 /// namespace of its database.
 pub fn name_of(key: &str) -> String {
     lock_name_in(MariaDbServer::DATABASE, key)
-}
-
-/// A key no other test uses, so tests may share a server.
-pub fn unique(name: &str) -> String {
-    format!("{name}-{:016x}", rand::random::<u64>())
 }
 
 /// Connections waiting in `GET_LOCK` for lock `name` on the server.

@@ -5,7 +5,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock::postgres::{
@@ -13,28 +12,11 @@ use distlock::postgres::{
 };
 use distlock::{Error, Locker, LostReason};
 use futures_util::FutureExt;
-use test_servers::{PostgresOptions, PostgresServer};
+use test_servers::{unique_key, PostgresOptions, PostgresServer};
 use tokio::time::Instant;
 
 use crate::common::eventually;
-use crate::support::{holders, unique};
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn server() -> &'static PostgresServer {
-    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
-    SERVER.get_or_init(PostgresServer::start)
-}
-
-async fn connect(params: &str) -> PostgresLocker {
-    connect_to(server(), params).await
-}
-
-async fn connect_to(server: &PostgresServer, params: &str) -> PostgresLocker {
-    PostgresLocker::from_url(&format!("{}{params}", server.url()))
-        .await
-        .expect("connect to the test server")
-}
+use crate::support::{connect, connect_to, holders, TTL};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_keys_match_the_documented_sql() {
@@ -54,7 +36,10 @@ async fn advisory_keys_match_the_documented_sql() {
                  || convert_to('{key}', 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint"
             )
         };
-        let from_sql: i64 = server().psql(&sql).parse().expect("a bigint");
+        let from_sql: i64 = PostgresServer::shared()
+            .psql(&sql)
+            .parse()
+            .expect("a bigint");
         assert_eq!(
             from_sql,
             advisory_key(namespace, key),
@@ -70,7 +55,10 @@ async fn advisory_keys_match_the_documented_sql() {
         let sql = format!(
             "SELECT ('x' || encode(substr(sha256('\\x{bytes}'::bytea), 1, 8), 'hex'))::bit(64)::bigint"
         );
-        let from_sql: i64 = server().psql(&sql).parse().expect("a bigint");
+        let from_sql: i64 = PostgresServer::shared()
+            .psql(&sql)
+            .parse()
+            .expect("a bigint");
         assert_eq!(
             from_sql,
             advisory_key(namespace, key),
@@ -86,10 +74,10 @@ async fn advisory_keys_match_the_documented_sql() {
 /// one advisory lock, so each excluded the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_with_a_zero_byte_is_not_the_key_of_another_namespace() {
-    let namespace = unique("ns");
+    let namespace = unique_key("ns");
     let plain = connect("").await;
     let spaced = connect(&format!("&namespace={namespace}")).await;
-    let key = unique("k");
+    let key = unique_key("k");
     let posing = format!("{namespace}\0{key}");
     assert_ne!(plain.advisory_key(&posing), spaced.advisory_key(&key));
     let first = plain
@@ -111,14 +99,15 @@ async fn a_key_with_a_zero_byte_is_not_the_key_of_another_namespace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_session_fires_lost_and_frees_the_lock_at_once() {
     let (holder, other) = (connect("").await, connect("").await);
-    let key = unique("terminate");
+    let key = unique_key("terminate");
     let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free key");
     let mut lost = lease.lost_signal();
-    let pids = holders(server(), holder.advisory_key(&key));
+    let pids = holders(PostgresServer::shared(), holder.advisory_key(&key));
     assert_eq!(pids.len(), 1, "exactly one session holds it");
     // With a timeout, pg_terminate_backend returns once the backend is gone
     // (Postgres 14+); without, it only signals it.
-    let terminated = server().psql(&format!("SELECT pg_terminate_backend({}, 5000)", pids[0]));
+    let terminated =
+        PostgresServer::shared().psql(&format!("SELECT pg_terminate_backend({}, 5000)", pids[0]));
     assert_eq!(terminated, "t");
 
     // The server freed it with the session; the holder learns on its own.
@@ -140,7 +129,7 @@ async fn terminated_session_fires_lost_and_frees_the_lock_at_once() {
 
     // The locker reconnects for the next lock.
     let again = holder
-        .try_lock(&unique("after-terminate"), TTL)
+        .try_lock(&unique_key("after-terminate"), TTL)
         .await
         .unwrap();
     assert!(again.is_some());
@@ -149,7 +138,7 @@ async fn terminated_session_fires_lost_and_frees_the_lock_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_wait_acquires_within_milliseconds_of_the_release() {
     let (holder, waiter) = (connect("").await, connect("").await);
-    let key = unique("native-wait");
+    let key = unique_key("native-wait");
     let mut latencies = Vec::new();
     for _ in 0..10 {
         let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free");
@@ -166,7 +155,7 @@ async fn native_wait_acquires_within_milliseconds_of_the_release() {
             Duration::from_secs(5),
             "the waiter waits on the server",
             || {
-                server().psql(&format!(
+                PostgresServer::shared().psql(&format!(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
                  AND ((classid::int8 << 32) | objid::int8) = {waiting}"
                 )) == "1"
@@ -191,9 +180,9 @@ async fn native_wait_acquires_within_milliseconds_of_the_release() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_held_leases_use_the_documented_number_of_connections() {
-    let application = unique("distlock-many");
+    let application = unique_key("distlock-many");
     let locker = connect(&format!("&application_name={application}")).await;
-    let prefix = unique("many");
+    let prefix = unique_key("many");
     // Half by try_lock, half by lock on free keys: both live on the shared
     // sessions.
     let acquires = (0..1000).map(|i| {
@@ -213,13 +202,13 @@ async fn a_thousand_held_leases_use_the_documented_number_of_connections() {
     let leases = futures_util::future::join_all(acquires).await;
     let took = started.elapsed();
     assert_eq!(locker.held_count(), 1000);
-    let connections = server().connection_count(&application);
+    let connections = PostgresServer::shared().connection_count(&application);
     eprintln!("1000 leases acquired in {took:?} over {connections} connections");
     assert!(
         connections <= DEFAULT_SESSIONS,
         "{connections} connections for 1000 leases; documented bound {DEFAULT_SESSIONS}"
     );
-    let granted: usize = server()
+    let granted: usize = PostgresServer::shared()
         .psql(&format!(
             "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
              WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = '{application}'"
@@ -236,7 +225,7 @@ async fn a_thousand_held_leases_use_the_documented_number_of_connections() {
 /// Ungranted advisory locks on the server (native waits) for these keys.
 fn server_waits(ids: &[i64]) -> usize {
     let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
-    server()
+    PostgresServer::shared()
         .psql(&format!(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
              AND ((classid::int8 << 32) | objid::int8) IN ({})",
@@ -254,10 +243,10 @@ async fn waiter_connections_stay_within_max_waiters_and_the_rest_poll() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    let application = unique("distlock-capped");
+    let application = unique_key("distlock-capped");
     let holder = connect("").await;
     let locker = connect(&format!("&application_name={application}&max_waiters=2")).await;
-    let keys: Vec<String> = (0..7).map(|i| unique(&format!("capped-{i}"))).collect();
+    let keys: Vec<String> = (0..7).map(|i| unique_key(&format!("capped-{i}"))).collect();
     let ids: Vec<i64> = keys.iter().map(|key| locker.advisory_key(key)).collect();
     let mut held = Vec::new();
     for key in &keys {
@@ -270,7 +259,7 @@ async fn waiter_connections_stay_within_max_waiters_and_the_rest_poll() {
         std::thread::spawn(move || {
             let mut counts = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                counts.push(server().connection_count(&application));
+                counts.push(PostgresServer::shared().connection_count(&application));
             }
             counts
         })
@@ -335,7 +324,7 @@ async fn waiter_connections_stay_within_max_waiters_and_the_rest_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_connections_come_back_after_timeouts_and_cancellations() {
     let (holder, locker) = (connect("").await, connect("&max_waiters=2").await);
-    let key = unique("permits-round");
+    let key = unique_key("permits-round");
     let id = locker.advisory_key(&key);
     let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     for round in 0..3 {
@@ -386,12 +375,12 @@ async fn waiter_connections_come_back_after_timeouts_and_cancellations() {
     eventually(
         Duration::from_secs(2),
         "the dropped lease is released",
-        || holders(server(), id).is_empty(),
+        || holders(PostgresServer::shared(), id).is_empty(),
     )
     .await;
 
     // Two new waits both get a connection: they wait on the server.
-    let keys = [unique("permits-after-a"), unique("permits-after-b")];
+    let keys = [unique_key("permits-after-a"), unique_key("permits-after-b")];
     let ids = keys.each_ref().map(|key| locker.advisory_key(key));
     let mut held = Vec::new();
     for key in &keys {
@@ -436,7 +425,7 @@ async fn waiter_connections_come_back_after_timeouts_and_cancellations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_locker_grants_a_key_once_however_many_tasks_ask_at_once() {
     let locker = connect("").await;
-    let key = unique("same-locker");
+    let key = unique_key("same-locker");
     let attempts = (0..50).map(|_| {
         let (locker, key) = (locker.clone(), key.clone());
         async move { locker.try_lock(&key, TTL).await.unwrap() }
@@ -462,7 +451,7 @@ async fn tasks_of_one_locker_trying_and_waiting_never_overlap() {
     use std::sync::Arc;
 
     let locker = connect("").await;
-    let key = unique("one-locker-overlap");
+    let key = unique_key("one-locker-overlap");
     let inside = Arc::new(AtomicBool::new(false));
     let grants = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..12)
@@ -504,7 +493,7 @@ async fn tasks_of_one_locker_trying_and_waiting_never_overlap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_wait_leaves_nothing_granted() {
     let (holder, waiter, third) = (connect("").await, connect("").await, connect("").await);
-    let key = unique("cancel-wait");
+    let key = unique_key("cancel-wait");
     let id = holder.advisory_key(&key);
     let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let task = {
@@ -518,20 +507,20 @@ async fn a_cancelled_wait_leaves_nothing_granted() {
         ))
     };
     eventually(Duration::from_secs(5), "the waiter waits", || {
-        waiting(server()) == "1"
+        waiting(PostgresServer::shared()) == "1"
     })
     .await;
     task.abort();
     let _ = task.await;
     // The wait is cancelled on the server, not left to run into the release.
     eventually(Duration::from_secs(2), "the server wait ends", || {
-        waiting(server()) == "0"
+        waiting(PostgresServer::shared()) == "0"
     })
     .await;
     lease.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
-        holders(server(), id).is_empty(),
+        holders(PostgresServer::shared(), id).is_empty(),
         "nothing granted after the cancelled wait"
     );
     assert!(third.try_lock(&key, TTL).await.unwrap().is_some());
@@ -540,7 +529,7 @@ async fn a_cancelled_wait_leaves_nothing_granted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_cancelled_as_the_lock_is_released_never_strand_it() {
     let (holder, waiter, checker) = (connect("").await, connect("").await, connect("").await);
-    let key = unique("cancel-race");
+    let key = unique_key("cancel-race");
     let id = holder.advisory_key(&key);
     for round in 0..20u64 {
         let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free");
@@ -565,7 +554,7 @@ async fn waits_cancelled_as_the_lock_is_released_never_strand_it() {
         }
         // A grant that beat the cancellation dies with the closed connection.
         eventually(Duration::from_secs(2), "the key is free again", || {
-            holders(server(), id).is_empty()
+            holders(PostgresServer::shared(), id).is_empty()
         })
         .await;
         let lease = checker
@@ -580,7 +569,7 @@ async fn waits_cancelled_as_the_lock_is_released_never_strand_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_racing_the_lock_timeout_are_kept_or_freed_never_stranded() {
     let (holder, waiter, checker) = (connect("").await, connect("").await, connect("").await);
-    let key = unique("timeout-race");
+    let key = unique_key("timeout-race");
     let timeout = Duration::from_millis(100);
     let (mut acquired, mut timed_out) = (0, 0);
     for round in 0..30u64 {
@@ -620,7 +609,7 @@ async fn grants_racing_the_lock_timeout_are_kept_or_freed_never_stranded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_attempts_never_strand_their_lock() {
     let (locker, checker) = (connect("").await, connect("").await);
-    let key = unique("abandoned-try");
+    let key = unique_key("abandoned-try");
     // Warm the key's session, so the single poll below gets as far as
     // sending the attempt.
     locker
@@ -674,7 +663,7 @@ async fn abandoned_attempts_never_strand_their_lock() {
     // release, and then be undone by its cleanup.
     let id = locker.advisory_key(&key);
     eventually(Duration::from_secs(2), "nothing stays held", || {
-        holders(server(), id).is_empty()
+        holders(PostgresServer::shared(), id).is_empty()
     })
     .await;
 }
@@ -690,17 +679,17 @@ async fn raw_keys_share_the_key_space_with_sql_and_string_keys() {
         .expect("free raw key");
     assert_eq!(lease.key(), raw.to_string());
     assert_eq!(
-        server().psql(&format!("SELECT pg_try_advisory_lock({raw})")),
+        PostgresServer::shared().psql(&format!("SELECT pg_try_advisory_lock({raw})")),
         "f"
     );
     lease.release().await.unwrap();
     // psql's session takes and (on exit) frees it.
     assert_eq!(
-        server().psql(&format!("SELECT pg_try_advisory_lock({raw})")),
+        PostgresServer::shared().psql(&format!("SELECT pg_try_advisory_lock({raw})")),
         "t"
     );
 
-    let key = unique("string-and-raw");
+    let key = unique_key("string-and-raw");
     let by_name = locker.try_lock(&key, TTL).await.unwrap().expect("free");
     assert!(
         locker
@@ -739,14 +728,16 @@ async fn raw_keys_share_the_key_space_with_sql_and_string_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_locks_exclude_session_locks_and_end_with_the_transaction() {
     let locker = connect("").await;
-    let key = advisory_key("", &unique("xact"));
-    let (mut client, connection) = tokio_postgres::connect(&server().url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    let key = advisory_key("", &unique_key("xact"));
+    let (mut client, connection) =
+        tokio_postgres::connect(&PostgresServer::shared().url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
     tokio::spawn(connection);
-    let (mut other, connection) = tokio_postgres::connect(&server().url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    let (mut other, connection) =
+        tokio_postgres::connect(&PostgresServer::shared().url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
     tokio::spawn(connection);
 
     let tx = client.transaction().await.unwrap();
@@ -786,9 +777,9 @@ async fn transaction_locks_exclude_session_locks_and_end_with_the_transaction() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_from_another_client_says_who_holds_it() {
     let (holder, other) = (connect("").await, connect("").await);
-    let key = unique("unlock-elsewhere");
+    let key = unique_key("unlock-elsewhere");
     let lease = holder.try_lock(&key, TTL).await.unwrap().expect("free");
-    let pid = holders(server(), holder.advisory_key(&key))[0];
+    let pid = holders(PostgresServer::shared(), holder.advisory_key(&key))[0];
     match other.unlock(&key, lease.owner()).await {
         Err(Error::Unsupported { reason, .. }) => {
             assert!(
@@ -824,37 +815,37 @@ async fn unlock_from_another_client_says_who_holds_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_can_be_off_or_in_a_table_of_your_choice() {
-    let table = unique("fence").replace('-', "_");
+    let table = unique_key("fence").replace('-', "_");
     let off = connect(&format!("&fencing=off&fencing_table={table}")).await;
     assert!(!off.capabilities().fencing);
     let lease = off
-        .try_lock(&unique("no-fence"), TTL)
+        .try_lock(&unique_key("no-fence"), TTL)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(lease.fencing_token(), None);
     lease.release().await.unwrap();
     let waited = off
-        .lock(&unique("no-fence-wait"), TTL, Duration::from_secs(1))
+        .lock(&unique_key("no-fence-wait"), TTL, Duration::from_secs(1))
         .await
         .unwrap();
     assert_eq!(waited.fencing_token(), None);
     waited.release().await.unwrap();
     assert_eq!(
-        server().psql(&format!("SELECT to_regclass('{table}') IS NULL")),
+        PostgresServer::shared().psql(&format!("SELECT to_regclass('{table}') IS NULL")),
         "t",
         "no table when off"
     );
 
-    server().psql("CREATE SCHEMA IF NOT EXISTS \"Ops Schema\"");
+    PostgresServer::shared().psql("CREATE SCHEMA IF NOT EXISTS \"Ops Schema\"");
     let on = connect(&format!("&fencing_table=Ops%20Schema.{table}")).await;
-    let key = unique("custom-table");
+    let key = unique_key("custom-table");
     for expected in 1..=3 {
         let lease = on.try_lock(&key, TTL).await.unwrap().unwrap();
         assert_eq!(lease.fencing_token(), Some(expected));
         lease.release().await.unwrap();
     }
-    let row = server().psql(&format!(
+    let row = PostgresServer::shared().psql(&format!(
         "SELECT token FROM \"Ops Schema\".\"{table}\" WHERE lock_key = {}",
         on.advisory_key(&key)
     ));
@@ -865,7 +856,7 @@ async fn fencing_can_be_off_or_in_a_table_of_your_choice() {
 async fn a_server_crash_loses_held_leases_and_tokens_keep_increasing() {
     let mut server = PostgresServer::start();
     let locker = connect_to(&server, "").await;
-    let key = unique("restart");
+    let key = unique_key("restart");
     let first = locker.try_lock(&key, TTL).await.unwrap().unwrap();
     let token = first.fencing_token().unwrap();
     let mut lost = first.lost_signal();
@@ -1032,7 +1023,7 @@ async fn child_holds_a_lock_until_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_its_lock_within_a_second() {
-    let key = unique("killed-holder");
+    let key = unique_key("killed-holder");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             // The test's path in this binary, as `--exact` matches it.
@@ -1041,7 +1032,7 @@ async fn killed_holder_process_frees_its_lock_within_a_second() {
             "--ignored",
             "--nocapture",
         ])
-        .env("DISTLOCK_CHILD_URL", server().url())
+        .env("DISTLOCK_CHILD_URL", PostgresServer::shared().url())
         .env("DISTLOCK_CHILD_KEY", &key)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -1071,7 +1062,7 @@ async fn killed_holder_process_frees_its_lock_within_a_second() {
     child.wait().unwrap();
     let id = locker.advisory_key(&key);
     let freed = eventually(Duration::from_secs(2), "pg_locks drops the lock", || {
-        holders(server(), id).is_empty()
+        holders(PostgresServer::shared(), id).is_empty()
     })
     .await;
     eprintln!("lock freed {freed:?} after SIGKILL of its holder");

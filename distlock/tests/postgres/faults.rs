@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use distlock::postgres::PostgresLocker;
 use distlock::{Error, Locker, DEADLINE_GRACE};
-use test_servers::PostgresServer;
+use test_servers::{unique_key, PostgresServer};
 use tokio::time::Instant;
 
 use crate::common::eventually;
-use crate::support::{holders, unique};
+use crate::support::holders;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -50,7 +50,7 @@ async fn a_pending_cleanup_is_reported_as_such_not_as_contention_or_not_held() {
         .build()
         .await
         .unwrap();
-    let (abandoned_key, in_flight_key) = (unique("abandoned"), unique("in-flight"));
+    let (abandoned_key, in_flight_key) = (unique_key("abandoned"), unique_key("in-flight"));
 
     server.pause();
     // Sent to a server that does not answer, then dropped: its cleanup
@@ -124,7 +124,7 @@ async fn a_paused_server_bounds_lock_by_its_timeout_and_try_lock_by_the_query_ti
     );
     let timeout = Duration::from_secs(1);
     let bound = timeout + DEADLINE_GRACE + Duration::from_millis(300);
-    let key = unique("paused");
+    let key = unique_key("paused");
     let id = locker.advisory_key(&key);
 
     // Paused before the first attempt (default query timeout: 10 s).
@@ -238,7 +238,7 @@ async fn role_timeouts_end_neither_native_waits_nor_idle_holders() {
         PostgresLocker::from_url(&server.url()).await.unwrap(),
         PostgresLocker::from_url(&server.url()).await.unwrap(),
     );
-    let key = unique("role-timeouts");
+    let key = unique_key("role-timeouts");
     let id = holder.advisory_key(&key);
     let held = holder.try_lock(&key, TTL).await.unwrap().expect("free");
     let mut lost = held.lost_signal();
@@ -282,7 +282,7 @@ async fn a_locked_fencing_row_fails_one_attempt_and_spares_its_session() {
         .build()
         .await
         .unwrap();
-    let (blocked, other) = (unique("row-locked"), unique("bystander"));
+    let (blocked, other) = (unique_key("row-locked"), unique_key("bystander"));
     let id = locker.advisory_key(&blocked);
     for key in [&blocked, &other] {
         locker
@@ -347,7 +347,7 @@ async fn a_locked_fencing_row_fails_one_attempt_and_spares_its_session() {
 async fn a_release_frees_the_lock_even_when_its_fencing_row_is_locked() {
     let server = PostgresServer::start();
     let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
-    let key = unique("row-locked-release");
+    let key = unique_key("row-locked-release");
     let id = locker.advisory_key(&key);
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
 

@@ -4,34 +4,21 @@
 //! turned off, the upgrade of a table created before holder records, and
 //! `pg_terminate_backend` ending every lock of the holding session.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock::inspect::{with_label, Clock, ForceRelease};
 use distlock::postgres::{advisory_key, PostgresLocker};
 use distlock::{Error, Locker, LostReason};
-use test_servers::PostgresServer;
+use test_servers::{unique_key, PostgresServer};
 
-use crate::support::unique;
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn server() -> &'static PostgresServer {
-    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
-    SERVER.get_or_init(PostgresServer::start)
-}
-
-async fn connect(params: &str) -> PostgresLocker {
-    PostgresLocker::from_url(&format!("{}{params}", server().url()))
-        .await
-        .expect("connect to the test server")
-}
+use crate::support::{connect, TTL};
 
 /// A plain client (no distlock), with its server process id.
 async fn plain_client() -> (tokio_postgres::Client, i32) {
-    let (client, connection) = tokio_postgres::connect(&server().url(), tokio_postgres::NoTls)
-        .await
-        .expect("connect a plain client");
+    let (client, connection) =
+        tokio_postgres::connect(&PostgresServer::shared().url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect a plain client");
     tokio::spawn(connection);
     let pid: i32 = client
         .query_one("SELECT pg_backend_pid()", &[])
@@ -44,7 +31,7 @@ async fn plain_client() -> (tokio_postgres::Client, i32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_taken_with_plain_sql_is_held_by_an_unknown_holder() {
     let locker = connect("").await;
-    let key = unique("plain-sql");
+    let key = unique_key("plain-sql");
     let id = advisory_key("", &key);
     let (plain, pid) = plain_client().await;
 
@@ -110,7 +97,7 @@ async fn a_lock_taken_with_plain_sql_is_held_by_an_unknown_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_native_wait_records_its_holder_whatever_its_label() {
     let (holder, waiter) = (connect("").await, connect("").await);
-    let key = unique("wait-record");
+    let key = unique_key("wait-record");
     let first = holder
         .try_lock(&key, TTL)
         .await
@@ -141,7 +128,7 @@ async fn the_native_wait_records_its_holder_whatever_its_label() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
     let (on, off) = (connect("").await, connect("&holder=off").await);
-    let key = unique("holder-off");
+    let key = unique_key("holder-off");
     on.try_lock(&key, TTL)
         .await
         .expect("try")
@@ -161,7 +148,7 @@ async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
 
     let bare = connect("&fencing=off").await;
     assert!(!bare.capabilities().list);
-    let key = unique("fencing-off");
+    let key = unique_key("fencing-off");
     let lease = bare.try_lock(&key, TTL).await.expect("try").expect("free");
     let held = bare.inspect(&key).await.expect("inspect").expect("held");
     assert_eq!((held.holder, held.fencing_token), (None, None));
@@ -176,17 +163,17 @@ async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_table_from_before_holder_records_is_upgraded() {
     let table = format!("fence_{:08x}", rand::random::<u32>());
-    server().psql(&format!(
+    PostgresServer::shared().psql(&format!(
         "CREATE TABLE {table} (lock_key bigint PRIMARY KEY, token bigint NOT NULL, \
          owner_digest text NOT NULL, granted_at timestamptz NOT NULL DEFAULT now())"
     ));
-    let key = unique("upgrade");
-    server().psql(&format!(
+    let key = unique_key("upgrade");
+    PostgresServer::shared().psql(&format!(
         "INSERT INTO {table} VALUES ({}, 41, 'old')",
         advisory_key("", &key)
     ));
     let locker = connect(&format!("&fencing_table={table}")).await;
-    let columns = server().psql(&format!(
+    let columns = PostgresServer::shared().psql(&format!(
         "SELECT count(*) FROM information_schema.columns WHERE table_name = '{table}'"
     ));
     assert_eq!(columns, "10", "the six record columns were added");
@@ -207,7 +194,7 @@ async fn terminating_the_session_frees_every_lock_it_holds() {
     // One shared session: both locks live on it.
     let holder = connect("&sessions=1").await;
     let operator = connect("").await;
-    let (first, second) = (unique("terminate-a"), unique("terminate-b"));
+    let (first, second) = (unique_key("terminate-a"), unique_key("terminate-b"));
     let lease_a = holder
         .try_lock(&first, TTL)
         .await
@@ -262,7 +249,7 @@ async fn terminating_the_session_frees_every_lock_it_holds() {
 
     // A lock held with plain SQL: its session is ended too.
     let (plain, _) = plain_client().await;
-    let key = unique("terminate-plain");
+    let key = unique_key("terminate-plain");
     plain
         .execute("SELECT pg_advisory_lock($1)", &[&advisory_key("", &key)])
         .await
@@ -283,15 +270,15 @@ async fn terminating_the_session_frees_every_lock_it_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_without_the_right_to_terminate_gets_the_servers_reason() {
     let role = format!("weak_{:08x}", rand::random::<u32>());
-    server().psql(&format!("CREATE ROLE {role} LOGIN"));
-    let url = server()
+    PostgresServer::shared().psql(&format!("CREATE ROLE {role} LOGIN"));
+    let url = PostgresServer::shared()
         .url()
         .replace("postgres://postgres", &format!("postgres://{role}"));
     let weak = PostgresLocker::from_url(&format!("{url}&fencing=off"))
         .await
         .expect("connect as the weak role");
     let holder = connect("").await;
-    let key = unique("weak");
+    let key = unique_key("weak");
     let lease = holder
         .try_lock(&key, TTL)
         .await
@@ -323,7 +310,7 @@ async fn a_role_without_the_right_to_terminate_gets_the_servers_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant() {
     let (locker, waiter) = (connect("").await, connect("").await);
-    let base = unique("zero");
+    let base = unique_key("zero");
     let key = format!("{base}\0byte");
     let lease = with_label("a\0b", locker.try_lock(&key, TTL))
         .await

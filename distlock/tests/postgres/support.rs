@@ -2,13 +2,23 @@
 
 use std::time::Duration;
 
+use distlock::postgres::PostgresLocker;
 use distlock::{Lease, LostReason};
 use test_servers::PostgresServer;
 use tokio::time::Instant;
 
-/// A key no other test uses, so tests may share a server.
-pub fn unique(name: &str) -> String {
-    format!("{name}-{:016x}", rand::random::<u64>())
+pub const TTL: Duration = Duration::from_secs(30);
+
+/// A locker on the server most tests share, with `params` appended to its
+/// URL.
+pub async fn connect(params: &str) -> PostgresLocker {
+    connect_to(PostgresServer::shared(), params).await
+}
+
+pub async fn connect_to(server: &PostgresServer, params: &str) -> PostgresLocker {
+    PostgresLocker::from_url(&format!("{}{params}", server.url()))
+        .await
+        .expect("connect to the test server")
 }
 
 /// The server processes holding advisory key `key`.
