@@ -1251,10 +1251,211 @@ pub async fn force_release_evicts_the_holder(h: &Harness) {
     );
 }
 
+/// A waiter's grant (through [`Locker::lock`], the backend's native wait
+/// where it has one) records its holder as a `try_lock` grant does, whatever
+/// its label holds (quotes, a backslash, SQL, non-ASCII text, a line
+/// break); where the backend lists, a non-ASCII prefix of the key finds it
+/// and a prefix differing only in case does not.
+pub async fn a_waiters_grant_records_its_holder_whatever_its_label(h: &Harness) {
+    let (holder, waiter) = (h.locker().await, h.locker().await);
+    let caps = holder.capabilities();
+    if !caps.inspect {
+        // `inspect_reports_the_holder_then_free` checks it is Unsupported.
+        return;
+    }
+    let base = h.key("wait-record");
+    let key = format!("{base}-Wait Record ünï");
+    let first = acquire(&*holder, &key, LONG_TTL).await;
+    let label = "it's a \\ label'); DROP TABLE distlock_fencing; -- ünïcødé\n2nd line";
+    let ttl = Duration::from_secs(7);
+    let before = SystemTime::now();
+    let wait = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        with_label(label, async move {
+            waiter.lock(&key, ttl, Duration::from_secs(20)).await
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.release().await.expect("release");
+    let lease = wait
+        .await
+        .expect("the waiter's task")
+        .expect("the waiter wins");
+    let after = SystemTime::now();
+    let held = holder
+        .inspect(&key)
+        .await
+        .expect("inspect")
+        .expect("held by the waiter");
+    assert_describes(&held, &lease, label, caps, (before, after));
+    if caps.list {
+        let listed = holder
+            .list(&format!("{base}-Wait Record ü"))
+            .await
+            .expect("list");
+        assert_eq!(listed.len(), 1, "a non-ASCII prefix matches: {listed:?}");
+        assert!(
+            holder
+                .list(&format!("{base}-wait record"))
+                .await
+                .expect("list")
+                .is_empty(),
+            "case matters"
+        );
+    }
+    lease.release().await.expect("release");
+}
+
+/// For backends that store names and labels in SQL text columns, which
+/// cannot hold a zero byte (Postgres refuses it): a key with one is still
+/// locked, waited for and inspected (not listed: no name is stored), and a
+/// label's zero byte is recorded as U+FFFD. Not part of
+/// [`conformance_suite!`](crate::conformance_suite): run it with
+/// `conformance_suite!(@checks factory; a_zero_byte_in_a_key_or_label_does_not_break_the_grant)`.
+pub async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant(h: &Harness) {
+    let (locker, waiter) = (h.locker().await, h.locker().await);
+    let base = h.key("zero");
+    let key = format!("{base}\0byte");
+    let lease = with_label("a\0b", acquire(&*locker, &key, LONG_TTL)).await;
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").label, "a\u{fffd}b");
+    assert!(locker.list(&base).await.expect("list").is_empty());
+    // The native wait's statement too.
+    let wait = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        with_label("c\0d", async move {
+            waiter.lock(&key, LONG_TTL, Duration::from_secs(20)).await
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lease.release().await.expect("release");
+    let next = wait.await.expect("join").expect("the waiter wins");
+    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").label, "c\u{fffd}d");
+    next.release().await.expect("release");
+}
+
+/// For session backends whose holder recording and fencing can be turned
+/// off (`on` records, `off` does not, `bare` has no fencing table), on
+/// `key` and `bare_key`: a grant without recording clears the previous
+/// holder's record but keeps the token, grant time and ttl; without fencing
+/// a lock is inspected by its session (whose description starts with
+/// `session_prefix`) with neither holder nor token, and `list` is
+/// `Unsupported` naming fencing. Returns what `on` saw of the unrecorded
+/// grant, for the backend's own checks.
+///
+/// Not a [`Harness`] check: it needs lockers configured three ways.
+pub async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name(
+    (on, off, bare): (&dyn Locker, &dyn Locker, &dyn Locker),
+    (key, bare_key): (&str, &str),
+    session_prefix: &str,
+) -> HeldLock {
+    acquire(on, key, LONG_TTL)
+        .await
+        .release()
+        .await
+        .expect("release");
+    let lease = acquire(off, key, LONG_TTL).await;
+    let held = on.inspect(key).await.expect("inspect").expect("held");
+    assert_eq!(
+        held.holder, None,
+        "the earlier holder's columns are cleared"
+    );
+    assert_eq!(held.fencing_token, lease.fencing_token());
+    assert!(
+        held.granted.is_some() && held.ttl == Some(LONG_TTL),
+        "{held:?}"
+    );
+    lease.release().await.expect("release");
+
+    assert!(!bare.capabilities().list);
+    let lease = acquire(bare, bare_key, LONG_TTL).await;
+    let bare_held = bare
+        .inspect(bare_key)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!((bare_held.holder, bare_held.fencing_token), (None, None));
+    assert!(bare_held
+        .session
+        .expect("session")
+        .starts_with(session_prefix));
+    match bare.list("").await {
+        Err(Error::Unsupported { reason, .. }) => assert!(reason.contains("fencing"), "{reason}"),
+        other => panic!("list without fencing: {other:?}"),
+    }
+    lease.release().await.expect("release");
+    held
+}
+
+/// For session backends (locks live on server sessions, freed only by
+/// ending one): `holder` keeps both `keys` on one session. Then
+/// [`ForceRelease::Lock`] is `Unsupported` naming `TerminateSession` and
+/// that it frees EVERY lock of the session; the holder cannot end its own
+/// session (`Unsupported` containing `own_session`); another locker's
+/// [`ForceRelease::TerminateSession`] returns the evicted holder, and by the
+/// time it returns both locks are free and both leases are lost as
+/// [`LostReason::ConnectionLost`].
+///
+/// Not a [`Harness`] check: it needs a locker configured to one session.
+pub async fn terminating_a_session_frees_every_lock_it_holds(
+    (holder, operator): (&dyn Locker, &dyn Locker),
+    (first, second): (&str, &str),
+    own_session: &str,
+) {
+    let lease_a = acquire(holder, first, LONG_TTL).await;
+    let lease_b = acquire(holder, second, LONG_TTL).await;
+    let (mut lost_a, mut lost_b) = (lease_a.lost_signal(), lease_b.lost_signal());
+
+    match operator.force_release(first, ForceRelease::Lock).await {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(
+                reason.contains("TerminateSession") && reason.contains("EVERY"),
+                "{reason}"
+            )
+        }
+        other => panic!("ForceRelease::Lock on {}: {other:?}", operator.backend()),
+    }
+    match holder
+        .force_release(first, ForceRelease::TerminateSession)
+        .await
+    {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(reason.contains(own_session), "{reason}")
+        }
+        other => panic!("terminating its {own_session}: {other:?}"),
+    }
+    assert!(operator.inspect(first).await.expect("inspect").is_some());
+
+    let evicted = operator
+        .force_release(first, ForceRelease::TerminateSession)
+        .await
+        .expect("force release")
+        .expect("held");
+    assert_eq!(evicted.fencing_token, lease_a.fencing_token());
+    for key in [first, second] {
+        assert_eq!(
+            operator.inspect(key).await.expect("inspect"),
+            None,
+            "{key}: every lock of the session is free once the call returns"
+        );
+    }
+    for lost in [&mut lost_a, &mut lost_b] {
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
+            .await
+            .expect("lost signal");
+        assert_eq!(reason, LostReason::ConnectionLost);
+    }
+}
+
 /// Expands to one `#[tokio::test]` per conformance check, each building its
 /// [`Harness`](crate::testkit::Harness) from `$factory` (see the
 /// [`testkit`](crate::testkit) docs). Needs `tokio` with the `macros` and
 /// `rt-multi-thread` features in the calling crate's dev-dependencies.
+///
+/// `conformance_suite!(@checks factory; check, ...)` runs only the named
+/// checks, e.g. ones outside the suite that hold for some backends only
+/// ([`a_zero_byte_in_a_key_or_label_does_not_break_the_grant`](crate::testkit::a_zero_byte_in_a_key_or_label_does_not_break_the_grant)).
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:expr) => {
@@ -1289,6 +1490,7 @@ macro_rules! conformance_suite {
             inspect_reports_the_holder_then_free,
             list_reports_held_locks_under_a_prefix,
             force_release_evicts_the_holder,
+            a_waiters_grant_records_its_holder_whatever_its_label,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {

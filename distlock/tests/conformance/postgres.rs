@@ -8,10 +8,20 @@ use distlock::postgres::PostgresLocker;
 use distlock::Locker;
 use test_servers::PostgresServer;
 
-distlock::conformance_suite!(|| async {
+distlock::conformance_suite!(connect);
+
+/// A check for backends whose records are SQL text columns, which cannot
+/// hold a zero byte.
+mod text_columns {
+    distlock::conformance_suite!(@checks super::connect;
+        a_zero_byte_in_a_key_or_label_does_not_break_the_grant,
+    );
+}
+
+async fn connect() -> Arc<dyn Locker> {
     Arc::new(
         PostgresLocker::from_url(&PostgresServer::shared().url())
             .await
             .expect("connect to the test server"),
-    ) as Arc<dyn Locker>
-});
+    )
+}

@@ -1,14 +1,13 @@
 //! Inspection and operator release on MariaDB beyond the conformance
-//! checks: plain `GET_LOCK` holders (an unknown holder, never free), stale
-//! records, the native wait's record, recording and fencing turned off,
-//! the upgrade of a table created before holder records, and `KILL` of the
-//! holding connection ending every lock it holds.
-
-use std::time::Duration;
+//! checks (which include the native wait's record and zero bytes in keys
+//! and labels): plain `GET_LOCK` holders (an unknown holder, never free),
+//! stale records, recording and fencing turned off, the upgrade of a table
+//! created before holder records, and `KILL` of the holding connection
+//! ending every lock it holds.
 
 use distlock::inspect::{with_label, Clock, ForceRelease};
 use distlock::mysql::MysqlLocker;
-use distlock::{Error, Locker, LostReason};
+use distlock::{testkit, Error, Locker};
 use mysql_async::prelude::Queryable;
 use test_servers::{unique_key, MariaDbServer};
 
@@ -94,75 +93,19 @@ async fn a_plain_get_lock_is_held_by_an_unknown_holder() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_native_wait_records_its_holder_whatever_its_label() {
-    let (holder, waiter) = (connect("").await, connect("").await);
-    let key = unique_key("Wait Record ünï");
-    let first = holder
-        .try_lock(&key, TTL)
-        .await
-        .expect("try")
-        .expect("free");
-    let label = "it's a \\ label'); DROP TABLE distlock_fencing; -- ünïcødé\n2nd line";
-    let wait = tokio::spawn({
-        let (waiter, key) = (waiter.clone(), key.clone());
-        with_label(label, async move {
-            waiter
-                .lock(&key, Duration::from_secs(7), Duration::from_secs(20))
-                .await
-        })
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    first.release().await.expect("release");
-    let lease = wait.await.expect("join").expect("the waiter wins");
-    let held = holder.inspect(&key).await.expect("inspect").expect("held");
-    let recorded = held.holder.expect("recorded");
-    assert_eq!(recorded.label, label);
-    assert_eq!(recorded.pid, std::process::id());
-    assert_eq!(held.ttl, Some(Duration::from_secs(7)));
-    assert_eq!(held.fencing_token, lease.fencing_token());
-    assert_eq!(held.granted.expect("granted").clock, Clock::Server);
-    let listed = holder.list("Wait Record ü").await.expect("list");
-    assert_eq!(listed.len(), 1, "a non-ASCII prefix matches: {listed:?}");
-    assert!(
-        holder.list("wait record").await.expect("list").is_empty(),
-        "case matters"
-    );
-    lease.release().await.expect("release");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name() {
-    let (on, off) = (connect("").await, connect("&holder=off").await);
-    let key = unique_key("holder-off");
-    on.try_lock(&key, TTL)
-        .await
-        .expect("try")
-        .expect("free")
-        .release()
-        .await
-        .expect("release");
-    let lease = off.try_lock(&key, TTL).await.expect("try").expect("free");
-    let held = on.inspect(&key).await.expect("inspect").expect("held");
-    assert_eq!(
-        held.holder, None,
-        "the earlier holder's columns are cleared"
+    let (on, off, bare) = (
+        connect("").await,
+        connect("&holder=off").await,
+        connect("&fencing=off").await,
     );
-    assert_eq!(held.fencing_token, lease.fencing_token());
-    assert!(held.granted.is_some() && held.ttl == Some(TTL), "{held:?}");
-    lease.release().await.expect("release");
-
-    let bare = connect("&fencing=off").await;
-    assert!(!bare.capabilities().list);
-    let key = unique_key("fencing-off");
-    let lease = bare.try_lock(&key, TTL).await.expect("try").expect("free");
-    let held = bare.inspect(&key).await.expect("inspect").expect("held");
-    assert_eq!((held.holder, held.fencing_token), (None, None));
-    assert!(held.session.expect("session").starts_with("connection "));
-    match bare.list("").await {
-        Err(Error::Unsupported { reason, .. }) => assert!(reason.contains("fencing"), "{reason}"),
-        other => panic!("list without fencing: {other:?}"),
-    }
-    lease.release().await.expect("release");
+    let held = testkit::recording_off_clears_the_holder_and_fencing_off_leaves_no_name(
+        (&on, &off, &bare),
+        (&unique_key("holder-off"), &unique_key("fencing-off")),
+        "connection ",
+    )
+    .await;
+    assert_eq!(held.granted.expect("granted").clock, Clock::Server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,58 +143,12 @@ async fn killing_the_connection_frees_every_lock_it_holds() {
     // One shared session: both locks live on it.
     let holder = connect("&sessions=1").await;
     let operator = connect("").await;
-    let (first, second) = (unique_key("kill-a"), unique_key("kill-b"));
-    let lease_a = holder
-        .try_lock(&first, TTL)
-        .await
-        .expect("try")
-        .expect("free");
-    let lease_b = holder
-        .try_lock(&second, TTL)
-        .await
-        .expect("try")
-        .expect("free");
-    let (mut lost_a, mut lost_b) = (lease_a.lost_signal(), lease_b.lost_signal());
-
-    match operator.force_release(&first, ForceRelease::Lock).await {
-        Err(Error::Unsupported { reason, .. }) => {
-            assert!(
-                reason.contains("TerminateSession") && reason.contains("EVERY"),
-                "{reason}"
-            )
-        }
-        other => panic!("ForceRelease::Lock on MySQL: {other:?}"),
-    }
-    match holder
-        .force_release(&first, ForceRelease::TerminateSession)
-        .await
-    {
-        Err(Error::Unsupported { reason, .. }) => {
-            assert!(reason.contains("own connection"), "{reason}")
-        }
-        other => panic!("killing its own connection: {other:?}"),
-    }
-    assert!(operator.inspect(&first).await.expect("inspect").is_some());
-
-    let evicted = operator
-        .force_release(&first, ForceRelease::TerminateSession)
-        .await
-        .expect("force release")
-        .expect("held");
-    assert_eq!(evicted.fencing_token, lease_a.fencing_token());
-    for key in [&first, &second] {
-        assert_eq!(
-            operator.inspect(key).await.expect("inspect"),
-            None,
-            "{key}: every lock of the connection is free once the call returns"
-        );
-    }
-    for lost in [&mut lost_a, &mut lost_b] {
-        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
-            .await
-            .expect("lost signal");
-        assert_eq!(reason, LostReason::ConnectionLost);
-    }
+    testkit::terminating_a_session_frees_every_lock_it_holds(
+        (&holder, &operator),
+        (&unique_key("kill-a"), &unique_key("kill-b")),
+        "own connection",
+    )
+    .await;
 
     // A plain GET_LOCK's connection is killed too.
     let (mut plain, _) = plain_client().await;
@@ -302,34 +199,4 @@ async fn a_user_without_the_right_to_kill_gets_the_servers_reason() {
         "still held"
     );
     lease.release().await.expect("release");
-}
-
-/// SQL text cannot hold a zero byte (Postgres refuses it): such a key is
-/// still locked and inspected (not listed: no name is stored), and such a
-/// label is recorded with U+FFFD in its place.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant() {
-    let (locker, waiter) = (connect("").await, connect("").await);
-    let base = unique_key("zero");
-    let key = format!("{base}\0byte");
-    let lease = with_label("a\0b", locker.try_lock(&key, TTL))
-        .await
-        .expect("try")
-        .expect("free");
-    let held = locker.inspect(&key).await.expect("inspect").expect("held");
-    assert_eq!(held.holder.expect("recorded").label, "a\u{fffd}b");
-    assert!(locker.list(&base).await.expect("list").is_empty());
-    // The native wait's statement too.
-    let wait = tokio::spawn({
-        let (waiter, key) = (waiter.clone(), key.clone());
-        with_label("c\0d", async move {
-            waiter.lock(&key, TTL, Duration::from_secs(20)).await
-        })
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    lease.release().await.expect("release");
-    let next = wait.await.expect("join").expect("the waiter wins");
-    let held = locker.inspect(&key).await.expect("inspect").expect("held");
-    assert_eq!(held.holder.expect("recorded").label, "c\u{fffd}d");
-    next.release().await.expect("release");
 }
