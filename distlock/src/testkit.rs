@@ -1448,6 +1448,36 @@ pub async fn terminating_a_session_frees_every_lock_it_holds(
     }
 }
 
+/// For session backends: `weak`, a locker whose server account may not end
+/// other sessions, asks to end the session `holder` holds `key` on. The
+/// server's refusal comes back as [`Error::Backend`] whose source contains
+/// every one of `reasons` (say, its error code and the missing privilege),
+/// and the lock stays held.
+///
+/// Not a [`Harness`] check: it needs a locker with a weaker account.
+pub async fn a_refused_termination_keeps_the_lock(
+    (weak, holder): (&dyn Locker, &dyn Locker),
+    key: &str,
+    reasons: &[&str],
+) {
+    let lease = acquire(holder, key, LONG_TTL).await;
+    match weak
+        .force_release(key, ForceRelease::TerminateSession)
+        .await
+    {
+        Err(Error::Backend { source, .. }) => {
+            let text = source.to_string();
+            assert!(reasons.iter().all(|reason| text.contains(reason)), "{text}");
+        }
+        other => panic!("force release without the privilege: {other:?}"),
+    }
+    assert!(
+        holder.refresh(key, lease.owner(), LONG_TTL).await.is_ok(),
+        "still held"
+    );
+    lease.release().await.expect("release");
+}
+
 /// Expands to one `#[tokio::test]` per conformance check, each building its
 /// [`Harness`](crate::testkit::Harness) from `$factory` (see the
 /// [`testkit`](crate::testkit) docs). Needs `tokio` with the `macros` and

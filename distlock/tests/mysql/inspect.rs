@@ -7,7 +7,7 @@
 
 use distlock::inspect::{with_label, Clock, ForceRelease};
 use distlock::mysql::MysqlLocker;
-use distlock::{testkit, Error, Locker};
+use distlock::{testkit, Locker};
 use mysql_async::prelude::Queryable;
 use test_servers::{unique_key, MariaDbServer};
 
@@ -175,28 +175,10 @@ async fn a_user_without_the_right_to_kill_gets_the_servers_reason() {
         .await
         .expect("connect as the weak user");
     let holder = connect("").await;
-    let key = unique_key("weak");
-    let lease = holder
-        .try_lock(&key, TTL)
-        .await
-        .expect("try")
-        .expect("free");
-    match weak
-        .force_release(&key, ForceRelease::TerminateSession)
-        .await
-    {
-        Err(Error::Backend { source, .. }) => {
-            let text = source.to_string();
-            assert!(
-                text.contains("1095") && text.contains("CONNECTION_ADMIN"),
-                "{text}"
-            );
-        }
-        other => panic!("force release without the privilege: {other:?}"),
-    }
-    assert!(
-        holder.refresh(&key, lease.owner(), TTL).await.is_ok(),
-        "still held"
-    );
-    lease.release().await.expect("release");
+    testkit::a_refused_termination_keeps_the_lock(
+        (&weak, &holder),
+        &unique_key("weak"),
+        &["1095", "CONNECTION_ADMIN"],
+    )
+    .await;
 }

@@ -7,7 +7,7 @@
 
 use distlock::inspect::{with_label, Clock, ForceRelease};
 use distlock::postgres::{advisory_key, PostgresLocker};
-use distlock::{testkit, Error, Locker};
+use distlock::{testkit, Locker};
 use test_servers::{unique_key, PostgresServer};
 
 use crate::support::{connect, TTL};
@@ -181,28 +181,10 @@ async fn a_role_without_the_right_to_terminate_gets_the_servers_reason() {
         .await
         .expect("connect as the weak role");
     let holder = connect("").await;
-    let key = unique_key("weak");
-    let lease = holder
-        .try_lock(&key, TTL)
-        .await
-        .expect("try")
-        .expect("free");
-    match weak
-        .force_release(&key, ForceRelease::TerminateSession)
-        .await
-    {
-        Err(Error::Backend { source, .. }) => {
-            let text = source.to_string();
-            assert!(
-                text.contains("42501") && text.contains("pg_signal_backend"),
-                "{text}"
-            );
-        }
-        other => panic!("force release without the privilege: {other:?}"),
-    }
-    assert!(
-        holder.refresh(&key, lease.owner(), TTL).await.is_ok(),
-        "still held"
-    );
-    lease.release().await.expect("release");
+    testkit::a_refused_termination_keeps_the_lock(
+        (&weak, &holder),
+        &unique_key("weak"),
+        &["42501", "pg_signal_backend"],
+    )
+    .await;
 }
