@@ -1448,6 +1448,19 @@ pub async fn terminating_a_session_frees_every_lock_it_holds(
     }
 }
 
+/// For SQL backends, after `locker` upgraded a fencing table created before
+/// holder records, whose row for `key` held token 41: the next grant
+/// continues the counter at 42 and records its holder.
+///
+/// Not a [`Harness`] check: it needs a table made with the server's SQL.
+pub async fn an_upgraded_fencing_table_continues_its_counter(locker: &dyn Locker, key: &str) {
+    let lease = with_label("after the upgrade", acquire(locker, key, LONG_TTL)).await;
+    assert_eq!(lease.fencing_token(), Some(42), "the counter goes on");
+    let held = locker.inspect(key).await.expect("inspect").expect("held");
+    assert_eq!(held.holder.expect("recorded").label, "after the upgrade");
+    lease.release().await.expect("release");
+}
+
 /// For session backends: `weak`, a locker whose server account may not end
 /// other sessions, asks to end the session `holder` holds `key` on. The
 /// server's refusal comes back as [`Error::Backend`] whose source contains

@@ -126,14 +126,7 @@ async fn a_fencing_table_from_before_holder_records_is_upgraded() {
         "SELECT count(*) FROM information_schema.columns WHERE table_name = '{table}'"
     ));
     assert_eq!(columns, "10", "the six record columns were added");
-    let lease = with_label("after the upgrade", locker.try_lock(&key, TTL))
-        .await
-        .expect("try")
-        .expect("free");
-    assert_eq!(lease.fencing_token(), Some(42), "the counter goes on");
-    let held = locker.inspect(&key).await.expect("inspect").expect("held");
-    assert_eq!(held.holder.expect("recorded").label, "after the upgrade");
-    lease.release().await.expect("release");
+    testkit::an_upgraded_fencing_table_continues_its_counter(&locker, &key).await;
     // A second client finds the columns there and alters nothing.
     connect(&format!("&fencing_table={table}")).await;
 }
