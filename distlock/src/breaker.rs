@@ -9,10 +9,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::deadline::saturating_deadline;
+use crate::forward::forward_to_inner;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{
-    Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
-};
+use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Thresholds of a [`BreakerLocker`].
 ///
@@ -316,25 +315,13 @@ impl<L: Locker> BreakerLocker<L> {
     }
 }
 
-// Every method is written out: a method added to `Locker` must be decided
-// on here, not silently left to its default (as object_store's wrapper
-// stores do).
+// Every method is written out or named in `forward_to_inner!`: a method
+// added to `Locker` must be decided on here, not silently left to its
+// default (as object_store's wrapper stores do).
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker> Locker for BreakerLocker<L> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// The inner locker's: a wrapper changes nothing the server keeps.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend_key(&self, key: &str) -> String {
-        self.inner.backend_key(key)
-    }
+    forward_to_inner!(backend, durability_warnings, capabilities, backend_key);
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         let lease = self.guarded(self.inner.try_lock(key, ttl)).await?;
         Ok(lease.map(|lease| self.own(lease)))
