@@ -170,6 +170,14 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(3);
 
+    /// A lease of `k` on `flaky` for [`TTL`], kept alive with the default
+    /// settings.
+    async fn kept_alive(flaky: &Flaky) -> crate::Lease {
+        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        lease
+    }
+
     /// A locker shared by two runtimes: the scheduler the first one started
     /// dies with it, and must not take the second one's leases along.
     #[test]
@@ -214,8 +222,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn transient_refresh_failures_are_retried_before_expiry() {
         let flaky = Flaky::default();
-        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease.keep_alive(KeepAlive::default()).unwrap();
+        let lease = kept_alive(&flaky).await;
         flaky.down.store(true, Ordering::SeqCst);
         // Past the first refresh (at 1 s) and several retries, short of expiry.
         tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -237,8 +244,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_backend_down_until_expiry_means_the_lease_is_lost() {
         let flaky = Flaky::default();
-        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease.keep_alive(KeepAlive::default()).unwrap();
+        let lease = kept_alive(&flaky).await;
         flaky.down.store(true, Ordering::SeqCst);
         let started = Instant::now();
         let reason = lease.lost_signal().wait().await;
@@ -254,8 +260,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_keepalive_stops_when_the_lease_is_released() {
         let flaky = Flaky::default();
-        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease.keep_alive(KeepAlive::default()).unwrap();
+        let lease = kept_alive(&flaky).await;
         lease.release().await.unwrap();
         let calls = flaky.calls.load(Ordering::SeqCst);
         tokio::time::sleep(TTL * 5).await;
@@ -307,8 +312,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_keepalive_follows_a_refresh_to_a_new_ttl() {
         let flaky = Flaky::default();
-        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease.keep_alive(KeepAlive::default()).unwrap();
+        let mut lease = kept_alive(&flaky).await;
         lease.refresh(Duration::from_secs(30)).await.unwrap();
         let calls = flaky.calls.load(Ordering::SeqCst);
         // Every 10 s now, counted from that refresh.

@@ -1,5 +1,6 @@
 //! The value a granted lock is: [`Lease`], its lost signal ([`signal`]), its
-//! keepalive ([`keepalive`]), and what a backend needs to build one.
+//! keepalive ([`keepalive`]), how it ends ([`release`]), the [`SharedLocker`]
+//! wrappers rebind leases through, and what a backend needs to build one.
 
 use std::fmt;
 use std::future::Future;
@@ -459,14 +460,16 @@ mod tests {
     use crate::memory::MemoryLocker;
     use futures_util::FutureExt;
 
+    /// A lease of `k` for `ttl` on `locker`, which must grant it.
+    pub(super) async fn granted(locker: &impl Locker, ttl: Duration) -> Lease {
+        let lease = locker.try_lock("k", ttl).await;
+        lease.unwrap().expect("k is free")
+    }
+
     #[tokio::test]
     async fn on_end_runs_once_with_the_reason() {
         let locker = MemoryLocker::new();
-        let lease = locker
-            .try_lock("k", Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = granted(&locker, Duration::from_secs(60)).await;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let early = tx.clone();
         lease.on_end(move |reason| early.send(reason).unwrap());
@@ -546,11 +549,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_signal_early_by_a_margin_fires_that_much_before_the_validity_ends() {
         let locker = MemoryLocker::new();
-        let lease = locker
-            .try_lock("k", Duration::from_secs(10))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = granted(&locker, Duration::from_secs(10)).await;
         let started = Instant::now();
         let mut early = lease.lost_signal().early_by(Duration::from_secs(2));
         assert_eq!(early.wait().await, LostReason::Expired);

@@ -84,26 +84,28 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use crate::lease::tests::granted;
     use crate::memory::MemoryLocker;
     use crate::{Error, Lease, Locker, LostReason, LostSignal, Result};
+
+    fn current_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
 
     #[test]
     fn a_lease_dropped_outside_a_runtime_is_released_without_panicking() {
         let locker = MemoryLocker::new();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = current_thread();
         let lease = runtime
             .block_on(locker.try_lock("k", Duration::from_secs(60)))
             .unwrap()
             .unwrap();
         drop(runtime);
         drop(lease);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = current_thread();
         let again = runtime
             .block_on(locker.try_lock("k", Duration::from_secs(60)))
             .unwrap();
@@ -148,11 +150,7 @@ mod tests {
     #[tokio::test]
     async fn release_fires_the_lost_signal_before_the_unlock_is_sent() {
         let locker = Observing::default();
-        let lease = locker
-            .try_lock("k", Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = granted(&locker, Duration::from_secs(60)).await;
         lease.release().await.unwrap();
         assert_eq!(
             *locker.lost_at_unlock.lock().unwrap(),
@@ -190,11 +188,7 @@ mod tests {
             hang_unlock: true,
             ..Observing::default()
         };
-        let mut lease = locker
-            .try_lock("k", Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
+        let mut lease = granted(&locker, Duration::from_secs(60)).await;
         lease.set_release_timeout(Duration::from_millis(250));
         let err = lease.release().await.unwrap_err();
         assert!(

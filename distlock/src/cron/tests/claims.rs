@@ -93,11 +93,7 @@ async fn shutdown_lets_a_running_job_finish_within_the_grace_and_stops_it_after(
             "{took:?}"
         );
         // The claims are free again.
-        assert!(locker
-            .try_lock("cron:graceful", Duration::from_secs(1))
-            .await
-            .unwrap()
-            .is_some());
+        assert!(takes_at_once(&*locker, "cron:graceful").await);
     }
 }
 
@@ -125,40 +121,18 @@ async fn the_tick_claim_is_held_until_at_least_after_the_tick_and_at_most_bounds
     let running = scheduler.start().unwrap();
     let tick = "cron:bounded@2026-12-01T10:00:10Z";
     tokio::time::sleep(Duration::from_millis(9500 + 3000)).await; // 10:00:13
-    assert!(
-        locker
-            .try_lock(tick, Duration::from_secs(1))
-            .await
-            .unwrap()
-            .is_none(),
-        "held"
-    );
+    assert!(!takes_at_once(&*locker, tick).await, "held");
     tokio::time::sleep(Duration::from_secs(4)).await; // 10:00:17: past at_most
     assert_eq!(reports.count("lost"), 1);
-    assert!(
-        locker
-            .try_lock(tick, Duration::from_secs(1))
-            .await
-            .unwrap()
-            .is_some(),
-        "released"
-    );
+    assert!(takes_at_once(&*locker, tick).await, "released");
     tokio::time::sleep(Duration::from_millis(3500)).await; // 10:00:20.5: a quick run
     let quick = "cron:bounded@2026-12-01T10:00:20Z";
     assert!(
-        locker
-            .try_lock(quick, Duration::from_secs(1))
-            .await
-            .unwrap()
-            .is_none(),
+        !takes_at_once(&*locker, quick).await,
         "held until at_least even though the job finished at once"
     );
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(locker
-        .try_lock(quick, Duration::from_secs(1))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(takes_at_once(&*locker, quick).await);
     running.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -247,4 +221,11 @@ async fn a_winner_that_fails_after_claiming_lets_a_waiting_replica_run_the_tick(
         );
         assert_exactly_once(&runs.snapshot(), first, first + TimeDelta::seconds(3));
     }
+}
+
+/// Whether `key` is free: a one-second lock of it is granted (and dropped
+/// again at once).
+async fn takes_at_once(locker: &dyn Locker, key: &str) -> bool {
+    let taken = locker.try_lock(key, Duration::from_secs(1)).await;
+    taken.unwrap().is_some()
 }

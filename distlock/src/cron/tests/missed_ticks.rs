@@ -12,27 +12,15 @@ async fn without_marks_skew_within_max_skew_never_duplicates_and_beyond_it_can()
         let locker = shared(Faulty::no_marks());
         let base = TokioClock::starting_at(start());
         let runs = Runs::default();
-        let mut running = Vec::new();
-        let clocks: Vec<(&str, Arc<dyn Clock>)> = vec![
-            ("a", Arc::new(base.clone())),
-            ("b", Arc::new(SkewedClock::behind(base.clone(), skew))),
-        ];
-        for (name, clock) in clocks {
-            let mut scheduler = Scheduler::new(locker.clone())
-                .replica_id(name)
-                .clock(ArcClock(clock));
-            let runs = runs.clone();
-            scheduler
-                .add(every_second("fallback").max_skew(max_skew), move |ctx| {
-                    let runs = runs.clone();
-                    async move {
-                        runs.record(&ctx);
-                        Ok(())
-                    }
-                })
-                .unwrap();
-            running.push(scheduler.start().unwrap());
-        }
+        let running = replicas(
+            &every_second("fallback").max_skew(max_skew),
+            vec![
+                ("a", locker.clone(), Arc::new(base.clone())),
+                ("b", locker, Arc::new(SkewedClock::behind(base, skew))),
+            ],
+            &runs,
+            &Reports::default(),
+        );
         tokio::time::sleep(Duration::from_secs(20)).await;
         for scheduler in running {
             scheduler.shutdown(Duration::from_secs(10)).await;
@@ -90,12 +78,7 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
         tokio::time::sleep(Duration::from_secs(60)).await;
         shutdown_all(running).await;
         let runs = runs.snapshot();
-        assert_eq!(
-            runs.keys().copied().collect::<Vec<_>>(),
-            expected,
-            "{policy:?}: {runs:?}"
-        );
-        assert!(runs.values().all(|who| who.len() == 1), "{runs:?}");
+        assert_ran_each_once(&runs, &expected, &format!("{policy:?}"));
     }
 }
 
@@ -135,10 +118,5 @@ async fn catch_up_runs_a_tick_skipped_because_a_run_was_too_long_once_the_run_en
     // 09:59 at start-up (nobody ran it, within the look-back), 10:00, and
     // 10:01 (skipped while 10:00 ran) once 10:00's run ended.
     let nine = Utc.with_ymd_and_hms(2026, 12, 1, 9, 59, 0).unwrap();
-    assert_eq!(
-        runs.keys().copied().collect::<Vec<_>>(),
-        [nine, at(0), at(1)],
-        "{runs:?}"
-    );
-    assert!(runs.values().all(|who| who.len() == 1), "{runs:?}");
+    assert_ran_each_once(&runs, &[nine, at(0), at(1)], "");
 }

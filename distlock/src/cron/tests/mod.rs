@@ -116,6 +116,21 @@ fn assert_exactly_once(
     );
 }
 
+/// Asserts the ticks run were exactly `expected`, each by one replica;
+/// `context` (the case of a table test) prefixes the failure message.
+fn assert_ran_each_once(
+    runs: &BTreeMap<DateTime<Utc>, Vec<String>>,
+    expected: &[DateTime<Utc>],
+    context: &str,
+) {
+    assert_eq!(
+        runs.keys().copied().collect::<Vec<_>>(),
+        expected,
+        "{context}: {runs:?}"
+    );
+    assert!(runs.values().all(|who| who.len() == 1), "{runs:?}");
+}
+
 /// `Arc<dyn Clock>` as a clock (the tests pick clocks at run time).
 #[derive(Debug)]
 struct ArcClock(Arc<dyn Clock>);
@@ -225,17 +240,12 @@ impl Locker for Faulty {
     fn backend(&self) -> &'static str {
         "faulty"
     }
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
+    crate::forward::forward_to_inner!(durability_warnings, backend_key);
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             marks: !self.no_marks,
             ..self.inner.capabilities()
         }
-    }
-    fn backend_key(&self, key: &str) -> String {
-        self.inner.backend_key(key)
     }
     async fn try_lock(&self, key: &str, ttl: Duration) -> crate::Result<Option<Lease>> {
         let lease = self
