@@ -13,8 +13,9 @@ impl Lease {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] if the lock had already expired or changed hands
-    /// (nothing was deleted); [`Error::DeadlineExceeded`] if the backend did
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if the lock had already
+    /// expired or changed hands (nothing was deleted);
+    /// [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded) if the backend did
     /// not answer within the release timeout, or a backend error: the lock is
     /// then freed by the backend's safety net.
     ///

@@ -10,7 +10,7 @@ use crate::Locker;
 /// any lease holds it.
 ///
 /// **Wrapper implementors need it.** A wrapper that re-homes its leases
-/// ([`Lease::rebind`]) must give all of them the same `Arc`: the keepalive
+/// ([`Lease::rebind`](crate::Lease::rebind)) must give all of them the same `Arc`: the keepalive
 /// runs one scheduler per `Arc`, which sends the refreshes due together as
 /// one [`Locker::refresh_many`] batch. `lease.rebind(Arc::new(self.clone()))`
 /// gives every lease an `Arc` of its own, hence a scheduler of its own and
