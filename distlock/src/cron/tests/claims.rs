@@ -9,24 +9,22 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(start());
     let runs = Runs::default();
+    let reports = Reports::default();
     let make = |name: &'static str, hang: bool| {
-        let mut scheduler = Scheduler::new(locker.clone())
-            .replica_id(name)
-            .clock(clock.clone());
-        let runs = runs.clone();
-        scheduler
-            .add(every_second("job"), move |ctx| {
-                let runs = runs.clone();
-                async move {
-                    runs.record(&ctx);
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    Ok(())
+        let job = every_second("job");
+        start_replica(
+            name,
+            &locker,
+            clock.clone(),
+            job,
+            &runs,
+            &reports,
+            move |_| async move {
+                if hang {
+                    std::future::pending::<()>().await;
                 }
-            })
-            .unwrap();
-        scheduler.start().unwrap()
+            },
+        )
     };
     // The doomed replica starts first, so it wins the first tick and hangs in it.
     let doomed = make("doomed", true);

@@ -56,22 +56,20 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
         (Missed::Skip, vec![]),
     ] {
         let locker = shared(MemoryLocker::new());
-        let runs = Runs::default();
+        let (runs, reports) = (Runs::default(), Reports::default());
         let mut running = Vec::new();
         for name in ["a", "b", "c"] {
             let clock = TokioClock::starting_at(up);
-            let mut scheduler = Scheduler::new(locker.clone()).replica_id(name).clock(clock);
-            let runs = runs.clone();
-            scheduler
-                .add(Job::new("hourly", "0 * * * *").missed(policy), move |ctx| {
-                    let runs = runs.clone();
-                    async move {
-                        runs.record(&ctx);
-                        Ok(())
-                    }
-                })
-                .unwrap();
-            running.push(scheduler.start().unwrap());
+            let job = Job::new("hourly", "0 * * * *").missed(policy);
+            running.push(start_replica(
+                name,
+                &locker,
+                clock,
+                job,
+                &runs,
+                &reports,
+                |_| async {},
+            ));
             // Replicas start a little apart, as they do.
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
@@ -86,30 +84,27 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
 async fn catch_up_runs_a_tick_skipped_because_a_run_was_too_long_once_the_run_ends() {
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(Utc.with_ymd_and_hms(2026, 12, 1, 9, 59, 59).unwrap());
-    let runs = Runs::default();
+    let (runs, reports) = (Runs::default(), Reports::default());
     let mut running = Vec::new();
     for name in ["a", "b"] {
-        let mut scheduler = Scheduler::new(locker.clone())
-            .replica_id(name)
-            .clock(clock.clone());
-        let runs = runs.clone();
         let job = Job::new("minutely", "* * * * *").missed(Missed::CatchUp {
             look_back: Duration::from_secs(120),
         });
-        scheduler
-            .add(job, move |ctx| {
-                let runs = runs.clone();
-                async move {
-                    runs.record(&ctx);
-                    // The 10:00 run lasts past 10:01.
-                    if ctx.scheduled_at().format("%M").to_string() == "00" {
-                        tokio::time::sleep(Duration::from_secs(70)).await;
-                    }
-                    Ok(())
+        let clock = clock.clone();
+        running.push(start_replica(
+            name,
+            &locker,
+            clock,
+            job,
+            &runs,
+            &reports,
+            |ctx| async move {
+                // The 10:00 run lasts past 10:01.
+                if ctx.scheduled_at().format("%M").to_string() == "00" {
+                    tokio::time::sleep(Duration::from_secs(70)).await;
                 }
-            })
-            .unwrap();
-        running.push(scheduler.start().unwrap());
+            },
+        ));
     }
     tokio::time::sleep(Duration::from_secs(100)).await;
     shutdown_all(running).await;

@@ -320,23 +320,52 @@ fn replicas(
     replicas
         .into_iter()
         .map(|(name, locker, clock)| {
-            let mut scheduler = Scheduler::new(locker)
-                .replica_id(name)
-                .clock(ArcClock(clock))
-                .on_tick(reports.observer());
-            let runs = runs.clone();
-            scheduler
-                .add(job.clone(), move |ctx| {
-                    let runs = runs.clone();
-                    async move {
-                        runs.record(&ctx);
-                        Ok(())
-                    }
-                })
-                .unwrap();
-            scheduler.start().unwrap()
+            let clock = ArcClock(clock);
+            start_replica(
+                name,
+                &locker,
+                clock,
+                job.clone(),
+                runs,
+                reports,
+                |_| async {},
+            )
         })
         .collect()
+}
+
+/// Starts replica `name` running `job` on `locker` by `clock`, reporting to
+/// `reports`: each run is recorded in `runs`, then does `then` (sleeps,
+/// hangs, ...) and succeeds.
+fn start_replica<T, Fut>(
+    name: &str,
+    locker: &Arc<dyn Locker>,
+    clock: impl Clock,
+    job: Job,
+    runs: &Runs,
+    reports: &Reports,
+    then: T,
+) -> RunningScheduler
+where
+    T: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut scheduler = Scheduler::new(locker.clone())
+        .replica_id(name)
+        .clock(clock)
+        .on_tick(reports.observer());
+    let (runs, then) = (runs.clone(), Arc::new(then));
+    scheduler
+        .add(job, move |ctx| {
+            let (runs, then) = (runs.clone(), then.clone());
+            async move {
+                runs.record(&ctx);
+                then(ctx).await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    scheduler.start().unwrap()
 }
 
 async fn shutdown_all(running: Vec<RunningScheduler>) {

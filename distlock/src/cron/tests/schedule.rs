@@ -23,25 +23,15 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
             Arc::new(SkewedClock::ahead(base.clone(), Duration::from_millis(400))),
         ),
     ];
-    let mut running = Vec::new();
-    for (name, clock) in clocks {
-        let mut scheduler = Scheduler::new(locker.clone())
-            .replica_id(name)
-            .clock(ArcClock(clock))
-            .on_tick(reports.observer());
-        let runs = runs.clone();
-        scheduler
-            .add(every_second("report"), move |ctx| {
-                let runs = runs.clone();
-                async move {
-                    runs.record(&ctx);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    Ok(())
-                }
+    let running: Vec<_> = clocks
+        .into_iter()
+        .map(|(name, clock)| {
+            let job = every_second("report");
+            start_replica(name, &locker, ArcClock(clock), job, &runs, &reports, |_| {
+                tokio::time::sleep(Duration::from_millis(200))
             })
-            .unwrap();
-        running.push(scheduler.start().unwrap());
-    }
+        })
+        .collect();
     tokio::time::sleep(Duration::from_secs(60)).await;
     shutdown_all(running).await;
     let runs = runs.snapshot();
@@ -76,25 +66,26 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     let reports = Reports::default();
     let mut running = Vec::new();
     for name in ["a", "b", "c"] {
-        let mut scheduler = Scheduler::new(locker.clone())
-            .replica_id(name)
-            .clock(clock.clone())
-            .on_tick(reports.observer());
-        let (running_now, most, runs) = (running_now.clone(), most.clone(), runs.clone());
-        scheduler
-            .add(every_second("slow"), move |ctx| {
-                let (running_now, most, runs) = (running_now.clone(), most.clone(), runs.clone());
+        let (running_now, most) = (running_now.clone(), most.clone());
+        let job = every_second("slow");
+        let clock = clock.clone();
+        running.push(start_replica(
+            name,
+            &locker,
+            clock,
+            job,
+            &runs,
+            &reports,
+            move |_| {
+                let (running_now, most) = (running_now.clone(), most.clone());
                 async move {
-                    runs.record(&ctx);
                     let now = running_now.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(2500)).await;
                     running_now.fetch_sub(1, Ordering::SeqCst);
-                    Ok(())
                 }
-            })
-            .unwrap();
-        running.push(scheduler.start().unwrap());
+            },
+        ));
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
     shutdown_all(running).await;
