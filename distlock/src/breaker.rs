@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::deadline::saturating_deadline;
-use crate::forward::forward_to_inner;
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
@@ -167,21 +167,7 @@ impl<L: Locker> Drop for Unanswered<'_, L> {
     }
 }
 
-impl<L> BreakerLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(BreakerLocker);
 
 impl<L: Locker> BreakerLocker<L> {
     /// Wraps `inner` with a closed circuit.

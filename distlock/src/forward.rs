@@ -1,5 +1,5 @@
 //! The [`Locker`](crate::Locker) methods a wrapper passes through to the
-//! locker it wraps unchanged, written once.
+//! locker it wraps unchanged, and its accessors of that locker, written once.
 //!
 //! Every wrapper (tracing, metrics, breaker, prefix, wait) implements the
 //! whole trait under `#[deny(clippy::missing_trait_methods)]`, so a method
@@ -53,3 +53,28 @@ macro_rules! forward_to_inner {
 }
 
 pub(crate) use forward_to_inner;
+
+/// Writes `get_ref` and `into_inner` (tower's names) for `$wrapper<L>`,
+/// which keeps the locker it wraps in an `Arc<L>` field `inner`: the same
+/// two methods, with the same guarantees, on every wrapper.
+macro_rules! inner_accessors {
+    ($wrapper:ident) => {
+        impl<L> $wrapper<L> {
+            /// The wrapped locker, to reach its backend-specific powers (for
+            /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
+            /// through the wrapper.
+            pub fn get_ref(&self) -> &L {
+                &self.inner
+            }
+
+            /// The wrapped locker, shared: leases granted through this wrapper
+            /// keep a handle on it (their release goes through it), so it is
+            /// handed back as an `Arc` rather than by value.
+            pub fn into_inner(self) -> std::sync::Arc<L> {
+                self.inner
+            }
+        }
+    };
+}
+
+pub(crate) use inner_accessors;

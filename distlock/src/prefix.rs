@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::forward::forward_to_inner;
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::{Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
@@ -48,21 +48,7 @@ impl<L> Clone for PrefixLocker<L> {
     }
 }
 
-impl<L> PrefixLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(PrefixLocker);
 
 impl<L: Locker> PrefixLocker<L> {
     /// Wraps `inner` so every key is `prefix` + key.
