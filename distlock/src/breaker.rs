@@ -9,10 +9,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::deadline::saturating_deadline;
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{
-    Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
-};
+use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Thresholds of a [`BreakerLocker`].
 ///
@@ -168,21 +167,7 @@ impl<L: Locker> Drop for Unanswered<'_, L> {
     }
 }
 
-impl<L> BreakerLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(BreakerLocker);
 
 impl<L: Locker> BreakerLocker<L> {
     /// Wraps `inner` with a closed circuit.
@@ -316,25 +301,13 @@ impl<L: Locker> BreakerLocker<L> {
     }
 }
 
-// Every method is written out: a method added to `Locker` must be decided
-// on here, not silently left to its default (as object_store's wrapper
-// stores do).
+// Every method is written out or named in `forward_to_inner!`: a method
+// added to `Locker` must be decided on here, not silently left to its
+// default (as object_store's wrapper stores do).
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker> Locker for BreakerLocker<L> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// The inner locker's: a wrapper changes nothing the server keeps.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend_key(&self, key: &str) -> String {
-        self.inner.backend_key(key)
-    }
+    forward_to_inner!(backend, durability_warnings, capabilities, backend_key);
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         let lease = self.guarded(self.inner.try_lock(key, ttl)).await?;
         Ok(lease.map(|lease| self.own(lease)))

@@ -86,6 +86,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
+mod forward;
 pub mod inspect;
 mod lease;
 pub mod memory;

@@ -10,11 +10,9 @@ use async_trait::async_trait;
 use metrics::{counter, gauge, histogram};
 use tokio::time::Instant;
 
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{
-    Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, ReleaseWatch,
-    Result,
-};
+use crate::{Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] to record these metrics:
 ///
@@ -59,21 +57,7 @@ impl<L> Clone for MetricsLocker<L> {
     }
 }
 
-impl<L> MetricsLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(MetricsLocker);
 
 impl<L: Locker> MetricsLocker<L> {
     /// Wraps `inner`.
@@ -120,19 +104,18 @@ impl<L: Locker> MetricsLocker<L> {
     ) -> &'static str {
         match result {
             Ok(value) => found(value),
-            Err(error) => {
-                self.error(operation, error);
-                error.kind_name()
-            }
+            Err(error) => self.error(operation, error),
         }
     }
 
-    fn error(&self, operation: &'static str, error: &Error) {
+    /// Counts a failed operation; returns its outcome label, the error kind.
+    fn error(&self, operation: &'static str, error: &Error) -> &'static str {
         counter!(
             "distlock_errors_total",
             "backend" => self.inner.backend(), "operation" => operation, "outcome" => error.kind_name()
         )
         .increment(1);
+        error.kind_name()
     }
 
     /// Counts an acquire attempt's outcome (`Ok(acquired?)`); returns the
@@ -159,10 +142,7 @@ impl<L: Locker> MetricsLocker<L> {
                 counter!("distlock_timeouts_total", "backend" => backend).increment(1);
                 "timeout"
             }
-            Err(error) => {
-                self.error(operation, error);
-                error.kind_name()
-            }
+            Err(error) => self.error(operation, error),
         }
     }
 
@@ -181,10 +161,7 @@ impl<L: Locker> MetricsLocker<L> {
                     .increment(1);
                 "not_held"
             }
-            Err(error) => {
-                self.error(operation, error);
-                error.kind_name()
-            }
+            Err(error) => self.error(operation, error),
         };
         let total = if operation == "unlock" {
             "distlock_releases_total"
@@ -206,25 +183,13 @@ fn reason_name(reason: LostReason) -> &'static str {
     }
 }
 
-// Every method is written out: a method added to `Locker` must be decided
-// on here, not silently left to its default (as object_store's wrapper
-// stores do).
+// Every method is written out or named in `forward_to_inner!`: a method
+// added to `Locker` must be decided on here, not silently left to its
+// default (as object_store's wrapper stores do).
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker> Locker for MetricsLocker<L> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// The inner locker's: a wrapper changes nothing the server keeps.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend_key(&self, key: &str) -> String {
-        self.inner.backend_key(key)
-    }
+    forward_to_inner!(backend, durability_warnings, capabilities, backend_key);
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         let started = Instant::now();
         let result = self.inner.try_lock(key, ttl).await;
@@ -276,10 +241,7 @@ impl<L: Locker> Locker for MetricsLocker<L> {
         let outcome = match &result {
             Ok(()) => "forgotten",
             Err(Error::NotAcquired { .. }) => "held",
-            Err(error) => {
-                self.error("forget", error);
-                error.kind_name()
-            }
+            Err(error) => self.error("forget", error),
         };
         self.timed("forget", outcome, started);
         result
@@ -292,10 +254,7 @@ impl<L: Locker> Locker for MetricsLocker<L> {
         let outcome = match &result {
             Ok(MarkAdvance::Advanced { .. }) => "advanced",
             Ok(MarkAdvance::AlreadyAt { .. }) => "already_at",
-            Err(error) => {
-                self.error("advance_mark", error);
-                error.kind_name()
-            }
+            Err(error) => self.error("advance_mark", error),
         };
         self.timed("advance_mark", outcome, started);
         result

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
+use crate::{Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Prefixes every key before it reaches the inner locker, so several
 /// applications can share one backend without their keys colliding.
@@ -47,21 +48,7 @@ impl<L> Clone for PrefixLocker<L> {
     }
 }
 
-impl<L> PrefixLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(PrefixLocker);
 
 impl<L: Locker> PrefixLocker<L> {
     /// Wraps `inner` so every key is `prefix` + key.
@@ -84,22 +71,13 @@ impl<L: Locker> PrefixLocker<L> {
     }
 }
 
-// Every method is written out: a method added to `Locker` must be decided
-// on here, not silently left to its default (as object_store's wrapper
-// stores do).
+// Every method is written out or named in `forward_to_inner!`: a method
+// added to `Locker` must be decided on here, not silently left to its
+// default (as object_store's wrapper stores do).
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker> Locker for PrefixLocker<L> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// The inner locker's: a wrapper changes nothing the server keeps.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+    forward_to_inner!(backend, durability_warnings, capabilities);
     fn backend_key(&self, key: &str) -> String {
         self.inner.backend_key(&self.full(key))
     }

@@ -7,10 +7,9 @@ use async_trait::async_trait;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{
-    Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
-};
+use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] so every operation runs in a span named
 /// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
@@ -52,21 +51,7 @@ impl<L> Clone for TraceLocker<L> {
     }
 }
 
-impl<L> TraceLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(TraceLocker);
 
 impl<L: Locker> TraceLocker<L> {
     /// Wraps `inner`.
@@ -91,6 +76,27 @@ impl<L: Locker> TraceLocker<L> {
         }
         lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
     }
+}
+
+/// An INFO span named `$name` with the fields of every operation on one key
+/// (`component`, `backend`, `key`, `backend_key`, `outcome`, `error`) and
+/// the `$extra` ones, its `backend_key` recorded: the span of each keyed
+/// method below, whose fields would otherwise be listed seven times.
+macro_rules! key_span {
+    ($wrapper:expr, $name:literal, $key:expr $(, $($extra:tt)+)?) => {{
+        let span = tracing::info_span!(
+            $name,
+            component = "distlock",
+            backend = $wrapper.inner.backend(),
+            key = $key,
+            backend_key = Empty,
+            outcome = Empty,
+            error = Empty
+            $(, $($extra)+)?
+        );
+        $wrapper.describe(&span, $key);
+        span
+    }};
 }
 
 fn record_error(span: &Span, error: &Error) {
@@ -124,39 +130,22 @@ fn record_holder_outcome(span: &Span, success: &'static str, result: &Result<()>
     }
 }
 
-// Every method is written out: a method added to `Locker` must be decided
-// on here, not silently left to its default (as object_store's wrapper
-// stores do).
+// Every method is written out or named in `forward_to_inner!`: a method
+// added to `Locker` must be decided on here, not silently left to its
+// default (as object_store's wrapper stores do).
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker> Locker for TraceLocker<L> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// The inner locker's: a wrapper changes nothing the server keeps.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend_key(&self, key: &str) -> String {
-        self.inner.backend_key(key)
-    }
+    forward_to_inner!(backend, durability_warnings, capabilities, backend_key);
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        let span = tracing::info_span!(
+        let span = key_span!(
+            self,
             "distlock.try_lock",
-            component = "distlock",
-            backend = self.inner.backend(),
             key,
-            backend_key = Empty,
             ttl_ms = ttl.as_millis() as u64,
-            outcome = Empty,
-            error = Empty,
-            fencing_token = Empty
+            fencing_token = Empty,
         );
-        self.describe(&span, key);
         let result = self.inner.try_lock(key, ttl).instrument(span.clone()).await;
         match result {
             Ok(Some(lease)) => {
@@ -175,19 +164,14 @@ impl<L: Locker> Locker for TraceLocker<L> {
     }
 
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let span = tracing::info_span!(
+        let span = key_span!(
+            self,
             "distlock.lock",
-            component = "distlock",
-            backend = self.inner.backend(),
             key,
-            backend_key = Empty,
             ttl_ms = ttl.as_millis() as u64,
             timeout_ms = timeout.as_millis() as u64,
-            outcome = Empty,
-            error = Empty,
-            fencing_token = Empty
+            fencing_token = Empty,
         );
-        self.describe(&span, key);
         let result = self
             .inner
             .lock(key, ttl, timeout)
@@ -206,32 +190,14 @@ impl<L: Locker> Locker for TraceLocker<L> {
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-        let span = tracing::info_span!(
-            "distlock.unlock",
-            component = "distlock",
-            backend = self.inner.backend(),
-            key,
-            backend_key = Empty,
-            outcome = Empty,
-            error = Empty
-        );
-        self.describe(&span, key);
+        let span = key_span!(self, "distlock.unlock", key);
         let result = self.inner.unlock(key, owner).instrument(span.clone()).await;
         record_holder_outcome(&span, "released", &result);
         result
     }
 
     async fn forget(&self, key: &str) -> Result<()> {
-        let span = tracing::info_span!(
-            "distlock.forget",
-            component = "distlock",
-            backend = self.inner.backend(),
-            key,
-            backend_key = Empty,
-            outcome = Empty,
-            error = Empty
-        );
-        self.describe(&span, key);
+        let span = key_span!(self, "distlock.forget", key);
         let result = self.inner.forget(key).instrument(span.clone()).await;
         record_holder_outcome(&span, "forgotten", &result);
         result
@@ -264,17 +230,12 @@ impl<L: Locker> Locker for TraceLocker<L> {
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let span = tracing::info_span!(
+        let span = key_span!(
+            self,
             "distlock.refresh",
-            component = "distlock",
-            backend = self.inner.backend(),
             key,
-            backend_key = Empty,
             ttl_ms = ttl.as_millis() as u64,
-            outcome = Empty,
-            error = Empty
         );
-        self.describe(&span, key);
         let result = self
             .inner
             .refresh(key, owner, ttl)
@@ -309,16 +270,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        let span = tracing::info_span!(
-            "distlock.inspect",
-            component = "distlock",
-            backend = self.inner.backend(),
-            key,
-            backend_key = Empty,
-            outcome = Empty,
-            error = Empty
-        );
-        self.describe(&span, key);
+        let span = key_span!(self, "distlock.inspect", key);
         let result = self.inner.inspect(key).instrument(span.clone()).await;
         record_read_outcome(&span, &result, held_or_free);
         result
@@ -344,18 +296,13 @@ impl<L: Locker> Locker for TraceLocker<L> {
 
     /// The span also carries the evicted holder's fencing token.
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        let span = tracing::info_span!(
+        let span = key_span!(
+            self,
             "distlock.force_release",
-            component = "distlock",
-            backend = self.inner.backend(),
             key,
-            backend_key = Empty,
             method = ?how,
-            outcome = Empty,
-            error = Empty,
-            fencing_token = Empty
+            fencing_token = Empty,
         );
-        self.describe(&span, key);
         let result = self
             .inner
             .force_release(key, how)

@@ -24,12 +24,17 @@ pub fn key(key: &str) -> Result<()> {
     if key.is_empty() {
         return Err(Error::invalid("key", "the key is empty"));
     }
-    if key.len() > MAX_KEY_LEN {
+    no_longer_than_a_key("key", key)
+}
+
+/// Refuses `value`, a `what`, if it is longer than [`MAX_KEY_LEN`] bytes.
+fn no_longer_than_a_key(what: &'static str, value: &str) -> Result<()> {
+    if value.len() > MAX_KEY_LEN {
         return Err(Error::invalid(
-            "key",
+            what,
             format!(
-                "the key is {} bytes long; the maximum is {MAX_KEY_LEN}",
-                key.len()
+                "the {what} is {} bytes long; the maximum is {MAX_KEY_LEN}",
+                value.len()
             ),
         ));
     }
@@ -51,16 +56,7 @@ pub fn namespace(namespace: &str) -> Result<()> {
             "the namespace contains a zero byte, which separates it from the key",
         ));
     }
-    if namespace.len() > MAX_KEY_LEN {
-        return Err(Error::invalid(
-            "namespace",
-            format!(
-                "the namespace is {} bytes long; the maximum is {MAX_KEY_LEN}",
-                namespace.len()
-            ),
-        ));
-    }
-    Ok(())
+    no_longer_than_a_key("namespace", namespace)
 }
 
 /// Checks a ttl: at least one millisecond and at most [`MAX_TTL`].

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline, sleep_until};
+use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::{
     Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result, DEADLINE_GRACE,
@@ -233,21 +234,7 @@ impl<L> Clone for WaitLocker<L> {
     }
 }
 
-impl<L> WaitLocker<L> {
-    /// The wrapped locker, to reach its backend-specific powers (for
-    /// example `RedisLocker::remaining_ttl`, `PostgresLocker::held_count`)
-    /// through the wrapper.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped locker, shared: leases granted through this wrapper keep a
-    /// handle on it (their release goes through it), so it is handed back as
-    /// an `Arc` rather than by value.
-    pub fn into_inner(self) -> Arc<L> {
-        self.inner
-    }
-}
+inner_accessors!(WaitLocker);
 
 impl<L: Locker> WaitLocker<L> {
     /// Wraps `inner` so `lock` waits under `policy`.
@@ -259,19 +246,13 @@ impl<L: Locker> WaitLocker<L> {
     }
 }
 
-// Every method is written out: a method added to `Locker` must be decided
-// on here, not silently left to its default (as object_store's wrapper
-// stores do).
+// Every method is written out or named in `forward_to_inner!`: a method
+// added to `Locker` must be decided on here, not silently left to its
+// default (as object_store's wrapper stores do).
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: Locker> Locker for WaitLocker<L> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// The inner locker's: a wrapper changes nothing the server keeps.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner.durability_warnings()
-    }
+    forward_to_inner!(backend, durability_warnings);
     fn capabilities(&self) -> Capabilities {
         let inner = self.inner.capabilities();
         Capabilities {

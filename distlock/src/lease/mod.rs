@@ -1,5 +1,6 @@
 //! The value a granted lock is: [`Lease`], its lost signal ([`signal`]), its
-//! keepalive ([`keepalive`]), and what a backend needs to build one.
+//! keepalive ([`keepalive`]), how it ends ([`release`]), the [`SharedLocker`]
+//! wrappers rebind leases through, and what a backend needs to build one.
 
 use std::fmt;
 use std::future::Future;
@@ -9,13 +10,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod keepalive;
+mod release;
+mod shared;
 mod signal;
 
 pub use keepalive::KeepAlive;
+pub use shared::{new_owner_token, SharedLocker};
 pub use signal::{LostNotifier, LostReason, LostSignal};
 
 use crate::{Error, Locker, Result};
-use signal::{extend_validity, mark_lost, mark_lost_with_grace, LeaseStatus, Shared, StatusSender};
+use signal::{extend_validity, mark_lost_with_grace, LeaseStatus, Shared, StatusSender};
 
 /// How long a release may take before it is abandoned, unless
 /// [`Lease::set_release_timeout`] says otherwise.
@@ -427,46 +431,6 @@ impl Lease {
         Ok(())
     }
 
-    /// Releases the lock: only if this owner still holds it, bounded by the
-    /// release timeout. The lost signal fires ([`LostReason::Released`])
-    /// before the unlock is sent, so tasks watching it stop first.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if the lock had already expired or changed hands
-    /// (nothing was deleted); [`Error::DeadlineExceeded`] if the backend did
-    /// not answer within the release timeout, or a backend error: the lock is
-    /// then freed by the backend's safety net.
-    ///
-    /// # Cancel safety
-    ///
-    /// If this future is dropped before it completes, the release continues
-    /// in the background as for a dropped lease.
-    pub async fn release(mut self) -> Result<()> {
-        self.stop_keepalive();
-        mark_lost(&self.status, LostReason::Released);
-        let outcome = crate::deadline::bounded(
-            self.locker.backend(),
-            "release",
-            self.release_timeout,
-            self.locker.unlock(&self.key, &self.owner),
-        )
-        .await;
-        // Reached only if this future was not cancelled mid-release; otherwise
-        // Drop sends the release again in the background.
-        self.released = true;
-        self.sync_release = None;
-        outcome
-    }
-
-    /// Forgets the synchronous release, so dropping takes the background path
-    /// as for a server backend.
-    #[cfg(test)]
-    pub(crate) fn without_sync_release(mut self) -> Self {
-        self.sync_release = None;
-        self
-    }
-
     /// The keepalive scheduler task's handle, for tests that check how it
     /// ended.
     #[cfg(test)]
@@ -474,35 +438,6 @@ impl Lease {
         self.keepalive
             .as_ref()
             .and_then(keepalive::Registration::take_task_for_test)
-    }
-
-    fn stop_keepalive(&mut self) {
-        self.keepalive = None;
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        self.stop_keepalive();
-        mark_lost(&self.status, LostReason::Released);
-        if let Some(release) = self.sync_release.take() {
-            release(&self.key, &self.owner);
-            return;
-        }
-        let runtime = tokio::runtime::Handle::try_current()
-            .ok()
-            .or_else(|| self.runtime.take());
-        crate::background::release(
-            runtime,
-            self.locker.clone(),
-            self.key.to_string(),
-            self.owner.to_string(),
-            self.release_timeout,
-            "a dropped lease",
-        );
     }
 }
 
@@ -519,106 +454,22 @@ impl fmt::Debug for Lease {
     }
 }
 
-/// The one `Arc<dyn Locker>` that every lease of a locker (and of its clones)
-/// releases and refreshes through, built on the first grant and kept while
-/// any lease holds it.
-///
-/// **Wrapper implementors need it.** A wrapper that re-homes its leases
-/// ([`Lease::rebind`]) must give all of them the same `Arc`: the keepalive
-/// runs one scheduler per `Arc`, which sends the refreshes due together as
-/// one [`Locker::refresh_many`] batch. `lease.rebind(Arc::new(self.clone()))`
-/// gives every lease an `Arc` of its own, hence a scheduler of its own and
-/// a round trip per lease per refresh: 10,000 held Postgres leases then
-/// make 10,000 statements per interval instead of one per session, and
-/// their refreshes time out. Sharing it also saves an allocation and a copy
-/// of the wrapper per lease.
-///
-/// Keep one in the wrapper's shared state (clones share it: it is an `Arc`
-/// inside) and rebind through [`get_or_init`](SharedLocker::get_or_init).
-/// Only a weak reference is kept, so there is no cycle: once no lease holds
-/// the `Arc`, the next grant makes a new one.
-///
-/// ```
-/// use std::sync::Arc;
-/// use distlock::{memory::MemoryLocker, Locker, SharedLocker};
-///
-/// let leases = SharedLocker::default();
-/// // In a wrapper's `try_lock`:
-/// // `lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))`.
-/// let first: Arc<dyn Locker> = leases.get_or_init(|| Arc::new(MemoryLocker::new()));
-/// let again = leases.get_or_init(|| Arc::new(MemoryLocker::new()));
-/// assert!(Arc::ptr_eq(&first, &again), "one Arc while a lease holds it");
-/// ```
-#[derive(Clone, Default)]
-pub struct SharedLocker(Arc<std::sync::Mutex<Option<std::sync::Weak<dyn Locker>>>>);
-
-impl SharedLocker {
-    /// The shared `Arc`, made by `make` if no lease holds it now (`make`
-    /// runs at most once while one does). Never fails; a poisoned mutex is
-    /// taken over, as the cached reference is valid whatever panicked.
-    pub fn get_or_init(&self, make: impl FnOnce() -> Arc<dyn Locker>) -> Arc<dyn Locker> {
-        let mut cached = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(locker) = cached.as_ref().and_then(std::sync::Weak::upgrade) {
-            return locker;
-        }
-        let locker = make();
-        *cached = Some(Arc::downgrade(&locker));
-        locker
-    }
-}
-
-impl fmt::Debug for SharedLocker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedLocker").finish_non_exhaustive()
-    }
-}
-
-/// A fresh owner token: 128 random bits as 32 lowercase hex digits.
-pub fn new_owner_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::memory::MemoryLocker;
     use futures_util::FutureExt;
-    use std::sync::Mutex;
 
-    #[test]
-    fn a_lease_dropped_outside_a_runtime_is_released_without_panicking() {
-        let locker = MemoryLocker::new();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let lease = runtime
-            .block_on(locker.try_lock("k", Duration::from_secs(60)))
-            .unwrap()
-            .unwrap();
-        drop(runtime);
-        drop(lease);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let again = runtime
-            .block_on(locker.try_lock("k", Duration::from_secs(60)))
-            .unwrap();
-        assert!(again.is_some(), "the memory backend released synchronously");
+    /// A lease of `k` for `ttl` on `locker`, which must grant it.
+    pub(super) async fn granted(locker: &impl Locker, ttl: Duration) -> Lease {
+        let lease = locker.try_lock("k", ttl).await;
+        lease.unwrap().expect("k is free")
     }
 
     #[tokio::test]
     async fn on_end_runs_once_with_the_reason() {
         let locker = MemoryLocker::new();
-        let lease = locker
-            .try_lock("k", Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = granted(&locker, Duration::from_secs(60)).await;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let early = tx.clone();
         lease.on_end(move |reason| early.send(reason).unwrap());
@@ -630,53 +481,6 @@ mod tests {
         assert_eq!(rx.recv().await, Some(LostReason::ConnectionLost));
         assert_eq!(rx.recv().await, Some(LostReason::ConnectionLost));
         assert_eq!(rx.recv().await, None);
-    }
-
-    /// Memory, but its leases see whether they were marked ended when their
-    /// unlock arrived.
-    #[derive(Debug, Default, Clone)]
-    struct Observing {
-        inner: MemoryLocker,
-        signal: Arc<Mutex<Option<LostSignal>>>,
-        lost_at_unlock: Arc<Mutex<Option<Option<LostReason>>>>,
-    }
-
-    #[async_trait::async_trait]
-    impl Locker for Observing {
-        fn backend(&self) -> &'static str {
-            "observing"
-        }
-        fn capabilities(&self) -> crate::Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-            let lease = self.inner.try_lock(key, ttl).await?;
-            Ok(lease.map(|lease| {
-                *self.signal.lock().unwrap() = Some(lease.lost_signal());
-                lease.rebind(Arc::new(self.clone()))
-            }))
-        }
-        async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-            let seen = self.signal.lock().unwrap().as_ref().map(LostSignal::reason);
-            *self.lost_at_unlock.lock().unwrap() = seen;
-            self.inner.unlock(key, owner).await
-        }
-    }
-
-    #[tokio::test]
-    async fn release_fires_the_lost_signal_before_the_unlock_is_sent() {
-        let locker = Observing::default();
-        let lease = locker
-            .try_lock("k", Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
-        lease.release().await.unwrap();
-        assert_eq!(
-            *locker.lost_at_unlock.lock().unwrap(),
-            Some(Some(LostReason::Released)),
-            "watchers must be told to stop before the lock is freed"
-        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -745,11 +549,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_signal_early_by_a_margin_fires_that_much_before_the_validity_ends() {
         let locker = MemoryLocker::new();
-        let lease = locker
-            .try_lock("k", Duration::from_secs(10))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = granted(&locker, Duration::from_secs(10)).await;
         let started = Instant::now();
         let mut early = lease.lost_signal().early_by(Duration::from_secs(2));
         assert_eq!(early.wait().await, LostReason::Expired);
@@ -759,72 +559,5 @@ mod tests {
             None,
             "the exact signal has not fired"
         );
-    }
-
-    #[test]
-    fn a_lease_dropped_off_the_runtime_is_released_on_the_runtime_it_was_granted_on() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let locker = MemoryLocker::new();
-        let lease = runtime
-            .block_on(locker.try_lock("k", Duration::from_secs(60)))
-            .unwrap()
-            .unwrap()
-            .without_sync_release();
-        // Dropped on a plain thread: no runtime is current there.
-        std::thread::spawn(move || drop(lease)).join().unwrap();
-        let again = runtime.block_on(async {
-            locker
-                .lock("k", Duration::from_secs(60), Duration::from_secs(2))
-                .await
-        });
-        assert!(again.is_ok(), "released in the background: {again:?}");
-    }
-
-    /// Memory, but its unlock never answers.
-    #[derive(Debug, Default, Clone)]
-    struct Hanging {
-        inner: MemoryLocker,
-    }
-
-    #[async_trait::async_trait]
-    impl Locker for Hanging {
-        fn backend(&self) -> &'static str {
-            "hanging"
-        }
-        fn capabilities(&self) -> crate::Capabilities {
-            self.inner.capabilities()
-        }
-        async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-            let lease = self.inner.try_lock(key, ttl).await?;
-            Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
-        }
-        async fn unlock(&self, _key: &str, _owner: &str) -> Result<()> {
-            std::future::pending().await
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_release_past_its_timeout_is_a_matchable_deadline_error() {
-        let locker = Hanging::default();
-        let mut lease = locker
-            .try_lock("k", Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
-        lease.set_release_timeout(Duration::from_millis(250));
-        let err = lease.release().await.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::DeadlineExceeded { backend: "hanging", operation: "release", after }
-                    if after == Duration::from_millis(250)
-            ),
-            "{err}"
-        );
-        assert!(err.is_outage() && !err.is_contention());
     }
 }
