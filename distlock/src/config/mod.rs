@@ -64,7 +64,10 @@ pub(crate) use address::{format_address, host_of, parse_address, split_list};
 pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings};
-pub(crate) use source::{env_vars, parse, parse_duration_bare, Param, Parse, Source, Table};
+pub(crate) use source::{
+    env_vars, parse, parse_duration_bare, read_env, set_by_name, FieldTable, Param, Parse, Source,
+    Table,
+};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sql::{reason, sql_config, SqlBackend, SqlConfig};
 pub(crate) use text::{decode, decoded, redact};

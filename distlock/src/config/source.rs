@@ -191,6 +191,66 @@ impl Table {
     }
 }
 
+/// A `Config` read through a field table: what the shared readers of
+/// variables and of single settings need from it.
+pub(crate) trait FieldTable: Default {
+    /// The backend's name in messages (`Redis`).
+    const BACKEND: &'static str;
+    /// Its parameters.
+    const PARAMETERS: Table;
+
+    /// Sets `key` (a name of [`PARAMETERS`](Self::PARAMETERS)) from text.
+    fn set_param(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String>;
+}
+
+/// The defaults, with each variable of `vars` that starts with `prefix` and
+/// names a parameter read over them (`<prefix>KEY_NAME` is `key_name`).
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] naming the variable whose value is malformed.
+pub(crate) fn read_env<C, I, K, V>(prefix: &str, vars: I) -> Result<C>
+where
+    C: FieldTable,
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
+    let mut config = C::default();
+    for (name, value) in vars {
+        let name = name.as_ref();
+        if let Some(key) = C::PARAMETERS.find_env(prefix, name) {
+            let value: String = value.into();
+            config
+                .set_param(key, &value, Source::Env(name))
+                .map_err(|reason| Error::invalid("config", reason))?;
+        }
+    }
+    Ok(config)
+}
+
+/// Sets the parameter `key` names (its one name or an alias) from text.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
+pub(crate) fn set_by_name<C: FieldTable>(config: &mut C, key: &str, value: &str) -> Result<()> {
+    let param = C::PARAMETERS.find(key).ok_or_else(|| {
+        Error::invalid(
+            "config",
+            format!("unknown {} parameter {key:?}", C::BACKEND),
+        )
+    })?;
+    config
+        .set_param(param.name, value, Source::Field(key))
+        .map_err(|reason| Error::invalid("config", reason))
+}
+
 /// The process's variables that start with `prefix`: what every
 /// `from_env` reads.
 ///

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, env_vars, format_address, parse, parse_address, redact, split_list,
-    Param, Source, Table,
+    decoded, duration_text, env_vars, format_address, parse, parse_address, read_env, redact,
+    set_by_name, split_list, FieldTable, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -297,17 +297,7 @@ impl Config {
         K: AsRef<str>,
         V: Into<String>,
     {
-        let mut config = Config::default();
-        for (name, value) in vars {
-            let name = name.as_ref();
-            if let Some(key) = PARAMETERS.find_env(ENV_PREFIX, name) {
-                let value: String = value.into();
-                config
-                    .set_param(key, &value, Source::Env(name))
-                    .map_err(|reason| Error::invalid("config", reason))?;
-            }
-        }
-        Ok(config)
+        read_env(ENV_PREFIX, vars)
     }
 
     /// Sets the parameter `key` (its one name or an older spelling; see
@@ -330,13 +320,13 @@ impl Config {
     ///
     /// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        let name = PARAMETERS
-            .find(key)
-            .ok_or_else(|| Error::invalid("config", format!("unknown etcd parameter {key:?}")))?
-            .name;
-        self.set_param(name, value, Source::Field(key))
-            .map_err(|reason| Error::invalid("config", reason))
+        set_by_name(self, key, value)
     }
+}
+
+impl FieldTable for Config {
+    const BACKEND: &'static str = "etcd";
+    const PARAMETERS: Table = PARAMETERS;
 
     /// The field table: `key` is a name of [`PARAMETERS`]. Empty text
     /// leaves an optional field unset.
@@ -368,7 +358,9 @@ impl Config {
         }
         Ok(())
     }
+}
 
+impl Config {
     /// Reads a JSON object with the fields of [`Config`] (all optional).
     ///
     /// ```
