@@ -279,16 +279,14 @@ pub(crate) fn reason(error: Error) -> String {
 
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
-/// [`SqlBackend`] description of it. The backend adds `builder()`.
+/// [`SqlBackend`] description of it (`PARAMETERS` is the invoking module's
+/// table; `check` reads one value as the builder will). The backend adds
+/// `builder()`.
 macro_rules! sql_config {
     (
         $(#[$meta:meta])*
-        backend: $backend:ident,
-        name: $name:literal,
-        env: $env:literal,
-        schemes: [$($scheme:literal),+],
-        parameters: $parameters:expr,
-        passes_on_unknown: $passes_on:literal,
+        backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
+        unknown_parameters_go_to_the_driver: $passes_on:literal,
         check: $check:expr $(,)?
     ) => {
         /// The backend as the shared SQL configuration reader sees it.
@@ -298,7 +296,9 @@ macro_rules! sql_config {
             const NAME: &'static str = $name;
             const SCHEMES: &'static [&'static str] = &[$($scheme),+];
             const ENV_PREFIX: &'static str = $env;
-            const PARAMETERS: $crate::config::Table = $parameters;
+            // The invoking module's table (macro_rules resolves item paths
+            // where it is invoked).
+            const PARAMETERS: $crate::config::Table = PARAMETERS;
             const PASSES_ON_UNKNOWN: bool = $passes_on;
 
             fn check(

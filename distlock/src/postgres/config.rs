@@ -186,6 +186,16 @@ impl PostgresLockerBuilder {
         }
     }
 
+    /// Reads `value` for `key` as [`set_param`](Self::set_param) does, on
+    /// a scratch builder: how a [`Config`] checks each setting as it is read.
+    fn check_param(
+        key: &'static str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String> {
+        Self::from_config(tokio_postgres::Config::new()).set_param(key, value, source)
+    }
+
     /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
     pub(super) fn set_param(
         &mut self,

@@ -36,15 +36,9 @@ sql_config! {
     /// assert_eq!(from_url, from_env);
     /// # Ok::<(), distlock::Error>(())
     /// ```
-    backend: Mysql,
-    name: "MySQL",
-    env: "DISTLOCK_MYSQL_",
-    schemes: ["mysql", "mariadb"],
-    parameters: PARAMETERS,
-    passes_on_unknown: false,
-    check: |key, value, source| {
-        MysqlLockerBuilder::blank(String::new(), 0).set_param(key, value, source)
-    },
+    backend: Mysql("MySQL", "DISTLOCK_MYSQL_", ["mysql", "mariadb"]),
+    unknown_parameters_go_to_the_driver: false,
+    check: MysqlLockerBuilder::check_param,
 }
 
 impl Config {

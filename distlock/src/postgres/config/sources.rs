@@ -42,16 +42,9 @@ sql_config! {
     /// }
     /// # Ok::<(), distlock::Error>(())
     /// ```
-    backend: Postgres,
-    name: "Postgres",
-    env: "DISTLOCK_POSTGRES_",
-    schemes: ["postgres", "postgresql"],
-    parameters: PARAMETERS,
-    passes_on_unknown: true,
-    check: |key, value, source| {
-        PostgresLockerBuilder::from_config(tokio_postgres::Config::new())
-            .set_param(key, value, source)
-    },
+    backend: Postgres("Postgres", "DISTLOCK_POSTGRES_", ["postgres", "postgresql"]),
+    unknown_parameters_go_to_the_driver: true,
+    check: PostgresLockerBuilder::check_param,
 }
 
 impl Config {
