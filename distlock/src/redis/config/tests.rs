@@ -214,34 +214,6 @@ fn config_files_reject_typos_and_never_echo_the_password() {
 }
 
 #[test]
-fn multi_host_urls_are_redacted() {
-    assert_eq!(
-        redact("redis+cluster://u:secret@h1:1,h2:2/?prefix=a"),
-        "redis+cluster://u:***@h1:1,h2:2/?prefix=a"
-    );
-    assert_eq!(redact("redis+cluster://h1,h2"), "redis+cluster://h1,h2");
-    assert_eq!(redact("redis://u:se/cret@h"), "redis://…");
-}
-
-#[test]
-fn addresses_are_host_and_port_only() {
-    assert_eq!(
-        parse_address("h", DEFAULT_PORT).unwrap(),
-        ("h".to_owned(), DEFAULT_PORT)
-    );
-    assert_eq!(
-        parse_address("[::1]:7", DEFAULT_PORT).unwrap(),
-        ("::1".to_owned(), 7)
-    );
-    assert!(parse_address("redis://h:1", DEFAULT_PORT)
-        .unwrap_err()
-        .contains("is a URL"));
-    assert!(parse_address("h:1/2", DEFAULT_PORT).is_err());
-    let err = parse_address("u:pw@h:1", DEFAULT_PORT).unwrap_err();
-    assert!(!err.contains("pw"), "{err}");
-}
-
-#[test]
 fn every_source_reaches_the_same_settings() {
     let url = Config::from_url(
         "redis://h:1?key_prefix=app:&response_timeout=5&connect_timeout=1500ms\
