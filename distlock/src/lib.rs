@@ -77,8 +77,7 @@ use async_trait::async_trait;
 
 mod background;
 mod breaker;
-#[cfg(any(feature = "redis", feature = "etcd"))]
-mod config_util;
+pub mod config;
 #[cfg(feature = "cron")]
 pub mod cron;
 mod deadline;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use url::Url;
 
-use crate::util::redact;
+use crate::config::redact;
 use crate::{Error, Locker, Result};
 
 /// Every URL scheme distlock knows, whether or not its feature is compiled in.

@@ -5,7 +5,6 @@
 use std::fmt::Write;
 
 use sha2::{Digest, Sha256};
-use url::Url;
 
 /// The one short digest distlock derives from strings: lock-file names and
 /// the owner digests Postgres records both use it.
@@ -42,22 +41,6 @@ pub(crate) fn decode_mark(stored: &str) -> Option<i64> {
     }
     let offset: u64 = stored.parse().ok()?;
     Some((offset ^ (1 << 63)) as i64)
-}
-
-/// The URL with any password replaced by `***`, for error messages.
-pub(crate) fn redact(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(_) => url.to_owned(),
-        // Unparseable: the password cannot be located, so show nothing past the scheme.
-        Err(_) => match url.split_once("://") {
-            Some((scheme, _)) => format!("{scheme}://…"),
-            None => "…".to_owned(),
-        },
-    }
 }
 
 #[cfg(test)]

@@ -3,15 +3,16 @@
 //! backend's.
 
 use std::fmt;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use url::Url;
 
-pub use crate::config_util::Password;
-use crate::config_util::{decoded, duration_text, parse_bool, parse_duration};
+pub use crate::config::Password;
+use crate::config::{
+    decoded, duration_text, env_vars, format_address, parse, parse_address, read_env, redact,
+    set_by_name, split_list, FieldTable, Param, Source, Table,
+};
 use crate::{Error, Result};
 
 /// The key prefix used unless configured otherwise: the distlock key `K` is
@@ -33,9 +34,21 @@ pub const DEFAULT_PORT: u16 = 2379;
 /// Environment variables read by [`Config::from_env`] start with this.
 pub const ENV_PREFIX: &str = "DISTLOCK_ETCD_";
 
-/// The query parameters [`Config::from_url`] understands.
-const URL_PARAMETERS: &str =
-    "prefix, connect_timeout, request_timeout, keepalive_timeout, ca_file, holder";
+/// Every parameter of [`Config`], by its one name and its older spellings:
+/// the table URL parameters, `DISTLOCK_ETCD_*` variables and
+/// [`Config::set`] are read through (see [`crate::config`]).
+pub(crate) const PARAMETERS: Table = Table(&[
+    Param::other("username", &[]),
+    Param::other("password", &[]),
+    Param::other("endpoints", &[]),
+    Param::other("tls", &[]),
+    Param::url("key_prefix", &["prefix"]),
+    Param::url("connect_timeout", &[]),
+    Param::url("request_timeout", &[]),
+    Param::url("keepalive_timeout", &[]),
+    Param::url("ca_file", &["tls_ca", "ca"]),
+    Param::url("holder_record", &["holder", "record_holder"]),
+]);
 
 /// How to reach an etcd cluster and how to name locks in it.
 ///
@@ -43,7 +56,9 @@ const URL_PARAMETERS: &str =
 /// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
 /// ([`Config::from_yaml`]), or in code from [`Config::default`]. Field names
 /// in JSON and YAML are camelCase (`keyPrefix`, `connectTimeout`, ...); the
-/// snake_case spellings are accepted too, unknown fields are rejected.
+/// snake_case spellings are accepted too, and the older names `prefix`,
+/// `holder` and `record_holder` (see [`crate::config`]); unknown fields are
+/// rejected. Durations are text (`"500ms"`) or a bare number of seconds.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -73,7 +88,7 @@ pub struct Config {
     /// Prepended to every key: the caller's key `k` is the etcd lock name
     /// `<key_prefix>k`, whose lock keys are `<key_prefix>k/<lease id in
     /// hex>`. Default [`DEFAULT_KEY_PREFIX`].
-    #[serde(alias = "key_prefix")]
+    #[serde(alias = "key_prefix", alias = "prefix")]
     pub key_prefix: String,
     /// `host:port` of each member (the port defaults to 2379). Requests are
     /// balanced over every endpoint; a member that is down is skipped.
@@ -84,7 +99,12 @@ pub struct Config {
     pub tls: bool,
     /// A PEM file of the certificate authority that signed the members'
     /// certificates (implies [`tls`](Config::tls)).
-    #[serde(alias = "ca_file", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        alias = "ca_file",
+        alias = "tls_ca",
+        alias = "ca",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub ca_file: Option<PathBuf>,
     /// Bound on establishing a connection to one member. Default
     /// [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
@@ -107,9 +127,15 @@ pub struct Config {
     /// Write each grant's holder record (host, pid, label, grant time on
     /// the holder's clock, ttl) into its lock key's value, for
     /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
-    /// (URL `holder=off`), the value carries only the grant's secret and
-    /// inspection reports an unknown holder.
-    #[serde(alias = "holder_record")]
+    /// (URL `holder_record=off`, or the older `holder=off`), the value
+    /// carries only the grant's secret and inspection reports an unknown
+    /// holder.
+    #[serde(
+        alias = "holder_record",
+        alias = "holder",
+        alias = "recordHolder",
+        alias = "record_holder"
+    )]
     pub holder_record: bool,
 }
 
@@ -134,10 +160,12 @@ impl Config {
     /// Reads `etcd://[user:password@]host1[:port][,host2[:port]...][/][?params]`,
     /// or `etcd+https://...` for TLS.
     ///
-    /// User name and password are percent-decoded. Parameters: `prefix`
-    /// (the key prefix; may be empty), `connect_timeout`, `request_timeout`
-    /// and `keepalive_timeout` (durations such as `2s` or `250ms`),
-    /// `ca_file` (a PEM path; implies TLS), and `holder` (`on` / `off`, see
+    /// User name and password are percent-decoded. Parameters: `key_prefix`
+    /// (or `prefix`; the key prefix, may be empty), `connect_timeout`, `request_timeout`
+    /// and `keepalive_timeout` (durations such as `2s` or `250ms`; a bare
+    /// number is seconds, see [`crate::config`]),
+    /// `ca_file` (or `tls_ca`, `ca`; a PEM path; implies TLS), and
+    /// `holder_record` (or `holder`; `on` / `off`, see
     /// [`holder_record`](Config::holder_record)). Anything else is
     /// [`Error::InvalidInput`], as is a URL without an endpoint. Error
     /// messages never contain the password.
@@ -158,7 +186,7 @@ impl Config {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
-        let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact_url(url)));
+        let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact(url)));
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("not a URL".into()))?;
@@ -203,38 +231,22 @@ impl Config {
             };
         }
         for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let (host, port) = parse_address(host).map_err(&bad)?;
+            let (host, port) = parse_address(host, DEFAULT_PORT).map_err(&bad)?;
             config.endpoints.push(format_address(&host, port));
         }
         if config.endpoints.is_empty() {
             return Err(bad("the URL names no endpoint".into()));
         }
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            match &*name {
-                "prefix" => config.key_prefix = value.into_owned(),
-                "connect_timeout" => {
-                    config.connect_timeout = parse_duration(&name, &value).map_err(&bad)?
-                }
-                "request_timeout" => {
-                    config.request_timeout = parse_duration(&name, &value).map_err(&bad)?
-                }
-                "keepalive_timeout" => {
-                    config.keepalive_timeout = parse_duration(&name, &value).map_err(&bad)?
-                }
-                "ca_file" => {
-                    config.ca_file = Some(PathBuf::from(value.into_owned()));
-                    config.tls = true;
-                }
-                "holder" => {
-                    config.holder_record =
-                        parse_bool(&value).map_err(|e| bad(format!("holder: {e}")))?
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?}; known: {URL_PARAMETERS}"
-                    )))
-                }
-            }
+            let key = PARAMETERS.find_in_url(&name).ok_or_else(|| {
+                bad(format!(
+                    "unknown parameter {name:?}; known: {}",
+                    PARAMETERS.url_names()
+                ))
+            })?;
+            config
+                .set_param(key, &value, Source::Url(&name))
+                .map_err(&bad)?;
         }
         Ok(config)
     }
@@ -252,25 +264,16 @@ impl Config {
     /// | `DISTLOCK_ETCD_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
     /// | `DISTLOCK_ETCD_REQUEST_TIMEOUT` | [`request_timeout`](Config::request_timeout) |
     /// | `DISTLOCK_ETCD_KEEPALIVE_TIMEOUT` | [`keepalive_timeout`](Config::keepalive_timeout) |
-    /// | `DISTLOCK_ETCD_HOLDER` | [`holder_record`](Config::holder_record): `true`/`false`/`on`/`off` |
+    /// | `DISTLOCK_ETCD_HOLDER_RECORD` | [`holder_record`](Config::holder_record): `true`/`false`/`on`/`off` (`DISTLOCK_ETCD_HOLDER` too) |
     ///
-    /// Other variables with the prefix are ignored. A malformed value is
-    /// [`Error::InvalidInput`] naming the variable.
+    /// Durations take units (`2s`, `500ms`); a bare number is seconds.
+    /// Other variables with the prefix are ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the variable whose value is malformed.
     pub fn from_env() -> Result<Config> {
-        let mut vars = Vec::new();
-        for (name, value) in std::env::vars_os() {
-            let Some(name) = name.to_str().filter(|n| n.starts_with(ENV_PREFIX)) else {
-                continue;
-            };
-            let value = value.into_string().map_err(|_| {
-                Error::invalid(
-                    "config",
-                    format!("environment variable {name} is not UTF-8"),
-                )
-            })?;
-            vars.push((name.to_owned(), value));
-        }
-        Config::from_env_vars(vars)
+        Config::from_env_vars(env_vars(ENV_PREFIX)?)
     }
 
     /// [`from_env`](Config::from_env) over the given `(name, value)` pairs
@@ -294,46 +297,70 @@ impl Config {
         K: AsRef<str>,
         V: Into<String>,
     {
-        let mut config = Config::default();
-        for (name, value) in vars {
-            let name = name.as_ref();
-            let Some(field) = name.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            let value: String = value.into();
-            let bad = |reason: String| Error::invalid("config", format!("{name}: {reason}"));
-            match field {
-                "USERNAME" => config.username = Some(value).filter(|v| !v.is_empty()),
-                "PASSWORD" => {
-                    config.password = Some(value).filter(|v| !v.is_empty()).map(Password::new)
-                }
-                "KEY_PREFIX" => config.key_prefix = value,
-                "ENDPOINTS" => {
-                    config.endpoints = value
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|a| !a.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                }
-                "TLS" => config.tls = parse_bool(&value).map_err(bad)?,
-                "HOLDER" => config.holder_record = parse_bool(&value).map_err(bad)?,
-                "CA_FILE" => config.ca_file = Some(value).filter(|v| !v.is_empty()).map(Into::into),
-                "CONNECT_TIMEOUT" => {
-                    config.connect_timeout = parse_duration(name, &value).map_err(bad)?
-                }
-                "REQUEST_TIMEOUT" => {
-                    config.request_timeout = parse_duration(name, &value).map_err(bad)?
-                }
-                "KEEPALIVE_TIMEOUT" => {
-                    config.keepalive_timeout = parse_duration(name, &value).map_err(bad)?
-                }
-                _ => {}
-            }
-        }
-        Ok(config)
+        read_env(ENV_PREFIX, vars)
     }
 
+    /// Sets the parameter `key` (its one name or an older spelling; see
+    /// [`crate::config`] for the syntax of each kind of value) from text, as
+    /// a URL parameter or variable would.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::etcd::Config;
+    ///
+    /// let mut config = Config::default();
+    /// config.set("request_timeout", "500ms")?;
+    /// config.set("holder", "off")?;
+    /// assert_eq!(config.request_timeout, Duration::from_millis(500));
+    /// assert!(!config.holder_record);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        set_by_name(self, key, value)
+    }
+}
+
+impl FieldTable for Config {
+    const BACKEND: &'static str = "etcd";
+    const PARAMETERS: Table = PARAMETERS;
+
+    /// The field table: `key` is a name of [`PARAMETERS`]. Empty text
+    /// leaves an optional field unset.
+    fn set_param(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String> {
+        let text = || Some(value.trim().to_owned()).filter(|v| !v.is_empty());
+        match key {
+            "username" => self.username = text(),
+            "password" => self.password = Some(value).filter(|v| !v.is_empty()).map(Password::new),
+            "endpoints" => self.endpoints = split_list(value),
+            "tls" => self.tls = parse(source, value)?,
+            "key_prefix" => self.key_prefix = value.to_owned(),
+            "connect_timeout" => self.connect_timeout = parse(source, value)?,
+            "request_timeout" => self.request_timeout = parse(source, value)?,
+            "keepalive_timeout" => self.keepalive_timeout = parse(source, value)?,
+            // A CA file means TLS, from whatever source it is named.
+            "ca_file" => {
+                self.ca_file = text().map(PathBuf::from);
+                if matches!(source, Source::Url(_)) {
+                    self.tls |= self.ca_file.is_some();
+                }
+            }
+            "holder_record" => self.holder_record = parse(source, value)?,
+            other => return Err(format!("{source}: {other:?} is not an etcd parameter")),
+        }
+        Ok(())
+    }
+}
+
+impl Config {
     /// Reads a JSON object with the fields of [`Config`] (all optional).
     ///
     /// ```
@@ -394,7 +421,7 @@ impl Config {
         self.endpoints
             .iter()
             .map(|endpoint| {
-                let (host, port) = parse_address(endpoint).map_err(bad)?;
+                let (host, port) = parse_address(endpoint, DEFAULT_PORT).map_err(bad)?;
                 Ok(format!("{scheme}://{}", format_address(&host, port)))
             })
             .collect()
@@ -424,69 +451,6 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.display_url())
     }
-}
-
-/// The URL with any password replaced by `***`: `util::redact` cannot parse
-/// the multi-host form, so the user information is cut by hand.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "…".to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let shown = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!("{scheme}://{shown}@{hosts}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// `host:port`, bracketing IPv6 hosts.
-fn format_address(host: &str, port: u16) -> String {
-    match host.parse::<IpAddr>() {
-        Ok(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
-        _ => format!("{host}:{port}"),
-    }
-}
-
-/// Splits `host`, `host:port`, `[v6]` or `[v6]:port` (IPv6 without brackets
-/// in the result).
-fn parse_address(address: &str) -> std::result::Result<(String, u16), String> {
-    if address.contains('@') {
-        return Err(
-            "an endpoint must not carry credentials; set username and password instead".into(),
-        );
-    }
-    if address.contains("://") {
-        return Err(format!(
-            "{address:?} is a URL; endpoints are host:port (set tls for TLS)"
-        ));
-    }
-    let not_an_address = || format!("{address:?} is not a host:port address");
-    let url = Url::parse(&format!("http://{}", address.trim())).map_err(|_| not_an_address())?;
-    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
-        return Err(not_an_address());
-    }
-    let host = match url.host().ok_or_else(not_an_address)? {
-        url::Host::Domain("") => return Err(not_an_address()),
-        url::Host::Domain(domain) => domain.to_owned(),
-        url::Host::Ipv4(ip) => ip.to_string(),
-        url::Host::Ipv6(ip) => ip.to_string(),
-    };
-    // `http` has a default port that `Url` hides: ask for it explicitly.
-    let port = match url.port() {
-        Some(port) => port,
-        None if address.trim().ends_with(":80") => 80,
-        None => DEFAULT_PORT,
-    };
-    Ok((host, port))
 }
 
 #[cfg(test)]
@@ -555,7 +519,7 @@ mod tests {
         );
         assert_eq!(config.to_string(), "etcd+https://bob@h:1,g:2");
         assert_eq!(
-            redact_url("etcd://bob:hunter2@h:1,g:2/?prefix=x"),
+            redact("etcd://bob:hunter2@h:1,g:2/?prefix=x"),
             "etcd://bob:***@h:1,g:2/?prefix=x"
         );
     }
@@ -639,5 +603,51 @@ keepaliveTimeout: 1s
             ..base
         };
         assert!(anonymous.endpoint_urls().is_err());
+    }
+
+    #[test]
+    fn every_source_reaches_the_same_settings() {
+        let url = Config::from_url(
+            "etcd://e1:2379,e2:2379?key_prefix=jobs:&request_timeout=5&keepalive_timeout=500ms&holder_record=off",
+        )
+        .unwrap();
+        let env = Config::from_env_vars([
+            ("DISTLOCK_ETCD_ENDPOINTS", "e1:2379,e2:2379"),
+            ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
+            ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "5"),
+            ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "500ms"),
+            ("DISTLOCK_ETCD_HOLDER_RECORD", "off"),
+        ])
+        .unwrap();
+        let json = Config::from_json(
+            r#"{"endpoints": ["e1:2379", "e2:2379"], "keyPrefix": "jobs:", "requestTimeout": 5,
+                "keepaliveTimeout": "500ms", "holderRecord": false}"#,
+        )
+        .unwrap();
+        let yaml = Config::from_yaml(
+            "endpoints: [e1:2379, e2:2379]\nprefix: 'jobs:'\nrequest_timeout: 5s\n\
+             keepalive_timeout: 500ms\nholder: false\n",
+        )
+        .unwrap();
+        assert_eq!(url, env);
+        assert_eq!(url, json);
+        assert_eq!(url, yaml);
+        assert_eq!(url.request_timeout, Duration::from_secs(5));
+        for param in ["holder", "record_holder", "holder_record"] {
+            let url = Config::from_url(&format!("etcd://h?{param}=off")).unwrap();
+            assert!(!url.holder_record, "{param}");
+        }
+        for param in ["ca_file", "tls_ca", "ca"] {
+            let url = Config::from_url(&format!("etcd://h?{param}=/ca.pem")).unwrap();
+            assert!(url.ca_file.is_some() && url.tls, "{param}");
+        }
+        let mut set = Config::default();
+        set.set("prefix", "x:").unwrap();
+        assert_eq!(set.key_prefix, "x:");
+    }
+
+    #[test]
+    fn every_url_parameter_is_in_the_readme() {
+        crate::config::assert_in_readme("etcd", PARAMETERS);
     }
 }

@@ -1,18 +1,20 @@
 //! Settings of a [`MysqlLocker`](super::MysqlLocker): from a URL, then
 //! adjusted through [`MysqlLockerBuilder`].
 
-use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use url::Url;
 
 use super::fencing::FencingTable;
 use super::MysqlLocker;
-use crate::util::redact;
+use crate::config::{decode, parse, reason, redact, Param, Source, Table};
 use crate::{Error, Result};
+
+mod sources;
+
+pub use sources::Config;
 
 /// Shared sessions carrying locks taken without waiting, by default.
 pub const DEFAULT_SESSIONS: usize = 4;
@@ -156,10 +158,47 @@ impl fmt::Debug for MysqlLockerBuilder {
     }
 }
 
+/// distlock's MySQL parameters, by their one name and their older
+/// spellings: the field table URL parameters, `DISTLOCK_MYSQL_*` variables,
+/// JSON and YAML are read through (see [`crate::config`]).
+pub(crate) const PARAMETERS: Table = Table(&[
+    Param::url("key_prefix", &["prefix", "namespace"]),
+    Param::url("fencing", &[]),
+    Param::url("fencing_table", &[]),
+    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::url("sessions", &[]),
+    Param::url("idle_waiters", &[]),
+    Param::url("max_waiters", &[]),
+    Param::url("query_timeout", &[]),
+    Param::url("connect_timeout", &[]),
+    Param::url("wait_timeout", &[]),
+    Param::url("ping_interval", &[]),
+    Param::url("ssl-mode", &["ssl_mode"]),
+    Param::url("ssl-ca", &["ssl_ca"]),
+]);
+
+/// The smallest bare `ping_interval` refused: `ping_interval` was bare
+/// milliseconds before a bare number meant seconds everywhere, and a minute
+/// between pings is far past any `wait_timeout` a holder could keep, so a
+/// value this large was surely written as milliseconds.
+const PING_INTERVAL_BARE_LIMIT: u64 = 60;
+
 impl MysqlLockerBuilder {
     /// Parses a `mysql://` or `mariadb://` URL (see the
-    /// [module docs](super#url) for the parameters).
+    /// [module docs](super#url) for the parameters): the same as
+    /// [`Config::from_url`] then [`Config::builder`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL or parameter, never
+    /// showing the password.
     pub fn from_url(url: &str) -> Result<Self> {
+        Config::from_url(url)?.builder()
+    }
+
+    /// The builder for a URL without distlock's parameters: its host, port,
+    /// user, password and database, with every default.
+    pub(super) fn from_connection_url(url: &str) -> Result<Self> {
         let parsed = Url::parse(url)
             .map_err(|e| Error::invalid("url", format!("{:?} is not a URL: {e}", redact(url))))?;
         if !matches!(parsed.scheme(), "mysql" | "mariadb") {
@@ -171,35 +210,27 @@ impl MysqlLockerBuilder {
                 ),
             ));
         }
-        let host = match parsed.host() {
-            Some(url::Host::Domain(name)) => name.to_owned(),
-            Some(url::Host::Ipv4(ip)) => ip.to_string(),
-            Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            None => {
-                return Err(Error::invalid(
-                    "url",
-                    format!("{:?} names no host", redact(url)),
-                ))
-            }
-        };
+        let host = crate::config::host_of(&parsed)
+            .ok_or_else(|| Error::invalid("url", format!("{:?} names no host", redact(url))))?;
         let decode = |text: &str| -> Result<String> {
-            percent_encoding::percent_decode_str(text)
-                .decode_utf8()
-                .map(Cow::into_owned)
-                .map_err(|_| {
-                    Error::invalid("url", "a part of the URL is not valid UTF-8 once decoded")
-                })
+            decode(text).map_err(|e| Error::invalid("url", format!("a part of the URL is {e}")))
         };
-        let user = Some(decode(parsed.username())?).filter(|u| !u.is_empty());
-        let password = parsed.password().map(decode).transpose()?;
-        let database =
+        let mut builder = MysqlLockerBuilder::blank(host, parsed.port().unwrap_or(3306));
+        builder.user = Some(decode(parsed.username())?).filter(|u| !u.is_empty());
+        builder.password = parsed.password().map(decode).transpose()?;
+        builder.database =
             Some(decode(parsed.path().trim_start_matches('/'))?).filter(|d| !d.is_empty());
-        let mut builder = MysqlLockerBuilder {
+        Ok(builder)
+    }
+
+    /// Every default, for `host:port` without credentials or database.
+    pub(super) fn blank(host: String, port: u16) -> Self {
+        MysqlLockerBuilder {
             host,
-            port: parsed.port().unwrap_or(3306),
-            user,
-            password,
-            database,
+            port,
+            user: None,
+            password: None,
+            database: None,
             namespace: None,
             ssl_mode: SslMode::default(),
             ssl_ca: None,
@@ -213,42 +244,52 @@ impl MysqlLockerBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             ping_interval: DEFAULT_PING_INTERVAL,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
-        };
-        for (name, value) in parsed.query_pairs() {
-            builder.apply_param(&name, &value)?;
         }
-        Ok(builder)
     }
 
-    fn apply_param(&mut self, name: &str, value: &str) -> Result<()> {
-        let seconds = |value: &str| parse_number::<u64>(name, value).map(Duration::from_secs);
-        match name {
-            // `prefix` as Redis and etcd spell it, `namespace` as Postgres.
-            "prefix" | "key_prefix" | "namespace" => self.namespace = Some(value.to_owned()),
-            "fencing" => self.fencing_enabled = parse_switch(name, value)?,
+    /// Reads `value` for `key` as [`set_param`](Self::set_param) does, on
+    /// a scratch builder: how a [`Config`] checks each setting as it is read.
+    fn check_param(
+        key: &'static str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String> {
+        Self::blank(String::new(), 0).set_param(key, value, source)
+    }
+
+    /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
+    pub(super) fn set_param(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String> {
+        match key {
+            // Empty is a namespace too: none, the bare lock name.
+            "key_prefix" => self.namespace = Some(value.to_owned()),
+            "fencing" => self.fencing_enabled = parse(source, value)?,
             "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
-            "holder" => self.holder_record = parse_switch(name, value)?,
-            "sessions" => self.sessions = parse_number(name, value)?,
-            "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
-            "max_waiters" => self.max_waiters = parse_number(name, value)?,
-            "query_timeout" => self.query_timeout = seconds(value)?,
-            "connect_timeout" => self.connect_timeout = seconds(value)?,
-            "wait_timeout" => self.wait_timeout = seconds(value)?,
+            "holder_record" => self.holder_record = parse(source, value)?,
+            "sessions" => self.sessions = parse(source, value)?,
+            "idle_waiters" => self.idle_waiters = parse(source, value)?,
+            "max_waiters" => self.max_waiters = parse(source, value)?,
+            "query_timeout" => self.query_timeout = parse(source, value)?,
+            "connect_timeout" => self.connect_timeout = parse(source, value)?,
+            "wait_timeout" => self.wait_timeout = parse(source, value)?,
             "ping_interval" => {
-                self.ping_interval = Duration::from_millis(parse_number(name, value)?)
+                let bare = value.trim().parse::<u64>().ok();
+                if let Some(number) = bare.filter(|n| *n >= PING_INTERVAL_BARE_LIMIT) {
+                    return Err(format!(
+                        "{source}: {value:?} would be {number} seconds (a bare number is \
+                         seconds since ping_interval took units); write {number}ms for \
+                         milliseconds, or {number}s if seconds were meant"
+                    ));
+                }
+                self.ping_interval = parse(source, value)?;
             }
-            "ssl-mode" | "ssl_mode" => self.ssl_mode = SslMode::parse(value)?,
-            "ssl-ca" | "ssl_ca" => self.ssl_ca = Some(PathBuf::from(value)),
-            other => {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                        "unknown parameter {other:?}; distlock's MySQL URLs take prefix (or namespace), fencing, fencing_table, \
-                         holder, sessions, idle_waiters, max_waiters, query_timeout, connect_timeout, wait_timeout, \
-                         ping_interval, ssl-mode and ssl-ca"
-                    ),
-                ))
-            }
+            "ssl-mode" => self.ssl_mode = SslMode::parse(value).map_err(reason)?,
+            "ssl-ca" => self.ssl_ca = Some(PathBuf::from(value)),
+            other => return Err(format!("{source}: {other:?} is not a MySQL parameter")),
         }
         Ok(())
     }
@@ -256,7 +297,7 @@ impl MysqlLockerBuilder {
     /// The namespace put into every lock name ([`lock_name_in`]), and so into
     /// every fencing row and mark: by default the URL's database, so that two
     /// databases on one server never share a lock (lock names are
-    /// server-wide). URL `prefix` (or `namespace`, or `key_prefix`). An empty
+    /// server-wide). URL `key_prefix` (or the older `prefix`, `namespace`). An empty
     /// namespace takes [`lock_name`]`(key)` itself, the name other
     /// `GET_LOCK` users can take by hand: every client of a lock must use
     /// the same namespace. No zero byte, at most 1024 bytes.
@@ -270,7 +311,8 @@ impl MysqlLockerBuilder {
 
     /// Records each grant's [`Holder`](crate::inspect::Holder) (host, pid,
     /// label) in the lock's fencing row (the default), for
-    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL `holder=off`),
+    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL
+    /// `holder_record=off`, or the older `holder=off`),
     /// grants clear those columns instead: inspection still reports the
     /// lock, its connection, grant time, ttl and token, with an unknown
     /// holder. Without fencing there is no row and nothing is recorded.
@@ -595,125 +637,5 @@ impl Settings {
     }
 }
 
-fn parse_switch(name: &str, value: &str) -> Result<bool> {
-    match value {
-        "on" | "true" | "1" | "yes" => Ok(true),
-        "off" | "false" | "0" | "no" => Ok(false),
-        other => Err(Error::invalid(
-            "url",
-            format!("{name}={other:?}: expected on or off"),
-        )),
-    }
-}
-
-fn parse_number<T: FromStr>(name: &str, value: &str) -> Result<T> {
-    value.parse().map_err(|_| {
-        Error::invalid(
-            "url",
-            format!("{name}={value:?}: expected a non-negative integer"),
-        )
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(url: &str) -> Result<Settings> {
-        MysqlLockerBuilder::from_url(url)?.into_settings()
-    }
-
-    #[test]
-    fn parameters_are_read() {
-        let s = settings(
-            "mariadb://app:pw@db:3307/jobs?sessions=2&fencing_table=ops.fence&ssl-mode=REQUIRED\
-             &query_timeout=3&wait_timeout=20&ping_interval=500&max_waiters=3&idle_waiters=1",
-        )
-        .unwrap();
-        assert_eq!(s.sessions, 2);
-        assert_eq!(
-            s.fencing,
-            Some(FencingTable::new(Some("ops"), "fence").unwrap())
-        );
-        assert_eq!(s.ssl_mode, SslMode::Required);
-        assert!(s.with_tls.is_some());
-        assert_eq!(s.query_timeout, Duration::from_secs(3));
-        assert_eq!(s.ping_interval, Duration::from_millis(500));
-        assert_eq!((s.max_waiters, s.idle_waiters), (3, 1));
-        assert_eq!(s.target, "mysql://app@db:3307/jobs");
-        assert_eq!(s.plain.db_name(), Some("jobs"));
-        assert_eq!(s.plain.tcp_port(), 3307);
-        assert!(!s.plain.prefer_socket());
-    }
-
-    #[test]
-    fn defaults_leave_a_partition_grace_of_eight_seconds() {
-        let s = settings("mysql://u@h/d").unwrap();
-        assert_eq!(s.partition_grace(), Duration::from_secs(8));
-        assert_eq!(s.ssl_mode, SslMode::Preferred);
-        assert_eq!(s.fencing, Some(FencingTable::default()));
-        assert_eq!(s.plain.tcp_keepalive(), Some(TCP_KEEPALIVE_IDLE));
-        assert!(s.plain.init()[0].contains("wait_timeout = 15"));
-        let s = settings("mysql://u@h/d?fencing=off&ssl-mode=disabled").unwrap();
-        assert_eq!(s.fencing, None);
-        assert!(s.with_tls.is_none());
-    }
-
-    #[test]
-    fn the_namespace_defaults_to_the_database_and_can_be_chosen_or_emptied() {
-        assert_eq!(settings("mysql://u@h/svc_a").unwrap().namespace, "svc_a");
-        assert_eq!(settings("mysql://u@h").unwrap().namespace, "");
-        for param in ["prefix", "key_prefix", "namespace"] {
-            let s = settings(&format!("mysql://u@h/svc_a?{param}=shared")).unwrap();
-            assert_eq!(s.namespace, "shared", "{param}");
-            let s = settings(&format!("mysql://u@h/svc_a?{param}=")).unwrap();
-            assert_eq!(s.namespace, "", "{param}");
-        }
-        let s = MysqlLockerBuilder::from_url("mysql://u@h/svc_a?prefix=x")
-            .unwrap()
-            .namespace("billing")
-            .into_settings()
-            .unwrap();
-        assert_eq!(s.namespace, "billing");
-        let err = settings("mysql://u@h/d?prefix=a%00b").unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::InvalidInput {
-                    what: "namespace",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn bad_urls_are_invalid_input_without_the_password() {
-        for url in [
-            "postgres://u:hunter2@h/d",
-            "mysql://u:hunter2@h/d?ssl-mode=sometimes",
-            "mysql://u:hunter2@h/d?sessions=many",
-            "mysql://u:hunter2@h/d?sessions=0",
-            "mysql://u:hunter2@h/d?max_waiters=0",
-            "mysql://u:hunter2@h/d?fencing_table=a.b.c",
-            "mysql://u:hunter2@h/d?wait_timeout=5",
-            "mysql://u:hunter2@h/d?bogus=1",
-            "mysql://u:hunter2@h:notaport/d",
-            "mysql://u:hunter2@h/d?ssl-ca=/nonexistent/ca.pem",
-            "mysql://u:hunter2@h/d?ssl-mode=VERIFY_CA",
-        ] {
-            let err = settings(url).unwrap_err();
-            assert!(matches!(err, Error::InvalidInput { .. }), "{url}: {err}");
-            assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
-        }
-    }
-
-    #[test]
-    fn debug_never_shows_the_password() {
-        let builder = MysqlLockerBuilder::from_url("mysql://u:hunter2@h/d").unwrap();
-        assert!(!format!("{builder:?}").contains("hunter2"));
-        let s = builder.into_settings().unwrap();
-        assert!(!format!("{s:?}").contains("hunter2"), "{s:?}");
-    }
-}
+mod tests;

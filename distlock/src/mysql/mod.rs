@@ -296,17 +296,17 @@
 //!
 //! | parameter | meaning | default |
 //! | --- | --- | --- |
-//! | `prefix` (or `namespace`, `key_prefix`) | namespace in every lock name, empty for none (see [Namespaces](#namespaces)) | the database |
+//! | `key_prefix` (or the older `prefix`, `namespace`) | namespace in every lock name, empty for none (see [Namespaces](#namespaces)) | the database |
 //! | `fencing` | `on` / `off` | `on` |
 //! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
-//! | `holder` | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
+//! | `holder_record` (or the older `holder`) | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
 //! | `sessions` | shared sessions | 4 |
 //! | `idle_waiters` | idle wait connections kept | 2 |
 //! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
-//! | `query_timeout` | seconds any statement or ping may go unanswered | 5 |
-//! | `connect_timeout` | seconds to open a connection | 5 |
-//! | `ping_interval` | milliseconds between pings of an idle session | 1000 |
-//! | `wait_timeout` | seconds of silence after which the server ends a session | 15 |
+//! | `query_timeout` | how long any statement or ping may go unanswered (`3s`, `500ms`; a bare number is seconds, see [`crate::config`]) | `5s` |
+//! | `connect_timeout` | how long opening a connection may take | `5s` |
+//! | `ping_interval` | time between pings of an idle session (`500ms`; a bare number is seconds, and one of 60 or more is refused: it was milliseconds before) | `1s` |
+//! | `wait_timeout` | silence after which the server ends a session (whole seconds) | `15s` |
 //! | `ssl-mode` | `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_IDENTITY` | `PREFERRED` (the CLI: `VERIFY_IDENTITY`) |
 //! | `ssl-ca` | CA file (PEM) trusted besides the Mozilla roots | none |
 //!
@@ -348,7 +348,7 @@ mod release;
 mod session;
 
 pub use config::{
-    MysqlLockerBuilder, SslMode, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_WAITERS,
+    Config, MysqlLockerBuilder, SslMode, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_WAITERS,
     DEFAULT_MAX_WAITERS, DEFAULT_PING_INTERVAL, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
     DEFAULT_WAIT_TIMEOUT, TCP_KEEPALIVE_IDLE,
 };
@@ -415,6 +415,22 @@ impl MysqlLocker {
     /// [`Error::InvalidInput`] for a malformed URL.
     pub fn builder(url: &str) -> Result<MysqlLockerBuilder> {
         MysqlLockerBuilder::from_url(url)
+    }
+
+    /// Connects with a [`Config`] read from a URL, `DISTLOCK_MYSQL_*`
+    /// variables, JSON or YAML: the same as `config.builder()?.build()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    ///
+    /// # Cancel safety
+    ///
+    /// No lock is taken before it returns: dropping the future abandons the
+    /// start-up (a fencing table it was creating may or may not exist
+    /// afterwards).
+    pub async fn from_config(config: Config) -> Result<Self> {
+        config.builder()?.build().await
     }
 
     async fn start(settings: Settings) -> Result<Self> {

@@ -2,17 +2,23 @@
 //! adjusted through [`PostgresLockerBuilder`].
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-use percent_encoding::percent_decode_str;
 use tokio_postgres::config::{Host, TargetSessionAttrs};
 
 use super::fencing::FencingTable;
 use super::keys::validate_namespace;
 use super::tls::{RootCerts, SslMode, Tls};
 use super::PostgresLocker;
+use crate::config::{parse, parse_duration_bare, reason, Param, Source, Table};
 use crate::{Error, Result};
+
+mod keepalive;
+mod sources;
+
+use keepalive::server_window;
+pub use keepalive::TcpKeepalive;
+pub use sources::Config;
 
 /// Shared sessions carrying locks taken without waiting, by default.
 pub const DEFAULT_SESSIONS: usize = 4;
@@ -38,89 +44,6 @@ pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// a session the server has heard nothing from for this long is ended by
 /// the server, with its locks, whatever sits between it and the holder.
 pub const DEFAULT_IDLE_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// TCP keepalive and user-timeout settings for one side of a connection.
-///
-/// A silent peer (host down, network partition) is detected after about
-/// `idle + interval × retries` without traffic, or after `user_timeout` when
-/// data sent to it stays unacknowledged. The kernel defaults (2 hours idle)
-/// would let a dead holder's lock stand for hours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpKeepalive {
-    /// Silence before the first probe.
-    pub idle: Duration,
-    /// Time between probes.
-    pub interval: Duration,
-    /// Unanswered probes before the connection is dropped.
-    pub retries: u32,
-    /// How long sent data may stay unacknowledged (`TCP_USER_TIMEOUT`).
-    pub user_timeout: Duration,
-}
-
-impl TcpKeepalive {
-    /// This client's side: idle 1 s, every 1 s, 3 probes, user timeout 4 s:
-    /// a silent server is declared dead at most 4 s after the last segment
-    /// heard from it ([`latest_detection`](Self::latest_detection)).
-    ///
-    /// It only speeds up noticing the death of a direct connection: the
-    /// bound a holder relies on comes from the pings, which a proxy between
-    /// client and server cannot answer in the server's place (see
-    /// [`PostgresLocker`](super::PostgresLocker)'s "Lost locks" and
-    /// [`PostgresLockerBuilder::ping_timeout`]).
-    pub const CLIENT: TcpKeepalive = TcpKeepalive {
-        idle: Duration::from_secs(1),
-        interval: Duration::from_secs(1),
-        retries: 3,
-        user_timeout: Duration::from_secs(4),
-    };
-
-    /// The server's side, set per session: idle 2 s, every 2 s, 5 probes,
-    /// user timeout 12 s: a vanished holder's locks are freed 12 s after the
-    /// server last heard from it, which is at most 2 s before the holder
-    /// went silent (the server's own probes are answered until then), so
-    /// 10 to 12 s after.
-    pub const SERVER: TcpKeepalive = TcpKeepalive {
-        idle: Duration::from_secs(2),
-        interval: Duration::from_secs(2),
-        retries: 5,
-        user_timeout: Duration::from_secs(12),
-    };
-
-    /// About how long a silent peer takes to be declared dead: the later of
-    /// the two ways ([`latest_detection`](Self::latest_detection), ignoring
-    /// a zero `user_timeout`).
-    pub fn detection_time(&self) -> Duration {
-        self.probes_time().max(self.user_timeout)
-    }
-
-    /// `idle + interval × retries`: when unanswered keepalive probes give
-    /// up, counted from the last segment heard from the peer.
-    fn probes_time(&self) -> Duration {
-        self.idle
-            .saturating_add(self.interval.saturating_mul(self.retries))
-    }
-
-    /// The soonest this side can declare a silent peer dead:
-    /// `min(user_timeout, idle + interval × retries)` (Linux's
-    /// `TCP_USER_TIMEOUT` also cuts keepalive probing short, tcp(7)). A zero
-    /// `user_timeout` means the kernel default (none): probes only.
-    pub fn earliest_detection(&self) -> Duration {
-        if self.user_timeout.is_zero() {
-            return self.probes_time();
-        }
-        self.probes_time().min(self.user_timeout)
-    }
-
-    /// The latest this side declares a silent peer dead, whether it was
-    /// idle (probes) or sending (`user_timeout`):
-    /// `max(user_timeout, idle + interval × retries)`. `None` with a zero
-    /// `user_timeout`: unacknowledged data is then retransmitted for the
-    /// kernel's `tcp_retries2` (about 15 minutes), which is no bound to
-    /// build on.
-    pub fn latest_detection(&self) -> Option<Duration> {
-        (!self.user_timeout.is_zero()).then(|| self.probes_time().max(self.user_timeout))
-    }
-}
 
 /// Builds a [`PostgresLocker`]: start from a URL with
 /// [`PostgresLocker::builder`], adjust, then [`build`](Self::build).
@@ -190,76 +113,46 @@ impl fmt::Debug for PostgresLockerBuilder {
     }
 }
 
-/// The query parameters distlock reads itself; the rest go to tokio-postgres.
-const OWN_PARAMS: &[&str] = &[
-    "namespace",
-    "fencing",
-    "fencing_table",
-    "holder",
-    "idle_session_timeout",
-    "sessions",
-    "idle_waiters",
-    "max_waiters",
-    "ping_interval",
-    "ping_timeout",
-    "query_timeout",
-    "server_keepalives",
-    "sslmode",
-    "sslrootcert",
-    "sslcert",
-    "sslkey",
-    "tcp_user_timeout",
-];
+/// distlock's own parameters, by their one name and their older spellings:
+/// the field table URL parameters, `DISTLOCK_POSTGRES_*` variables, JSON and
+/// YAML are read through (see [`crate::config`]); a URL's other parameters
+/// go to tokio-postgres. `connect_timeout`, `keepalives_idle`,
+/// `keepalives_interval` and `tcp_user_timeout` are libpq's, read here so
+/// that they accept units, with libpq's unit for a bare number.
+pub(crate) const PARAMETERS: Table = Table(&[
+    Param::url("key_prefix", &["namespace", "prefix"]),
+    Param::url("fencing", &[]),
+    Param::url("fencing_table", &[]),
+    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::url("sessions", &[]),
+    Param::url("idle_waiters", &[]),
+    Param::url("max_waiters", &[]),
+    Param::url("query_timeout", &[]),
+    Param::url("ping_interval", &[]),
+    Param::url("ping_timeout", &[]),
+    Param::url("idle_session_timeout", &[]),
+    Param::url("server_keepalives", &[]),
+    Param::url("sslmode", &[]),
+    Param::url("sslrootcert", &[]),
+    Param::url("sslcert", &[]),
+    Param::url("sslkey", &[]),
+    Param::url("connect_timeout", &[]),
+    Param::url("keepalives_idle", &[]),
+    Param::url("keepalives_interval", &[]),
+    Param::url("tcp_user_timeout", &[]),
+]);
 
 impl PostgresLockerBuilder {
     /// Parses a `postgres://` or `postgresql://` URL (see the
-    /// [module docs](super#url) for the parameters).
+    /// [module docs](super#url) for the parameters): the same as
+    /// [`Config::from_url`] then [`Config::builder`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL or parameter, never
+    /// showing the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (scheme, _) = url.split_once("://").ok_or_else(|| {
-            Error::invalid(
-                "url",
-                "a Postgres URL starts with postgres:// or postgresql://",
-            )
-        })?;
-        if scheme != "postgres" && scheme != "postgresql" {
-            return Err(Error::invalid(
-                "url",
-                format!("{scheme}:// is not a Postgres URL; use postgres:// or postgresql://"),
-            ));
-        }
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut own = Vec::new();
-        let mut passed_on = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let name = decode(name)?;
-            if OWN_PARAMS.contains(&name.as_str()) {
-                own.push((name, decode(value)?));
-            } else {
-                passed_on.push(pair);
-            }
-        }
-        let rebuilt = if passed_on.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", passed_on.join("&"))
-        };
-        let pg = tokio_postgres::Config::from_str(&rebuilt).map_err(|e| {
-            // Never echo the URL: it may hold a password.
-            Error::invalid("url", format!("not a valid Postgres URL: {e}"))
-        })?;
-        let mut builder = Self::from_config(pg);
-        let url_sets = |name: &str| passed_on.iter().any(|p| p.split('=').next() == Some(name));
-        builder.url_keepalive = UrlKeepalive {
-            idle: url_sets("keepalives_idle"),
-            interval: url_sets("keepalives_interval"),
-            retries: url_sets("keepalives_retries"),
-            user_timeout: false,
-        };
-        for (name, value) in own {
-            builder.apply_param(&name, &value)?;
-        }
-        Ok(builder)
+        Config::from_url(url)?.builder()
     }
 
     /// Starts from a tokio-postgres [`Config`](tokio_postgres::Config) you
@@ -293,43 +186,55 @@ impl PostgresLockerBuilder {
         }
     }
 
-    fn apply_param(&mut self, name: &str, value: &str) -> Result<()> {
-        match name {
-            "namespace" => self.namespace = value.to_owned(),
-            "fencing" => self.fencing_enabled = parse_switch(name, value)?,
+    /// Reads `value` for `key` as [`set_param`](Self::set_param) does, on
+    /// a scratch builder: how a [`Config`] checks each setting as it is read.
+    fn check_param(
+        key: &'static str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String> {
+        Self::from_config(tokio_postgres::Config::new()).set_param(key, value, source)
+    }
+
+    /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
+    pub(super) fn set_param(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<(), String> {
+        match key {
+            "key_prefix" => self.namespace = value.to_owned(),
+            "fencing" => self.fencing_enabled = parse(source, value)?,
             "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
-            "holder" => self.holder_record = parse_switch(name, value)?,
-            "sessions" => self.sessions = parse_number(name, value)?,
-            "idle_waiters" => self.idle_waiters = parse_number(name, value)?,
+            "holder_record" => self.holder_record = parse(source, value)?,
+            "sessions" => self.sessions = parse(source, value)?,
+            "idle_waiters" => self.idle_waiters = parse(source, value)?,
             "max_waiters" => {
-                self.max_waiters = value
-                    .parse()
+                self.max_waiters = parse(source, value)
                     .ok()
                     .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
                     .ok_or_else(|| {
-                        Error::invalid(
-                            "url",
-                            format!(
-                                "{name}={value:?}: expected an integer from 1 to {MAX_MAX_WAITERS}"
-                            ),
+                        format!(
+                            "{source}: {value:?}: expected an integer from 1 to {MAX_MAX_WAITERS}"
                         )
                     })?;
             }
-            "query_timeout" => self.query_timeout = Duration::from_secs(parse_number(name, value)?),
-            "ping_interval" => self.ping_interval = parse_duration(name, value)?,
-            "ping_timeout" => self.ping_timeout = parse_duration(name, value)?,
+            "query_timeout" => self.query_timeout = parse(source, value)?,
+            "ping_interval" => self.ping_interval = parse(source, value)?,
+            "ping_timeout" => self.ping_timeout = parse(source, value)?,
             "idle_session_timeout" => {
-                self.idle_session_timeout = match value {
+                self.idle_session_timeout = match value.trim() {
                     "off" | "0" => None,
-                    _ => Some(parse_duration(name, value)?),
+                    _ => Some(parse(source, value)?),
                 }
             }
             "server_keepalives" => {
-                if !parse_switch(name, value)? {
+                if !parse::<bool>(source, value)? {
                     self.server_keepalive = None;
                 }
             }
-            "sslmode" => self.ssl_mode = SslMode::parse(value)?,
+            "sslmode" => self.ssl_mode = SslMode::parse(value).map_err(reason)?,
             "sslrootcert" => {
                 self.root_certs = match value {
                     "system" => RootCerts::System,
@@ -337,26 +242,32 @@ impl PostgresLockerBuilder {
                 }
             }
             "sslcert" | "sslkey" => {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                    "{name}: client certificates are not supported; authenticate with a password"
-                ),
+                return Err(format!(
+                    "{source}: client certificates are not supported; authenticate with a password"
                 ))
             }
-            // libpq's unit is milliseconds (tokio-postgres reads seconds).
+            // libpq's parameters keep libpq's units for a bare number, so a
+            // URL means the same to psql.
+            "connect_timeout" => {
+                let timeout = libpq_duration(source, value, Duration::from_secs, "seconds")?;
+                self.pg.connect_timeout(timeout);
+            }
+            "keepalives_idle" => {
+                let idle = libpq_duration(source, value, Duration::from_secs, "seconds")?;
+                self.pg.keepalives_idle(idle);
+                self.url_keepalive.idle = true;
+            }
+            "keepalives_interval" => {
+                let interval = libpq_duration(source, value, Duration::from_secs, "seconds")?;
+                self.pg.keepalives_interval(interval);
+                self.url_keepalive.interval = true;
+            }
             "tcp_user_timeout" => {
                 self.client_keepalive.user_timeout =
-                    Duration::from_millis(parse_number(name, value)?);
+                    libpq_duration(source, value, Duration::from_millis, "milliseconds")?;
                 self.url_keepalive.user_timeout = true;
             }
-            // OWN_PARAMS and this match list the same names.
-            _ => {
-                return Err(Error::invalid(
-                    "url",
-                    format!("parameter {name:?} is not handled (a distlock bug)"),
-                ))
-            }
+            other => return Err(format!("{source}: {other:?} is not a Postgres parameter")),
         }
         Ok(())
     }
@@ -364,6 +275,7 @@ impl PostgresLockerBuilder {
     /// Prefixes every key before hashing it (see
     /// [`advisory_key`](super::advisory_key)), so applications sharing one
     /// database cannot collide by choosing the same key names. Default: none.
+    /// URL `key_prefix` (or the older `namespace`, `prefix`).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
@@ -379,7 +291,8 @@ impl PostgresLockerBuilder {
 
     /// Records each grant's [`Holder`](crate::inspect::Holder) (host, pid,
     /// label) and ttl in the key's fencing row (the default), for
-    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL `holder=off`),
+    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL
+    /// `holder_record=off`, or the older `holder=off`),
     /// grants clear those columns instead, so inspection reports the lock,
     /// its session, grant time and token, but an unknown holder. Without
     /// fencing there is no row and nothing is recorded either way.
@@ -720,21 +633,6 @@ impl Settings {
     }
 }
 
-/// See [`Settings::server_window`].
-fn server_window(
-    server_keepalive: Option<TcpKeepalive>,
-    idle_session_timeout: Option<Duration>,
-) -> Duration {
-    let Some(server) = server_keepalive else {
-        return Duration::ZERO;
-    };
-    let keepalive = server.earliest_detection().saturating_sub(server.idle);
-    match idle_session_timeout {
-        Some(idle) => keepalive.min(idle),
-        None => keepalive,
-    }
-}
-
 /// `postgres://user@host:port,host2:port/dbname`: where a config points,
 /// never with its password.
 pub(super) fn describe_target(pg: &tokio_postgres::Config) -> String {
@@ -757,244 +655,16 @@ pub(super) fn describe_target(pg: &tokio_postgres::Config) -> String {
     format!("postgres://{user}{}/{db}", hosts.join(","))
 }
 
-fn decode(text: &str) -> Result<String> {
-    percent_decode_str(text)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| Error::invalid("url", "a query parameter is not valid UTF-8 once decoded"))
-}
-
-fn parse_switch(name: &str, value: &str) -> Result<bool> {
-    match value {
-        "on" | "true" | "1" | "yes" => Ok(true),
-        "off" | "false" | "0" | "no" => Ok(false),
-        other => Err(Error::invalid(
-            "url",
-            format!("{name}={other:?}: expected on or off"),
-        )),
-    }
-}
-
-/// A duration parameter: `500ms`, `2s`, `1m`; a bare number is seconds.
-fn parse_duration(name: &str, value: &str) -> Result<Duration> {
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Ok(Duration::from_secs(seconds));
-    }
-    humantime::parse_duration(value).map_err(|e| {
-        Error::invalid(
-            "url",
-            format!("{name}={value:?}: expected a duration like 500ms or 2s ({e})"),
-        )
-    })
-}
-
-fn parse_number<T: FromStr>(name: &str, value: &str) -> Result<T> {
-    value.parse().map_err(|_| {
-        Error::invalid(
-            "url",
-            format!("{name}={value:?}: expected a non-negative integer"),
-        )
-    })
+/// A libpq duration parameter: units accepted, a bare number in `unit`
+/// (see [`crate::config`]).
+fn libpq_duration(
+    source: Source<'_>,
+    value: &str,
+    bare: fn(u64) -> Duration,
+    unit: &str,
+) -> std::result::Result<Duration, String> {
+    parse_duration_bare(source, value, bare, &format!("{unit}, as in libpq"))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(url: &str) -> Result<Settings> {
-        PostgresLockerBuilder::from_url(url)?.into_settings()
-    }
-
-    #[test]
-    fn own_parameters_are_read_and_the_rest_passed_on() {
-        let s = settings(
-            "postgresql://app:pw@db:6543/jobs?namespace=billing&sessions=2&fencing_table=ops.fence\
-             &sslmode=disable&application_name=cron&connect_timeout=3&tcp_user_timeout=2500",
-        )
-        .unwrap();
-        assert_eq!(s.namespace, "billing");
-        assert_eq!(s.sessions, 2);
-        assert_eq!(s.fencing, Some(FencingTable::parse("ops.fence").unwrap()));
-        assert_eq!(s.pg.get_application_name(), Some("cron"));
-        assert_eq!(s.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));
-        assert_eq!(
-            s.pg.get_tcp_user_timeout(),
-            Some(&Duration::from_millis(2500))
-        );
-        assert_eq!(s.target, "postgres://app@db:6543/jobs");
-    }
-
-    #[test]
-    fn defaults_are_short_keepalives_and_read_write_sessions() {
-        let s = settings("postgres://u@h/d?sslmode=disable").unwrap();
-        assert_eq!(s.pg.get_keepalives_idle(), TcpKeepalive::CLIENT.idle);
-        assert_eq!(s.pg.get_keepalives_retries(), Some(3));
-        assert_eq!(
-            s.pg.get_target_session_attrs(),
-            TargetSessionAttrs::ReadWrite
-        );
-        assert_eq!(s.pg.get_application_name(), Some(DEFAULT_APPLICATION_NAME));
-        assert_eq!(s.fencing, Some(FencingTable::default()));
-        assert_eq!(s.server_keepalive, Some(TcpKeepalive::SERVER));
-        let s = settings(
-            "postgres://u@h/d?sslmode=disable&keepalives_idle=30&fencing=off&server_keepalives=off",
-        )
-        .unwrap();
-        assert_eq!(s.pg.get_keepalives_idle(), Duration::from_secs(30));
-        assert_eq!(s.fencing, None);
-        assert_eq!(s.server_keepalive, None);
-    }
-
-    #[test]
-    fn bad_urls_are_invalid_input_without_the_password() {
-        for url in [
-            "mysql://u:hunter2@h/d",
-            "postgres://u:hunter2@h/d?sslmode=allow",
-            "postgres://u:hunter2@h/d?sessions=many",
-            "postgres://u:hunter2@h/d?sslcert=/c.pem",
-            "postgres://u:hunter2@h:notaport/d",
-            "postgres://u:hunter2@h/d?fencing_table=a.b.c",
-            "postgres://u:hunter2@h/d?sessions=0",
-        ] {
-            let err = settings(url).unwrap_err();
-            assert!(err.to_string().contains("invalid"), "{url}: {err}");
-            assert!(!err.to_string().contains("hunter2"), "{url}: {err}");
-        }
-    }
-
-    #[test]
-    fn max_waiters_is_read_from_the_url_and_must_be_positive() {
-        assert_eq!(
-            settings("postgres://u@h/d").unwrap().max_waiters,
-            DEFAULT_MAX_WAITERS
-        );
-        let s = settings("postgres://u@h/d?max_waiters=2&idle_waiters=1").unwrap();
-        assert_eq!((s.max_waiters, s.idle_waiters), (2, 1));
-        for value in ["0", "-1", "many", "", "2.5", "99999999999999999999999"] {
-            let url = format!("postgres://u:hunter2@h/d?max_waiters={value}");
-            match settings(&url) {
-                Err(Error::InvalidInput {
-                    what: "url",
-                    reason,
-                }) => {
-                    assert!(reason.contains("max_waiters"), "{value:?}: {reason}");
-                    assert!(!reason.contains("hunter2"), "{value:?}: {reason}");
-                }
-                other => panic!("{value:?}: {other:?}"),
-            }
-        }
-        // The builder overrides the URL, and checks the same range.
-        let builder = PostgresLockerBuilder::from_url("postgres://u@h/d?max_waiters=2").unwrap();
-        assert_eq!(
-            builder
-                .clone()
-                .max_waiters(5)
-                .into_settings()
-                .unwrap()
-                .max_waiters,
-            5
-        );
-        assert!(matches!(
-            builder.max_waiters(0).into_settings(),
-            Err(Error::InvalidInput {
-                what: "max_waiters",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn debug_never_shows_the_password() {
-        let builder = PostgresLockerBuilder::from_url("postgres://u:hunter2@h/d").unwrap();
-        assert!(!format!("{builder:?}").contains("hunter2"));
-        let s = builder.into_settings().unwrap();
-        assert!(!format!("{s:?}").contains("hunter2"), "{s:?}");
-    }
-
-    #[test]
-    fn the_defaults_leave_a_grace_of_six_seconds_after_a_silent_server_is_noticed() {
-        assert_eq!(
-            TcpKeepalive::SERVER.earliest_detection(),
-            Duration::from_secs(12)
-        );
-        let s = settings("postgres://u@h/d").unwrap();
-        assert_eq!(s.pg.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
-        assert_eq!(s.silence_limit(), Duration::from_secs(4));
-        assert_eq!(s.server_window(), Duration::from_secs(10));
-        assert_eq!(s.grace_at_silence_limit(), Duration::from_secs(6));
-        assert_eq!(s.session_lock_timeout_ms(), 1500);
-        // The client's own TCP timers no longer set the bound: the pings do.
-        for url in [
-            "postgres://u@h/d?tcp_user_timeout=0",
-            "postgres://u@h/d?keepalives_idle=30",
-        ] {
-            assert_eq!(
-                settings(url).unwrap().grace_at_silence_limit(),
-                Duration::from_secs(6),
-                "{url}"
-            );
-        }
-        // The server's keepalive left alone: nothing known, no grace.
-        let s = settings("postgres://u@h/d?server_keepalives=off").unwrap();
-        assert_eq!(s.server_window(), Duration::ZERO);
-        // A shorter idle_session_timeout shortens the window; off leaves
-        // the keepalive's.
-        let s = settings("postgres://u@h/d?idle_session_timeout=7s").unwrap();
-        assert_eq!(s.server_window(), Duration::from_secs(7));
-        assert_eq!(s.grace_at_silence_limit(), Duration::from_secs(3));
-        let s = settings("postgres://u@h/d?idle_session_timeout=off").unwrap();
-        assert_eq!(s.idle_session_timeout, None);
-        assert_eq!(s.server_window(), Duration::from_secs(10));
-        // Pings slower than the server window are refused: the holder
-        // would hear of a silent server only after its locks may be freed.
-        let err =
-            settings("postgres://u@h/d?ping_interval=5s&ping_timeout=6s&idle_session_timeout=off")
-                .unwrap_err()
-                .to_string();
-        assert!(err.contains("not shorter than the 10s"), "{err}");
-        // With the server's keepalive left alone nothing is promised: no check.
-        let s = settings(
-            "postgres://u@h/d?ping_interval=5s&ping_timeout=6s&idle_session_timeout=off\
-             &server_keepalives=off",
-        )
-        .unwrap();
-        assert_eq!(s.silence_limit(), Duration::from_secs(11));
-        assert_eq!(s.grace_at_silence_limit(), Duration::ZERO);
-    }
-
-    #[test]
-    fn durations_take_units_and_bare_seconds() {
-        let s =
-            settings("postgres://u@h/d?ping_interval=500ms&ping_timeout=2&idle_session_timeout=1m")
-                .unwrap();
-        assert_eq!(s.ping_interval, Duration::from_millis(500));
-        assert_eq!(s.ping_timeout, Duration::from_secs(2));
-        assert_eq!(s.idle_session_timeout, Some(Duration::from_secs(60)));
-        for url in [
-            "postgres://u:hunter2@h/d?ping_interval=soon",
-            "postgres://u:hunter2@h/d?ping_interval=0",
-            "postgres://u:hunter2@h/d?ping_timeout=0s",
-        ] {
-            let err = settings(url).unwrap_err().to_string();
-            assert!(err.contains("ping_"), "{url}: {err}");
-            assert!(!err.contains("hunter2"), "{url}: {err}");
-        }
-        // An idle_session_timeout the pings could not stay inside.
-        let err = settings("postgres://u@h/d?idle_session_timeout=5s")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("idle_session_timeout is 5s"), "{err}");
-    }
-
-    #[test]
-    fn keepalive_detection_time() {
-        assert_eq!(
-            TcpKeepalive::CLIENT.detection_time(),
-            Duration::from_secs(4)
-        );
-        assert_eq!(
-            TcpKeepalive::SERVER.detection_time(),
-            Duration::from_secs(12)
-        );
-    }
-}
+mod tests;

@@ -319,19 +319,19 @@
 //!
 //! | parameter | meaning | default |
 //! | --- | --- | --- |
-//! | `namespace` | prefix of every key before hashing | none |
+//! | `key_prefix` (or the older `namespace`, `prefix`) | prefix of every key before hashing | none |
 //! | `fencing` | `on` / `off` | `on` |
 //! | `fencing_table` | `table` or `schema.table` | `distlock_fencing` |
-//! | `holder` | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
+//! | `holder_record` (or the older `holder`) | `off` records no holder in the fencing row (see [Inspection](#inspection)) | `on` |
 //! | `sessions` | shared sessions | 4 |
 //! | `idle_waiters` | idle wait connections kept | 2 |
 //! | `max_waiters` | wait connections open at once, idle ones included (1 or more) | 16 |
-//! | `query_timeout` | seconds any statement may go unanswered | 10 |
+//! | `query_timeout` | how long any statement may go unanswered (`5s`, `500ms`; a bare number is seconds, see [`crate::config`]) | `10s` |
 //! | `ping_interval` | a session this long without an answer is pinged (`500ms`, `2s`; a bare number is seconds) | `1s` |
 //! | `ping_timeout` | a ping unanswered this long closes its session | `3s` |
 //! | `idle_session_timeout` | the server's `idle_session_timeout` for distlock's sessions, or `off` | `10s` |
 //! | `server_keepalives` | `off` leaves the server's TCP keepalive alone | `on` |
-//! | `tcp_user_timeout` | milliseconds, as in libpq | 4000 |
+//! | `tcp_user_timeout` | a bare number is milliseconds, as in libpq (`connect_timeout` and `keepalives_*` keep libpq's seconds); units accepted | 4000 |
 //! | `sslmode` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` | `prefer` |
 //! | `sslrootcert` | CA file (PEM), or `system` | `system` |
 //!
@@ -366,7 +366,7 @@ mod tls;
 mod xact;
 
 pub use config::{
-    PostgresLockerBuilder, TcpKeepalive, DEFAULT_APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT,
+    Config, PostgresLockerBuilder, TcpKeepalive, DEFAULT_APPLICATION_NAME, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_SESSION_TIMEOUT, DEFAULT_IDLE_WAITERS, DEFAULT_MAX_WAITERS, DEFAULT_PING_INTERVAL,
     DEFAULT_PING_TIMEOUT, DEFAULT_QUERY_TIMEOUT, DEFAULT_SESSIONS,
 };
@@ -446,6 +446,22 @@ impl PostgresLocker {
     /// Options, starting from a URL (see [`PostgresLockerBuilder`]).
     pub fn builder(url: &str) -> Result<PostgresLockerBuilder> {
         PostgresLockerBuilder::from_url(url)
+    }
+
+    /// Connects with a [`Config`] read from a URL, `DISTLOCK_POSTGRES_*`
+    /// variables, JSON or YAML: the same as `config.builder()?.build()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    ///
+    /// # Cancel safety
+    ///
+    /// No lock is taken before it returns: dropping the future abandons the
+    /// start-up (a fencing table it was creating may or may not exist
+    /// afterwards).
+    pub async fn from_config(config: Config) -> Result<Self> {
+        config.builder()?.build().await
     }
 
     async fn start(settings: Settings) -> Result<Self> {

@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::config::{decode, parse, redact, Source};
 use crate::redis;
-use crate::util::redact;
 use crate::{Error, Result};
 
 /// How long one node may take to answer one call, unless configured
@@ -119,22 +119,13 @@ impl Config {
         let mut node_query = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+            let value = decode(value).map_err(|e| bad(format!("{name}: {e}")))?;
+            let source = Source::Url(name);
             match name {
-                "node_timeout" => {
-                    config.node_timeout = parse_duration(name, &value).map_err(bad)?
-                }
-                "min_validity" => {
-                    config.min_validity = parse_duration(name, &value).map_err(bad)?
-                }
+                "node_timeout" => config.node_timeout = parse(source, &value).map_err(bad)?,
+                "min_validity" => config.min_validity = parse(source, &value).map_err(bad)?,
                 "drift_factor" => config.drift_factor = parse_factor(&value).map_err(bad)?,
-                "tls" => {
-                    tls = match &*value {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        other => return Err(bad(format!("tls {other:?} is not true or false"))),
-                    }
-                }
+                "tls" => tls = parse(source, &value).map_err(bad)?,
                 _ => node_query.push(pair),
             }
         }
@@ -222,8 +213,14 @@ impl Config {
             };
             let bad = |reason: String| Error::invalid("config", format!("{name}: {reason}"));
             match field {
-                "NODE_TIMEOUT" => self.node_timeout = parse_duration(&name, &value).map_err(bad)?,
-                "MIN_VALIDITY" => self.min_validity = parse_duration(&name, &value).map_err(bad)?,
+                "NODE_TIMEOUT" => {
+                    self.node_timeout = parse(Source::Env(&name), &value)
+                        .map_err(|e| Error::invalid("config", e))?
+                }
+                "MIN_VALIDITY" => {
+                    self.min_validity = parse(Source::Env(&name), &value)
+                        .map_err(|e| Error::invalid("config", e))?
+                }
                 "DRIFT_FACTOR" => self.drift_factor = parse_factor(&value).map_err(bad)?,
                 _ => {}
             }
@@ -304,9 +301,9 @@ impl Config {
 
     fn set(&mut self, field: Field, name: &str, text: &str) -> std::result::Result<(), String> {
         match field {
-            Field::NodeTimeout => self.node_timeout = parse_duration(name, text)?,
+            Field::NodeTimeout => self.node_timeout = parse(Source::Field(name), text)?,
             Field::DriftFactor => self.drift_factor = parse_factor(text)?,
-            Field::MinValidity => self.min_validity = parse_duration(name, text)?,
+            Field::MinValidity => self.min_validity = parse(Source::Field(name), text)?,
         }
         Ok(())
     }
@@ -372,11 +369,6 @@ const FIELDS: [([&str; 2], Field); 3] = [
     (["driftFactor", "drift_factor"], Field::DriftFactor),
     (["minValidity", "min_validity"], Field::MinValidity),
 ];
-
-fn parse_duration(name: &str, value: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(value.trim())
-        .map_err(|e| format!("{name} {value:?} is not a duration like \"50ms\": {e}"))
-}
 
 fn parse_factor(value: &str) -> std::result::Result<f64, String> {
     match value.trim().parse::<f64>() {
@@ -512,5 +504,15 @@ mod tests {
             let err = config.check().unwrap_err().to_string();
             assert!(err.contains("do not apply to Redlock"), "{err}");
         }
+    }
+
+    #[test]
+    fn every_url_parameter_is_in_the_readme() {
+        for name in REDLOCK_PARAMETERS {
+            crate::config::readme_row("Redlock", name);
+        }
+        let bare = Config::from_url("redlock://a,b,c?node_timeout=1&response_timeout=2").unwrap();
+        assert_eq!(bare.node_timeout, Duration::from_secs(1));
+        assert_eq!(bare.nodes.response_timeout, Duration::from_secs(2));
     }
 }

@@ -20,7 +20,11 @@ async fn a_paused_server_loses_the_lease_with_the_documented_grace() {
     let server = MariaDbServer::start();
     // Window = wait_timeout − 1 s = 4 s after the last answer; the session
     // is given up 1 to 1.5 s after it (a ping due within 0.5 s, given 1 s).
-    let locker = connect_to(&server, "&query_timeout=1&ping_interval=500&wait_timeout=5").await;
+    let locker = connect_to(
+        &server,
+        "&query_timeout=1&ping_interval=500ms&wait_timeout=5",
+    )
+    .await;
     let key = unique_key("paused");
     let lease = locker.try_lock(&key, TTL).await.unwrap().expect("free");
     let holder = server

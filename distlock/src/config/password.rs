@@ -1,11 +1,7 @@
-//! Pieces every backend's `Config` shares: the [`Password`] that never
-//! prints, durations as text, and the small parsers of URL and environment
-//! values.
+//! The [`Password`] that never prints, and durations in JSON and YAML.
 
 use std::fmt;
-use std::time::Duration;
 
-use percent_encoding::percent_decode_str;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A password: shown as `***` by `Debug`, so it never reaches logs through a
@@ -19,6 +15,14 @@ pub struct Password(String);
 
 impl Password {
     /// Wraps a password.
+    ///
+    /// ```
+    /// use distlock::config::Password;
+    ///
+    /// let password = Password::new("hunter2");
+    /// assert_eq!(password.expose(), "hunter2");
+    /// assert_eq!(format!("{password:?}"), "\"***\"");
+    /// ```
     pub fn new(password: impl Into<String>) -> Self {
         Password(password.into())
     }
@@ -65,41 +69,54 @@ impl<'de> Deserialize<'de> for Password {
     }
 }
 
-/// Durations as human-readable text (`"1s"`, `"250ms"`).
+/// Durations in JSON and YAML: written as text (`"1s"`, `"250ms"`), read
+/// from text or from a bare number of seconds (`5`), as every other source
+/// reads them (see the [module docs](super)).
 pub(crate) mod duration_text {
+    use std::fmt;
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    use crate::config::Parse;
 
     pub(crate) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&humantime::format_duration(*value))
     }
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!("{text:?} is not a duration like \"500ms\": {e}"))
-        })
+        d.deserialize_any(DurationVisitor)
     }
-}
 
-pub(crate) fn parse_duration(name: &str, value: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(value.trim())
-        .map_err(|e| format!("{name} {value:?} is not a duration like \"500ms\": {e}"))
-}
+    struct DurationVisitor;
 
-pub(crate) fn parse_bool(value: &str) -> std::result::Result<bool, String> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" | "" => Ok(false),
-        _ => Err(format!("{value:?} is not a boolean (true/false)")),
+    impl Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(<Duration as Parse>::EXPECTED)
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
+            Duration::parse_text(text.trim()).ok_or_else(|| {
+                E::custom(format!("{text:?} is not {}", <Duration as Parse>::EXPECTED))
+            })
+        }
+
+        fn visit_u64<E: de::Error>(self, seconds: u64) -> Result<Duration, E> {
+            Ok(Duration::from_secs(seconds))
+        }
+
+        fn visit_i64<E: de::Error>(self, seconds: i64) -> Result<Duration, E> {
+            u64::try_from(seconds)
+                .map(Duration::from_secs)
+                .map_err(|_| E::custom(format!("{seconds} is not a duration: it is negative")))
+        }
+
+        fn visit_f64<E: de::Error>(self, seconds: f64) -> Result<Duration, E> {
+            Duration::try_from_secs_f64(seconds)
+                .map_err(|_| E::custom(format!("{seconds} is not a duration in seconds")))
+        }
     }
-}
-
-/// Percent-decodes a URL's user name or password; `None` if empty.
-pub(crate) fn decoded(text: &str) -> std::result::Result<Option<String>, &'static str> {
-    let text = percent_decode_str(text)
-        .decode_utf8()
-        .map_err(|_| "not UTF-8 after percent-decoding")?;
-    Ok(Some(text.into_owned()).filter(|t| !t.is_empty()))
 }

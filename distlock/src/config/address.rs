@@ -1,0 +1,89 @@
+//! The one address-list parser: `host1:port1,host2:port2`, IPv6 in
+//! brackets, a missing port the backend's default.
+
+use std::net::IpAddr;
+
+use url::{Host, Url};
+
+/// Splits `host`, `host:port`, `[v6]` or `[v6]:port` (port `default_port` if
+/// none; IPv6 without brackets in the result).
+///
+/// # Errors
+///
+/// Why the text is not an address, never echoing credentials.
+pub(crate) fn parse_address(
+    address: &str,
+    default_port: u16,
+) -> std::result::Result<(String, u16), String> {
+    if address.contains('@') {
+        // Do not echo it: it may carry a password.
+        return Err(
+            "an address must not carry credentials; set username and password instead".into(),
+        );
+    }
+    if address.contains("://") {
+        return Err(format!(
+            "{address:?} is a URL; addresses are host:port (set tls for TLS)"
+        ));
+    }
+    let not_an_address = || format!("{address:?} is not a host:port address");
+    // A scheme without a default port: the url crate then reports every
+    // port written (for `http` it would hide `:80`).
+    let url =
+        Url::parse(&format!("distlock://{}", address.trim())).map_err(|_| not_an_address())?;
+    if !url.path().is_empty() || url.query().is_some() || url.fragment().is_some() {
+        return Err(not_an_address());
+    }
+    let host = host_of(&url).ok_or_else(not_an_address)?;
+    Ok((host, url.port().unwrap_or(default_port)))
+}
+
+/// The host of a parsed URL, IPv6 without brackets; `None` if it has none.
+pub(crate) fn host_of(url: &Url) -> Option<String> {
+    match url.host()? {
+        Host::Domain("") => None,
+        Host::Domain(domain) => Some(domain.to_owned()),
+        Host::Ipv4(ip) => Some(ip.to_string()),
+        Host::Ipv6(ip) => Some(ip.to_string()),
+    }
+}
+
+/// `host:port`, bracketing IPv6 hosts.
+pub(crate) fn format_address(host: &str, port: u16) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
+        _ => format!("{host}:{port}"),
+    }
+}
+
+/// A comma-separated list as a variable holds it (`" a:1 , b:2,"`): the
+/// items trimmed, empty ones dropped. Checked later, against the
+/// deployment's default port.
+pub(crate) fn split_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_host_and_port_only() {
+        assert_eq!(parse_address("h", 6379).unwrap(), ("h".to_owned(), 6379));
+        assert_eq!(parse_address("h:80", 2379).unwrap(), ("h".to_owned(), 80));
+        assert_eq!(parse_address("[::1]:7", 1).unwrap(), ("::1".to_owned(), 7));
+        assert_eq!(format_address("::1", 7), "[::1]:7");
+        assert!(parse_address("redis://h:1", 1)
+            .unwrap_err()
+            .contains("is a URL"));
+        assert!(parse_address("h:1/2", 1).is_err());
+        assert!(parse_address("h:notaport", 1).is_err());
+        let err = parse_address("u:pw@h:1", 1).unwrap_err();
+        assert!(!err.contains("pw"), "{err}");
+        assert_eq!(split_list(" a:1 , b:2,"), ["a:1", "b:2"]);
+    }
+}

@@ -1,0 +1,103 @@
+//! The one configuration layer every backend's `Config` is read through:
+//! one parser per kind of value, one table of parameters per backend, and
+//! one name for one concept on every backend.
+//!
+//! Every source of a backend's settings (URL query parameters,
+//! `DISTLOCK_<BACKEND>_*` environment variables, JSON and YAML fields)
+//! reaches the same field table, so a value means the same wherever it is
+//! written, and an error names the parameter, where it was read (URL
+//! parameter `x`, variable `DISTLOCK_X_Y`, field `x`) and what was expected.
+//! (The shape follows object_store's `config.rs`: one parse trait, and
+//! builders that funnel every source into one `with_config(key, value)`.)
+//!
+//! # Values
+//!
+//! - **Durations**: `500ms`, `5s`, `1m30s`, `2h` (humantime's syntax). A
+//!   bare number is **seconds**, everywhere: `query_timeout=5` is
+//!   `query_timeout=5s`, in a URL, a variable, JSON (`5` or `"5s"`) or YAML.
+//!   One exception, so that a Postgres URL means the same to `psql`: the
+//!   parameters libpq itself defines keep libpq's unit for a bare number
+//!   (`connect_timeout` and `keepalives_idle` / `keepalives_interval`
+//!   seconds, `tcp_user_timeout` **milliseconds**); they accept units too.
+//!   MySQL's `ping_interval` was bare milliseconds before this rule: a bare
+//!   value of 60 or more is refused with a message asking for a unit
+//!   (`ping_interval=500ms`) rather than silently meaning minutes.
+//! - **Booleans**: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off` (any
+//!   case; empty is false).
+//! - **Numbers**: decimal integers.
+//! - **Address lists**: `host1:port1,host2:port2` (`[v6]:port` for IPv6;
+//!   a missing port is the backend's default).
+//!
+//! # One name for one concept
+//!
+//! | concept | name | also accepted (older spellings) |
+//! | --- | --- | --- |
+//! | record who holds each lock, for inspection | `holder_record` (`DISTLOCK_<BACKEND>_HOLDER_RECORD`, JSON `holderRecord`) | `holder`, `record_holder` |
+//! | prepended to every key (the namespace) | `key_prefix` (`DISTLOCK_<BACKEND>_KEY_PREFIX`, JSON `keyPrefix`) | `prefix`, `namespace` |
+//! | the CA file that verifies the server | `tls_ca` on Redis, `ca_file` on etcd | `ca`, `ca_file` / `tls_ca` |
+//!
+//! libpq's and MySQL's own parameters (`sslmode`, `sslrootcert`,
+//! `ssl-mode`, `ssl-ca`, ...) keep their names. The README lists every
+//! parameter of every backend.
+
+// Each piece serves the backends that use it; with fewer backends compiled
+// some are idle.
+#![cfg_attr(
+    not(all(
+        feature = "redis",
+        feature = "etcd",
+        feature = "postgres",
+        feature = "mysql"
+    )),
+    allow(dead_code, unused_imports)
+)]
+
+mod address;
+mod password;
+mod serde_value;
+mod source;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
+mod text;
+
+pub(crate) use address::{format_address, host_of, parse_address, split_list};
+pub(crate) use password::duration_text;
+pub use password::Password;
+pub(crate) use serde_value::{camel_to_snake, Settings};
+pub(crate) use source::{
+    env_vars, parse, parse_duration_bare, read_env, set_by_name, FieldTable, Param, Parse, Source,
+    Table,
+};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use sql::{reason, sql_config, SqlBackend, SqlConfig};
+pub(crate) use text::{decode, decoded, redact};
+
+/// Fails unless README.md's parameter table has a row
+/// `| <backend> | `name` | ...` for each URL parameter of `table`, naming
+/// each of its older spellings: the README's list is checked against the
+/// one field table.
+#[cfg(test)]
+pub(crate) fn assert_in_readme(backend: &str, table: Table) {
+    let names = table.0.iter().filter(|p| p.in_url);
+    for param in names {
+        let row = readme_row(backend, param.name);
+        for alias in param.aliases {
+            assert!(
+                row.contains(&format!("`{alias}`")),
+                "README.md's row for {backend} `{}` does not name `{alias}`",
+                param.name
+            );
+        }
+    }
+}
+
+/// README.md's row for the URL parameter `name` of `backend`.
+#[cfg(test)]
+pub(crate) fn readme_row(backend: &str, name: &str) -> &'static str {
+    const README: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+    let start = format!("| {backend} | `{name}` |");
+    README
+        .lines()
+        .find(|line| line.starts_with(&start))
+        .unwrap_or_else(|| panic!("README.md has no row starting {start:?}"))
+}

@@ -1,0 +1,65 @@
+//! [`Config`]: a MySQL locker's settings read from a URL,
+//! `DISTLOCK_MYSQL_*` variables, JSON or YAML, every source through the
+//! builder's one field table ([`PARAMETERS`](super::PARAMETERS)).
+
+use super::{MysqlLockerBuilder, PARAMETERS};
+use crate::config::{sql_config, Source};
+use crate::{Error, Result};
+
+sql_config! {
+    /// Where a [`MysqlLocker`](crate::mysql::MysqlLocker) connects and how,
+    /// read from a URL ([`Config::from_url`]), `DISTLOCK_MYSQL_*` variables
+    /// ([`Config::from_env`]), JSON ([`Config::from_json`]) or YAML
+    /// ([`Config::from_yaml`]). Every source reaches the same table of
+    /// parameters (those of the [module docs](crate::mysql#url), by the
+    /// same names: `key_prefix`, `holder_record`, `query_timeout`, ...;
+    /// durations as [`crate::config`] says); [`Config::builder`] makes the
+    /// [`MysqlLockerBuilder`] for adjustments in code, and
+    /// [`MysqlLocker::from_config`](crate::mysql::MysqlLocker::from_config)
+    /// connects with it.
+    ///
+    /// `Debug` never shows the password.
+    ///
+    /// ```
+    /// use distlock::mysql::Config;
+    ///
+    /// let from_url = Config::from_url("mysql://app@db/jobs?key_prefix=billing&ping_interval=500ms")?;
+    /// let from_json = Config::from_json(
+    ///     r#"{"url": "mysql://app@db/jobs", "keyPrefix": "billing", "pingInterval": "500ms"}"#,
+    /// )?;
+    /// let from_env = Config::from_env_vars([
+    ///     ("DISTLOCK_MYSQL_URL", "mysql://app@db/jobs"),
+    ///     ("DISTLOCK_MYSQL_PREFIX", "billing"),
+    ///     ("DISTLOCK_MYSQL_PING_INTERVAL", "500ms"),
+    /// ])?;
+    /// assert_eq!(from_url, from_json);
+    /// assert_eq!(from_url, from_env);
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    backend: Mysql("MySQL", "DISTLOCK_MYSQL_", ["mysql", "mariadb"]),
+    unknown_parameters_go_to_the_driver: false,
+    check: MysqlLockerBuilder::check_param,
+}
+
+impl Config {
+    /// The builder these settings make: the URL's host, port, user,
+    /// password and database, the password given apart, then each
+    /// parameter in the order given.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] without a URL, or for one that names no host
+    /// (never showing the password).
+    pub fn builder(&self) -> Result<MysqlLockerBuilder> {
+        let mut builder = MysqlLockerBuilder::from_connection_url(self.0.url()?)?;
+        if let Some(password) = self.0.password() {
+            builder.password = Some(password.expose().to_owned());
+        }
+        for (key, value) in self.0.settings() {
+            builder
+                .set_param(key, value, Source::Field(key))
+                .map_err(|reason| Error::invalid("config", reason))?;
+        }
+        Ok(builder)
+    }
+}

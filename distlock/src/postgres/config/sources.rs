@@ -1,0 +1,81 @@
+//! [`Config`]: a Postgres locker's settings read from a URL,
+//! `DISTLOCK_POSTGRES_*` variables, JSON or YAML, every source through the
+//! builder's one field table ([`PARAMETERS`](super::PARAMETERS)).
+
+use std::str::FromStr;
+
+use super::{PostgresLockerBuilder, UrlKeepalive, PARAMETERS};
+use crate::config::{sql_config, Source};
+use crate::{Error, Result};
+
+sql_config! {
+    /// Where a [`PostgresLocker`](crate::postgres::PostgresLocker) connects
+    /// and how, read from a URL ([`Config::from_url`]), `DISTLOCK_POSTGRES_*`
+    /// variables ([`Config::from_env`]), JSON ([`Config::from_json`]) or YAML
+    /// ([`Config::from_yaml`]). Every source reaches the same table of
+    /// parameters (those of the [module docs](crate::postgres#url), by the
+    /// same names: `key_prefix`, `holder_record`, `query_timeout`, ...;
+    /// durations as [`crate::config`] says); [`Config::builder`] makes the
+    /// [`PostgresLockerBuilder`] for adjustments in code, and
+    /// [`PostgresLocker::from_config`](crate::postgres::PostgresLocker::from_config)
+    /// connects with it.
+    ///
+    /// `Debug` never shows the password.
+    ///
+    /// ```
+    /// use distlock::postgres::Config;
+    ///
+    /// let from_url = Config::from_url("postgres://app@db/jobs?key_prefix=billing&query_timeout=5s")?;
+    /// let from_env = Config::from_env_vars([
+    ///     ("DISTLOCK_POSTGRES_URL", "postgres://app@db/jobs"),
+    ///     ("DISTLOCK_POSTGRES_KEY_PREFIX", "billing"),
+    ///     ("DISTLOCK_POSTGRES_QUERY_TIMEOUT", "5"),
+    /// ])?;
+    /// let from_yaml = Config::from_yaml("
+    /// url: postgres://app@db/jobs
+    /// keyPrefix: billing
+    /// queryTimeout: 5s
+    /// ")?;
+    /// for config in [from_url, from_env, from_yaml] {
+    ///     let builder = config.builder()?;
+    ///     assert!(format!("{builder:?}").contains(r#"namespace: "billing""#));
+    /// }
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
+    backend: Postgres("Postgres", "DISTLOCK_POSTGRES_", ["postgres", "postgresql"]),
+    unknown_parameters_go_to_the_driver: true,
+    check: PostgresLockerBuilder::check_param,
+}
+
+impl Config {
+    /// The builder these settings make: the URL read by tokio-postgres,
+    /// the password, then each parameter in the order given.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] without a URL, or for one tokio-postgres
+    /// cannot read (never echoed: it may hold a password).
+    pub fn builder(&self) -> Result<PostgresLockerBuilder> {
+        let url = self.0.url()?;
+        let pg = tokio_postgres::Config::from_str(url)
+            .map_err(|e| Error::invalid("url", format!("not a valid Postgres URL: {e}")))?;
+        let mut builder = PostgresLockerBuilder::from_config(pg);
+        if let Some(password) = self.0.password() {
+            builder.pg.password(password.expose());
+        }
+        // A retry count the URL gave tokio-postgres stays over distlock's.
+        let query = url.split_once('?').map_or("", |(_, query)| query);
+        builder.url_keepalive = UrlKeepalive {
+            retries: query
+                .split('&')
+                .any(|pair| pair.split('=').next() == Some("keepalives_retries")),
+            ..UrlKeepalive::default()
+        };
+        for (key, value) in self.0.settings() {
+            builder
+                .set_param(key, value, Source::Field(key))
+                .map_err(|reason| Error::invalid("config", reason))?;
+        }
+        Ok(builder)
+    }
+}
