@@ -291,15 +291,11 @@ impl FileLocker {
             // Nobody holds it (our probe lock goes away with `file`).
             Ok(()) => Err(not_held()),
             Err(TryLockError::WouldBlock) => match read_record(&file, &path)? {
-                Some(record) if record.owner == owner => Err(Error::Unsupported {
-                    backend: BACKEND,
-                    operation: "release",
-                    reason: format!(
+                Some(record) if record.owner == owner => Err(Error::unsupported(BACKEND, "release", format!(
                         "the lock on {key:?} is held by process {} through an open file, and a flock can only be \
                          released by that process; stop it and the kernel frees the lock",
                         record.pid
-                    ),
-                }),
+                    ))),
                 _ => Err(not_held()),
             },
             Err(TryLockError::Error(e)) => Err(Error::backend(BACKEND, "release", with_path(e, &path))),
@@ -487,14 +483,14 @@ impl Locker for FileLocker {
             })) => format!("process {} on {}", h.pid, h.host),
             _ => "the holding process".to_owned(),
         };
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            operation: "force_release",
-            reason: format!(
+        Err(Error::unsupported(
+            BACKEND,
+            "force_release",
+            format!(
                 "{how:?}: a flock belongs to the open file of {holder}, and only that process can \
                  release it; stop it (kill it) and the kernel frees the lock at once"
             ),
-        })
+        ))
     }
 
     /// Stores the mark in its own file beside the lock files (the lock

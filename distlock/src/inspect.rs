@@ -653,14 +653,14 @@ pub(crate) fn require_lock_release(
     if how == ForceRelease::Lock {
         return Ok(());
     }
-    Err(crate::Error::Unsupported {
+    Err(crate::Error::unsupported(
         backend,
-        operation: "force_release",
-        reason: format!(
+        "force_release",
+        format!(
             "{how:?}: a {backend} lock is {lock_is}, not a session; use ForceRelease::Lock \
              (`distlock release --force` without --terminate-session)"
         ),
-    })
+    ))
 }
 
 /// Logs a forced release at `warn`, naming who forced it (this process) and

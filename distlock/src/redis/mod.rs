@@ -386,10 +386,11 @@ use redis::{ProtocolVersion, TlsMode};
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
+use crate::pending::PendingAcquire;
 use crate::util::{decode_mark, encode_mark};
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
-    RefreshRequest, ReleaseWatch, Result, DEFAULT_RELEASE_TIMEOUT,
+    RefreshRequest, ReleaseWatch, Result,
 };
 
 mod config;
@@ -998,12 +999,13 @@ impl RedisLocker {
     /// including being dropped, undoes the attempt by its token.
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         // Armed from here on: the request may be on the wire at any await below.
-        let pending = PendingAcquire {
-            locker: self,
+        let pending = PendingAcquire::arm(
+            self,
             key,
-            owner: Some(new_owner_token()),
+            new_owner_token(),
             ttl,
-        };
+            "an acquire whose outcome is unknown",
+        );
         let owner = pending.owner();
         // Read on the caller's task, before anything is sent: its label scope.
         let value = self.inner.record_holder.then(|| {
@@ -1344,48 +1346,6 @@ fn operation_bound(connect_timeout: Duration, response_timeout: Duration) -> Dur
     connect_timeout
         .saturating_add(response_timeout)
         .saturating_add(RECONNECT_PAUSES)
-}
-
-/// An acquire that may have taken effect on the server: armed while its
-/// outcome is unknown, it releases the lock by its owner token when dropped
-/// (the caller cancelled, the bound elapsed, or the reply was lost), so an
-/// unknown outcome never leaves a lock under a token nobody knows until its
-/// ttl. [`settle`](Self::settle) disarms it on a definite answer.
-struct PendingAcquire<'a> {
-    locker: &'a RedisLocker,
-    key: &'a str,
-    /// `None` once settled.
-    owner: Option<String>,
-    ttl: Duration,
-}
-
-impl PendingAcquire<'_> {
-    fn owner(&self) -> &str {
-        self.owner.as_deref().unwrap_or_default()
-    }
-
-    /// The answer is definite: nothing to undo. Returns the owner token.
-    fn settle(mut self) -> String {
-        self.owner.take().unwrap_or_default()
-    }
-}
-
-impl Drop for PendingAcquire<'_> {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.take() {
-            // Deletes the lock if (and only if) it holds `owner`, a token
-            // nobody else has, so retrying is safe; never past the ttl, after
-            // which the server has freed the key anyway.
-            crate::background::release(
-                tokio::runtime::Handle::try_current().ok(),
-                Arc::new(self.locker.clone()),
-                self.key.to_owned(),
-                owner,
-                self.ttl.min(DEFAULT_RELEASE_TIMEOUT),
-                "an acquire whose outcome is unknown",
-            );
-        }
-    }
 }
 
 #[async_trait]

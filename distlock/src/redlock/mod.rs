@@ -192,10 +192,10 @@ use tokio::time::Instant;
 
 use crate::deadline::bounded;
 use crate::inspect::{ForceRelease, HeldLock, Holder};
+use crate::pending::PendingAcquire;
 use crate::redis::RedisLocker;
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
-    Result, DEFAULT_RELEASE_TIMEOUT,
+    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch, Result,
 };
 
 mod config;
@@ -444,12 +444,13 @@ impl RedlockLocker {
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         let nodes = self.inner.nodes.len();
         let quorum = self.inner.quorum;
-        let pending = PendingAcquire {
-            locker: self,
+        let pending = PendingAcquire::arm(
+            self,
             key,
-            owner: Some(new_owner_token()),
+            new_owner_token(),
             ttl,
-        };
+            "a Redlock acquire that did not reach a majority, or was abandoned",
+        );
         let owner = pending.owner();
         let bound = self.acquire_bound(ttl);
         let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
@@ -519,45 +520,6 @@ impl RedlockLocker {
             tally.yes, tally.no
         );
         Err(self.quorum_error("acquire", summary, tally))
-    }
-}
-
-/// An acquire that may have left its token on some nodes: armed until the
-/// attempt is settled, it releases the key on every node by that token when
-/// dropped (a failed or abandoned attempt, a dropped future).
-struct PendingAcquire<'a> {
-    locker: &'a RedlockLocker,
-    key: &'a str,
-    /// `None` once settled.
-    owner: Option<String>,
-    ttl: Duration,
-}
-
-impl PendingAcquire<'_> {
-    fn owner(&self) -> &str {
-        self.owner.as_deref().unwrap_or_default()
-    }
-
-    /// Nothing to undo: returns the owner token.
-    fn settle(mut self) -> String {
-        self.owner.take().unwrap_or_default()
-    }
-}
-
-impl Drop for PendingAcquire<'_> {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.take() {
-            // By a token nobody else has, so safe to repeat; never past the
-            // ttl, after which every node has freed the key anyway.
-            crate::background::release(
-                tokio::runtime::Handle::try_current().ok(),
-                Arc::new(self.locker.clone()),
-                self.key.to_owned(),
-                owner,
-                self.ttl.min(DEFAULT_RELEASE_TIMEOUT),
-                "a Redlock acquire that did not reach a majority, or was abandoned",
-            );
-        }
     }
 }
 
