@@ -380,24 +380,21 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::SentinelNodeConnectionInfo;
-use redis::{ProtocolVersion, TlsMode};
-use tokio::time::Instant;
 
 use crate::deadline::bounded;
-use crate::pending::PendingAcquire;
-use crate::util::{decode_mark, encode_mark};
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
-    RefreshRequest, ReleaseWatch, Result,
+    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
 };
 
+mod acquire;
+mod client;
 mod config;
 mod connection;
 mod errors;
 mod inspect;
 mod keys;
+mod marks;
+mod refresh;
 mod releases;
 mod scripts;
 mod server;
@@ -412,41 +409,17 @@ pub use config::{
 #[cfg(feature = "redlock")]
 pub(crate) use inspect::LockView;
 
-use config::Deployment;
-use connection::{ClusterSettings, Connection, SentinelConnection};
-use errors::{Outcome, Target};
+use acquire::ReplicaAck;
+use connection::Connection;
+use errors::Target;
 use keys::KeySpace;
-use releases::{ReleaseHub, SubscriberSource};
-use scripts::{
-    ACQUIRE_SCRIPT, ADVANCE_MARK_SCRIPT, FORGET_SCRIPT, REFRESH_MANY_SCRIPT, REFRESH_SCRIPT,
-    RELEASE_SCRIPT,
-};
+use releases::ReleaseHub;
+use scripts::{FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
+use server::ServerReport;
 
-use crate::inspect::{current_label, host_name, ForceRelease, HeldLock};
+use crate::inspect::{ForceRelease, HeldLock};
 
 const BACKEND: &str = "redis";
-
-/// Why one script of a [`Locker::refresh_many`] batch failed: every key it
-/// carried gets this error.
-enum GroupFailure {
-    Redis(redis::RedisError),
-    Deadline(Duration),
-}
-
-impl GroupFailure {
-    fn to_error(&self, locker: &RedisLocker) -> Error {
-        match self {
-            GroupFailure::Redis(error) => {
-                locker.inner.target.error("refresh", error.clone(), false)
-            }
-            GroupFailure::Deadline(after) => Error::DeadlineExceeded {
-                backend: BACKEND,
-                operation: "refresh",
-                after: *after,
-            },
-        }
-    }
-}
 
 /// The commands a lock user needs (inspection and listing included), as `ACL SETUSER` rules (see the module
 /// docs, "ACL"); add the key and channel patterns of your prefix
@@ -467,21 +440,6 @@ pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpir
 /// assert!(rules.ends_with("+cluster|slots +spublish +ssubscribe +sunsubscribe"));
 /// ```
 pub const ACL_CLUSTER_RULES: &str = "+cluster|slots +spublish +ssubscribe +sunsubscribe";
-
-/// How often the connection manager retries a broken connection before the
-/// waiting command fails (it retries again on the next command). With the
-/// delays below, restarts shorter than about 0.35 s are bridged, and a command
-/// during an outage fails within about 0.7 s plus the connect attempts, or at
-/// the operation bound ([`RedisLocker::operation_bound`]), whichever comes
-/// first.
-const RECONNECT_RETRIES: usize = 3;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
-const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(400);
-/// The longest the connection manager sleeps between the attempts of one
-/// reconnect cycle: 50 + 100 + 200 ms, each up to doubled by its jitter
-/// (redis-rs builds a jittered exponential backoff; see
-/// `ConnectionManager::new_lazy_with_config` in redis-rs 1.x).
-const RECONNECT_PAUSES: Duration = Duration::from_millis(700);
 
 /// The Redis backend. Cheap to clone; clones share the connection.
 ///
@@ -528,31 +486,6 @@ struct Inner {
     durability_reported: AtomicBool,
 }
 
-/// What [`RedisLocker::check_server`] learnt: each master's facts, and a
-/// message per master whose settings could not be read.
-#[derive(Debug, Default)]
-struct ServerReport {
-    facts: Vec<ServerFacts>,
-    unread: Vec<String>,
-}
-
-impl ServerReport {
-    /// Nothing read, for `reason`.
-    fn unread(reason: impl ToString) -> Self {
-        ServerReport {
-            facts: Vec::new(),
-            unread: vec![reason.to_string()],
-        }
-    }
-}
-
-/// [`Config::min_replicas`] and [`Config::replica_timeout`], when set.
-#[derive(Debug, Clone, Copy)]
-struct ReplicaAck {
-    min_replicas: u32,
-    timeout: Duration,
-}
-
 impl fmt::Debug for RedisLocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLocker")
@@ -563,190 +496,6 @@ impl fmt::Debug for RedisLocker {
 }
 
 impl RedisLocker {
-    /// Connects to the deployment `config` names (one server, a Redis
-    /// Cluster's seed nodes, or sentinels and their master), failing if it
-    /// cannot be reached or rejects the credentials (one attempt plus the
-    /// reconnect retries, all within [`RedisLocker::operation_bound`]).
-    /// Then reads each master's eviction and persistence settings (one more
-    /// round trip, also bounded; see the [module docs](self), "What the
-    /// server must be configured with").
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a config that names no server, several
-    /// without saying they are a cluster or sentinels, or has invalid
-    /// settings; also (`what` = `"server configuration"`) for a server that
-    /// may evict keys (`maxmemory` set, `maxmemory-policy` other than
-    /// `noeviction`) unless [`Config::allow_eviction`], and for one without
-    /// `appendonly yes` under [`Config::require_appendonly`].
-    /// [`Error::Backend`] if connecting fails (an authentication
-    /// failure says so; for Sentinel, also when no sentinel names a reachable
-    /// master); [`Error::DeadlineExceeded`] if it does not finish within the
-    /// bound.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future abandons the connection attempt; nothing is left
-    /// behind on the server.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use distlock::redis::{Config, RedisLocker};
-    ///
-    /// # async fn demo() -> Result<(), distlock::Error> {
-    /// let locker = RedisLocker::from_config(Config::from_env()?).await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn from_config(config: Config) -> Result<Self> {
-        let parts = Parts::new(&config)?;
-        let (connection, subscriber, publish) = match &parts.deployment {
-            Deployment::Standalone(endpoint) => {
-                let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
-                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
-                    ConnectionManager::new_with_config(command_client, parts.manager.clone())
-                        .await
-                        .map_err(|e| parts.target.error("connect", e, false))
-                })
-                .await?;
-                (
-                    Connection::Standalone(connection),
-                    SubscriberSource::Node(subscriber_client),
-                    "PUBLISH",
-                )
-            }
-            Deployment::Cluster(seeds) => {
-                let settings = ClusterSettings {
-                    seeds: seeds
-                        .iter()
-                        .map(|seed| config.connection_info(seed, ProtocolVersion::RESP3))
-                        .collect::<Result<_>>()?,
-                    certificates: config.tls_certificates()?,
-                    connect_timeout: config.connect_timeout,
-                    response_timeout: config.response_timeout,
-                };
-                let client = settings.client(None).map_err(|e| parts.invalid(e))?;
-                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
-                    client
-                        .get_async_connection()
-                        .await
-                        .map_err(|e| parts.target.error("connect", e, false))
-                })
-                .await?;
-                (
-                    Connection::Cluster(connection),
-                    SubscriberSource::Cluster(settings),
-                    "SPUBLISH",
-                )
-            }
-            Deployment::Sentinel { sentinels, master } => {
-                let node = |protocol| {
-                    let info = SentinelNodeConnectionInfo::default()
-                        .set_redis_connection_info(config.redis_settings(protocol));
-                    if config.tls {
-                        info.set_tls_mode(TlsMode::Secure)
-                    } else {
-                        info
-                    }
-                };
-                let connection = SentinelConnection::new(
-                    sentinels
-                        .iter()
-                        .map(|sentinel| config.sentinel_connection_info(sentinel))
-                        .collect::<Result<_>>()?,
-                    master.clone(),
-                    config.db,
-                    node(ProtocolVersion::RESP3),
-                    node(ProtocolVersion::RESP2),
-                    parts.manager.clone(),
-                )
-                .map_err(|e| parts.invalid(e))?;
-                bounded(BACKEND, "connect", parts.operation_bound, async {
-                    connection
-                        .connect()
-                        .await
-                        .map_err(|e| parts.target.error("connect", e, false))
-                })
-                .await?;
-                (
-                    Connection::Sentinel(connection.clone()),
-                    SubscriberSource::Sentinel(connection),
-                    "PUBLISH",
-                )
-            }
-        };
-        let locker = parts.into_locker(config, connection, subscriber, publish);
-        locker.check_server().await?;
-        Ok(locker)
-    }
-
-    /// A locker on the one server `config` names that connects on first use
-    /// (and keeps reconnecting), so it can be built while the server is
-    /// down: the Redlock backend's nodes, a minority of which may be. Only a
-    /// standalone server without replica acknowledgement: a Redlock node is
-    /// an independent server, and Redlock's acquire does not `WAIT`.
-    #[cfg(feature = "redlock")]
-    pub(crate) fn from_config_lazy(config: Config) -> Result<Self> {
-        let parts = Parts::new(&config)?;
-        let Deployment::Standalone(endpoint) = &parts.deployment else {
-            return Err(Error::invalid(
-                "config",
-                format!(
-                    "{}: a Redlock node is one independent server, not a Redis Cluster or a \
-                     master behind Sentinel",
-                    parts.deployment
-                ),
-            ));
-        };
-        if config.min_replicas > 0 {
-            return Err(Error::invalid(
-                "config",
-                format!(
-                    "{endpoint}: min_replicas is {}; Redlock's nodes are independent servers \
-                     and its acquire does not wait for replicas (leave it 0)",
-                    config.min_replicas
-                ),
-            ));
-        }
-        let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
-        let connection =
-            ConnectionManager::new_lazy_with_config(command_client, parts.manager.clone())
-                .map_err(|e| parts.target.error("connect", e, false))?;
-        Ok(parts.into_locker(
-            config,
-            Connection::Standalone(connection),
-            SubscriberSource::Node(subscriber_client),
-            "PUBLISH",
-        ))
-    }
-
-    /// Connects to the deployment a URL names (see [`Config::from_url`] for
-    /// the schemes and parameters).
-    ///
-    /// # Errors
-    ///
-    /// As [`Config::from_url`] and [`RedisLocker::from_config`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`RedisLocker::from_config`].
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use distlock::redis::RedisLocker;
-    ///
-    /// # async fn demo() -> Result<(), distlock::Error> {
-    /// let cluster = RedisLocker::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
-    /// let sentinel = RedisLocker::from_url("redis+sentinel://10.0.0.5,10.0.0.6/orders").await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::from_config(Config::from_url(url)?).await
-    }
-
     /// The Redis key that holds the lock on `key`: `<prefix>{<key>}`. Spans
     /// and operators use it to find the lock in Redis.
     ///
@@ -782,152 +531,6 @@ impl RedisLocker {
     /// The prefix of every key this locker writes.
     pub fn key_prefix(&self) -> &str {
         self.inner.keys.prefix()
-    }
-
-    /// What each master this locker writes to reported, when the locker
-    /// was built, about eviction (`maxmemory`, `maxmemory-policy`) and
-    /// persistence (`appendonly`, `appendfsync`, `save`, replicas): one
-    /// entry for one server or the sentinel-managed master, one per master
-    /// of a cluster. Empty where nothing could be read (`CONFIG GET` and
-    /// `INFO` both refused) or not read yet (a Redlock node that did not
-    /// answer when the Redlock locker was built). A snapshot: a master that
-    /// a failover or `CONFIG SET` changes later is not read again (see the
-    /// [module docs](self), "What the server must be configured with").
-    pub fn server_facts(&self) -> &[ServerFacts] {
-        self.inner
-            .server
-            .get()
-            .map(|report| report.facts.as_slice())
-            .unwrap_or_default()
-    }
-
-    /// Reads what each master reports about eviction and persistence
-    /// (`CONFIG GET`, with `INFO` as the fallback), keeps it for
-    /// [`server_facts`](Self::server_facts), and refuses a server that may
-    /// evict our keys unless [`Config::allow_eviction`] (then it warns), or
-    /// one without `appendonly yes` under [`Config::require_appendonly`]. A
-    /// master whose settings cannot be read is logged at `warn` (once, here)
-    /// and accepted, unless `require_appendonly` asks for proof.
-    pub(crate) async fn check_server(&self) -> Result<()> {
-        let mut connection = self.connection();
-        let nodes = match tokio::time::timeout(self.inner.operation_bound, connection.nodes()).await
-        {
-            Ok(Ok(nodes)) => nodes,
-            Ok(Err(error)) => return self.keep_server_report(ServerReport::unread(error)),
-            Err(_) => {
-                let reason = format!("no answer within {:?}", self.inner.operation_bound);
-                return self.keep_server_report(ServerReport::unread(reason));
-            }
-        };
-        let reads = futures_util::future::join_all(nodes.into_iter().map(|(address, node)| {
-            let connection = &connection;
-            async move {
-                let name = address
-                    .clone()
-                    .unwrap_or_else(|| self.inner.target.endpoint.clone());
-                let read = ServerFacts::read(connection, &node, name);
-                let failure = match tokio::time::timeout(self.inner.operation_bound, read).await {
-                    Ok(Ok(facts)) => return Ok(facts),
-                    Ok(Err(reason)) => reason,
-                    Err(_) => format!("no answer within {:?}", self.inner.operation_bound),
-                };
-                // A cluster's master is named; the one server is named by
-                // the message these reasons go into.
-                Err(match address {
-                    Some(address) => format!("{address}: {failure}"),
-                    None => failure,
-                })
-            }
-        }))
-        .await;
-        let mut report = ServerReport::default();
-        for read in reads {
-            match read {
-                Ok(facts) => report.facts.push(facts),
-                Err(reason) => report.unread.push(reason),
-            }
-        }
-        for facts in &report.facts {
-            if let Some(risk) = facts.eviction_risk() {
-                if !self.inner.allow_eviction {
-                    return Err(Error::invalid(
-                        "server configuration",
-                        format!(
-                            "{risk}; or, accepting that risk, set allow_eviction=true (URL \
-                             parameter; Config::allow_eviction)"
-                        ),
-                    ));
-                }
-                tracing::warn!(component = "distlock", backend = BACKEND, node = %facts.node,
-                    "{risk} (accepted: allow_eviction is set)");
-            }
-            if self.inner.require_appendonly && facts.appendonly != Some(true) {
-                return Err(Error::invalid(
-                    "server configuration",
-                    format!(
-                        "{}: appendonly is {} and require_appendonly is set: a restart of this \
-                         server would forget which cron ticks ran and reset fencing tokens to \
-                         1. Set `CONFIG SET appendonly yes` (and in its config file), or drop \
-                         require_appendonly",
-                        facts.node,
-                        match facts.appendonly {
-                            Some(_) => "no",
-                            None => "not reported",
-                        }
-                    ),
-                ));
-            }
-        }
-        self.keep_server_report(report)
-    }
-
-    /// Keeps `report` for [`server_facts`](Self::server_facts) and
-    /// [`Locker::durability_warnings`]; settings that could not be read are
-    /// logged at `warn` (or refused under [`Config::require_appendonly`]),
-    /// and their message kept as one durability warning.
-    fn keep_server_report(&self, mut report: ServerReport) -> Result<()> {
-        if !report.unread.is_empty() {
-            let reasons = report.unread.join("; ");
-            if self.inner.require_appendonly {
-                return Err(Error::invalid(
-                    "server configuration",
-                    format!(
-                        "{}: require_appendonly is set, but the server's settings cannot be \
-                         read ({reasons}); allow this user `INFO` (or `CONFIG GET`), or drop \
-                         require_appendonly",
-                        self.inner.target.endpoint
-                    ),
-                ));
-            }
-            let message = format!(
-                "{}: cannot read the server's maxmemory-policy and appendonly ({reasons}), so \
-                 neither eviction (an evicted lock has two holders) nor persistence (a restart \
-                 forgets cron marks and resets fencing tokens to 1) was checked; make sure it \
-                 runs with maxmemory-policy noeviction and appendonly yes, and allow this user \
-                 `INFO`",
-                self.inner.target.endpoint
-            );
-            tracing::warn!(component = "distlock", backend = BACKEND, "{message}");
-            report.unread = vec![message];
-        }
-        // Set once: a locker is checked when it is built.
-        let _ = self.inner.server.set(report);
-        Ok(())
-    }
-
-    /// What makes this locker's marks and fence counters less durable than
-    /// they look (see [`Locker::durability_warnings`]).
-    fn durability_report(&self) -> Vec<String> {
-        let Some(report) = self.inner.server.get() else {
-            return Vec::new();
-        };
-        let min_replicas = self.inner.replicas.map_or(0, |ack| ack.min_replicas);
-        report
-            .facts
-            .iter()
-            .flat_map(|facts| facts.durability_warnings(min_replicas))
-            .chain(report.unread.iter().cloned())
-            .collect()
     }
 
     /// How long `key`'s lock has left on the server's clock (`PTTL`), or
@@ -968,384 +571,12 @@ impl RedisLocker {
         })
         .await
     }
-
-    /// One [`REFRESH_MANY_SCRIPT`] call for the requests at `indexes` (all in
-    /// one slot on a cluster), under the operation bound: one 0/1 per key.
-    async fn refresh_group(
-        &self,
-        requests: &[RefreshRequest<'_>],
-        indexes: &[usize],
-    ) -> std::result::Result<Vec<i64>, GroupFailure> {
-        let mut invocation = REFRESH_MANY_SCRIPT.prepare_invoke();
-        for &index in indexes {
-            let request = &requests[index];
-            invocation
-                .key(self.inner.keys.lock_key(request.key))
-                .arg(request.owner)
-                .arg(ttl_millis(request.ttl));
-        }
-        let mut connection = self.connection();
-        let call = invocation.invoke_async(&mut connection);
-        match tokio::time::timeout(self.inner.operation_bound, call).await {
-            Ok(Ok(refreshed)) => Ok(refreshed),
-            Ok(Err(error)) => Err(GroupFailure::Redis(error)),
-            Err(_) => Err(GroupFailure::Deadline(self.inner.operation_bound)),
-        }
-    }
-
-    /// One try: the acquire script, and once more with the same owner token
-    /// if the connection was found broken. Not bounded by itself (see
-    /// [`Locker::try_lock`]); every exit that leaves the outcome unknown,
-    /// including being dropped, undoes the attempt by its token.
-    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        // Armed from here on: the request may be on the wire at any await below.
-        let pending = PendingAcquire::arm(
-            self,
-            key,
-            new_owner_token(),
-            ttl,
-            "an acquire whose outcome is unknown",
-        );
-        let owner = pending.owner();
-        // Read on the caller's task, before anything is sent: its label scope.
-        let value = self.inner.record_holder.then(|| {
-            let label = current_label();
-            inspect::recorded_value(owner, ttl, std::process::id(), host_name(), &label)
-        });
-        let value = value.as_deref().unwrap_or(owner);
-        let mut sent_at = Instant::now();
-        let mut granted = self.run_acquire_script(key, value, ttl).await;
-        let mut retried = false;
-        if let Err(err) = &granted {
-            // The connection was found broken (a restart, a failover or a
-            // reset closed it) and is being replaced: one more attempt, on the
-            // new connection, with the same token. If the first one took
-            // effect, the script recognises its own token and returns that
-            // grant (see `scripts::ACQUIRE`). Refusals are not retried: the
-            // server is down, and a retry would only double the wait.
-            if err.is_connection_dropped() && !err.is_connection_refusal() {
-                retried = true;
-                sent_at = Instant::now();
-                granted = self.run_acquire_script(key, value, ttl).await;
-            }
-        }
-        let fencing_token = match granted {
-            // Held by another token: ours is not in the key, nothing to undo.
-            Ok(0) => {
-                pending.settle();
-                return Ok(None);
-            }
-            Ok(token) => token,
-            Err(err) => {
-                let outcome_unknown = retried || errors::outcome(&err) == Outcome::Unknown;
-                if !outcome_unknown {
-                    pending.settle();
-                }
-                // Dropping `pending` still armed releases the lock by its
-                // token in the background, in case the acquire took effect.
-                return Err(self.inner.target.error("acquire", err, outcome_unknown));
-            }
-        };
-        if let Some(ack) = self.inner.replicas {
-            // Still armed: a failed or short WAIT leaves a grant to undo,
-            // unless it was released already.
-            if let Err((error, released)) = self.confirm_replicas(key, ack, pending.owner()).await {
-                if released {
-                    pending.settle();
-                }
-                return Err(error);
-            }
-        }
-        let parts = LeaseParts {
-            key: key.to_owned(),
-            owner: pending.settle(),
-            fencing_token: Some(fencing_token),
-            ttl,
-            valid_until: Some(sent_at + ttl),
-        };
-        Ok(Some(Lease::new(
-            parts,
-            self.inner.leases.get_or_init(|| Arc::new(self.clone())),
-        )))
-    }
-
-    /// One run of the acquire script for `owner`, a token the caller chose,
-    /// without the retry and the undo guard of [`Locker::try_lock`]: the
-    /// Redlock backend runs it on each of its nodes and undoes by token
-    /// itself. `Ok(true)`: the key holds `owner` now (a new grant, or it
-    /// already did and its ttl was re-armed); `Ok(false)`: another token
-    /// holds it. An error says whether the script may have run
-    /// ([`Error::is_outcome_unknown`]). Bounded by the caller. `holder` is
-    /// recorded with a new grant when given (and this locker records
-    /// holders).
-    #[cfg(feature = "redlock")]
-    pub(crate) async fn acquire_as(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl: Duration,
-        holder: Option<&crate::inspect::Holder>,
-    ) -> Result<bool> {
-        let value = holder
-            .filter(|_| self.inner.record_holder)
-            .map(|h| inspect::recorded_value(owner, ttl, h.pid, &h.host, &h.label));
-        match self
-            .run_acquire_script(key, value.as_deref().unwrap_or(owner), ttl)
-            .await
-        {
-            Ok(fence) => Ok(fence != 0),
-            Err(err) => {
-                let unknown = errors::outcome(&err) == Outcome::Unknown;
-                Err(self.inner.target.error("acquire", err, unknown))
-            }
-        }
-    }
-
-    /// `PING`, under the operation bound: the Redlock backend's check that a
-    /// node answers (and, on a lazy locker, its first connection).
-    #[cfg(feature = "redlock")]
-    pub(crate) async fn ping(&self) -> Result<()> {
-        self.bounded("connect", async {
-            redis::cmd("PING")
-                .query_async::<()>(&mut self.connection())
-                .await
-        })
-        .await
-    }
-
-    /// Where this locker's errors say they happened: the server's URL
-    /// without password.
-    #[cfg(feature = "redlock")]
-    pub(crate) fn endpoint(&self) -> &str {
-        &self.inner.target.endpoint
-    }
-
-    /// Waits (`WAIT`, on the node that took the grant) until
-    /// `ack.min_replicas` replicas have every write this connection made,
-    /// the grant included. On a shortfall it releases the grant by `owner`
-    /// at once and fails (`true`: released); if that release fails, or the
-    /// `WAIT` itself does (`false`), the caller's armed [`PendingAcquire`]
-    /// releases it in the background.
-    ///
-    /// The connection is multiplexed, so the `WAIT` also covers other tasks'
-    /// writes sent before it: it can only wait longer than needed, never
-    /// vouch for less.
-    async fn confirm_replicas(
-        &self,
-        key: &str,
-        ack: ReplicaAck,
-        owner: &str,
-    ) -> std::result::Result<(), (Error, bool)> {
-        let acknowledged = self
-            .wait_for_replicas(&self.inner.keys.lock_key(key), ack)
-            .await
-            .map_err(|e| (self.inner.target.error("acquire", e, true), false))?;
-        if acknowledged >= ack.min_replicas {
-            return Ok(());
-        }
-        let (released, undo) = match Locker::unlock(self, key, owner).await {
-            Ok(()) | Err(Error::NotHeld { .. }) => (true, "it was released"),
-            Err(_) => (
-                false,
-                "releasing it failed, so it is being released by its owner token in the \
-                 background (failing that, it expires at its ttl)",
-            ),
-        };
-        let error = Error::backend(
-            BACKEND,
-            "acquire",
-            format!(
-                "{}: only {acknowledged} replica(s) acknowledged the grant of {key:?} within \
-                 {:?}, {} required (min_replicas); {undo}",
-                self.inner.target.endpoint, ack.timeout, ack.min_replicas
-            ),
-        );
-        Err((error, released))
-    }
-
-    /// `WAIT min_replicas timeout` on the node serving `redis_key` (on a
-    /// cluster, the master of its slot): how many replicas have every write
-    /// this connection made before it.
-    async fn wait_for_replicas(&self, redis_key: &str, ack: ReplicaAck) -> redis::RedisResult<u32> {
-        let timeout_millis = u64::try_from(ack.timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(ack.min_replicas).arg(timeout_millis);
-        self.connection().query_on_node_of(redis_key, wait).await
-    }
-
-    /// Waits until `ack.min_replicas` replicas have the mark just advanced
-    /// in `mark_key`, under the operation bound. A shortfall, or a `WAIT`
-    /// that fails, is an outage whose outcome is unknown: the mark stays
-    /// advanced on the master (a mark never goes back), but a failover now
-    /// could lose it.
-    async fn confirm_mark(&self, name: &str, mark_key: &str, ack: ReplicaAck) -> Result<()> {
-        let acknowledged = bounded(BACKEND, "advance_mark", self.inner.operation_bound, async {
-            self.wait_for_replicas(mark_key, ack)
-                .await
-                .map_err(|e| self.inner.target.error("advance_mark", e, true))
-        })
-        .await?;
-        if acknowledged >= ack.min_replicas {
-            return Ok(());
-        }
-        Err(Error::backend(
-            BACKEND,
-            "advance_mark",
-            format!(
-                "{}: only {acknowledged} replica(s) acknowledged the mark {name:?} within {:?}, \
-                 {} required (min_replicas); the mark stays advanced on the master, but a \
-                 failover now could lose it: treat the tick as taken, never as free to run",
-                self.inner.target.endpoint, ack.timeout, ack.min_replicas
-            ),
-        )
-        .with_outcome_unknown())
-    }
-
-    /// Logs the [durability warnings](Locker::durability_warnings) at
-    /// `warn`, the first time marks are used, unless a caller already asked
-    /// for them.
-    fn report_durability_once(&self) {
-        if self.inner.durability_reported.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        for warning in self.durability_report() {
-            tracing::warn!(component = "distlock", backend = BACKEND, "{warning}");
-        }
-    }
-
-    /// The acquire script, writing `value` into the lock: the bare owner
-    /// token, or the token and its holder record (see
-    /// [`inspect::recorded_value`]).
-    async fn run_acquire_script(
-        &self,
-        key: &str,
-        value: &str,
-        ttl: Duration,
-    ) -> redis::RedisResult<u64> {
-        ACQUIRE_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .key(self.inner.keys.fence_key(key))
-            .arg(value)
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await
-    }
-}
-
-/// What every constructor derives from a [`Config`] before it connects:
-/// the checked deployment, the bounds and the connection manager settings.
-struct Parts {
-    deployment: Deployment,
-    manager: ConnectionManagerConfig,
-    operation_bound: Duration,
-    target: Target,
-}
-
-impl Parts {
-    fn new(config: &Config) -> Result<Self> {
-        let deployment = config.deployment()?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(RECONNECT_MAX_DELAY);
-        Ok(Parts {
-            target: Target {
-                endpoint: deployment.to_string(),
-                connect_timeout: config.connect_timeout,
-                response_timeout: config.response_timeout,
-            },
-            deployment,
-            manager,
-            operation_bound: operation_bound(config.connect_timeout, config.response_timeout),
-        })
-    }
-
-    /// A client that redis-rs refused to build: bad input, naming the
-    /// deployment.
-    fn invalid(&self, error: redis::RedisError) -> Error {
-        Error::invalid("config", format!("{}: {error}", self.deployment))
-    }
-
-    fn into_locker(
-        self,
-        config: Config,
-        connection: Connection,
-        subscriber: SubscriberSource,
-        publish: &'static str,
-    ) -> RedisLocker {
-        let replicas = (config.min_replicas > 0).then_some(ReplicaAck {
-            min_replicas: config.min_replicas,
-            timeout: config.replica_timeout,
-        });
-        let acquire_bound = match replicas {
-            // The WAIT's reply (held up to the replica timeout, which is
-            // shorter than the response timeout) and the release of a grant
-            // too few replicas acknowledged.
-            Some(_) => self
-                .operation_bound
-                .saturating_add(config.response_timeout)
-                .saturating_add(config.response_timeout),
-            None => self.operation_bound,
-        };
-        RedisLocker {
-            inner: Arc::new(Inner {
-                leases: crate::SharedLocker::default(),
-                connection,
-                operation_bound: self.operation_bound,
-                acquire_bound,
-                keys: KeySpace::new(config.key_prefix),
-                target: self.target,
-                releases: ReleaseHub::new(
-                    subscriber,
-                    config.connect_timeout,
-                    config.response_timeout,
-                ),
-                publish,
-                replicas,
-                record_holder: config.record_holder,
-                allow_eviction: config.allow_eviction,
-                require_appendonly: config.require_appendonly,
-                server: OnceLock::new(),
-                durability_reported: AtomicBool::new(false),
-            }),
-        }
-    }
-}
-
-/// The command client (RESP3) and the subscriber's (RESP2: a connection in
-/// `SUBSCRIBE` mode is what redis-rs' `PubSub` is built for, and any server
-/// version supports it) for one server, with the configured TLS files.
-fn standalone_clients(
-    config: &Config,
-    endpoint: &config::Endpoint,
-) -> Result<(redis::Client, redis::Client)> {
-    Ok((
-        config.client(endpoint, ProtocolVersion::RESP3)?,
-        config.client(endpoint, ProtocolVersion::RESP2)?,
-    ))
 }
 
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
 /// at least as long as the lease believes.
 fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
-}
-
-/// The bound on every call of a locker (acquire with its retry, release,
-/// refresh, `remaining_ttl`, connect): one connection attempt, one reply, and
-/// the pauses of one reconnect cycle ([`RECONNECT_PAUSES`]), so a server that
-/// refuses connections is still reported as refusing ([`Error::Backend`])
-/// rather than cut short. Past it the call is abandoned with
-/// [`Error::DeadlineExceeded`]. Without it a call against a server that
-/// accepts connections but never answers waited for every reconnect attempt
-/// of the connection manager (each up to the connect timeout), twice when the
-/// acquire was retried: several seconds.
-fn operation_bound(connect_timeout: Duration, response_timeout: Duration) -> Duration {
-    connect_timeout
-        .saturating_add(response_timeout)
-        .saturating_add(RECONNECT_PAUSES)
 }
 
 #[async_trait]
@@ -1440,68 +671,7 @@ impl Locker for RedisLocker {
     /// [`refresh`](Locker::refresh) would; a failed script fails the keys it
     /// carried.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let mut results: Vec<Option<Result<()>>> = requests
-            .iter()
-            .map(|request| validate::acquire(request.key, request.ttl).err().map(Err))
-            .collect();
-        // The valid requests by the script call that carries them.
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        let cluster = matches!(self.inner.connection, Connection::Cluster(_));
-        let mut by_slot = std::collections::HashMap::new();
-        for (index, _) in results.iter().enumerate().filter(|(_, r)| r.is_none()) {
-            let group = if cluster {
-                let slot = redis::cluster_routing::Slot::for_key(
-                    self.inner.keys.lock_key(requests[index].key),
-                );
-                *by_slot.entry(slot).or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                })
-            } else {
-                if groups.is_empty() {
-                    groups.push(Vec::new());
-                }
-                0
-            };
-            groups[group].push(index);
-        }
-        let answers = futures_util::future::join_all(
-            groups
-                .iter()
-                .map(|group| self.refresh_group(requests, group)),
-        )
-        .await;
-        for (group, answer) in groups.iter().zip(answers) {
-            match answer {
-                Ok(refreshed) => {
-                    for (&index, refreshed) in group.iter().zip(refreshed) {
-                        results[index] = Some(match refreshed {
-                            1 => Ok(()),
-                            _ => Err(Error::NotHeld {
-                                key: requests[index].key.to_owned(),
-                            }),
-                        });
-                    }
-                }
-                Err(failure) => {
-                    for &index in group {
-                        results[index] = Some(Err(failure.to_error(self)));
-                    }
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(Error::backend(
-                        BACKEND,
-                        "refresh",
-                        "the refresh script answered fewer keys than it was sent",
-                    ))
-                })
-            })
-            .collect()
+        self.refresh_batch(requests).await
     }
 
     /// Deletes `key`'s fencing counter (`{key}:fence`) if the lock is free,
@@ -1536,55 +706,7 @@ impl Locker for RedisLocker {
     /// [durability warnings](Locker::durability_warnings), unless they were
     /// asked for already.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        validate::key(name)?;
-        self.report_durability_once();
-        let mark_key = self.inner.keys.mark_key(name);
-        let (advanced, stored): (u8, String) =
-            bounded(BACKEND, "advance_mark", self.inner.operation_bound, async {
-                ADVANCE_MARK_SCRIPT
-                    .key(&mark_key)
-                    .arg(encode_mark(value))
-                    .invoke_async(&mut self.connection())
-                    .await
-                    .map_err(|e| {
-                        let unknown = e.is_io_error() || e.is_timeout();
-                        let error = self.inner.target.error("advance_mark", e, false);
-                        if unknown {
-                            error.with_outcome_unknown()
-                        } else {
-                            error
-                        }
-                    })
-            })
-            .await?;
-        let decode = |stored: &str| {
-            decode_mark(stored).ok_or_else(|| {
-                Error::backend(
-                    BACKEND,
-                    "advance_mark",
-                    format!("{mark_key} holds {stored:?}, which distlock did not write"),
-                )
-            })
-        };
-        // A first write of 0 or less records no progress: losing it in a
-        // failover loses nothing, so it is not waited for. (The cron
-        // scheduler peeks at a mark by advancing it to 0, and a job's first
-        // peek must not stall on missing replicas.)
-        let records_progress = value > 0 || !stored.is_empty();
-        if advanced == 1 && records_progress {
-            if let Some(ack) = self.inner.replicas {
-                self.confirm_mark(name, &mark_key, ack).await?;
-            }
-        }
-        match (advanced, stored.as_str()) {
-            (1, "") => Ok(MarkAdvance::Advanced { previous: None }),
-            (1, previous) => Ok(MarkAdvance::Advanced {
-                previous: Some(decode(previous)?),
-            }),
-            (_, current) => Ok(MarkAdvance::AlreadyAt {
-                current: decode(current)?,
-            }),
-        }
+        self.raise_mark(name, value).await
     }
 
     /// What the locker read when it was built ([`RedisLocker::server_facts`]):
@@ -1654,22 +776,5 @@ mod tests {
         assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
         assert_eq!(ttl_millis(Duration::from_secs(30)), 30_000);
         assert_eq!(ttl_millis(validate::MAX_TTL), 365 * 24 * 3600 * 1000);
-    }
-
-    #[test]
-    fn the_reconnect_pauses_cover_one_jittered_backoff_cycle() {
-        let mut delay = RECONNECT_MIN_DELAY;
-        let mut longest = Duration::ZERO;
-        for _ in 0..RECONNECT_RETRIES {
-            // Each pause is at most twice its nominal delay (jitter).
-            longest += 2 * delay;
-            delay = (delay * 2).min(RECONNECT_MAX_DELAY);
-        }
-        assert_eq!(longest, RECONNECT_PAUSES);
-        assert_eq!(
-            operation_bound(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
-            Duration::from_millis(2200)
-        );
-        assert_eq!(operation_bound(Duration::MAX, Duration::MAX), Duration::MAX);
     }
 }
