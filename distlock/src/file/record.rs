@@ -39,24 +39,45 @@ const MAX_RECORD_LEN: usize = 8192;
 /// The record in `file` (at `path`, for messages): `None` for an empty
 /// file, an error for one that does not hold a distlock record.
 pub(super) fn read_record(file: &File, path: &Path) -> Result<Option<Record>> {
-    let mut buf = vec![0u8; MAX_RECORD_LEN];
+    // Never guess a counter: restarting from zero would hand out smaller
+    // fencing tokens than earlier holders had.
+    read_small_file(
+        file,
+        path,
+        MAX_RECORD_LEN,
+        "read the lock file",
+        parse_record,
+        "does not hold a distlock record; remove it only if no process uses it",
+    )
+}
+
+/// What a small file of this backend (a lock file's record, a mark) holds,
+/// read in one positioned call of at most `max_len` bytes: `None` for an
+/// empty file (just created), what `parse` makes of its text, or an error
+/// naming `path` followed by `unrecognised` when `parse` does not know it.
+/// Never a guess: a lock file or mark read as empty would reset what it
+/// protects.
+pub(super) fn read_small_file<T>(
+    file: &File,
+    path: &Path,
+    max_len: usize,
+    operation: &'static str,
+    parse: impl FnOnce(&str) -> Option<T>,
+    unrecognised: &str,
+) -> Result<Option<T>> {
+    let mut buf = vec![0u8; max_len];
     let len = file
         .read_at(&mut buf, 0)
-        .map_err(|e| Error::backend(BACKEND, "read the lock file", with_path(e, path)))?;
+        .map_err(|e| Error::backend(BACKEND, operation, with_path(e, path)))?;
     let text = String::from_utf8_lossy(&buf[..len]);
     if text.trim().is_empty() {
         return Ok(None);
     }
-    parse_record(&text).map(Some).ok_or_else(|| {
-        // Never guess a counter: restarting from zero would hand out smaller
-        // fencing tokens than earlier holders had.
+    parse(&text).map(Some).ok_or_else(|| {
         Error::backend(
             BACKEND,
-            "read the lock file",
-            format!(
-                "{} does not hold a distlock record; remove it only if no process uses it",
-                path.display()
-            ),
+            operation,
+            format!("{} {unrecognised}", path.display()),
         )
     })
 }
