@@ -147,6 +147,31 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::Unsupported`]: `backend` cannot do `operation`
+    /// at all, for `reason` (which should say what to do instead). Retrying
+    /// never helps, so callers and [`Error::is_outage`] treat it as final.
+    ///
+    /// ```
+    /// use distlock::Error;
+    /// let refused = Error::unsupported("file", "force_release", "only the holding process can");
+    /// assert_eq!(refused.kind_name(), "unsupported");
+    /// assert_eq!(
+    ///     refused.to_string(),
+    ///     "file backend cannot force_release: only the holding process can"
+    /// );
+    /// ```
+    pub fn unsupported(
+        backend: &'static str,
+        operation: &'static str,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::Unsupported {
+            backend,
+            operation,
+            reason: reason.into(),
+        }
+    }
+
     /// Builds an [`Error::Backend`] from any error.
     pub fn backend(
         backend: &'static str,

@@ -93,6 +93,8 @@ mod metrics;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod parse;
+#[cfg(feature = "redis")]
+mod pending;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod prefix;
@@ -340,11 +342,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// keeps its earlier, shorter validity, which is the safe side.
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         let _ = (key, owner, ttl);
-        Err(Error::Unsupported {
-            backend: self.backend(),
-            operation: "refresh",
-            reason: "this backend has no refresh".into(),
-        })
+        Err(Error::unsupported(
+            self.backend(),
+            "refresh",
+            "this backend has no refresh",
+        ))
     }
 
     /// Refreshes several leases of this locker at once, as
@@ -437,11 +439,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// ```
     async fn forget(&self, key: &str) -> Result<()> {
         let _ = key;
-        Err(Error::Unsupported {
-            backend: self.backend(),
-            operation: "forget",
-            reason: "this backend cannot forget a key".into(),
-        })
+        Err(Error::unsupported(
+            self.backend(),
+            "forget",
+            "this backend cannot forget a key",
+        ))
     }
 
     /// Raises the durable high-water mark `name` to `value` if the stored
@@ -493,11 +495,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// ```
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         let _ = (name, value);
-        Err(Error::Unsupported {
-            backend: self.backend(),
-            operation: "advance_mark",
-            reason: "this backend cannot store marks".into(),
-        })
+        Err(Error::unsupported(
+            self.backend(),
+            "advance_mark",
+            "this backend cannot store marks",
+        ))
     }
 
     /// What the backend found, when it was built, that makes its marks
@@ -562,11 +564,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// ```
     async fn inspect(&self, key: &str) -> Result<Option<inspect::HeldLock>> {
         let _ = key;
-        Err(Error::Unsupported {
-            backend: self.backend(),
-            operation: "inspect",
-            reason: "this backend cannot tell who holds a lock".into(),
-        })
+        Err(Error::unsupported(
+            self.backend(),
+            "inspect",
+            "this backend cannot tell who holds a lock",
+        ))
     }
 
     /// The locks held now whose keys start with `prefix` (every held lock
@@ -587,11 +589,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// Cancel-safe: it only reads.
     async fn list(&self, prefix: &str) -> Result<Vec<inspect::HeldLock>> {
         let _ = prefix;
-        Err(Error::Unsupported {
-            backend: self.backend(),
-            operation: "list",
-            reason: "this backend cannot enumerate its locks".into(),
-        })
+        Err(Error::unsupported(
+            self.backend(),
+            "list",
+            "this backend cannot enumerate its locks",
+        ))
     }
 
     /// Frees `key` whoever holds it, the way `how` says, and returns the
@@ -623,11 +625,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         how: inspect::ForceRelease,
     ) -> Result<Option<inspect::HeldLock>> {
         let _ = (key, how);
-        Err(Error::Unsupported {
-            backend: self.backend(),
-            operation: "force_release",
-            reason: "this backend cannot free a lock it does not own".into(),
-        })
+        Err(Error::unsupported(
+            self.backend(),
+            "force_release",
+            "this backend cannot free a lock it does not own",
+        ))
     }
 
     /// Native wake-up hook for waiting: a subscription that yields when `key`

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use url::Url;
 
 use crate::config::redact;
@@ -54,100 +55,145 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Locker>> {
     // Before `Url::parse`, which rejects multi-host forms (`h1:5432,h2:5432`).
-    #[cfg(feature = "redlock")]
-    if url.starts_with("redlock://") {
-        return Ok(Arc::new(
-            crate::redlock::RedlockLocker::from_url(url).await?,
-        ));
-    }
-    #[cfg(not(feature = "redlock"))]
-    if url.starts_with("redlock://") {
-        return Err(Error::invalid(
-            "url",
-            "redlock:// needs distlock's cargo feature `redlock`, which is not enabled",
-        ));
-    }
-    #[cfg(feature = "postgres")]
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Arc::new(
-            crate::postgres::PostgresLocker::from_url(url).await?,
-        ));
-    }
-    // Before `Url::parse`, which rejects the multi-host form.
-    if url.starts_with("etcd://") || url.starts_with("etcd+https://") {
-        #[cfg(feature = "etcd")]
-        return Ok(Arc::new(crate::etcd::EtcdLocker::from_url(url).await?));
-        #[cfg(not(feature = "etcd"))]
-        return Err(Error::invalid(
-            "url",
-            "etcd:// needs distlock's cargo feature `etcd`, which is not enabled",
-        ));
-    }
-    // Before `Url::parse`, which rejects several comma-separated hosts.
-    if let Some((
-        scheme @ ("redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel"),
-        _,
-    )) = url.split_once("://")
-    {
-        #[cfg(feature = "redis")]
-        {
-            let _ = scheme;
-            return Ok(Arc::new(crate::redis::RedisLocker::from_url(url).await?));
+    if let Some((scheme, _)) = url.split_once("://") {
+        if let Some(backend) = backend_of(scheme).filter(|b| b.before_parsing) {
+            return backend.open(scheme, url).await;
         }
-        #[cfg(not(feature = "redis"))]
-        return Err(Error::invalid(
-            "url",
-            format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
-        ));
     }
     let parsed = Url::parse(url)
         .map_err(|e| Error::invalid("url", format!("{:?} is not a URL: {e}", redact(url))))?;
     match parsed.scheme() {
         "memory" => Ok(Arc::new(crate::memory::MemoryLocker::new())),
-        "file" => {
-            if parsed
-                .host_str()
-                .is_some_and(|h| !h.is_empty() && h != "localhost")
-            {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                        "file URLs name a local directory; {url:?} names host {:?}",
-                        parsed.host_str().unwrap_or_default()
-                    ),
-                ));
-            }
-            // `file://` parses with path "/": the filesystem root is never a
-            // sensible lock directory, so it means the default one.
-            if parsed.path() == "/" {
-                return Ok(Arc::new(crate::file::FileLocker::in_default_dir()?));
-            }
-            let dir = parsed.to_file_path().map_err(|()| {
-                Error::invalid("url", format!("{url:?} does not name a local directory"))
-            })?;
-            Ok(Arc::new(crate::file::FileLocker::new(dir)?))
-        }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(crate::redis::RedisLocker::from_url(url).await?)),
-        #[cfg(not(feature = "redis"))]
-        scheme @ ("redis" | "rediss") => Err(Error::invalid(
-            "url",
-            format!("{scheme}:// needs distlock's cargo feature `redis`, which is not enabled"),
-        )),
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Arc::new(crate::mysql::MysqlLocker::from_url(url).await?)),
-        #[cfg(not(feature = "mysql"))]
-        scheme @ ("mysql" | "mariadb") => Err(Error::invalid(
-            "url",
-            format!("{scheme}:// needs distlock's cargo feature `mysql`, which is not enabled"),
-        )),
-        #[cfg(not(feature = "postgres"))]
-        scheme @ ("postgres" | "postgresql") => Err(Error::invalid(
-            "url",
-            format!("{scheme}:// needs distlock's cargo feature `postgres`, which is not enabled"),
-        )),
-        other => Err(unsupported_scheme(other)),
+        "file" => open_file(url, &parsed),
+        scheme => match backend_of(scheme) {
+            Some(backend) => backend.open(scheme, url).await,
+            None => Err(unsupported_scheme(scheme)),
+        },
     }
+}
+
+/// A `file://` URL's locker: a local directory only; `file://` alone (path
+/// `/`) is the default directory.
+fn open_file(url: &str, parsed: &Url) -> Result<Arc<dyn Locker>> {
+    if parsed
+        .host_str()
+        .is_some_and(|h| !h.is_empty() && h != "localhost")
+    {
+        return Err(Error::invalid(
+            "url",
+            format!(
+                "file URLs name a local directory; {url:?} names host {:?}",
+                parsed.host_str().unwrap_or_default()
+            ),
+        ));
+    }
+    // `file://` parses with path "/": the filesystem root is never a
+    // sensible lock directory, so it means the default one.
+    if parsed.path() == "/" {
+        return Ok(Arc::new(crate::file::FileLocker::in_default_dir()?));
+    }
+    let dir = parsed
+        .to_file_path()
+        .map_err(|()| Error::invalid("url", format!("{url:?} does not name a local directory")))?;
+    Ok(Arc::new(crate::file::FileLocker::new(dir)?))
+}
+
+/// Opens a backend's locker from its URL.
+type Open = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn Locker>>>;
+
+/// A backend behind a cargo feature, and the URL schemes that name it.
+struct FeatureBackend {
+    schemes: &'static [&'static str],
+    feature: &'static str,
+    /// Matched on the URL's text before `Url::parse`, which rejects the
+    /// several comma-separated hosts these schemes accept.
+    before_parsing: bool,
+    /// `None` when distlock was built without `feature`.
+    open: Option<Open>,
+}
+
+impl FeatureBackend {
+    /// Opens `url`, or says which cargo feature `scheme` needs.
+    async fn open(&self, scheme: &str, url: &str) -> Result<Arc<dyn Locker>> {
+        match self.open {
+            Some(open) => open(url).await,
+            None => Err(Error::invalid(
+                "url",
+                format!(
+                    "{scheme}:// needs distlock's cargo feature `{}`, which is not enabled",
+                    self.feature
+                ),
+            )),
+        }
+    }
+}
+
+/// `Some` opener for `$locker::from_url` when `$feature` is compiled in.
+macro_rules! opener {
+    ($feature:literal, $($locker:ident)::+) => {{
+        #[cfg(feature = $feature)]
+        let open: Option<Open> = Some(|url| {
+            Box::pin(async move {
+                Ok(Arc::new($($locker)::+::from_url(url).await?) as Arc<dyn Locker>)
+            })
+        });
+        #[cfg(not(feature = $feature))]
+        let open: Option<Open> = None;
+        open
+    }};
+}
+
+/// Every backend behind a cargo feature: one row per backend, in
+/// [`SUPPORTED_SCHEMES`] order (`memory` and `file` are always built in).
+const FEATURE_BACKENDS: &[FeatureBackend] = &[
+    FeatureBackend {
+        schemes: &["redis", "rediss"],
+        feature: "redis",
+        before_parsing: false,
+        open: opener!("redis", crate::redis::RedisLocker),
+    },
+    FeatureBackend {
+        schemes: &[
+            "redis+cluster",
+            "rediss+cluster",
+            "redis+sentinel",
+            "rediss+sentinel",
+        ],
+        feature: "redis",
+        before_parsing: true,
+        open: opener!("redis", crate::redis::RedisLocker),
+    },
+    FeatureBackend {
+        schemes: &["redlock"],
+        feature: "redlock",
+        before_parsing: true,
+        open: opener!("redlock", crate::redlock::RedlockLocker),
+    },
+    FeatureBackend {
+        schemes: &["postgres", "postgresql"],
+        feature: "postgres",
+        before_parsing: true,
+        open: opener!("postgres", crate::postgres::PostgresLocker),
+    },
+    FeatureBackend {
+        schemes: &["etcd", "etcd+https"],
+        feature: "etcd",
+        before_parsing: true,
+        open: opener!("etcd", crate::etcd::EtcdLocker),
+    },
+    FeatureBackend {
+        schemes: &["mysql", "mariadb"],
+        feature: "mysql",
+        before_parsing: false,
+        open: opener!("mysql", crate::mysql::MysqlLocker),
+    },
+];
+
+/// The row of `scheme`, if a feature-gated backend has it.
+fn backend_of(scheme: &str) -> Option<&'static FeatureBackend> {
+    FEATURE_BACKENDS
+        .iter()
+        .find(|backend| backend.schemes.contains(&scheme))
 }
 
 fn unsupported_scheme(scheme: &str) -> Error {
@@ -188,6 +234,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("names host"), "{err}");
+    }
+
+    #[test]
+    fn every_supported_scheme_has_one_row() {
+        let mut tabled: Vec<&str> = vec!["memory", "file"];
+        tabled.extend(
+            FEATURE_BACKENDS
+                .iter()
+                .flat_map(|b| b.schemes.iter().copied()),
+        );
+        assert_eq!(tabled, SUPPORTED_SCHEMES);
+    }
+
+    #[tokio::test]
+    async fn a_scheme_without_its_feature_names_the_feature() {
+        let missing = FeatureBackend {
+            schemes: &["etcd+https"],
+            feature: "etcd",
+            before_parsing: true,
+            open: None,
+        };
+        let err = missing
+            .open("etcd+https", "etcd+https://h")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid url: etcd+https:// needs distlock's cargo feature `etcd`, which is not enabled"
+        );
     }
 
     #[test]

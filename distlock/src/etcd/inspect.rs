@@ -217,13 +217,11 @@ impl EtcdLocker {
     /// every lock of that session.
     async fn revoke_holder(&self, key: &str, found: &Found) -> Result<bool> {
         if found.lease == 0 {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
-                    "{key:?}'s holder key has no lease to revoke; use ForceRelease::Lock"
-                ),
-            });
+            return Err(Error::unsupported(
+                BACKEND,
+                "force_release",
+                format!("{key:?}'s holder key has no lease to revoke; use ForceRelease::Lock"),
+            ));
         }
         let lease = found.lease;
         let revoked = self

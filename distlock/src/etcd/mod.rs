@@ -239,24 +239,24 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Certificate, Client, ConnectOptions, TlsOptions};
+use etcd_client::Client;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline};
-use crate::inspect::{self as inspect_api, HolderRecord};
-use crate::session_registry::{Busy, Held, Ticket};
+use crate::inspect as inspect_api;
 use crate::util::decode_mark;
 use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
-    RefreshRequest, Result, DEADLINE_GRACE,
+    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
+    DEADLINE_GRACE,
 };
 
+mod acquire;
+mod client;
 mod config;
 mod errors;
 mod inspect;
@@ -269,7 +269,8 @@ pub use config::{
     DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, ENV_PREFIX,
 };
 
-use recipe::{contender_key, Enqueued, Token, WatchFailure, Watched};
+use acquire::{delete_in_background, Written};
+use recipe::{contender_key, Token};
 use session::Session;
 
 const BACKEND: &str = "etcd";
@@ -282,10 +283,6 @@ const REFRESH_TXNS_IN_FLIGHT: usize = 4;
 
 /// Which lock names this locker holds, on which session, for which owner.
 pub(crate) type Registry = crate::session_registry::Registry<String, Session>;
-
-/// The first and the largest pause between tries of a background clean-up.
-const FIRST_RETRY: Duration = Duration::from_millis(50);
-const MAX_RETRY: Duration = Duration::from_secs(1);
 
 /// The etcd backend. Cheap to clone; clones share the connection, the
 /// session leases and the registry of held locks.
@@ -328,112 +325,6 @@ impl fmt::Debug for EtcdLocker {
 }
 
 impl EtcdLocker {
-    /// Connects to the cluster `config` names and checks that it answers a
-    /// linearizable read (so a cluster without quorum fails here), within
-    /// `connect_timeout + request_timeout`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a config that names no endpoint or is
-    /// otherwise unusable (an unreadable `ca_file`), [`Error::Backend`] if
-    /// the cluster cannot be reached or rejects the credentials,
-    /// [`Error::DeadlineExceeded`] if it does not answer within the bound.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: nothing is written while connecting.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use distlock::etcd::{Config, EtcdLocker};
-    ///
-    /// # async fn demo() -> Result<(), distlock::Error> {
-    /// let locker = EtcdLocker::from_config(Config::from_env()?).await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn from_config(config: Config) -> Result<Self> {
-        let urls = config.endpoint_urls()?;
-        let cluster = config.display_url();
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_keep_alive(config.keepalive_timeout, config.keepalive_timeout)
-            .with_keep_alive_while_idle(true)
-            .with_require_leader(true);
-        if let Some(user) = &config.username {
-            let password = config.password.as_ref().map_or("", Password::expose);
-            options = options.with_user(user.clone(), password);
-        }
-        if config.uses_tls() {
-            let tls = match &config.ca_file {
-                Some(path) => {
-                    let pem = std::fs::read(path).map_err(|e| {
-                        Error::invalid(
-                            "config",
-                            format!("cannot read ca_file {}: {e}", path.display()),
-                        )
-                    })?;
-                    TlsOptions::new().ca_certificate(Certificate::from_pem(pem))
-                }
-                None => TlsOptions::new().with_native_roots(),
-            };
-            options = options.with_tls(tls);
-        }
-        let bound = config
-            .connect_timeout
-            .saturating_add(config.request_timeout);
-        let client = bounded(BACKEND, "connect", bound, async {
-            let client = Client::connect(&urls, Some(options))
-                .await
-                .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
-            // Connecting is lazy: one linearizable read proves a quorum.
-            recipe::queue_length(client.kv_client(), &config.key_prefix)
-                .await
-                .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
-            Ok(client)
-        })
-        .await?;
-        Ok(EtcdLocker {
-            inner: Arc::new(Inner {
-                leases: crate::SharedLocker::default(),
-                client,
-                prefix: config.key_prefix,
-                request_timeout: config.request_timeout,
-                keepalive_timeout: config.keepalive_timeout,
-                cluster,
-                sessions: tokio::sync::Mutex::default(),
-                registry: Arc::new(Registry::new(BACKEND)),
-                freed: Arc::new(Notify::new()),
-                holder_record: config.holder_record,
-            }),
-        })
-    }
-
-    /// Connects to the cluster an `etcd://` or `etcd+https://` URL names
-    /// (see [`Config::from_url`] for the format).
-    ///
-    /// # Errors
-    ///
-    /// As [`from_config`](Self::from_config), and [`Error::InvalidInput`]
-    /// for a malformed URL (the message never contains the password).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: nothing is written while connecting.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), distlock::Error> {
-    /// let locker = distlock::etcd::EtcdLocker::from_url("etcd://127.0.0.1:2379?prefix=jobs:").await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::from_config(Config::from_url(url)?).await
-    }
-
     /// The etcd lock name of `key`: `<prefix><key>`, the name to give
     /// `etcdctl lock` or Go's `concurrency.NewMutex` to share the lock.
     ///
@@ -473,61 +364,9 @@ impl EtcdLocker {
         leases
     }
 
-    /// Stops every keep-alive and revokes every session lease, which frees
-    /// at once every lock this locker still holds (their lost signals fire
-    /// with [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost)). Each revoke is bounded by the
-    /// request timeout; a lease whose revoke fails expires at its ttl. Later
-    /// acquires open new sessions.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future after it started leaves the keep-alives
-    /// stopped; leases not yet revoked expire at their ttl.
-    pub async fn close(&self) {
-        let sessions: Vec<Arc<Session>> = {
-            let mut map = self.inner.sessions.lock().await;
-            map.drain().map(|(_, session)| session).collect()
-        };
-        for session in sessions {
-            session.stop();
-            self.inner.registry.session_closed(
-                session.lease as u64,
-                "the locker was closed",
-                Duration::ZERO,
-            );
-            let mut lease = self.inner.client.lease_client();
-            let revoked =
-                tokio::time::timeout(self.inner.request_timeout, lease.revoke(session.lease)).await;
-            if !matches!(revoked, Ok(Ok(_))) {
-                tracing::warn!(
-                    component = "distlock",
-                    backend = BACKEND,
-                    lease = format_args!("{:x}", session.lease),
-                    "could not revoke an etcd session lease; it expires at its ttl"
-                );
-            }
-        }
-        self.inner.freed.notify_waiters();
-    }
-
     /// The etcd lock name of `key`.
     fn name(&self, key: &str) -> String {
         self.backend_key(key)
-    }
-
-    /// Runs one request under the request timeout: an etcd-client error
-    /// becomes [`Error::Backend`] (`outcome_unknown` if the request writes
-    /// and may have been applied), the timeout [`Error::DeadlineExceeded`].
-    async fn request<T, Fut>(
-        &self,
-        operation: &'static str,
-        writes: bool,
-        call: impl FnMut() -> Fut,
-    ) -> Result<T>
-    where
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        self.inner.request(operation, writes, call).await
     }
 
     /// The contender key and token a refresh of `key` by `owner` reads, or
@@ -570,10 +409,11 @@ impl EtcdLocker {
         let read = if grants.is_empty() {
             Ok(Vec::new())
         } else {
-            self.request("refresh", false, || {
-                recipe::still_ours_many(self.inner.kv(), &grants)
-            })
-            .await
+            self.inner
+                .request("refresh", false, || {
+                    recipe::still_ours_many(self.inner.kv(), &grants)
+                })
+                .await
         };
         let mut ours = read.as_deref().unwrap_or_default().iter();
         checks
@@ -586,429 +426,6 @@ impl EtcdLocker {
             })
             .collect()
     }
-
-    /// The live session of `ttl`'s class, granting a lease if there is none.
-    async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
-        let seconds = lease_seconds(ttl);
-        let mut sessions = self.inner.sessions.lock().await;
-        if let Some(session) = sessions.get(&seconds).filter(|s| !s.is_closed()) {
-            return Ok(session.clone());
-        }
-        let granted_at = Instant::now();
-        let ttl_arg = i64::try_from(seconds).unwrap_or(i64::MAX);
-        // A grant whose answer is lost leaves a lease with no keys, which
-        // expires at its ttl.
-        let granted = self
-            .request("grant lease", false, || {
-                let mut lease_client = self.inner.client.lease_client();
-                async move { lease_client.grant(ttl_arg, None).await }
-            })
-            .await?;
-        let granted_ttl = Duration::from_secs(granted.ttl().unsigned_abs().max(seconds));
-        let session = Session::start(
-            self.inner.client.clone(),
-            self.inner.registry.clone(),
-            self.inner.freed.clone(),
-            granted.id(),
-            granted_ttl,
-            granted_at,
-            self.inner.keepalive_timeout,
-        );
-        sessions.insert(seconds, session.clone());
-        Ok(session)
-    }
-
-    /// Reserves `name` for one attempt of this locker, waiting (woken by
-    /// local releases) until `deadline` while another of its attempts or
-    /// grants has it; `None` at the deadline. An abandoned attempt still
-    /// being cleaned up at the deadline (the cluster is failing) is an
-    /// error, not a timeout: whether the key is free is unknown.
-    async fn reserve_waiting(
-        &self,
-        key: &str,
-        name: &str,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Ticket<String>>> {
-        loop {
-            let freed = self.inner.freed.notified();
-            tokio::pin!(freed);
-            // Registered before looking, so a release in between wakes us.
-            freed.as_mut().enable();
-            if let Ok(ticket) = self.inner.registry.reserve(name.to_owned()) {
-                return Ok(Some(ticket));
-            }
-            tokio::select! {
-                () = freed => {}
-                () = crate::deadline::sleep_until(deadline) => {
-                    return match self.inner.registry.state(&name.to_owned()) {
-                        Some(Busy::CleaningUp) => Err(cleaning_up(key)),
-                        _ => Ok(None),
-                    };
-                }
-            }
-        }
-    }
-
-    /// One acquire: `wait` is `None` for a single attempt, or the deadline
-    /// (`None`: for ever) to wait in the queue until. `Ok(None)` is
-    /// contention (or, when waiting, the deadline).
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        wait: Option<Option<Instant>>,
-    ) -> Result<Option<Lease>> {
-        let name = self.name(key);
-        let ticket = match wait {
-            None => match self.inner.registry.reserve(name.clone()) {
-                Ok(ticket) => ticket,
-                Err(Busy::Contended) => return Ok(None),
-                Err(Busy::CleaningUp) => return Err(cleaning_up(key)),
-            },
-            Some(deadline) => match self.reserve_waiting(key, &name, deadline).await? {
-                Some(ticket) => ticket,
-                None => return Ok(None),
-            },
-        };
-        let mut attempt = Attempt {
-            inner: self.inner.clone(),
-            ticket: Some(ticket),
-            written: None,
-        };
-        let secret = new_owner_token();
-        // Read on the caller's task, where its label scope is.
-        let record = self.inner.holder_record.then(|| HolderRecord::now(ttl));
-        let value = recipe::contender_value(&secret, record.as_ref());
-        let mut renewed_session = false;
-        let (session, revision, first) = loop {
-            let session = self.session(ttl).await?;
-            let key_name = contender_key(&name, session.lease);
-            // From here on the key may be written: armed.
-            attempt.written = Some(Written {
-                key: key_name.clone(),
-                secret: secret.clone(),
-                revision: None,
-                session: session.clone(),
-            });
-            let enqueued = self
-                .inner
-                .call(|| recipe::enqueue(self.inner.kv(), &name, session.lease, &value))
-                .await;
-            match enqueued {
-                Some(Ok(Enqueued::Written { revision, first })) => {
-                    break (session, revision, first)
-                }
-                Some(Ok(Enqueued::Orphan { revision })) => {
-                    // Not written by this attempt: nothing of ours to undo
-                    // but the orphan itself, which no grant owns (the
-                    // registry reserved the name).
-                    attempt.disarm();
-                    tracing::warn!(
-                        component = "distlock",
-                        backend = BACKEND,
-                        key,
-                        "deleting an orphaned etcd lock key of this locker's lease"
-                    );
-                    self.request("acquire", true, || {
-                        recipe::delete_orphan(self.inner.kv(), &key_name, revision)
-                    })
-                    .await?;
-                    if renewed_session {
-                        return Err(errors::plain(
-                            "acquire",
-                            format!("{key_name} reappeared after its orphan was deleted"),
-                        ));
-                    }
-                    renewed_session = true;
-                }
-                Some(Err(error)) if errors::lease_not_found(&error) && !renewed_session => {
-                    // The session lease is gone (revoked, or expired before
-                    // its keep-alive noticed): nothing was written. Its locks
-                    // are lost; try once more on a new session.
-                    attempt.disarm();
-                    session.lost(
-                        &self.inner.registry,
-                        "etcd no longer knows the lease",
-                        Duration::ZERO,
-                    );
-                    renewed_session = true;
-                }
-                Some(Err(error)) => {
-                    let unknown = !errors::certainly_not_applied(&error);
-                    if unknown {
-                        attempt.undo_now().await;
-                    } else {
-                        attempt.disarm();
-                    }
-                    return Err(errors::backend(
-                        &self.inner.cluster,
-                        "acquire",
-                        error,
-                        unknown,
-                    ));
-                }
-                None => {
-                    attempt.undo_now().await;
-                    return Err(Error::DeadlineExceeded {
-                        backend: BACKEND,
-                        operation: "acquire",
-                        after: self.inner.request_timeout,
-                    });
-                }
-            }
-        };
-        if let Some(written) = attempt.written.as_mut() {
-            written.revision = Some(revision);
-        }
-        let key_name = contender_key(&name, session.lease);
-        let first = match first {
-            Some(first) => first == revision,
-            // A nested name's key is older than ours: is one of ours?
-            None => self
-                .request("acquire", false, || {
-                    recipe::ahead_of(self.inner.kv(), &name, revision)
-                })
-                .await?
-                .is_none(),
-        };
-        if !first {
-            match wait {
-                None => {
-                    // Not first: leave the queue and report contention.
-                    attempt.undo_now().await;
-                    return Ok(None);
-                }
-                Some(deadline) => {
-                    if !self.wait_turn(&name, revision, deadline).await? {
-                        attempt.undo_now().await;
-                        return Ok(None);
-                    }
-                    // etcd can hand the lock to a key whose lease expired
-                    // during the wait: check ours is still there.
-                    let ours = self
-                        .request("acquire", false, || {
-                            recipe::still_ours(self.inner.kv(), &key_name, revision, &secret)
-                        })
-                        .await?;
-                    if !ours {
-                        attempt.disarm();
-                        return Err(errors::plain(
-                            "acquire",
-                            format!("{key_name} vanished while waiting: the session lease expired"),
-                        ));
-                    }
-                }
-            }
-        }
-        let token = Token {
-            lease: session.lease,
-            revision,
-            secret,
-        }
-        .encode();
-        let lease = Lease::new(
-            LeaseParts {
-                key: key.to_owned(),
-                owner: token.clone(),
-                fencing_token: u64::try_from(revision).ok(),
-                ttl,
-                valid_until: None,
-            },
-            self.inner.leases.get_or_init(|| Arc::new(self.clone())),
-        );
-        let held = Held {
-            owner: token,
-            session: session.clone(),
-            lost: lease.lost_notifier(),
-        };
-        if self.inner.registry.grant(name, held).is_err() {
-            // The session died meanwhile: its lease, and so the key, is gone.
-            attempt.disarm();
-            return Err(errors::plain(
-                "acquire",
-                format!("the session lease of {key_name} was lost while acquiring"),
-            ));
-        }
-        attempt.granted();
-        Ok(Some(lease))
-    }
-
-    /// Waits until no key is ahead of revision `revision` in `name`'s queue
-    /// (true), or until `deadline` (false). A failure still current at the
-    /// deadline (the last read or watch failed, and nothing answered since)
-    /// is reported as that error, not as a timeout: an outage is not
-    /// contention. One that a later read answered is forgotten, so a brief
-    /// outage early in a wait does not turn its plain timeout into one.
-    async fn wait_turn(
-        &self,
-        name: &str,
-        revision: i64,
-        deadline: Option<Instant>,
-    ) -> Result<bool> {
-        let mut watch = self.inner.client.watch_client();
-        let mut last_error: Option<Error> = None;
-        loop {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return match last_error {
-                    Some(error) => Err(error),
-                    None => Ok(false),
-                };
-            }
-            let ahead = match self
-                .request("acquire", false, || {
-                    recipe::ahead_of(self.inner.kv(), name, revision)
-                })
-                .await
-            {
-                // etcd answers again: whatever failed before is over.
-                Ok(ahead) => {
-                    last_error = None;
-                    ahead
-                }
-                Err(error) => {
-                    last_error = Some(error);
-                    self.pause(deadline).await;
-                    continue;
-                }
-            };
-            let Some((key, read_at)) = ahead else {
-                return Ok(true);
-            };
-            match recipe::wait_deleted(
-                &mut watch,
-                key,
-                read_at,
-                deadline,
-                self.inner.request_timeout,
-            )
-            .await
-            {
-                Ok(Watched::Deleted | Watched::TimedOut) => {}
-                Err(failure) => {
-                    last_error = Some(match failure {
-                        WatchFailure::Etcd(error) => {
-                            errors::backend(&self.inner.cluster, "acquire", error, false)
-                        }
-                        WatchFailure::Canceled(reason) => {
-                            errors::plain("acquire", format!("etcd canceled the watch: {reason}"))
-                        }
-                        WatchFailure::TimedOut => Error::DeadlineExceeded {
-                            backend: BACKEND,
-                            operation: "acquire",
-                            after: self.inner.request_timeout,
-                        },
-                    });
-                    self.pause(deadline).await;
-                }
-            }
-        }
-    }
-
-    /// A short pause between tries of a wait step, never past `deadline`.
-    async fn pause(&self, deadline: Option<Instant>) {
-        let until = crate::deadline::saturating_deadline(Instant::now(), FIRST_RETRY);
-        let until = deadline.map_or(until, |d| d.min(until));
-        tokio::time::sleep_until(until).await;
-    }
-}
-
-impl Inner {
-    /// Runs one request under the request timeout: an etcd-client error
-    /// becomes [`Error::Backend`] (`outcome_unknown` if the request writes
-    /// and may have been applied), the timeout [`Error::DeadlineExceeded`].
-    async fn request<T, Fut>(
-        &self,
-        operation: &'static str,
-        writes: bool,
-        call: impl FnMut() -> Fut,
-    ) -> Result<T>
-    where
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        match self.call(call).await {
-            Some(Ok(value)) => Ok(value),
-            Some(Err(error)) => {
-                let unknown = writes && !errors::certainly_not_applied(&error);
-                Err(errors::backend(&self.cluster, operation, error, unknown))
-            }
-            None => Err(Error::DeadlineExceeded {
-                backend: BACKEND,
-                operation,
-                after: self.request_timeout,
-            }),
-        }
-    }
-
-    /// Runs `call` until it is answered, sending it again while it failed
-    /// without leaving this process (etcd-client balances requests over
-    /// every endpoint, a member that is down included: a request the
-    /// balancer sent to it fails to connect, and the next one likely goes
-    /// to a live member); `None` once the request timeout passed.
-    async fn call<T, Fut>(
-        &self,
-        mut call: impl FnMut() -> Fut,
-    ) -> Option<std::result::Result<T, etcd_client::Error>>
-    where
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        const RESEND_PAUSE: Duration = Duration::from_millis(20);
-        let deadline = crate::deadline::saturating_deadline(Instant::now(), self.request_timeout);
-        loop {
-            match tokio::time::timeout_at(deadline, call()).await {
-                Ok(Err(error))
-                    if errors::not_sent(&error)
-                        && crate::deadline::saturating_deadline(Instant::now(), RESEND_PAUSE)
-                            < deadline =>
-                {
-                    tokio::time::sleep(RESEND_PAUSE).await;
-                }
-                Ok(answer) => return Some(answer),
-                Err(_) => return None,
-            }
-        }
-    }
-
-    fn kv(&self) -> etcd_client::KvClient {
-        self.client.kv_client()
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The last clone and the last lease are gone: stop renewing and
-        // revoke, so the locks are freed now rather than at ttl expiry.
-        let sessions: Vec<Arc<Session>> = self.sessions.get_mut().drain().map(|(_, s)| s).collect();
-        if sessions.is_empty() {
-            return;
-        }
-        for session in &sessions {
-            session.stop();
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(component = "distlock", backend = BACKEND,
-                "etcd locker dropped outside a tokio runtime: its session leases expire at their ttl");
-            return;
-        };
-        let client = self.client.clone();
-        let timeout = self.request_timeout;
-        runtime.spawn(async move {
-            let mut lease = client.lease_client();
-            for session in sessions {
-                let _ = tokio::time::timeout(timeout, lease.revoke(session.lease)).await;
-            }
-        });
-    }
-}
-
-/// The whole seconds of an etcd lease for `ttl`: rounded up, at least 1.
-fn lease_seconds(ttl: Duration) -> u64 {
-    let whole = ttl.as_secs();
-    let seconds = if ttl.subsec_nanos() > 0 {
-        whole.saturating_add(1)
-    } else {
-        whole
-    };
-    seconds.max(1)
 }
 
 /// A refresh's answer once etcd said whether `key`'s grant is still there.
@@ -1019,150 +436,6 @@ fn still_held(key: &str, ours: bool) -> Result<()> {
         Err(Error::NotHeld {
             key: key.to_owned(),
         })
-    }
-}
-
-fn cleaning_up(key: &str) -> Error {
-    errors::plain(
-        "acquire",
-        format!(
-            "this locker's abandoned attempt or failed release of {key:?} has not reached etcd yet (it is retried in the background); whether the key is free is unknown until it does"
-        ),
-    )
-}
-
-/// A key an attempt may have written.
-struct Written {
-    key: String,
-    secret: String,
-    /// Its create revision, once known.
-    revision: Option<i64>,
-    session: Arc<Session>,
-}
-
-/// One attempt's reservation of a name, and the key it may have written:
-/// dropped while a key may be written (a cancelled future, an error), it
-/// deletes that key in the background and only then ends the reservation.
-struct Attempt {
-    inner: Arc<Inner>,
-    ticket: Option<Ticket<String>>,
-    written: Option<Written>,
-}
-
-impl Attempt {
-    /// Nothing of this attempt is on the server.
-    fn disarm(&mut self) {
-        self.written = None;
-    }
-
-    /// The lock was granted and recorded: end the reservation only.
-    fn granted(mut self) {
-        self.written = None;
-    }
-
-    /// Deletes the key this attempt may have written, once, bounded by the
-    /// request timeout; on failure the drop retries in the background.
-    async fn undo_now(&mut self) {
-        let Some(written) = &self.written else {
-            return;
-        };
-        let deleted = self
-            .inner
-            .call(|| {
-                recipe::delete_if_ours(
-                    self.inner.kv(),
-                    &written.key,
-                    written.revision,
-                    &written.secret,
-                )
-            })
-            .await;
-        if matches!(deleted, Some(Ok(_))) {
-            self.written = None;
-        }
-    }
-}
-
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        let Some(ticket) = self.ticket.take() else {
-            return;
-        };
-        let Some(written) = self.written.take() else {
-            self.inner.registry.release(ticket);
-            self.inner.freed.notify_waiters();
-            return;
-        };
-        self.inner.registry.cleaning_up(ticket.clone());
-        delete_in_background(
-            self.inner.clone(),
-            written,
-            Some(ticket),
-            "an abandoned attempt's",
-        );
-    }
-}
-
-/// Deletes `written` if it is still ours, in the background
-/// ([`delete_until_done`]), then ends `ticket`'s reservation and wakes this
-/// locker's waiters. `whose` names the key in the log. Without a runtime
-/// nothing can retry the delete: the key lives until its session lease
-/// ends, and the reservation ends at once.
-fn delete_in_background(
-    inner: Arc<Inner>,
-    written: Written,
-    ticket: Option<Ticket<String>>,
-    whose: &'static str,
-) {
-    let end = move |inner: &Inner| {
-        if let Some(ticket) = ticket {
-            inner.registry.release(ticket);
-        }
-        inner.freed.notify_waiters();
-    };
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(component = "distlock", backend = BACKEND, key = written.key, whose,
-            "an etcd lock key cannot be deleted without a runtime; it lives until the session lease ends");
-        end(&inner);
-        return;
-    };
-    runtime.spawn(async move {
-        delete_until_done(&inner, &written).await;
-        end(&inner);
-    });
-}
-
-/// Deletes `key` if it is still ours, retrying with backoff until that is
-/// answered or the session ends (its lease takes the key with it).
-async fn delete_until_done(inner: &Inner, written: &Written) {
-    let Written {
-        key,
-        secret,
-        revision,
-        session,
-    } = written;
-    let key = key.as_str();
-    let mut delay = FIRST_RETRY;
-    loop {
-        match inner
-            .request("release", true, || {
-                recipe::delete_if_ours(inner.kv(), key, *revision, secret)
-            })
-            .await
-        {
-            Ok(_) => return,
-            Err(error) if session.is_closed() => {
-                tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
-                    "stopped deleting an etcd lock key: its session lease ended");
-                return;
-            }
-            Err(error) => {
-                tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
-                    "deleting an etcd lock key failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = delay.saturating_mul(2).min(MAX_RETRY);
-            }
-        }
     }
 }
 
@@ -1252,6 +525,7 @@ impl Locker for EtcdLocker {
         };
         let contender = contender_key(&name, token.lease);
         let deleted = self
+            .inner
             .request("release", true, || {
                 recipe::delete_if_ours(
                     self.inner.kv(),
@@ -1285,6 +559,7 @@ impl Locker for EtcdLocker {
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         let (contender, token) = self.grant_to_check(key, owner, ttl)?;
         let ours = self
+            .inner
             .request("refresh", false, || {
                 recipe::still_ours(self.inner.kv(), &contender, token.revision, &token.secret)
             })
@@ -1320,6 +595,7 @@ impl Locker for EtcdLocker {
             });
         }
         match self
+            .inner
             .request("forget", false, || {
                 recipe::queue_length(self.inner.kv(), &name)
             })
@@ -1339,6 +615,7 @@ impl Locker for EtcdLocker {
         validate::key(name)?;
         let key = marks::mark_key(&self.inner.prefix, name);
         let raw = self
+            .inner
             .request("advance_mark", true, || {
                 marks::advance(self.inner.kv(), &key, value)
             })
@@ -1418,20 +695,5 @@ impl EtcdLocker {
             session: held.session,
         };
         delete_in_background(self.inner.clone(), written, ticket, "a failed release's");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_seconds() {
-        assert_eq!(lease_seconds(Duration::from_millis(1)), 1);
-        assert_eq!(lease_seconds(Duration::from_millis(400)), 1);
-        assert_eq!(lease_seconds(Duration::from_secs(1)), 1);
-        assert_eq!(lease_seconds(Duration::from_millis(1200)), 2);
-        assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
-        assert_eq!(lease_seconds(validate::MAX_TTL), 365 * 24 * 3600);
     }
 }

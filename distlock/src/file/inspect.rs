@@ -169,8 +169,13 @@ mod tests {
     #[test]
     fn a_record_without_a_key_is_named_by_a_plain_file_name_only() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let old = format!("{} {:020} {:010} owner\n", super::super::RECORD_MAGIC, 3, 1);
-        assert!(super::super::parse_record(&old).is_some_and(|r| r.key.is_none()));
+        let old = format!(
+            "{} {:020} {:010} owner\n",
+            super::super::record::RECORD_MAGIC,
+            3,
+            1
+        );
+        assert!(super::super::record::parse_record(&old).is_some_and(|r| r.key.is_none()));
         let lock_dir = LockDir::open(dir.path()).expect("open");
         for (name, expected) in [("k-nightly.lock", Some("nightly")), ("h-0123.lock", None)] {
             std::fs::write(dir.path().join(name), &old).expect("write");

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::record::read_small_file;
 use super::{with_path, LockDir, BACKEND};
 use crate::{Error, MarkAdvance, Result};
 
@@ -72,25 +73,15 @@ async fn lock_briefly(file: &File, path: &Path) -> Result<()> {
 }
 
 fn read(file: &File, path: &Path) -> Result<Option<i64>> {
-    let mut buf = [0u8; 64];
-    let len = file
-        .read_at(&mut buf, 0)
-        .map_err(|e| Error::backend(BACKEND, "read the mark file", with_path(e, path)))?;
-    let text = String::from_utf8_lossy(&buf[..len]);
-    if text.trim().is_empty() {
-        return Ok(None);
-    }
-    parse(&text).map(Some).ok_or_else(|| {
-        // Never guess: a mark read as absent would let a finished tick run again.
-        Error::backend(
-            BACKEND,
-            "read the mark file",
-            format!(
-                "{} does not hold a distlock mark; remove it only if no scheduler uses it",
-                path.display()
-            ),
-        )
-    })
+    // Never guess: a mark read as absent would let a finished tick run again.
+    read_small_file(
+        file,
+        path,
+        64,
+        "read the mark file",
+        parse,
+        "does not hold a distlock mark; remove it only if no scheduler uses it",
+    )
 }
 
 fn parse(text: &str) -> Option<i64> {

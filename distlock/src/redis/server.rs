@@ -16,6 +16,8 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::connection::{Connection, ScanNode};
+use super::{RedisLocker, BACKEND};
+use crate::{Error, Result};
 
 /// What one Redis server (a master) reported about the settings that decide
 /// whether a lock, its fence counter or a mark can vanish, read when the
@@ -210,6 +212,172 @@ fn parse_info(text: &str) -> HashMap<String, String> {
         .filter_map(|line| line.trim().split_once(':'))
         .map(|(field, value)| (field.to_owned(), value.to_owned()))
         .collect()
+}
+
+/// What [`RedisLocker::check_server`] learnt: each master's facts, and a
+/// message per master whose settings could not be read.
+#[derive(Debug, Default)]
+pub(super) struct ServerReport {
+    facts: Vec<ServerFacts>,
+    unread: Vec<String>,
+}
+
+impl ServerReport {
+    /// Nothing read, for `reason`.
+    fn unread(reason: impl ToString) -> Self {
+        ServerReport {
+            facts: Vec::new(),
+            unread: vec![reason.to_string()],
+        }
+    }
+}
+
+impl RedisLocker {
+    /// What each master this locker writes to reported, when the locker
+    /// was built, about eviction (`maxmemory`, `maxmemory-policy`) and
+    /// persistence (`appendonly`, `appendfsync`, `save`, replicas): one
+    /// entry for one server or the sentinel-managed master, one per master
+    /// of a cluster. Empty where nothing could be read (`CONFIG GET` and
+    /// `INFO` both refused) or not read yet (a Redlock node that did not
+    /// answer when the Redlock locker was built). A snapshot: a master that
+    /// a failover or `CONFIG SET` changes later is not read again (see the
+    /// [module docs](super), "What the server must be configured with").
+    pub fn server_facts(&self) -> &[ServerFacts] {
+        self.inner
+            .server
+            .get()
+            .map(|report| report.facts.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// Reads what each master reports about eviction and persistence
+    /// (`CONFIG GET`, with `INFO` as the fallback), keeps it for
+    /// [`server_facts`](Self::server_facts), and refuses a server that may
+    /// evict our keys unless [`Config::allow_eviction`] (then it warns), or
+    /// one without `appendonly yes` under [`Config::require_appendonly`]. A
+    /// master whose settings cannot be read is logged at `warn` (once, here)
+    /// and accepted, unless `require_appendonly` asks for proof.
+    pub(crate) async fn check_server(&self) -> Result<()> {
+        let mut connection = self.connection();
+        let nodes = match tokio::time::timeout(self.inner.operation_bound, connection.nodes()).await
+        {
+            Ok(Ok(nodes)) => nodes,
+            Ok(Err(error)) => return self.keep_server_report(ServerReport::unread(error)),
+            Err(_) => {
+                let reason = format!("no answer within {:?}", self.inner.operation_bound);
+                return self.keep_server_report(ServerReport::unread(reason));
+            }
+        };
+        let reads = futures_util::future::join_all(nodes.into_iter().map(|(address, node)| {
+            let connection = &connection;
+            async move {
+                let name = address
+                    .clone()
+                    .unwrap_or_else(|| self.inner.target.endpoint.clone());
+                let read = ServerFacts::read(connection, &node, name);
+                let failure = match tokio::time::timeout(self.inner.operation_bound, read).await {
+                    Ok(Ok(facts)) => return Ok(facts),
+                    Ok(Err(reason)) => reason,
+                    Err(_) => format!("no answer within {:?}", self.inner.operation_bound),
+                };
+                // A cluster's master is named; the one server is named by
+                // the message these reasons go into.
+                Err(match address {
+                    Some(address) => format!("{address}: {failure}"),
+                    None => failure,
+                })
+            }
+        }))
+        .await;
+        let mut report = ServerReport::default();
+        for read in reads {
+            match read {
+                Ok(facts) => report.facts.push(facts),
+                Err(reason) => report.unread.push(reason),
+            }
+        }
+        for facts in &report.facts {
+            if let Some(risk) = facts.eviction_risk() {
+                if !self.inner.allow_eviction {
+                    return Err(Error::invalid(
+                        "server configuration",
+                        format!(
+                            "{risk}; or, accepting that risk, set allow_eviction=true (URL \
+                             parameter; Config::allow_eviction)"
+                        ),
+                    ));
+                }
+                tracing::warn!(component = "distlock", backend = BACKEND, node = %facts.node,
+                    "{risk} (accepted: allow_eviction is set)");
+            }
+            if self.inner.require_appendonly && facts.appendonly != Some(true) {
+                return Err(Error::invalid(
+                    "server configuration",
+                    format!(
+                        "{}: appendonly is {} and require_appendonly is set: a restart of this \
+                         server would forget which cron ticks ran and reset fencing tokens to \
+                         1. Set `CONFIG SET appendonly yes` (and in its config file), or drop \
+                         require_appendonly",
+                        facts.node,
+                        match facts.appendonly {
+                            Some(_) => "no",
+                            None => "not reported",
+                        }
+                    ),
+                ));
+            }
+        }
+        self.keep_server_report(report)
+    }
+
+    /// Keeps `report` for [`server_facts`](Self::server_facts) and
+    /// [`Locker::durability_warnings`]; settings that could not be read are
+    /// logged at `warn` (or refused under [`Config::require_appendonly`]),
+    /// and their message kept as one durability warning.
+    fn keep_server_report(&self, mut report: ServerReport) -> Result<()> {
+        if !report.unread.is_empty() {
+            let reasons = report.unread.join("; ");
+            if self.inner.require_appendonly {
+                return Err(Error::invalid(
+                    "server configuration",
+                    format!(
+                        "{}: require_appendonly is set, but the server's settings cannot be \
+                         read ({reasons}); allow this user `INFO` (or `CONFIG GET`), or drop \
+                         require_appendonly",
+                        self.inner.target.endpoint
+                    ),
+                ));
+            }
+            let message = format!(
+                "{}: cannot read the server's maxmemory-policy and appendonly ({reasons}), so \
+                 neither eviction (an evicted lock has two holders) nor persistence (a restart \
+                 forgets cron marks and resets fencing tokens to 1) was checked; make sure it \
+                 runs with maxmemory-policy noeviction and appendonly yes, and allow this user \
+                 `INFO`",
+                self.inner.target.endpoint
+            );
+            tracing::warn!(component = "distlock", backend = BACKEND, "{message}");
+            report.unread = vec![message];
+        }
+        // Set once: a locker is checked when it is built.
+        let _ = self.inner.server.set(report);
+        Ok(())
+    }
+
+    /// What makes this locker's marks and fence counters less durable than
+    /// they look (see [`Locker::durability_warnings`]).
+    pub(super) fn durability_report(&self) -> Vec<String> {
+        let Some(report) = self.inner.server.get() else {
+            return Vec::new();
+        };
+        let min_replicas = self.inner.replicas.map_or(0, |ack| ack.min_replicas);
+        report
+            .facts
+            .iter()
+            .flat_map(|facts| facts.durability_warnings(min_replicas))
+            .chain(report.unread.iter().cloned())
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -191,13 +191,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::deadline::bounded;
-use crate::inspect::{ForceRelease, HeldLock, Holder};
+use crate::inspect::{ForceRelease, HeldLock};
 use crate::redis::RedisLocker;
-use crate::{
-    new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, ReleaseWatch,
-    Result, DEFAULT_RELEASE_TIMEOUT,
-};
+use crate::{validate, Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
 
+mod acquire;
 mod config;
 mod inspect;
 mod quorum;
@@ -434,129 +432,6 @@ impl RedlockLocker {
             error.with_outcome_unknown()
         } else {
             error
-        }
-    }
-
-    /// One attempt on every node; see the module docs. Not bounded by
-    /// itself: every node call is. Every exit that may leave the key on a
-    /// node, including being dropped, releases it by token in the
-    /// background.
-    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        let nodes = self.inner.nodes.len();
-        let quorum = self.inner.quorum;
-        let pending = PendingAcquire {
-            locker: self,
-            key,
-            owner: Some(new_owner_token()),
-            ttl,
-        };
-        let owner = pending.owner();
-        let bound = self.acquire_bound(ttl);
-        let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
-        // Read on the caller's task: its label scope.
-        let holder = Arc::new(Holder::current());
-        let started = Instant::now();
-        // The validity counts from the moment the majority is in; slower
-        // nodes are not waited for (their calls go on in the background, so
-        // the lock lands on every node that answers in time).
-        let tally = self
-            .on_nodes(
-                "acquire",
-                bound,
-                |node| {
-                    let (key, owner) = (shared_key.clone(), shared_owner.clone());
-                    let holder = holder.clone();
-                    async move { node.acquire_as(&key, &owner, ttl, Some(&holder)).await }
-                },
-                |tally| tally.yes >= quorum,
-            )
-            .await;
-        let elapsed = started.elapsed();
-        let drift = self.drift(ttl);
-        let validity = remaining_validity(ttl, elapsed, drift);
-        let min_validity = self.inner.min_validity;
-        if tally.yes >= quorum && validity.is_some_and(|left| left > min_validity) {
-            let valid_until = ttl
-                .checked_sub(drift)
-                .and_then(|valid| started.checked_add(valid));
-            let factor = self.inner.drift_factor;
-            let parts = LeaseParts {
-                key: key.to_owned(),
-                owner: pending.settle(),
-                fencing_token: None,
-                ttl,
-                valid_until,
-            };
-            let lease = Lease::new(
-                parts,
-                self.inner.leases.get_or_init(|| Arc::new(self.clone())),
-            )
-            .with_validity_discount(move |ttl| quorum::drift(ttl, factor));
-            return Ok(Some(lease));
-        }
-        if tally.yes == 0 && !tally.outcome_unknown() {
-            // No node has our token: nothing to undo.
-            pending.settle();
-        }
-        // From here `pending` is dropped armed (unless settled above): the
-        // attempt is released on every node by its token in the background.
-        if tally.yes >= quorum {
-            let summary = format!(
-                "granted by {} of {nodes} nodes, but only {:?} of the {ttl:?} ttl was left \
-                 after {elapsed:?} and the {drift:?} drift allowance (minimum {min_validity:?}): \
-                 the nodes answered too slowly for this ttl; released",
-                tally.yes,
-                validity.unwrap_or_default()
-            );
-            return Err(self.quorum_error("acquire", summary, tally));
-        }
-        if tally.refused_by_majority(nodes) {
-            return Ok(None);
-        }
-        let summary = format!(
-            "granted by {} and refused by {} of {nodes} nodes; the others failed, so no majority \
-             ({quorum}) could be reached; released",
-            tally.yes, tally.no
-        );
-        Err(self.quorum_error("acquire", summary, tally))
-    }
-}
-
-/// An acquire that may have left its token on some nodes: armed until the
-/// attempt is settled, it releases the key on every node by that token when
-/// dropped (a failed or abandoned attempt, a dropped future).
-struct PendingAcquire<'a> {
-    locker: &'a RedlockLocker,
-    key: &'a str,
-    /// `None` once settled.
-    owner: Option<String>,
-    ttl: Duration,
-}
-
-impl PendingAcquire<'_> {
-    fn owner(&self) -> &str {
-        self.owner.as_deref().unwrap_or_default()
-    }
-
-    /// Nothing to undo: returns the owner token.
-    fn settle(mut self) -> String {
-        self.owner.take().unwrap_or_default()
-    }
-}
-
-impl Drop for PendingAcquire<'_> {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.take() {
-            // By a token nobody else has, so safe to repeat; never past the
-            // ttl, after which every node has freed the key anyway.
-            crate::background::release(
-                tokio::runtime::Handle::try_current().ok(),
-                Arc::new(self.locker.clone()),
-                self.key.to_owned(),
-                owner,
-                self.ttl.min(DEFAULT_RELEASE_TIMEOUT),
-                "a Redlock acquire that did not reach a majority, or was abandoned",
-            );
         }
     }
 }

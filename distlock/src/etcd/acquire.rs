@@ -1,0 +1,551 @@
+//! The acquire recipe, in the steps of etcd's own
+//! `client/v3/concurrency/mutex.go`: reserve the name in this locker, enqueue
+//! a key under the session lease, await the turn (no older key in the
+//! queue), and grant. Every step that may leave a key behind is undone by
+//! the [`Attempt`] guard, at once or in the background.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::recipe::{self, contender_key, Enqueued, Token, WatchFailure, Watched};
+use super::session::Session;
+use super::{errors, EtcdLocker, Inner, BACKEND};
+use crate::inspect::HolderRecord;
+use crate::session_registry::{Busy, Held, Ticket};
+use crate::{new_owner_token, Error, Lease, LeaseParts, Result};
+
+/// The first and the largest pause between tries of a background clean-up.
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const MAX_RETRY: Duration = Duration::from_secs(1);
+
+impl EtcdLocker {
+    /// Reserves `name` for one attempt of this locker, waiting (woken by
+    /// local releases) until `deadline` while another of its attempts or
+    /// grants has it; `None` at the deadline. An abandoned attempt still
+    /// being cleaned up at the deadline (the cluster is failing) is an
+    /// error, not a timeout: whether the key is free is unknown.
+    async fn reserve_waiting(
+        &self,
+        key: &str,
+        name: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Ticket<String>>> {
+        loop {
+            let freed = self.inner.freed.notified();
+            tokio::pin!(freed);
+            // Registered before looking, so a release in between wakes us.
+            freed.as_mut().enable();
+            if let Ok(ticket) = self.inner.registry.reserve(name.to_owned()) {
+                return Ok(Some(ticket));
+            }
+            tokio::select! {
+                () = freed => {}
+                () = crate::deadline::sleep_until(deadline) => {
+                    return match self.inner.registry.state(&name.to_owned()) {
+                        Some(Busy::CleaningUp) => Err(cleaning_up(key)),
+                        _ => Ok(None),
+                    };
+                }
+            }
+        }
+    }
+
+    /// One acquire: `wait` is `None` for a single attempt, or the deadline
+    /// (`None`: for ever) to wait in the queue until. `Ok(None)` is
+    /// contention (or, when waiting, the deadline). The recipe in four
+    /// steps: [reserve](Self::reserve), [enqueue](Self::enqueue),
+    /// [await the turn](Self::await_turn), [grant](Self::grant).
+    pub(super) async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Option<Option<Instant>>,
+    ) -> Result<Option<Lease>> {
+        let name = self.name(key);
+        let Some(ticket) = self.reserve(key, &name, wait).await? else {
+            return Ok(None);
+        };
+        let mut attempt = Attempt {
+            inner: self.inner.clone(),
+            ticket: Some(ticket),
+            written: None,
+        };
+        let secret = new_owner_token();
+        // Read on the caller's task, where its label scope is.
+        let record = self.inner.holder_record.then(|| HolderRecord::now(ttl));
+        let value = recipe::contender_value(&secret, record.as_ref());
+        let queued = self
+            .enqueue(key, &name, ttl, &secret, &value, &mut attempt)
+            .await?;
+        if !self
+            .await_turn(&name, &queued, &secret, wait, &mut attempt)
+            .await?
+        {
+            return Ok(None);
+        }
+        self.grant(key, name, ttl, queued, secret, attempt)
+            .map(Some)
+    }
+
+    /// Step 1: reserves `name` for this attempt among this locker's own
+    /// attempts and grants (a second contender key under the same lease
+    /// would be the same key). `None` is contention, or when waiting, the
+    /// deadline.
+    async fn reserve(
+        &self,
+        key: &str,
+        name: &str,
+        wait: Option<Option<Instant>>,
+    ) -> Result<Option<Ticket<String>>> {
+        match wait {
+            None => match self.inner.registry.reserve(name.to_owned()) {
+                Ok(ticket) => Ok(Some(ticket)),
+                Err(Busy::Contended) => Ok(None),
+                Err(Busy::CleaningUp) => Err(cleaning_up(key)),
+            },
+            Some(deadline) => self.reserve_waiting(key, name, deadline).await,
+        }
+    }
+
+    /// Step 2: writes this attempt's key (`value`) into `name`'s queue under
+    /// the session lease of `ttl`'s class, arming `attempt` first. A lease
+    /// etcd no longer knows is replaced by a new session once; an orphaned
+    /// key of this lease (no grant owns it: the name is reserved) is deleted
+    /// and the write tried again once.
+    async fn enqueue(
+        &self,
+        key: &str,
+        name: &str,
+        ttl: Duration,
+        secret: &str,
+        value: &str,
+        attempt: &mut Attempt,
+    ) -> Result<Queued> {
+        let mut renewed_session = false;
+        loop {
+            let session = self.session(ttl).await?;
+            let key_name = contender_key(name, session.lease);
+            // From here on the key may be written: armed.
+            attempt.written = Some(Written {
+                key: key_name.clone(),
+                secret: secret.to_owned(),
+                revision: None,
+                session: session.clone(),
+            });
+            let enqueued = self
+                .inner
+                .call(|| recipe::enqueue(self.inner.kv(), name, session.lease, value))
+                .await;
+            match enqueued {
+                Some(Ok(Enqueued::Written { revision, first })) => {
+                    if let Some(written) = attempt.written.as_mut() {
+                        written.revision = Some(revision);
+                    }
+                    return Ok(Queued {
+                        session,
+                        revision,
+                        first,
+                    });
+                }
+                Some(Ok(Enqueued::Orphan { revision })) => {
+                    // Not written by this attempt: nothing of ours to undo
+                    // but the orphan itself, which no grant owns (the
+                    // registry reserved the name).
+                    attempt.disarm();
+                    tracing::warn!(
+                        component = "distlock",
+                        backend = BACKEND,
+                        key,
+                        "deleting an orphaned etcd lock key of this locker's lease"
+                    );
+                    self.inner
+                        .request("acquire", true, || {
+                            recipe::delete_orphan(self.inner.kv(), &key_name, revision)
+                        })
+                        .await?;
+                    if renewed_session {
+                        return Err(errors::plain(
+                            "acquire",
+                            format!("{key_name} reappeared after its orphan was deleted"),
+                        ));
+                    }
+                    renewed_session = true;
+                }
+                Some(Err(error)) if errors::lease_not_found(&error) && !renewed_session => {
+                    // The session lease is gone (revoked, or expired before
+                    // its keep-alive noticed): nothing was written. Its locks
+                    // are lost; try once more on a new session.
+                    attempt.disarm();
+                    session.lost(
+                        &self.inner.registry,
+                        "etcd no longer knows the lease",
+                        Duration::ZERO,
+                    );
+                    renewed_session = true;
+                }
+                Some(Err(error)) => {
+                    let unknown = !errors::certainly_not_applied(&error);
+                    if unknown {
+                        attempt.undo_now().await;
+                    } else {
+                        attempt.disarm();
+                    }
+                    return Err(errors::backend(
+                        &self.inner.cluster,
+                        "acquire",
+                        error,
+                        unknown,
+                    ));
+                }
+                None => {
+                    attempt.undo_now().await;
+                    return Err(Error::DeadlineExceeded {
+                        backend: BACKEND,
+                        operation: "acquire",
+                        after: self.inner.request_timeout,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Step 3: true once no older key is ahead of ours in the queue. A
+    /// single attempt that is not first leaves the queue (contention); a
+    /// waiting one watches the key ahead until it is deleted, or until
+    /// `wait`'s deadline (false, the key undone), then checks that ours
+    /// outlived the wait.
+    async fn await_turn(
+        &self,
+        name: &str,
+        queued: &Queued,
+        secret: &str,
+        wait: Option<Option<Instant>>,
+        attempt: &mut Attempt,
+    ) -> Result<bool> {
+        let revision = queued.revision;
+        let first = match queued.first {
+            Some(first) => first == revision,
+            // A nested name's key is older than ours: is one of ours?
+            None => self
+                .inner
+                .request("acquire", false, || {
+                    recipe::ahead_of(self.inner.kv(), name, revision)
+                })
+                .await?
+                .is_none(),
+        };
+        if first {
+            return Ok(true);
+        }
+        let Some(deadline) = wait else {
+            // Not first: leave the queue and report contention.
+            attempt.undo_now().await;
+            return Ok(false);
+        };
+        if !self.wait_turn(name, revision, deadline).await? {
+            attempt.undo_now().await;
+            return Ok(false);
+        }
+        // etcd can hand the lock to a key whose lease expired during the
+        // wait: check ours is still there.
+        let key_name = contender_key(name, queued.session.lease);
+        let ours = self
+            .inner
+            .request("acquire", false, || {
+                recipe::still_ours(self.inner.kv(), &key_name, revision, secret)
+            })
+            .await?;
+        if !ours {
+            attempt.disarm();
+            return Err(errors::plain(
+                "acquire",
+                format!("{key_name} vanished while waiting: the session lease expired"),
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Step 4: our key is first, so the lock is ours. The lease's owner
+    /// token names the session lease, the key's revision (also the fencing
+    /// token) and its secret; the registry records the grant, which fails
+    /// if the session died meanwhile (its lease took the key with it).
+    fn grant(
+        &self,
+        key: &str,
+        name: String,
+        ttl: Duration,
+        queued: Queued,
+        secret: String,
+        mut attempt: Attempt,
+    ) -> Result<Lease> {
+        let Queued {
+            session, revision, ..
+        } = queued;
+        let key_name = contender_key(&name, session.lease);
+        let token = Token {
+            lease: session.lease,
+            revision,
+            secret,
+        }
+        .encode();
+        let lease = Lease::new(
+            LeaseParts {
+                key: key.to_owned(),
+                owner: token.clone(),
+                fencing_token: u64::try_from(revision).ok(),
+                ttl,
+                valid_until: None,
+            },
+            self.inner.leases.get_or_init(|| Arc::new(self.clone())),
+        );
+        let held = Held {
+            owner: token,
+            session,
+            lost: lease.lost_notifier(),
+        };
+        if self.inner.registry.grant(name, held).is_err() {
+            // The session died meanwhile: its lease, and so the key, is gone.
+            attempt.disarm();
+            return Err(errors::plain(
+                "acquire",
+                format!("the session lease of {key_name} was lost while acquiring"),
+            ));
+        }
+        attempt.granted();
+        Ok(lease)
+    }
+
+    /// Waits until no key is ahead of revision `revision` in `name`'s queue
+    /// (true), or until `deadline` (false). A failure still current at the
+    /// deadline (the last read or watch failed, and nothing answered since)
+    /// is reported as that error, not as a timeout: an outage is not
+    /// contention. One that a later read answered is forgotten, so a brief
+    /// outage early in a wait does not turn its plain timeout into one.
+    async fn wait_turn(
+        &self,
+        name: &str,
+        revision: i64,
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        let mut watch = self.inner.client.watch_client();
+        let mut last_error: Option<Error> = None;
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return match last_error {
+                    Some(error) => Err(error),
+                    None => Ok(false),
+                };
+            }
+            let ahead = match self
+                .inner
+                .request("acquire", false, || {
+                    recipe::ahead_of(self.inner.kv(), name, revision)
+                })
+                .await
+            {
+                // etcd answers again: whatever failed before is over.
+                Ok(ahead) => {
+                    last_error = None;
+                    ahead
+                }
+                Err(error) => {
+                    last_error = Some(error);
+                    self.pause(deadline).await;
+                    continue;
+                }
+            };
+            let Some((key, read_at)) = ahead else {
+                return Ok(true);
+            };
+            match recipe::wait_deleted(
+                &mut watch,
+                key,
+                read_at,
+                deadline,
+                self.inner.request_timeout,
+            )
+            .await
+            {
+                Ok(Watched::Deleted | Watched::TimedOut) => {}
+                Err(failure) => {
+                    last_error = Some(match failure {
+                        WatchFailure::Etcd(error) => {
+                            errors::backend(&self.inner.cluster, "acquire", error, false)
+                        }
+                        WatchFailure::Canceled(reason) => {
+                            errors::plain("acquire", format!("etcd canceled the watch: {reason}"))
+                        }
+                        WatchFailure::TimedOut => Error::DeadlineExceeded {
+                            backend: BACKEND,
+                            operation: "acquire",
+                            after: self.inner.request_timeout,
+                        },
+                    });
+                    self.pause(deadline).await;
+                }
+            }
+        }
+    }
+
+    /// A short pause between tries of a wait step, never past `deadline`.
+    async fn pause(&self, deadline: Option<Instant>) {
+        let until = crate::deadline::saturating_deadline(Instant::now(), FIRST_RETRY);
+        let until = deadline.map_or(until, |d| d.min(until));
+        tokio::time::sleep_until(until).await;
+    }
+}
+
+fn cleaning_up(key: &str) -> Error {
+    errors::plain(
+        "acquire",
+        format!(
+            "this locker's abandoned attempt or failed release of {key:?} has not reached etcd yet (it is retried in the background); whether the key is free is unknown until it does"
+        ),
+    )
+}
+
+/// An attempt's key, written into the queue: under `session`'s lease, at
+/// `revision`; `first` is the queue's oldest revision when the write could
+/// tell (`None`: a nested name's key is older, so ask).
+struct Queued {
+    session: Arc<Session>,
+    revision: i64,
+    first: Option<i64>,
+}
+
+/// A key an attempt may have written.
+pub(super) struct Written {
+    pub(super) key: String,
+    pub(super) secret: String,
+    /// Its create revision, once known.
+    pub(super) revision: Option<i64>,
+    pub(super) session: Arc<Session>,
+}
+
+/// One attempt's reservation of a name, and the key it may have written:
+/// dropped while a key may be written (a cancelled future, an error), it
+/// deletes that key in the background and only then ends the reservation.
+struct Attempt {
+    inner: Arc<Inner>,
+    ticket: Option<Ticket<String>>,
+    written: Option<Written>,
+}
+
+impl Attempt {
+    /// Nothing of this attempt is on the server.
+    fn disarm(&mut self) {
+        self.written = None;
+    }
+
+    /// The lock was granted and recorded: end the reservation only.
+    fn granted(mut self) {
+        self.written = None;
+    }
+
+    /// Deletes the key this attempt may have written, once, bounded by the
+    /// request timeout; on failure the drop retries in the background.
+    async fn undo_now(&mut self) {
+        let Some(written) = &self.written else {
+            return;
+        };
+        let deleted = self
+            .inner
+            .call(|| {
+                recipe::delete_if_ours(
+                    self.inner.kv(),
+                    &written.key,
+                    written.revision,
+                    &written.secret,
+                )
+            })
+            .await;
+        if matches!(deleted, Some(Ok(_))) {
+            self.written = None;
+        }
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let Some(written) = self.written.take() else {
+            self.inner.registry.release(ticket);
+            self.inner.freed.notify_waiters();
+            return;
+        };
+        self.inner.registry.cleaning_up(ticket.clone());
+        delete_in_background(
+            self.inner.clone(),
+            written,
+            Some(ticket),
+            "an abandoned attempt's",
+        );
+    }
+}
+
+/// Deletes `written` if it is still ours, in the background
+/// ([`delete_until_done`]), then ends `ticket`'s reservation and wakes this
+/// locker's waiters. `whose` names the key in the log. Without a runtime
+/// nothing can retry the delete: the key lives until its session lease
+/// ends, and the reservation ends at once.
+pub(super) fn delete_in_background(
+    inner: Arc<Inner>,
+    written: Written,
+    ticket: Option<Ticket<String>>,
+    whose: &'static str,
+) {
+    let end = move |inner: &Inner| {
+        if let Some(ticket) = ticket {
+            inner.registry.release(ticket);
+        }
+        inner.freed.notify_waiters();
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(component = "distlock", backend = BACKEND, key = written.key, whose,
+            "an etcd lock key cannot be deleted without a runtime; it lives until the session lease ends");
+        end(&inner);
+        return;
+    };
+    runtime.spawn(async move {
+        delete_until_done(&inner, &written).await;
+        end(&inner);
+    });
+}
+
+/// Deletes `key` if it is still ours, retrying with backoff until that is
+/// answered or the session ends (its lease takes the key with it).
+async fn delete_until_done(inner: &Inner, written: &Written) {
+    let Written {
+        key,
+        secret,
+        revision,
+        session,
+    } = written;
+    let key = key.as_str();
+    let mut delay = FIRST_RETRY;
+    loop {
+        match inner
+            .request("release", true, || {
+                recipe::delete_if_ours(inner.kv(), key, *revision, secret)
+            })
+            .await
+        {
+            Ok(_) => return,
+            Err(error) if session.is_closed() => {
+                tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
+                    "stopped deleting an etcd lock key: its session lease ended");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
+                    "deleting an etcd lock key failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2).min(MAX_RETRY);
+            }
+        }
+    }
+}
