@@ -271,11 +271,7 @@ impl Locker for Faulty {
     }
     async fn advance_mark(&self, name: &str, value: i64) -> crate::Result<MarkAdvance> {
         if self.no_marks {
-            return Err(Error::Unsupported {
-                backend: "faulty",
-                operation: "advance_mark",
-                reason: "test".into(),
-            });
+            return Err(Error::unsupported("faulty", "advance_mark", "test"));
         }
         if value == 0 {
             // A peek.
