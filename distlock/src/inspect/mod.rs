@@ -325,10 +325,14 @@ pub(crate) fn require_lock_release(
     if how == ForceRelease::Lock {
         return Ok(());
     }
-    Err(crate::Error::unsupported(backend, "force_release", format!(
+    Err(crate::Error::unsupported(
+        backend,
+        "force_release",
+        format!(
             "{how:?}: a {backend} lock is {lock_is}, not a session; use ForceRelease::Lock \
              (`distlock release --force` without --terminate-session)"
-        )))
+        ),
+    ))
 }
 
 /// Logs a forced release at `warn`, naming who forced it (this process) and
