@@ -171,6 +171,31 @@ pub struct Capabilities {
     pub force_release: bool,
 }
 
+impl Capabilities {
+    /// Every capability. A backend declares what it lacks against it
+    /// (`Capabilities { expires: false, ..Capabilities::ALL }`), so a
+    /// declaration reads as the list of its exceptions.
+    ///
+    /// ```
+    /// use distlock::Capabilities;
+    ///
+    /// let session_lock = Capabilities { expires: false, ..Capabilities::ALL };
+    /// assert!(session_lock.fencing && !session_lock.expires);
+    /// ```
+    pub const ALL: Capabilities = Capabilities {
+        expires: true,
+        refresh: true,
+        unlock_by_owner: true,
+        release_wakeup: true,
+        release_notifications: true,
+        fencing: true,
+        marks: true,
+        inspect: true,
+        list: true,
+        force_release: true,
+    };
+}
+
 /// What [`Locker::advance_mark`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MarkAdvance {

@@ -139,18 +139,7 @@ impl Locker for MemoryLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: true,
-            refresh: true,
-            unlock_by_owner: true,
-            release_wakeup: true,
-            release_notifications: true,
-            fencing: true,
-            marks: true,
-            inspect: true,
-            list: true,
-            force_release: true,
-        }
+        Capabilities::ALL
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

@@ -448,15 +448,8 @@ impl Locker for EtcdLocker {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             expires: false,
-            refresh: true,
-            unlock_by_owner: true,
-            release_wakeup: true,
             release_notifications: false,
-            fencing: true,
-            marks: true,
-            inspect: true,
-            list: true,
-            force_release: true,
+            ..Capabilities::ALL
         }
     }
 

@@ -293,17 +293,15 @@ impl Locker for FileLocker {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             expires: false,
-            refresh: true,
             unlock_by_owner: false,
             release_wakeup: false,
             // Only releases made in this process are announced.
             release_notifications: false,
-            fencing: true,
-            marks: true,
             // `/proc/locks` tells which files are locked, by whom.
             inspect: cfg!(target_os = "linux"),
             list: cfg!(target_os = "linux"),
             force_release: false,
+            ..Capabilities::ALL
         }
     }
 

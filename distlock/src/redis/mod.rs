@@ -586,18 +586,7 @@ impl Locker for RedisLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: true,
-            refresh: true,
-            unlock_by_owner: true,
-            release_wakeup: true,
-            release_notifications: true,
-            fencing: true,
-            marks: true,
-            inspect: true,
-            list: true,
-            force_release: true,
-        }
+        Capabilities::ALL
     }
 
     fn backend_key(&self, key: &str) -> String {

@@ -444,16 +444,9 @@ impl Locker for RedlockLocker {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            expires: true,
-            refresh: true,
-            unlock_by_owner: true,
-            release_wakeup: true,
-            release_notifications: true,
             fencing: false,
             marks: false,
-            inspect: true,
-            list: true,
-            force_release: true,
+            ..Capabilities::ALL
         }
     }
 
