@@ -102,6 +102,8 @@ pub mod redis;
 pub mod redlock;
 #[cfg(any(feature = "postgres", feature = "etcd", feature = "mysql"))]
 mod session_registry;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
 pub mod validate;
 mod wait;
 mod with_lock;

@@ -428,7 +428,7 @@ impl MysqlLocker {
         });
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
-            pool: Arc::new(Pool::new(settings.clone(), on_closed)),
+            pool: Arc::new(pool::new(settings.clone(), on_closed)),
             sql: Sql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,

@@ -30,14 +30,7 @@ use super::config::{Settings, SslMode};
 use super::errors::{self, is_fatal, ExecError};
 use crate::Result;
 
-/// What a session is used for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    /// One of the locker's few long-lived sessions; carries many locks.
-    Shared,
-    /// A connection for one native wait, then for the one lock it won.
-    Waiter,
-}
+pub(super) use crate::sql::pool::Role;
 
 /// Called once, by the actor, when a session's connection is gone (or given
 /// up as silent): with the session's id, why, and how long its locks may

@@ -96,7 +96,7 @@ impl Inner {
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let session = self.pool.shared(key.id).await?;
+        let session = self.pool.shared(&key.id).await?;
         let owner = new_owner_token();
         // Only the fencing table records the owner.
         let digest = if self.fencing() {

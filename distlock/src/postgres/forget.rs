@@ -27,7 +27,7 @@ impl Inner {
             registry: &self.registry,
             ticket,
         };
-        let session = self.pool.shared(key.id).await?;
+        let session = self.pool.shared(&key.id).await?;
         let context = || format!("forget {:?} on {}", key.name, self.settings.target);
         let rows = errors::within(
             "forget",

@@ -84,7 +84,7 @@ impl Inner {
     }
 
     async fn find_hold(&self, key: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
-        let session = self.pool.shared(key.id).await?;
+        let session = self.pool.shared(&key.id).await?;
         let context = || format!("inspect {:?} on {}", key.name, self.settings.target);
         let rows = errors::within(
             operation,
@@ -125,7 +125,7 @@ impl Inner {
         // the shared one it is.)
         let (session, waiter) = match self.pool.waiter().await? {
             Some(waiter) => (waiter, true),
-            None => (self.pool.shared(0).await?, false),
+            None => (self.pool.shared(&0_i64).await?, false),
         };
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = errors::within(
@@ -193,7 +193,7 @@ impl Inner {
     /// Ends server process `pid` if it still holds `key`, waiting for it to
     /// exit: true if it did, false if it no longer held the key.
     async fn terminate(&self, key: LockKey<'_>, pid: i32) -> Result<bool> {
-        let session = self.pool.shared(key.id).await?;
+        let session = self.pool.shared(&key.id).await?;
         let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
         let context = || {
             format!(

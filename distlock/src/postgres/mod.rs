@@ -461,14 +461,14 @@ impl PostgresLocker {
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
             raw_leases: crate::SharedLocker::default(),
-            pool: Pool::new(settings.clone(), sql.clone(), on_closed),
+            pool: pool::new(settings.clone(), sql.clone(), on_closed),
             marks: MarksSql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
             sql,
             registry,
         });
-        inner.pool.shared(0).await?;
+        inner.pool.shared(&0_i64).await?;
         Ok(PostgresLocker { inner })
     }
 

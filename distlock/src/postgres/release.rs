@@ -82,7 +82,7 @@ impl Inner {
             Some(Busy::CleaningUp) => return Err(self.cleanup_pending(key, "release")),
             None => {}
         }
-        let session = self.pool.shared(key.id).await?;
+        let session = self.pool.shared(&key.id).await?;
         let digest = owner_digest(owner);
         let query_timeout = self.settings.query_timeout;
         let lookup = async {
