@@ -21,12 +21,13 @@ use super::errors::{self, BACKEND};
 use super::fencing::{Sql, MAX_WAIT};
 use super::names::{owner_digest, LockName};
 use super::pool::Pool;
-use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
+use super::pool::{Registry, Ticket};
 use super::session::{Answer, Request, Session};
 use super::Inner;
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::GrantRecord;
-use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
+use crate::session_registry::Busy;
+use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// What one attempt on the shared session found.
 enum Tried {
@@ -57,24 +58,8 @@ impl Inner {
         match self.try_once(&name, ttl, lease_locker).await? {
             Tried::Granted(lease) => Ok(Some(lease)),
             Tried::Contended => Ok(None),
-            Tried::CleaningUp => Err(self.cleanup_pending(&name, "acquire")),
+            Tried::CleaningUp => Err(self.core.cleanup_pending(name.key, "acquire")),
         }
-    }
-
-    /// The answer while an abandoned attempt's cleanup holds the key's
-    /// reservation: the server may hold the lock for nobody until the
-    /// cleanup releases it, so neither "held elsewhere" nor "not held" would
-    /// be true.
-    pub(super) fn cleanup_pending(&self, name: &LockName<'_>, operation: &'static str) -> Error {
-        Error::backend(
-            BACKEND,
-            operation,
-            format!(
-                "an earlier attempt on {:?} is still being cleaned up (its answer from {} was never taken, \
-                 so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
-                name.key, self.settings.target, self.settings.query_timeout
-            ),
-        )
     }
 
     async fn try_once(
@@ -83,20 +68,20 @@ impl Inner {
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Tried> {
-        let ticket = match self.registry.reserve(name.server.clone()) {
+        let ticket = match self.core.registry.reserve(name.server.clone()) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Ok(Tried::Contended),
             Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
         };
         let mut attempt = Attempt {
-            registry: self.registry.clone(),
+            registry: self.core.registry.clone(),
             ticket: ticket.clone(),
-            reserved: Some(Reserved::new(self.registry.clone(), ticket)),
+            reserved: Some(Reserved::new(self.core.registry.clone(), ticket)),
             answered: false,
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let session = self.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.server).await?;
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let limit = self.settings.query_timeout;
@@ -120,7 +105,15 @@ impl Inner {
         attempt.answered = true;
         match self.got(&answer, &context)? {
             Got::Granted(token) => {
-                let lease = self.record_grant(name, ttl, owner, token, session, lease_locker)?;
+                let lease = self.core.grant(
+                    name.server.clone(),
+                    name.key,
+                    ttl,
+                    owner,
+                    token,
+                    session,
+                    lease_locker,
+                )?;
                 answer.settle();
                 Ok(Tried::Granted(lease))
             }
@@ -198,9 +191,10 @@ impl Inner {
             Tried::Granted(lease) => return Ok(lease),
             Tried::Contended | Tried::CleaningUp => {}
         }
-        let Some(session) = self.pool.waiter().await? else {
+        let Some(session) = self.core.pool.waiter().await? else {
             return self
-                .poll_acquire(name, ttl, started, remaining(), lease_locker)
+                .core
+                .poll(&*lease_locker, name.key, ttl, started, remaining())
                 .await;
         };
         let owner = new_owner_token();
@@ -208,7 +202,7 @@ impl Inner {
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
         let mut wait = WaitGuard {
             session: Some(session.clone()),
-            pool: self.pool.clone(),
+            pool: self.core.pool.clone(),
             query_timeout: self.settings.query_timeout,
         };
         let context = || format!("wait for {:?} on {}", name.key, self.settings.target);
@@ -240,14 +234,21 @@ impl Inner {
             wait.disarm();
             match got? {
                 Got::Granted(token) => {
-                    let lease =
-                        self.record_grant(name, ttl, owner, token, session, lease_locker)?;
+                    let lease = self.core.grant(
+                        name.server.clone(),
+                        name.key,
+                        ttl,
+                        owner,
+                        token,
+                        session,
+                        lease_locker,
+                    )?;
                     answer.settle();
                     return Ok(lease);
                 }
                 Got::Refused if remaining().is_zero() => {
                     answer.settle();
-                    self.pool.recycle(session);
+                    self.core.pool.recycle(session);
                     return Err(Error::Timeout {
                         key: name.key.to_owned(),
                         waited: started.elapsed(),
@@ -260,82 +261,6 @@ impl Inner {
                 }
             }
         }
-    }
-
-    /// Waits by polling, when all `max_waiters` waiter connections are in
-    /// use: the shared waiting loop (`try_lock` with jittered backoff,
-    /// bounded by the deadline).
-    async fn poll_acquire(
-        &self,
-        name: &LockName<'_>,
-        ttl: Duration,
-        started: Instant,
-        remaining: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let timed_out = || Error::Timeout {
-            key: name.key.to_owned(),
-            waited: started.elapsed(),
-        };
-        if remaining.is_zero() {
-            return Err(timed_out());
-        }
-        tracing::debug!(
-            component = "distlock",
-            backend = BACKEND,
-            key = name.key,
-            max_waiters = self.settings.max_waiters,
-            "every waiter connection is in use; polling"
-        );
-        let policy = WaitPolicy::default();
-        match crate::wait::acquire(&*lease_locker, name.key, ttl, remaining, &policy).await {
-            Err(Error::Timeout { .. }) => Err(timed_out()),
-            other => other,
-        }
-    }
-
-    /// Turns a grant on `session` into a lease and records it.
-    fn record_grant(
-        &self,
-        name: &LockName<'_>,
-        ttl: Duration,
-        owner: String,
-        fencing_token: Option<u64>,
-        session: Arc<Session>,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let closed_after_grant = || {
-            Error::backend(
-                BACKEND,
-                "acquire",
-                format!(
-                    "the connection to {} closed right after {:?} was granted; the server has released it",
-                    self.settings.target, name.key
-                ),
-            )
-        };
-        if session.is_closed() {
-            return Err(closed_after_grant());
-        }
-        let lease = Lease::new(
-            LeaseParts {
-                key: name.key.to_owned(),
-                owner: owner.clone(),
-                fencing_token,
-                ttl,
-                valid_until: None,
-            },
-            lease_locker,
-        );
-        let held = Held {
-            owner,
-            session,
-            lost: lease.lost_notifier(),
-        };
-        self.registry
-            .grant(name.server.clone(), held)
-            .map_err(|SessionClosed| closed_after_grant())?;
-        Ok(lease)
     }
 }
 

@@ -4,9 +4,9 @@ use super::acquire::Reserved;
 use super::errors::{self, BACKEND};
 use super::fencing::Sql;
 use super::names::LockName;
-use super::registry::Busy;
 use super::session::Request;
 use super::Inner;
+use crate::session_registry::Busy;
 use crate::{Error, Result};
 
 impl Inner {
@@ -20,13 +20,13 @@ impl Inner {
     /// the statement (and, had it failed halfway, the release of its lock)
     /// has run.
     pub(super) async fn forget(&self, name: LockName<'_>) -> Result<()> {
-        let ticket = match self.registry.reserve(name.server.clone()) {
+        let ticket = match self.core.registry.reserve(name.server.clone()) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Err(held(&name)),
-            Err(Busy::CleaningUp) => return Err(self.cleanup_pending(&name, "forget")),
+            Err(Busy::CleaningUp) => return Err(self.core.cleanup_pending(name.key, "forget")),
         };
-        let reserved = Reserved::new(self.registry.clone(), ticket);
-        let session = self.pool.shared(&name.server).await?;
+        let reserved = Reserved::new(self.core.registry.clone(), ticket);
+        let session = self.core.pool.shared(&name.server).await?;
         let limit = self.settings.query_timeout;
         let request = Request {
             sql: self.sql.forget(&name),

@@ -87,7 +87,7 @@ impl Inner {
         operation: &'static str,
         context: &(dyn Fn() -> String + Sync),
     ) -> Result<Vec<Row>> {
-        let session = self.pool.shared(session_key).await?;
+        let session = self.core.pool.shared(session_key).await?;
         let limit = self.settings.query_timeout;
         let mut answer = bounded(BACKEND, operation, limit, async {
             session
@@ -195,7 +195,7 @@ impl Inner {
     /// server has freed the lock: true if it did, false if the connection no
     /// longer held it.
     async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
-        let session = self.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.server).await?;
         if u64::from(session.connection_id) == connection {
             return Err(Error::Unsupported {
                 backend: BACKEND,

@@ -343,7 +343,6 @@ mod inspect;
 mod marks;
 mod names;
 mod pool;
-mod registry;
 mod release;
 mod session;
 
@@ -358,10 +357,8 @@ pub use names::{lock_name, lock_name_in, MAX_NAME_LEN};
 use self::config::Settings;
 use self::fencing::Sql;
 use self::names::LockName;
-use self::pool::Pool;
-use self::registry::Registry;
-use self::session::OnClosed;
 use crate::inspect::{ForceRelease, HeldLock};
+use crate::sql::core::{Core, Wording};
 use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
@@ -376,8 +373,8 @@ struct Inner {
     leases: crate::SharedLocker,
     settings: Arc<Settings>,
     sql: Sql,
-    pool: Arc<Pool>,
-    registry: Arc<Registry>,
+    /// The pool, the held locks, and the steps every SQL dialect shares.
+    core: Core<pool::Connect, String>,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
 }
@@ -390,6 +387,14 @@ impl Inner {
         LockName::new(&self.settings.namespace, key)
     }
 }
+
+/// How the shared core words this backend's messages.
+const WORDING: Wording = Wording {
+    unanswered: "was never taken",
+    lost_after_grant: |target, key| {
+        format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
+    },
+};
 
 impl MysqlLocker {
     /// Connects with the defaults and the URL's parameters (see the
@@ -419,22 +424,22 @@ impl MysqlLocker {
 
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
-        let registry = Arc::new(Registry::new(errors::BACKEND));
-        let weak = Arc::downgrade(&registry);
-        let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
-            if let Some(registry) = weak.upgrade() {
-                registry.session_closed(session_id, why, grace);
-            }
-        });
+        let core = Core::new(
+            errors::BACKEND,
+            settings.target.clone(),
+            settings.query_timeout,
+            settings.max_waiters,
+            WORDING,
+            |on_closed| pool::new(settings.clone(), on_closed),
+        );
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
-            pool: Arc::new(pool::new(settings.clone(), on_closed)),
+            core,
             sql: Sql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
-            registry,
         });
-        inner.pool.shared("").await?;
+        inner.core.pool.shared("").await?;
         Ok(MysqlLocker { inner })
     }
 
@@ -446,7 +451,7 @@ impl MysqlLocker {
 
     /// How many locks this locker (and its clones) holds right now.
     pub fn held_count(&self) -> usize {
-        self.inner.registry.held_count()
+        self.inner.core.registry.held_count()
     }
 
     fn lease_locker(&self) -> Arc<dyn Locker> {
@@ -475,20 +480,7 @@ impl Locker for MysqlLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: false,
-            refresh: true,
-            unlock_by_owner: false,
-            release_wakeup: true,
-            // The server-side wait wakes waiters; nothing announces releases.
-            release_notifications: false,
-            fencing: self.inner.sql.fencing(),
-            marks: true,
-            inspect: true,
-            // Only the fencing table names the locks.
-            list: self.inner.sql.fencing(),
-            force_release: true,
-        }
+        crate::sql::core::capabilities(self.inner.sql.fencing())
     }
 
     /// The `GET_LOCK` name of `key` in this locker's namespace

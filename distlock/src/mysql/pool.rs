@@ -12,11 +12,16 @@ use super::config::Settings;
 use super::fencing::{ensure_table, Sql, RECORD_COLUMNS};
 use super::marks;
 use super::session::{OnClosed, Session};
+use crate::session_registry::HoldingSession;
 use crate::sql::pool::{Connector, PoolSize, PooledSession, Role};
 use crate::Result;
 
 /// The locker's connections.
 pub(super) type Pool = crate::sql::pool::Pool<Connect>;
+/// Which locks this locker holds, on which session, for which owner.
+pub(super) type Registry = crate::session_registry::Registry<String, Session>;
+/// A reservation of one lock.
+pub(super) type Ticket = crate::session_registry::Ticket<String>;
 
 /// Opens MySQL sessions with the locker's settings.
 pub(super) struct Connect {
@@ -79,6 +84,12 @@ impl Connector for Connect {
 impl PooledSession for Session {
     fn role(&self) -> Role {
         self.role
+    }
+}
+
+impl HoldingSession for Session {
+    fn id(&self) -> u64 {
+        self.id
     }
     fn is_closed(&self) -> bool {
         Session::is_closed(self)

@@ -25,11 +25,12 @@ use tokio::time::Instant;
 use super::errors::{self, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
 use super::keys::{owner_digest, LockKey};
-use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
+use super::pool::{Registry, Ticket};
 use super::session::{Session, WaitError};
 use super::Inner;
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
-use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
+use crate::session_registry::Busy;
+use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
@@ -47,7 +48,8 @@ enum Tried {
 impl Inner {
     /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
     /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up (see [`Inner::cleanup_pending`]).
+    /// key is still being cleaned up (see
+    /// [`Core::cleanup_pending`](crate::sql::core::Core::cleanup_pending)).
     pub(super) async fn try_acquire(
         &self,
         key: LockKey<'_>,
@@ -57,24 +59,8 @@ impl Inner {
         match self.try_once(key, ttl, lease_locker).await? {
             Tried::Granted(lease) => Ok(Some(lease)),
             Tried::Contended => Ok(None),
-            Tried::CleaningUp => Err(self.cleanup_pending(key, "acquire")),
+            Tried::CleaningUp => Err(self.core.cleanup_pending(key.name, "acquire")),
         }
-    }
-
-    /// The answer while an abandoned attempt's cleanup holds the key's
-    /// reservation: the server may hold the lock for nobody (the attempt
-    /// took it, its answer never arrived) until the cleanup releases it, so
-    /// neither "held elsewhere" nor "not held" would be true.
-    pub(super) fn cleanup_pending(&self, key: LockKey<'_>, operation: &'static str) -> Error {
-        Error::backend(
-            BACKEND,
-            operation,
-            format!(
-                "an earlier attempt on {:?} is still being cleaned up (its answer from {} never arrived, \
-                 so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
-                key.name, self.settings.target, self.settings.query_timeout
-            ),
-        )
     }
 
     async fn try_once(
@@ -83,20 +69,20 @@ impl Inner {
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Tried> {
-        let ticket = match self.registry.reserve(key.id) {
+        let ticket = match self.core.registry.reserve(key.id) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Ok(Tried::Contended),
             Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
         };
         let mut attempt = Attempt {
-            registry: self.registry.clone(),
+            registry: self.core.registry.clone(),
             ticket,
             sent_on: None,
             query_timeout: self.settings.query_timeout,
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let session = self.pool.shared(&key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let owner = new_owner_token();
         // Only the fencing table records the owner.
         let digest = if self.fencing() {
@@ -175,9 +161,10 @@ impl Inner {
             // server orders a native wait after it, like after any holder.
             Tried::Contended | Tried::CleaningUp => {}
         }
-        let Some(session) = self.pool.waiter().await? else {
+        let Some(session) = self.core.pool.waiter().await? else {
             return self
-                .poll_acquire(key, ttl, started, remaining(), lease_locker)
+                .core
+                .poll(&*lease_locker, key.name, ttl, started, remaining())
                 .await;
         };
         let owner = new_owner_token();
@@ -215,7 +202,7 @@ impl Inner {
                     }
                     if remaining().is_zero() {
                         wait.disarm();
-                        self.pool.recycle(session);
+                        self.core.pool.recycle(session);
                         return Err(Error::Timeout {
                             key: key.name.to_owned(),
                             waited: started.elapsed(),
@@ -230,43 +217,6 @@ impl Inner {
         };
         wait.disarm();
         self.record_grant(key, ttl, owner, token, session, lease_locker)
-    }
-
-    /// Waits by polling, when all `max_waiters` waiter connections are in
-    /// use: the waiting loop every backend without a server-side wait uses
-    /// (`try_lock` with jittered backoff, bounded by the deadline), so
-    /// contention, timeouts and outages are reported as there. It does not
-    /// switch to a native wait if a connection frees up meanwhile.
-    async fn poll_acquire(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        started: Instant,
-        remaining: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let timed_out = || Error::Timeout {
-            key: key.name.to_owned(),
-            waited: started.elapsed(),
-        };
-        // A zero timeout means "one attempt, contention is NotAcquired" to
-        // the loop; here the caller's (non-zero) timeout has simply run out.
-        if remaining.is_zero() {
-            return Err(timed_out());
-        }
-        tracing::debug!(
-            component = "distlock",
-            backend = BACKEND,
-            key = key.name,
-            max_waiters = self.settings.max_waiters,
-            "every waiter connection is in use; polling"
-        );
-        let policy = WaitPolicy::default();
-        match crate::wait::acquire(&*lease_locker, key.name, ttl, remaining, &policy).await {
-            // The loop measured only its own part of the wait.
-            Err(Error::Timeout { .. }) => Err(timed_out()),
-            other => other,
-        }
     }
 
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
@@ -315,16 +265,6 @@ impl Inner {
         session: Arc<Session>,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let closed_after_grant = || {
-            Error::backend(
-                BACKEND,
-                "acquire",
-                format!(
-                    "the session on {} was lost right after {:?} was granted (closed, or given up as silent); the server releases it when the session ends",
-                    self.settings.target, key.name
-                ),
-            )
-        };
         let fencing_token = token
             .map(|t| {
                 u64::try_from(t).map_err(|_| {
@@ -339,28 +279,16 @@ impl Inner {
                 })
             })
             .transpose()?;
-        if session.is_closed() {
-            return Err(closed_after_grant());
-        }
-        let lease = Lease::new(
-            LeaseParts {
-                key: key.name.to_owned(),
-                owner: owner.clone(),
-                fencing_token,
-                ttl,
-                valid_until: None,
-            },
-            lease_locker,
-        );
-        let held = Held {
+        let core = &self.core;
+        core.grant(
+            key.id,
+            key.name,
+            ttl,
             owner,
+            fencing_token,
             session,
-            lost: lease.lost_notifier(),
-        };
-        self.registry
-            .grant(key.id, held)
-            .map_err(|SessionClosed| closed_after_grant())?;
-        Ok(lease)
+            lease_locker,
+        )
     }
 }
 
@@ -523,7 +451,7 @@ mod tests {
         let url = format!("{}&max_waiters=2&idle_waiters=0", server.url());
         let locker = PostgresLocker::from_url(&url).await.unwrap();
         let holder = PostgresLocker::from_url(&server.url()).await.unwrap();
-        let pool = &locker.inner.pool;
+        let pool = &locker.inner.core.pool;
         let key = "permits";
         let id = locker.advisory_key(key);
         let in_use = || pool.waiters_in_use();
@@ -661,8 +589,20 @@ mod tests {
         let digest = owner_digest("owner");
         let record = GrantRecord::new(key.name, TTL, true);
         let (raced, bystander) = (
-            inner.pool.waiter().await.unwrap().expect("a free permit"),
-            inner.pool.waiter().await.unwrap().expect("a free permit"),
+            inner
+                .core
+                .pool
+                .waiter()
+                .await
+                .unwrap()
+                .expect("a free permit"),
+            inner
+                .core
+                .pool
+                .waiter()
+                .await
+                .unwrap()
+                .expect("a free permit"),
         );
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])
@@ -706,7 +646,13 @@ mod tests {
         server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
         let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
-        let session = inner.pool.waiter().await.unwrap().expect("a free permit");
+        let session = inner
+            .core
+            .pool
+            .waiter()
+            .await
+            .unwrap()
+            .expect("a free permit");
         let show = |name: &'static str| {
             let session = session.clone();
             async move {
@@ -725,7 +671,13 @@ mod tests {
         assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
         assert_eq!(show("lock_timeout").await, "1500ms", "after a won wait");
 
-        let other = inner.pool.waiter().await.unwrap().expect("a free permit");
+        let other = inner
+            .core
+            .pool
+            .waiter()
+            .await
+            .unwrap()
+            .expect("a free permit");
         other
             .query("SELECT pg_advisory_lock(-78)", &[])
             .await

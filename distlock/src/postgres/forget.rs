@@ -2,8 +2,9 @@
 
 use super::errors;
 use super::keys::LockKey;
-use super::registry::{Busy, Registry, Ticket};
+use super::pool::{Registry, Ticket};
 use super::Inner;
+use crate::session_registry::Busy;
 use crate::{Error, Result};
 
 impl Inner {
@@ -15,19 +16,19 @@ impl Inner {
     /// only be refused by *another* session, never granted re-entrantly
     /// over a lock of ours.
     pub(super) async fn forget(&self, key: LockKey<'_>) -> Result<()> {
-        let ticket = match self.registry.reserve(key.id) {
+        let ticket = match self.core.registry.reserve(key.id) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Err(held(key)),
-            Err(Busy::CleaningUp) => return Err(self.cleanup_pending(key, "forget")),
+            Err(Busy::CleaningUp) => return Err(self.core.cleanup_pending(key.name, "forget")),
         };
         // No cleanup is ever needed on the server: the statement's lock ends
         // with its transaction, whether or not we wait for the answer. A
         // later attempt on the shared session is queued behind it.
         let _reservation = Reservation {
-            registry: &self.registry,
+            registry: &self.core.registry,
             ticket,
         };
-        let session = self.pool.shared(&key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let context = || format!("forget {:?} on {}", key.name, self.settings.target);
         let rows = errors::within(
             "forget",

@@ -84,7 +84,7 @@ impl Inner {
     }
 
     async fn find_hold(&self, key: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
-        let session = self.pool.shared(&key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let context = || format!("inspect {:?} on {}", key.name, self.settings.target);
         let rows = errors::within(
             operation,
@@ -123,9 +123,9 @@ impl Inner {
         // a shared session, whose silence meanwhile would be taken for the
         // server's and give its locks up. (All waiter connections in use:
         // the shared one it is.)
-        let (session, waiter) = match self.pool.waiter().await? {
+        let (session, waiter) = match self.core.pool.waiter().await? {
             Some(waiter) => (waiter, true),
-            None => (self.pool.shared(&0_i64).await?, false),
+            None => (self.core.pool.shared(&0_i64).await?, false),
         };
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = errors::within(
@@ -136,7 +136,7 @@ impl Inner {
         )
         .await?;
         if waiter {
-            self.pool.recycle(session);
+            self.core.pool.recycle(session);
         }
         let mut listed = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -193,7 +193,7 @@ impl Inner {
     /// Ends server process `pid` if it still holds `key`, waiting for it to
     /// exit: true if it did, false if it no longer held the key.
     async fn terminate(&self, key: LockKey<'_>, pid: i32) -> Result<bool> {
-        let session = self.pool.shared(&key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
         let context = || {
             format!(

@@ -359,7 +359,6 @@ mod inspect;
 mod keys;
 mod marks;
 mod pool;
-mod registry;
 mod release;
 mod session;
 mod tls;
@@ -379,10 +378,8 @@ use self::config::Settings;
 use self::fencing::Sql;
 use self::keys::LockKey;
 use self::marks::MarksSql;
-use self::pool::Pool;
-use self::registry::Registry;
-use self::session::OnClosed;
 use crate::inspect::{ForceRelease, HeldLock};
+use crate::sql::core::{Core, Wording};
 use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
@@ -399,8 +396,8 @@ struct Inner {
     raw_leases: crate::SharedLocker,
     settings: Arc<Settings>,
     sql: Arc<Sql>,
-    pool: Pool,
-    registry: Arc<Registry>,
+    /// The pool, the held locks, and the steps every SQL dialect shares.
+    core: Core<pool::Connect, i64>,
     marks: MarksSql,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
@@ -451,24 +448,24 @@ impl PostgresLocker {
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
         let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
-        let registry = Arc::new(Registry::new(errors::BACKEND));
-        let weak = Arc::downgrade(&registry);
-        let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
-            if let Some(registry) = weak.upgrade() {
-                registry.session_closed(session_id, why, grace);
-            }
-        });
+        let core = Core::new(
+            errors::BACKEND,
+            settings.target.clone(),
+            settings.query_timeout,
+            settings.max_waiters,
+            WORDING,
+            |on_closed| pool::new(settings.clone(), sql.clone(), on_closed),
+        );
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
             raw_leases: crate::SharedLocker::default(),
-            pool: pool::new(settings.clone(), sql.clone(), on_closed),
+            core,
             marks: MarksSql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
             sql,
-            registry,
         });
-        inner.pool.shared(&0_i64).await?;
+        inner.core.pool.shared(&0_i64).await?;
         Ok(PostgresLocker { inner })
     }
 
@@ -503,7 +500,7 @@ impl PostgresLocker {
 
     /// How many locks this locker (and its clones) holds right now.
     pub fn held_count(&self) -> usize {
-        self.inner.registry.held_count()
+        self.inner.core.registry.held_count()
     }
 
     fn lock_key<'a>(&self, name: &'a str) -> LockKey<'a> {
@@ -532,22 +529,16 @@ impl fmt::Debug for PostgresLocker {
     }
 }
 
-fn capabilities(fencing: bool) -> Capabilities {
-    Capabilities {
-        expires: false,
-        refresh: true,
-        unlock_by_owner: false,
-        release_wakeup: true,
-        // The server-side wait wakes waiters; nothing announces releases.
-        release_notifications: false,
-        fencing,
-        marks: true,
-        inspect: true,
-        // Only the fencing table names the locks.
-        list: fencing,
-        force_release: true,
-    }
-}
+/// How the shared core words this backend's messages.
+const WORDING: Wording = Wording {
+    unanswered: "never arrived",
+    lost_after_grant: |target, key| {
+        format!(
+            "the session on {target} was lost right after {key:?} was granted (closed, or given up as silent); \
+             the server releases it when the session ends"
+        )
+    },
+};
 
 #[async_trait]
 impl Locker for PostgresLocker {
@@ -556,7 +547,7 @@ impl Locker for PostgresLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities(self.inner.fencing())
+        crate::sql::core::capabilities(self.inner.fencing())
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

@@ -11,11 +11,16 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::config::Settings;
 use super::fencing::Sql;
 use super::session::{OnClosed, Session};
+use crate::session_registry::HoldingSession;
 use crate::sql::pool::{Connector, PoolSize, PooledSession, Role};
 use crate::Result;
 
 /// The locker's connections.
 pub(super) type Pool = crate::sql::pool::Pool<Connect>;
+/// Which locks this locker holds, on which session, for which owner.
+pub(super) type Registry = crate::session_registry::Registry<i64, Session>;
+/// A reservation of one lock.
+pub(super) type Ticket = crate::session_registry::Ticket<i64>;
 
 /// Opens Postgres sessions with the locker's settings.
 pub(super) struct Connect {
@@ -69,6 +74,12 @@ impl PooledSession for Session {
     fn role(&self) -> Role {
         self.role
     }
+}
+
+impl HoldingSession for Session {
+    fn id(&self) -> u64 {
+        self.id
+    }
     fn is_closed(&self) -> bool {
         Session::is_closed(self)
     }
@@ -86,7 +97,7 @@ mod tests {
         let server = test_servers::PostgresServer::start();
         let url = format!("{}&max_waiters=2&idle_waiters=5", server.url());
         let locker = PostgresLocker::from_url(&url).await.unwrap();
-        let pool = &locker.inner.pool;
+        let pool = &locker.inner.core.pool;
         let idle_count = || pool.idle_count();
 
         let (a, b) = (

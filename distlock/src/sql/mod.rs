@@ -9,6 +9,8 @@
 //!
 //! - [`pool`]: the shared sessions and the capped waiter connections, over
 //!   a dialect's [`Connector`](pool::Connector);
+//! - [`core`](self::core): the pool and the registry of held locks, and
+//!   the acquire, release and verify steps that do not depend on the SQL;
 //! - [`fencing`]: the fencing table's name, checked and quoted by the
 //!   dialect's [`Identifiers`](fencing::Identifiers).
 //!
@@ -24,5 +26,6 @@
 //! for its session and [`Identifiers`](fencing::Identifiers) for its
 //! identifier rules, and reuse the pool and the fencing-table handling.
 
+pub(crate) mod core;
 pub(crate) mod fencing;
 pub(crate) mod pool;

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::session_registry::HoldingSession;
 use crate::Result;
 
 /// What a connection of the pool is for.
@@ -45,12 +46,18 @@ pub(crate) enum Role {
     Waiter,
 }
 
-/// A session as the pool sees it.
-pub(crate) trait PooledSession: Send + Sync + 'static {
+/// Called once, from the session's driver, when its connection is gone (or
+/// given up as silent): with the session's id, why, and how long its locks
+/// may still be held on the server (what is left of the dialect's server
+/// window since the server was last heard, when it went silent; zero
+/// otherwise).
+pub(crate) type OnClosed = Arc<dyn Fn(u64, &str, std::time::Duration) + Send + Sync>;
+
+/// A session as the pool sees it: what the registry sees
+/// ([`HoldingSession`]: its id, whether it is closed), and its role.
+pub(crate) trait PooledSession: HoldingSession + 'static {
     /// What the session was opened for.
     fn role(&self) -> Role;
-    /// The connection is gone (or being closed): it carries no lock.
-    fn is_closed(&self) -> bool;
 }
 
 /// How a dialect opens a session.
