@@ -24,19 +24,11 @@ use super::pool::Pool;
 use super::pool::{Registry, Ticket};
 use super::session::{Answer, Request, Session};
 use super::Inner;
-use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
+use crate::deadline::bounded;
 use crate::inspect::GrantRecord;
 use crate::session_registry::Busy;
+use crate::sql::core::{remaining, Reserved, Tried};
 use crate::{new_owner_token, Error, Lease, Locker, Result};
-
-/// What one attempt on the shared session found.
-enum Tried {
-    Granted(Lease),
-    /// Held elsewhere, or by (or for) another caller of this locker.
-    Contended,
-    /// An abandoned attempt on this key is still being cleaned up.
-    CleaningUp,
-}
 
 /// What `GET_LOCK` answered.
 enum Got {
@@ -48,18 +40,36 @@ enum Got {
 impl Inner {
     /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
     /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up.
+    /// key is still being cleaned up (see
+    /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
     pub(super) async fn try_acquire(
         &self,
         name: LockName<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Option<Lease>> {
-        match self.try_once(&name, ttl, lease_locker).await? {
-            Tried::Granted(lease) => Ok(Some(lease)),
-            Tried::Contended => Ok(None),
-            Tried::CleaningUp => Err(self.core.cleanup_pending(name.key, "acquire")),
-        }
+        let tried = self.try_once(&name, ttl, lease_locker).await?;
+        self.core.try_answer(tried, name.key)
+    }
+
+    /// `lock`: one attempt for a zero `timeout`, else a wait on the server,
+    /// or polling if no waiter connection is free (see
+    /// [`Core::lock`](crate::sql::core::Core::lock)).
+    pub(super) async fn lock_within(
+        &self,
+        name: LockName<'_>,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let name = &name;
+        let try_once = |lease_locker| self.try_once(name, ttl, lease_locker);
+        let wait_on = |session, started, deadline, lease_locker| {
+            self.wait_on(name, ttl, session, started, deadline, lease_locker)
+        };
+        let core = &self.core;
+        core.lock(name.key, ttl, timeout, lease_locker, try_once, wait_on)
+            .await
     }
 
     async fn try_once(
@@ -152,51 +162,18 @@ impl Inner {
         }
     }
 
-    /// Waits on the server for up to `timeout` (which is not zero), or polls
-    /// if no waiter connection is free. Returns within `timeout` +
-    /// [`DEADLINE_GRACE`] whatever the server does.
-    pub(super) async fn wait_acquire(
-        &self,
-        name: LockName<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let started = Instant::now();
-        let deadline = checked_deadline(started, timeout);
-        bounded(
-            BACKEND,
-            "acquire",
-            timeout.saturating_add(DEADLINE_GRACE),
-            self.wait_steps(&name, ttl, started, deadline, lease_locker),
-        )
-        .await
-    }
-
-    async fn wait_steps(
+    /// The wait on the server (`GET_LOCK(name, seconds)`), on waiter
+    /// connection `session`, after the first attempt found the name held.
+    async fn wait_on(
         &self,
         name: &LockName<'_>,
         ttl: Duration,
+        session: Arc<Session>,
         started: Instant,
         deadline: Option<Instant>,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let remaining = || {
-            deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            })
-        };
-        // Most locks are free: one round trip on a shared session.
-        match self.try_once(name, ttl, lease_locker.clone()).await? {
-            Tried::Granted(lease) => return Ok(lease),
-            Tried::Contended | Tried::CleaningUp => {}
-        }
-        let Some(session) = self.core.pool.waiter().await? else {
-            return self
-                .core
-                .poll(&*lease_locker, name.key, ttl, started, remaining())
-                .await;
-        };
+        let remaining = || remaining(deadline);
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
@@ -264,31 +241,6 @@ impl Inner {
     }
 }
 
-/// A key's reservation, ended when dropped: it travels with the request
-/// that may take the lock, so it ends only after the request is settled
-/// (and, if nobody took the answer, after the lock was released).
-pub(super) struct Reserved {
-    registry: Arc<Registry>,
-    ticket: Option<Ticket>,
-}
-
-impl Reserved {
-    pub(super) fn new(registry: Arc<Registry>, ticket: Ticket) -> Self {
-        Reserved {
-            registry,
-            ticket: Some(ticket),
-        }
-    }
-}
-
-impl Drop for Reserved {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            self.registry.release(ticket);
-        }
-    }
-}
-
 /// The caller's side of an attempt: dropped after the request was queued
 /// but before its answer arrived, it marks the reservation as cleaning up,
 /// so callers meanwhile are told the truth (unknown), not "contention".
@@ -296,7 +248,7 @@ struct Attempt {
     registry: Arc<Registry>,
     ticket: Ticket,
     /// Until the request is queued.
-    reserved: Option<Reserved>,
+    reserved: Option<Reserved<String, Session>>,
     answered: bool,
 }
 

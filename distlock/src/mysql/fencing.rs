@@ -19,7 +19,7 @@ use mysql_async::prelude::Queryable;
 use super::errors;
 use super::names::{hex_literal, name_literal, LockName};
 use crate::inspect::GrantRecord;
-use crate::sql::fencing::Identifiers;
+use crate::sql::fencing::{Identifiers, RecordLiterals};
 use crate::{Error, Result};
 
 /// The default table name, in the URL's database.
@@ -235,18 +235,12 @@ impl Sql {
         };
         // The record's text goes into session variables once, in the first
         // statement, for both the UPDATE and the INSERT to read.
-        let text_or_null = |text: Option<&str>| match text {
-            Some(text) => text_literal(text),
-            None => "NULL".to_owned(),
-        };
-        let (host, label) = (
-            text_or_null(record.host.as_deref()),
-            text_or_null(record.label.as_deref()),
-        );
-        let pid = record
-            .pid
-            .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
-        let key_name = text_or_null(record.key_name);
+        let RecordLiterals {
+            key_name,
+            host,
+            pid,
+            label,
+        } = RecordLiterals::new(record, text_literal);
         let ttl_ms = record.ttl_ms;
         format!(
             "SET @distlock_got = GET_LOCK({lit}, {wait}), @distlock_key = {key_name}, \

@@ -359,7 +359,10 @@ use self::fencing::Sql;
 use self::names::LockName;
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::sql::core::{Core, Wording};
-use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+// Named by the docs above.
+#[cfg(doc)]
+use crate::Error;
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
 /// held locks. See the [module docs](self) for what it guarantees.
@@ -500,18 +503,8 @@ impl Locker for MysqlLocker {
     /// connections are in use (see the [module docs](self#connections)).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         validate::acquire(key, ttl)?;
-        let name = self.inner.name(key);
-        if timeout.is_zero() {
-            return self
-                .inner
-                .try_acquire(name, ttl, self.lease_locker())
-                .await?
-                .ok_or_else(|| Error::NotAcquired {
-                    key: key.to_owned(),
-                });
-        }
         self.inner
-            .wait_acquire(name, ttl, timeout, self.lease_locker())
+            .lock_within(self.inner.name(key), ttl, timeout, self.lease_locker())
             .await
     }
 

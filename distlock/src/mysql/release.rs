@@ -58,9 +58,6 @@ impl Inner {
     /// error applies: `Unsupported` if another client holds it under
     /// `owner`, `NotHeld` if nobody does.
     async fn release_elsewhere(&self, name: LockName<'_>, owner: &str) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            key: name.key.to_owned(),
-        };
         let session = self.core.pool.shared(&name.server).await?;
         let limit = self.settings.query_timeout;
         let context = || {
@@ -80,28 +77,12 @@ impl Inner {
         let bad = |why: String| Error::backend(BACKEND, "release", format!("{}: {why}", context()));
         let (holder, same_owner) = (answer.int(0).map_err(bad)?, answer.int(1).map_err(bad)?);
         answer.settle();
-        let Some(connection) = holder else {
-            return Err(not_held());
-        };
-        let reason = match (self.sql.fencing(), same_owner) {
-            (true, Some(1)) => format!(
-                "{:?} is held under this owner token by another client (connection {connection}); a GET_LOCK \
-                 lock can only be released by the session holding it: release it from that client, or end \
-                 its session (KILL {connection}) to free it",
-                name.key
-            ),
-            (true, _) => return Err(not_held()),
-            (false, _) => format!(
-                "{:?} is held by connection {connection}; without the fencing table this client cannot tell \
-                 whether under this owner token, and only the session holding it can release it",
-                name.key
-            ),
-        };
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            operation: "release",
-            reason,
-        })
+        let holder = holder.map(|id| (format!("connection {id}"), format!("KILL {id}")));
+        // Without fencing the holder's row, if any, says nothing of its owner.
+        let same_owner = self.sql.fencing().then_some(same_owner == Some(1));
+        Err(self
+            .core
+            .held_elsewhere(name.key, "a GET_LOCK lock", holder, same_owner))
     }
 
     /// [`Locker::refresh_many`](crate::Locker::refresh_many): on each

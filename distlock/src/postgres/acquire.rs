@@ -28,39 +28,52 @@ use super::keys::{owner_digest, LockKey};
 use super::pool::{Registry, Ticket};
 use super::session::{Session, WaitError};
 use super::Inner;
-use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
+use crate::deadline::bounded;
 use crate::session_registry::Busy;
+use crate::sql::core::{remaining, Tried};
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
-/// What one attempt on the shared session found.
-enum Tried {
-    Granted(Lease),
-    /// Held elsewhere, or by (or for) another caller of this locker.
-    Contended,
-    /// An abandoned attempt on this key is still being cleaned up.
-    CleaningUp,
-}
-
 impl Inner {
     /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
     /// caller of this locker), an error while an abandoned attempt on the
     /// key is still being cleaned up (see
-    /// [`Core::cleanup_pending`](crate::sql::core::Core::cleanup_pending)).
+    /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
     pub(super) async fn try_acquire(
         &self,
         key: LockKey<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Option<Lease>> {
-        match self.try_once(key, ttl, lease_locker).await? {
-            Tried::Granted(lease) => Ok(Some(lease)),
-            Tried::Contended => Ok(None),
-            Tried::CleaningUp => Err(self.core.cleanup_pending(key.name, "acquire")),
-        }
+        let tried = self.try_once(key, ttl, lease_locker).await?;
+        self.core.try_answer(tried, key.name)
+    }
+
+    /// `lock` for string and raw keys alike: one attempt for a zero
+    /// `timeout`, else a wait on the server, or polling if no waiter
+    /// connection is free (see
+    /// [`Core::lock`](crate::sql::core::Core::lock)).
+    ///
+    /// `lease_locker` must be the locker (string or raw keys) whose
+    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
+    /// polling goes through it.
+    pub(super) async fn lock_within(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let try_once = |lease_locker| self.try_once(key, ttl, lease_locker);
+        let wait_on = |session, started, deadline, lease_locker| {
+            self.wait_on(key, ttl, session, started, deadline, lease_locker)
+        };
+        let core = &self.core;
+        core.lock(key.name, ttl, timeout, lease_locker, try_once, wait_on)
+            .await
     }
 
     async fn try_once(
@@ -112,61 +125,18 @@ impl Inner {
         Ok(tried)
     }
 
-    /// Waits on the server for up to `timeout` (which is not zero), or polls
-    /// if no waiter connection is free. Returns within `timeout` +
-    /// [`DEADLINE_GRACE`] whatever the server does: past that, the call is
-    /// abandoned (its guards undo whatever the server did) with
-    /// [`Error::DeadlineExceeded`].
-    ///
-    /// `lease_locker` must be the locker (string or raw keys) whose
-    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
-    /// polling goes through it.
-    pub(super) async fn wait_acquire(
+    /// The wait on the server, on waiter connection `session`, after the
+    /// first attempt found the key held.
+    async fn wait_on(
         &self,
         key: LockKey<'_>,
         ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let started = Instant::now();
-        // `None` for a timeout too long for an Instant: no deadline at all.
-        let deadline = checked_deadline(started, timeout);
-        bounded(
-            BACKEND,
-            "acquire",
-            timeout.saturating_add(DEADLINE_GRACE),
-            self.wait_steps(key, ttl, started, deadline, lease_locker),
-        )
-        .await
-    }
-
-    async fn wait_steps(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
+        session: Arc<Session>,
         started: Instant,
         deadline: Option<Instant>,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let remaining = || {
-            deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            })
-        };
-        // Most locks are free: one round trip on a shared session, and the
-        // lock lives there rather than on a connection of its own.
-        match self.try_once(key, ttl, lease_locker.clone()).await? {
-            Tried::Granted(lease) => return Ok(lease),
-            // A pending cleanup may hold the key on its shared session; the
-            // server orders a native wait after it, like after any holder.
-            Tried::Contended | Tried::CleaningUp => {}
-        }
-        let Some(session) = self.core.pool.waiter().await? else {
-            return self
-                .core
-                .poll(&*lease_locker, key.name, ttl, started, remaining())
-                .await;
-        };
+        let remaining = || remaining(deadline);
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);

@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 
 use super::errors::{self, is_concurrent_create};
 pub(super) use crate::inspect::GrantRecord;
-use crate::sql::fencing::Identifiers;
+use crate::sql::fencing::{Identifiers, RecordLiterals};
 use crate::Result;
 
 /// The default table name, in the connection's current schema.
@@ -365,23 +365,12 @@ impl Sql {
         );
         if let Some(table) = &self.table {
             // The record's values in `GRANT_COLUMNS` order.
-            let text_or_null = |text: Option<&str>| match text {
-                Some(text) => text_literal(text),
-                None => "NULL".to_owned(),
-            };
-            let (host, label) = (
-                text_or_null(record.host.as_deref()),
-                text_or_null(record.label.as_deref()),
-            );
-            let pid = record
-                .pid
-                .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
+            let values = RecordLiterals::new(record, text_literal);
             sql.push_str(&format!(
                 " INSERT INTO {table} AS f (lock_key, token, owner_digest, {GRANT_COLUMNS}) \
-                 VALUES ('{key}'::int8, 1, '{owner_digest}', {}, {}, {host}, {pid}, {label}, \
+                 VALUES ('{key}'::int8, 1, '{owner_digest}', {}, {}, {}, {}, {}, \
                  pg_backend_pid()) {GRANT_UPDATE};",
-                text_or_null(record.key_name),
-                record.ttl_ms,
+                values.key_name, record.ttl_ms, values.host, values.pid, values.label,
             ));
         }
         sql

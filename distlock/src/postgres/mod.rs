@@ -380,7 +380,10 @@ use self::keys::LockKey;
 use self::marks::MarksSql;
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::sql::core::{Core, Wording};
-use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+// Named by the docs above.
+#[cfg(doc)]
+use crate::Error;
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
 /// locks. See the [module docs](self) for what it guarantees.
@@ -406,25 +409,6 @@ struct Inner {
 impl Inner {
     fn fencing(&self) -> bool {
         self.sql.fencing()
-    }
-
-    /// `lock` for string and raw keys alike.
-    async fn lock_within(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        if timeout.is_zero() {
-            return self
-                .try_acquire(key, ttl, lease_locker)
-                .await?
-                .ok_or_else(|| Error::NotAcquired {
-                    key: key.name.to_owned(),
-                });
-        }
-        self.wait_acquire(key, ttl, timeout, lease_locker).await
     }
 }
 

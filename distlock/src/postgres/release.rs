@@ -1,12 +1,15 @@
 //! Releasing and verifying held locks.
 
-use super::errors::{self, BACKEND};
+use super::errors;
 use super::keys::{owner_digest, LockKey};
 use super::Inner;
 use crate::session_registry::Claim;
-use crate::{Error, RefreshRequest, Result};
+use crate::{RefreshRequest, Result};
 
 use std::collections::HashSet;
+
+/// What kind of lock a release elsewhere found.
+const LOCK: &str = "a session advisory lock";
 
 impl Inner {
     /// Releases `key` if `owner` holds it through this locker; otherwise
@@ -39,9 +42,6 @@ impl Inner {
     /// which error applies: `Unsupported` if another client holds it under
     /// `owner`, `NotHeld` if nobody holds it under `owner`.
     async fn release_elsewhere(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            key: key.name.to_owned(),
-        };
         let session = self.core.pool.shared(&key.id).await?;
         let digest = owner_digest(owner);
         let query_timeout = self.settings.query_timeout;
@@ -60,31 +60,15 @@ impl Inner {
         };
         let rows = errors::within("release", query_timeout, context, lookup).await?;
         let Some(row) = rows.first() else {
-            return Err(not_held());
+            return Err(self.core.held_elsewhere(key.name, LOCK, None, None));
         };
         let columns =
             || Ok::<_, tokio_postgres::Error>((row.try_get::<_, i32>(0)?, row.try_get(1)?));
         let (pid, same_owner): (i32, Option<bool>) =
             columns().map_err(|e| errors::backend("release", context(), e))?;
-        let reason = match same_owner {
-            Some(false) => return Err(not_held()),
-            Some(true) => format!(
-                "{:?} is held under this owner token by another client (server process {pid}); a session \
-                 advisory lock can only be released by the session holding it: release it from that client, \
-                 or end its session (pg_terminate_backend({pid})) to free it",
-                key.name
-            ),
-            None => format!(
-                "{:?} is held by server process {pid}; without the fencing table this client cannot tell \
-                 whether under this owner token, and only the session holding it can release it",
-                key.name
-            ),
-        };
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            operation: "release",
-            reason,
-        })
+        let who = format!("server process {pid}");
+        let holder = Some((who, format!("pg_terminate_backend({pid})")));
+        Err(self.core.held_elsewhere(key.name, LOCK, holder, same_owner))
     }
 
     /// [`Locker::refresh_many`](crate::Locker::refresh_many) of either key

@@ -18,8 +18,54 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::pool::{Connector, OnClosed, Pool};
-use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed};
+use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
+use crate::inspect::{ForceRelease, HeldLock};
+use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
 use crate::{Capabilities, Error, Lease, LeaseParts, Locker, LostReason, Result, WaitPolicy};
+
+/// What one attempt on a shared session found.
+pub(crate) enum Tried {
+    /// Taken: the lease is recorded.
+    Granted(Lease),
+    /// Held elsewhere, or by (or for) another caller of this locker.
+    Contended,
+    /// An abandoned attempt on this key is still being cleaned up.
+    CleaningUp,
+}
+
+/// What is left of a wait until `deadline` (`None`: no deadline at all).
+pub(crate) fn remaining(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    })
+}
+
+/// A key's reservation in the registry, ended when dropped: whichever way
+/// the call holding it ends (answered, failed, dropped), and, when it
+/// travels with a request to a session's driver, only once that request is
+/// settled.
+pub(crate) struct Reserved<K: Clone + Eq + Hash + fmt::Debug, S: HoldingSession> {
+    registry: Arc<Registry<K, S>>,
+    ticket: Option<Ticket<K>>,
+}
+
+impl<K: Clone + Eq + Hash + fmt::Debug, S: HoldingSession> Reserved<K, S> {
+    /// Holds `ticket` of `registry` until dropped.
+    pub(crate) fn new(registry: Arc<Registry<K, S>>, ticket: Ticket<K>) -> Self {
+        Reserved {
+            registry,
+            ticket: Some(ticket),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + fmt::Debug, S: HoldingSession> Drop for Reserved<K, S> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.registry.release(ticket);
+        }
+    }
+}
 
 /// What a dialect says in the messages the core writes for it.
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +145,88 @@ where
                 self.target, self.wording.unanswered, self.query_timeout
             ),
         )
+    }
+
+    /// `try_lock`'s answer from one attempt: `Ok(None)` if the key is held
+    /// elsewhere (or by another caller of this locker).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] while an abandoned attempt on the key is still
+    /// being cleaned up (see [`cleanup_pending`](Self::cleanup_pending)).
+    pub(crate) fn try_answer(&self, tried: Tried, key: &str) -> Result<Option<Lease>> {
+        match tried {
+            Tried::Granted(lease) => Ok(Some(lease)),
+            Tried::Contended => Ok(None),
+            Tried::CleaningUp => Err(self.cleanup_pending(key, "acquire")),
+        }
+    }
+
+    /// `lock`: with a zero `timeout`, one attempt (`try_once`), contention
+    /// being [`Error::NotAcquired`]. Otherwise one attempt first (most
+    /// locks are free: one round trip on a shared session, and the lock
+    /// lives there rather than on a connection of its own), then a wait on
+    /// the server on a waiter connection (`wait_on`, given the connection,
+    /// when the wait started and its deadline, `None` for a timeout too
+    /// long for an `Instant`), or, when all `max_waiters` are in use,
+    /// [`poll`](Self::poll) through `lease_locker`, the locker whose
+    /// `try_lock(key)` is `try_once`.
+    ///
+    /// A wait returns within `timeout` + [`DEADLINE_GRACE`] whatever the
+    /// server does: past that, the call is abandoned (the dialect's guards
+    /// undo whatever the server did) with [`Error::DeadlineExceeded`].
+    ///
+    /// # Errors
+    ///
+    /// As above, and whatever the attempt, opening a waiter connection,
+    /// the wait or polling fails with.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the attempt and the wait: the dialect's guards make both
+    /// cancel-safe.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn lock<Once, Wait>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+        try_once: impl FnOnce(Arc<dyn Locker>) -> Once,
+        wait_on: impl FnOnce(Arc<C::Session>, Instant, Option<Instant>, Arc<dyn Locker>) -> Wait,
+    ) -> Result<Lease>
+    where
+        Once: Future<Output = Result<Tried>>,
+        Wait: Future<Output = Result<Lease>>,
+    {
+        if timeout.is_zero() {
+            return self
+                .try_answer(try_once(lease_locker).await?, key)?
+                .ok_or_else(|| Error::NotAcquired {
+                    key: key.to_owned(),
+                });
+        }
+        let started = Instant::now();
+        let deadline = checked_deadline(started, timeout);
+        let steps = async move {
+            match try_once(lease_locker.clone()).await? {
+                Tried::Granted(lease) => return Ok(lease),
+                // A pending cleanup may hold the key on its shared session;
+                // the server orders a native wait after it, like after any
+                // holder.
+                Tried::Contended | Tried::CleaningUp => {}
+            }
+            match self.pool.waiter().await? {
+                Some(session) => wait_on(session, started, deadline, lease_locker).await,
+                None => {
+                    let remaining = remaining(deadline);
+                    self.poll(&*lease_locker, key, ttl, started, remaining)
+                        .await
+                }
+            }
+        };
+        let limit = timeout.saturating_add(DEADLINE_GRACE);
+        bounded(self.backend, "acquire", limit, steps).await
     }
 
     /// Waits by polling, when all `max_waiters` waiter connections are in
@@ -196,6 +324,26 @@ where
         Ok(lease)
     }
 
+    /// Reserves `id` for a [`Locker::forget`], exactly as an attempt would
+    /// be: while reserved, no lease or attempt of this locker holds it on
+    /// one of its sessions, so the forget's own server lock can only be
+    /// refused by *another* session, never granted re-entrantly over a
+    /// lock of ours.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotAcquired`] while this locker holds or takes it;
+    /// [`Error::Backend`] while an abandoned attempt on it is cleaned up.
+    pub(crate) fn reserve_to_forget(&self, id: K, key: &str) -> Result<Reserved<K, C::Session>> {
+        match self.registry.reserve(id) {
+            Ok(ticket) => Ok(Reserved::new(self.registry.clone(), ticket)),
+            Err(Busy::Contended) => Err(Error::NotAcquired {
+                key: key.to_owned(),
+            }),
+            Err(Busy::CleaningUp) => Err(self.cleanup_pending(key, "forget")),
+        }
+    }
+
     /// The first step of a release: `owner`'s hold of `id` through this
     /// locker, taken out of the registry, or `None` when the server must be
     /// asked who holds it (nothing here holds or takes it).
@@ -223,6 +371,47 @@ where
             }),
             Some(Busy::CleaningUp) => Err(self.cleanup_pending(key, "release")),
             None => Ok(None),
+        }
+    }
+
+    /// The answer to a release of a lock this locker does not hold (it
+    /// cannot release it: only the session holding a session lock can),
+    /// given what the server said: `holder` describes the holding session
+    /// ("server process 42") and how to end it (`pg_terminate_backend(42)`),
+    /// `None` if nobody holds it; `same_owner` whether the holder's fencing
+    /// row names the caller's owner token (`None` without a fencing table).
+    ///
+    /// [`Error::Unsupported`] if another client may hold it under `owner`,
+    /// [`Error::NotHeld`] if nobody holds it under `owner`.
+    pub(crate) fn held_elsewhere(
+        &self,
+        key: &str,
+        lock: &str,
+        holder: Option<(String, String)>,
+        same_owner: Option<bool>,
+    ) -> Error {
+        let not_held = || Error::NotHeld {
+            key: key.to_owned(),
+        };
+        let Some((who, end)) = holder else {
+            return not_held();
+        };
+        let reason = match same_owner {
+            Some(false) => return not_held(),
+            Some(true) => format!(
+                "{key:?} is held under this owner token by another client ({who}); {lock} can only \
+                 be released by the session holding it: release it from that client, or end its \
+                 session ({end}) to free it"
+            ),
+            None => format!(
+                "{key:?} is held by {who}; without the fencing table this client cannot tell \
+                 whether under this owner token, and only the session holding it can release it"
+            ),
+        };
+        Error::Unsupported {
+            backend: self.backend,
+            operation: "release",
+            reason,
         }
     }
 
@@ -327,6 +516,93 @@ where
             held.lost.notify(LostReason::NotHeld);
         }
         Err(not_held())
+    }
+}
+
+/// How often a force release looks again when the lock changed hands
+/// between its inspection and the end of its holder's session.
+const FORCE_RELEASE_ATTEMPTS: usize = 3;
+
+/// How a dialect words the one force release it supports (ending the
+/// holder's session), for refusing the others.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Termination {
+    /// The kind of lock ("a GET_LOCK lock").
+    pub(crate) lock: &'static str,
+    /// What holds it ("connection").
+    pub(crate) holder: &'static str,
+    /// How the holder is ended ("KILL").
+    pub(crate) command: &'static str,
+}
+
+impl<C, K> Core<C, K>
+where
+    C: Connector,
+    K: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static,
+{
+    /// [`Locker::force_release`] by ending the holding session, the only
+    /// way a session lock can be freed by anyone but its session: `find`
+    /// looks the hold up (its holder and what inspection says of it, or
+    /// `None` when free), `end` ends that holder if it still holds the
+    /// lock (false when it no longer did: the lock changed hands, so look
+    /// again, a few times).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for any `how` but
+    /// [`ForceRelease::TerminateSession`]; [`Error::Backend`] when the lock
+    /// kept changing hands; `find`'s and `end`'s errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe past the first `end`: a holder may be ended without
+    /// the caller learning it.
+    pub(crate) async fn force_release<Holder, Found, Ended>(
+        &self,
+        key: &str,
+        how: ForceRelease,
+        words: Termination,
+        mut find: impl FnMut() -> Found,
+        mut end: impl FnMut(Holder) -> Ended,
+    ) -> Result<Option<HeldLock>>
+    where
+        Found: Future<Output = Result<Option<(Holder, HeldLock)>>>,
+        Ended: Future<Output = Result<bool>>,
+    {
+        if how != ForceRelease::TerminateSession {
+            let Termination {
+                lock,
+                holder,
+                command,
+            } = words;
+            return Err(Error::Unsupported {
+                backend: self.backend,
+                operation: "force_release",
+                reason: format!(
+                    "{how:?}: {lock} can only be released by the {holder} holding it; \
+                     ForceRelease::TerminateSession ends that {holder} ({command}), which frees \
+                     EVERY lock it holds (distlock shares one {holder} among many locks) and fires \
+                     all their holders' lost signals"
+                ),
+            });
+        }
+        for _ in 0..FORCE_RELEASE_ATTEMPTS {
+            let Some((holder, held)) = find().await? else {
+                return Ok(None);
+            };
+            if end(holder).await? {
+                crate::inspect::log_forced_release(self.backend, key, how, Some(&held));
+                return Ok(Some(held));
+            }
+            // Released (and maybe taken again) since it was inspected.
+        }
+        Err(Error::backend(
+            self.backend,
+            "force_release",
+            format!(
+                "{key:?} changed hands {FORCE_RELEASE_ATTEMPTS} times while being force-released; inspect it again"
+            ),
+        ))
     }
 }
 

@@ -9,6 +9,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::inspect::GrantRecord;
 use crate::{Error, Result};
 
 /// The default fencing table name, in the connection's current schema or
@@ -139,6 +140,36 @@ impl<I: Identifiers> FencingTable<I> {
     /// The table's own name, unquoted.
     pub(crate) fn table(&self) -> &str {
         &self.table
+    }
+}
+
+/// A grant record's values as SQL literals, for a statement that writes
+/// them inline (a wait, sent as text): each text quoted by the dialect's
+/// `text_literal`, a missing value `NULL`.
+pub(crate) struct RecordLiterals {
+    /// The key as the caller named it.
+    pub(crate) key_name: String,
+    /// The holder's host.
+    pub(crate) host: String,
+    /// The holder's process id.
+    pub(crate) pid: String,
+    /// The holder's label.
+    pub(crate) label: String,
+}
+
+impl RecordLiterals {
+    /// `record`'s values, texts quoted with `text_literal`.
+    pub(crate) fn new(record: &GrantRecord<'_>, text_literal: fn(&str) -> String) -> Self {
+        let text_or_null =
+            |text: Option<&str>| text.map_or_else(|| "NULL".to_owned(), text_literal);
+        RecordLiterals {
+            key_name: text_or_null(record.key_name),
+            host: text_or_null(record.host.as_deref()),
+            pid: record
+                .pid
+                .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string()),
+            label: text_or_null(record.label.as_deref()),
+        }
     }
 }
 
