@@ -38,41 +38,8 @@ enum Got {
 }
 
 impl Inner {
-    /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
-    /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up (see
-    /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
-    pub(super) async fn try_acquire(
-        &self,
-        name: LockName<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Option<Lease>> {
-        let tried = self.try_once(&name, ttl, lease_locker).await?;
-        self.core.try_answer(tried, name.key)
-    }
-
-    /// `lock`: one attempt for a zero `timeout`, else a wait on the server,
-    /// or polling if no waiter connection is free (see
-    /// [`Core::lock`](crate::sql::core::Core::lock)).
-    pub(super) async fn lock_within(
-        &self,
-        name: LockName<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let name = &name;
-        let try_once = |lease_locker| self.try_once(name, ttl, lease_locker);
-        let wait_on = |session, started, deadline, lease_locker| {
-            self.wait_on(name, ttl, session, started, deadline, lease_locker)
-        };
-        let core = &self.core;
-        core.lock(name.key, ttl, timeout, lease_locker, try_once, wait_on)
-            .await
-    }
-
-    async fn try_once(
+    /// One attempt on the name's shared session; a grant is recorded.
+    pub(super) async fn try_once(
         &self,
         name: &LockName<'_>,
         ttl: Duration,
@@ -164,7 +131,7 @@ impl Inner {
 
     /// The wait on the server (`GET_LOCK(name, seconds)`), on waiter
     /// connection `session`, after the first attempt found the name held.
-    async fn wait_on(
+    pub(super) async fn wait_on(
         &self,
         name: &LockName<'_>,
         ttl: Duration,

@@ -358,7 +358,7 @@ use self::config::Settings;
 use self::fencing::Sql;
 use self::names::LockName;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::sql::core::{Core, Wording};
+use crate::sql::core::Core;
 use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 // Named by the docs above.
 #[cfg(doc)]
@@ -391,14 +391,6 @@ impl Inner {
     }
 }
 
-/// How the shared core words this backend's messages.
-const WORDING: Wording = Wording {
-    unanswered: "was never taken",
-    lost_after_grant: |target, key| {
-        format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
-    },
-};
-
 impl MysqlLocker {
     /// Connects with the defaults and the URL's parameters (see the
     /// [module docs](self#url)).
@@ -427,17 +419,9 @@ impl MysqlLocker {
 
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
-        let core = Core::new(
-            errors::BACKEND,
-            settings.target.clone(),
-            settings.query_timeout,
-            settings.max_waiters,
-            WORDING,
-            |on_closed| pool::new(settings.clone(), on_closed),
-        );
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
-            core,
+            core: pool::core(&settings),
             sql: Sql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
@@ -494,17 +478,24 @@ impl Locker for MysqlLocker {
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        self.inner
-            .try_acquire(self.inner.name(key), ttl, self.lease_locker())
-            .await
+        let name = self.inner.name(key);
+        let tried = self.inner.try_once(&name, ttl, self.lease_locker()).await?;
+        self.inner.core.try_answer(tried, key)
     }
 
     /// Waits on the server, not by polling, unless `max_waiters` waiter
     /// connections are in use (see the [module docs](self#connections)).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         validate::acquire(key, ttl)?;
-        self.inner
-            .lock_within(self.inner.name(key), ttl, timeout, self.lease_locker())
+        let (inner, name) = (&self.inner, &self.inner.name(key));
+        // One attempt, then a wait on the server (see `Core::lock`).
+        let try_once = |lease_locker| inner.try_once(name, ttl, lease_locker);
+        let wait_on = |session, started, deadline, lease_locker| {
+            inner.wait_on(name, ttl, session, started, deadline, lease_locker)
+        };
+        let lease_locker = self.lease_locker();
+        let core = &inner.core;
+        core.lock(key, ttl, timeout, lease_locker, try_once, wait_on)
             .await
     }
 

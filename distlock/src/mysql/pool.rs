@@ -9,10 +9,12 @@ use async_trait::async_trait;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::Settings;
+use super::errors::BACKEND;
 use super::fencing::{ensure_table, Sql, RECORD_COLUMNS};
 use super::marks;
 use super::session::{OnClosed, Session};
 use crate::session_registry::HoldingSession;
+use crate::sql::core::{Core, Wording};
 use crate::sql::pool::{Connector, PoolSize, PooledSession, Role};
 use crate::Result;
 
@@ -29,22 +31,30 @@ pub(super) struct Connect {
     on_closed: OnClosed,
 }
 
-/// The locker's pool, no connection opened yet.
-pub(super) fn new(settings: Arc<Settings>, on_closed: OnClosed) -> Pool {
-    let size = PoolSize {
-        sessions: settings.sessions,
-        max_waiters: settings.max_waiters,
-        idle_waiters: settings.idle_waiters,
-        fencing: settings.fencing.is_some(),
+/// The locker's core: its pool (no connection opened yet) and registry.
+pub(super) fn core(settings: &Arc<Settings>) -> Core<Connect, String> {
+    let (sessions, fencing) = (settings.sessions, settings.fencing.is_some());
+    let size = PoolSize::new(
+        sessions,
+        settings.max_waiters,
+        settings.idle_waiters,
+        fencing,
+    );
+    let server = (settings.target.clone(), settings.query_timeout);
+    let connect = |on_closed| Connect {
+        settings: settings.clone(),
+        on_closed,
     };
-    Pool::new(
-        Connect {
-            settings,
-            on_closed,
-        },
-        size,
-    )
+    Core::new(BACKEND, server, WORDING, size, connect)
 }
+
+/// How the shared core words this backend's messages.
+const WORDING: Wording = Wording {
+    unanswered: "was never taken",
+    lost_after_grant: |target, key| {
+        format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
+    },
+};
 
 #[async_trait]
 impl Connector for Connect {

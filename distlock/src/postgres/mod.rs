@@ -379,7 +379,7 @@ use self::fencing::Sql;
 use self::keys::LockKey;
 use self::marks::MarksSql;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::sql::core::{Core, Wording};
+use crate::sql::core::Core;
 use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 // Named by the docs above.
 #[cfg(doc)]
@@ -432,18 +432,10 @@ impl PostgresLocker {
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
         let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
-        let core = Core::new(
-            errors::BACKEND,
-            settings.target.clone(),
-            settings.query_timeout,
-            settings.max_waiters,
-            WORDING,
-            |on_closed| pool::new(settings.clone(), sql.clone(), on_closed),
-        );
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
             raw_leases: crate::SharedLocker::default(),
-            core,
+            core: pool::core(&settings, &sql),
             marks: MarksSql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
@@ -512,17 +504,6 @@ impl fmt::Debug for PostgresLocker {
             .finish_non_exhaustive()
     }
 }
-
-/// How the shared core words this backend's messages.
-const WORDING: Wording = Wording {
-    unanswered: "never arrived",
-    lost_after_grant: |target, key| {
-        format!(
-            "the session on {target} was lost right after {key:?} was granted (closed, or given up as silent); \
-             the server releases it when the session ends"
-        )
-    },
-};
 
 #[async_trait]
 impl Locker for PostgresLocker {

@@ -9,14 +9,14 @@ use async_trait::async_trait;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::Settings;
+use super::errors::BACKEND;
 use super::fencing::Sql;
 use super::session::{OnClosed, Session};
 use crate::session_registry::HoldingSession;
+use crate::sql::core::{Core, Wording};
 use crate::sql::pool::{Connector, PoolSize, PooledSession, Role};
 use crate::Result;
 
-/// The locker's connections.
-pub(super) type Pool = crate::sql::pool::Pool<Connect>;
 /// Which locks this locker holds, on which session, for which owner.
 pub(super) type Registry = crate::session_registry::Registry<i64, Session>;
 /// A reservation of one lock.
@@ -29,21 +29,33 @@ pub(super) struct Connect {
     on_closed: OnClosed,
 }
 
-/// The locker's pool, no connection opened yet.
-pub(super) fn new(settings: Arc<Settings>, sql: Arc<Sql>, on_closed: OnClosed) -> Pool {
-    let size = PoolSize {
-        sessions: settings.sessions,
-        max_waiters: settings.max_waiters,
-        idle_waiters: settings.idle_waiters,
-        fencing: settings.fencing.is_some(),
-    };
-    let connect = Connect {
-        settings,
-        sql,
+/// The locker's core: its pool (no connection opened yet) and registry.
+pub(super) fn core(settings: &Arc<Settings>, sql: &Arc<Sql>) -> Core<Connect, i64> {
+    let fencing = settings.fencing.is_some();
+    let size = PoolSize::new(
+        settings.sessions,
+        settings.max_waiters,
+        settings.idle_waiters,
+        fencing,
+    );
+    let server = (settings.target.clone(), settings.query_timeout);
+    Core::new(BACKEND, server, WORDING, size, |on_closed| Connect {
+        settings: settings.clone(),
+        sql: sql.clone(),
         on_closed,
-    };
-    Pool::new(connect, size)
+    })
 }
+
+/// How the shared core words this backend's messages.
+const WORDING: Wording = Wording {
+    unanswered: "never arrived",
+    lost_after_grant: |target, key| {
+        format!(
+            "the session on {target} was lost right after {key:?} was granted (closed, or given up as silent); \
+             the server releases it when the session ends"
+        )
+    },
+};
 
 #[async_trait]
 impl Connector for Connect {

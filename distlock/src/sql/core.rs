@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::pool::{Connector, OnClosed, Pool};
+use super::pool::{Connector, OnClosed, Pool, PoolSize};
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
@@ -102,16 +102,16 @@ where
     C: Connector,
     K: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static,
 {
-    /// A core whose pool `make_pool` builds, given the hook every session
-    /// calls once when its connection is gone (it tells the registry, which
-    /// fires the lost signal of every lease on that session).
+    /// A core with a pool of `size` (no connection opened yet) whose
+    /// sessions `connect` opens, given the hook every session calls once
+    /// when its connection is gone (it tells the registry, which fires the
+    /// lost signal of every lease on that session).
     pub(crate) fn new(
         backend: &'static str,
-        target: String,
-        query_timeout: Duration,
-        max_waiters: usize,
+        (target, query_timeout): (String, Duration),
         wording: Wording,
-        make_pool: impl FnOnce(OnClosed) -> Pool<C>,
+        size: PoolSize,
+        connect: impl FnOnce(OnClosed) -> C,
     ) -> Self {
         let registry = Arc::new(Registry::new(backend));
         let weak: Weak<Registry<K, C::Session>> = Arc::downgrade(&registry);
@@ -124,8 +124,8 @@ where
             backend,
             target,
             query_timeout,
-            max_waiters,
-            pool: Arc::new(make_pool(on_closed)),
+            max_waiters: size.max_waiters,
+            pool: Arc::new(Pool::new(connect(on_closed), size)),
             registry,
             wording,
         }

@@ -130,6 +130,25 @@ pub(crate) struct PoolSize {
     pub(crate) fencing: bool,
 }
 
+impl PoolSize {
+    /// `sessions` shared sessions (at least 1 is kept), at most
+    /// `max_waiters` waiter connections of which `idle_waiters` idle, and
+    /// whether the fencing table is used.
+    pub(crate) fn new(
+        sessions: usize,
+        max_waiters: usize,
+        idle_waiters: usize,
+        fencing: bool,
+    ) -> Self {
+        PoolSize {
+            sessions,
+            max_waiters,
+            idle_waiters,
+            fencing,
+        }
+    }
+}
+
 /// The connections of one locker (see the [module docs](self)).
 pub(crate) struct Pool<C: Connector> {
     connector: C,
