@@ -133,11 +133,14 @@ impl<I: Identifiers> FencingTable<I> {
     }
 
     /// The schema, if the name gave one.
+    // Only MySQL looks the table up by its parts (`information_schema`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
     }
 
     /// The table's own name, unquoted.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn table(&self) -> &str {
         &self.table
     }

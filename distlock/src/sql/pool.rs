@@ -149,11 +149,15 @@ impl PoolSize {
     }
 }
 
+/// A shared-session slot: its session once opened. Locked across the
+/// connect, so that concurrent callers for one slot wait for one connect.
+type Slot<S> = tokio::sync::Mutex<Option<Arc<S>>>;
+
 /// The connections of one locker (see the [module docs](self)).
 pub(crate) struct Pool<C: Connector> {
     connector: C,
     size: PoolSize,
-    slots: Box<[tokio::sync::Mutex<Option<Arc<C::Session>>>]>,
+    slots: Box<[Slot<C::Session>]>,
     idle_waiters: Mutex<Vec<Arc<C::Session>>>,
     /// `max_waiters` permits; every open waiter connection holds one.
     waiter_permits: Arc<Semaphore>,
@@ -181,6 +185,8 @@ impl<C: Connector> Pool<C> {
     }
 
     /// The dialect's connector.
+    // Only MySQL opens a connection outside the pool (for the marks table).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn connector(&self) -> &C {
         &self.connector
     }
