@@ -15,8 +15,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::errors::{self, BACKEND};
 use super::fencing::{Sql, MAX_WAIT};
 use super::names::{owner_digest, LockName};
@@ -27,7 +25,7 @@ use super::Inner;
 use crate::deadline::bounded;
 use crate::inspect::GrantRecord;
 use crate::session_registry::Busy;
-use crate::sql::core::{remaining, Reserved, Tried};
+use crate::sql::core::{Reserved, Tried, WaitOn};
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// What `GET_LOCK` answered.
@@ -129,20 +127,16 @@ impl Inner {
         }
     }
 
-    /// The wait on the server (`GET_LOCK(name, seconds)`), on waiter
-    /// connection `session`, after the first attempt found the name held.
+    /// The wait on the server (`GET_LOCK(name, seconds)`), after the first
+    /// attempt found the name held.
     pub(super) async fn wait_on(
         &self,
         name: &LockName<'_>,
         ttl: Duration,
-        session: Arc<Session>,
-        started: Instant,
-        deadline: Option<Instant>,
-        lease_locker: Arc<dyn Locker>,
+        on: WaitOn<Session>,
     ) -> Result<Lease> {
-        let remaining = || remaining(deadline);
-        let owner = new_owner_token();
-        let digest = owner_digest(&owner);
+        let session = on.session.clone();
+        let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
         let mut wait = WaitGuard {
             session: Some(session.clone()),
@@ -151,7 +145,7 @@ impl Inner {
         };
         let context = || format!("wait for {:?} on {}", name.key, self.settings.target);
         loop {
-            let wait_for = remaining().min(MAX_WAIT);
+            let wait_for = on.remaining().min(MAX_WAIT);
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
             let request = Request {
@@ -178,25 +172,22 @@ impl Inner {
             wait.disarm();
             match got? {
                 Got::Granted(token) => {
-                    let lease = self.core.grant(
-                        name.server.clone(),
-                        name.key,
-                        ttl,
+                    let WaitOn {
                         owner,
-                        token,
-                        session,
                         lease_locker,
-                    )?;
+                        ..
+                    } = on;
+                    let id = name.server.clone();
+                    let lease =
+                        self.core
+                            .grant(id, name.key, ttl, owner, token, session, lease_locker)?;
                     answer.settle();
                     return Ok(lease);
                 }
-                Got::Refused if remaining().is_zero() => {
+                Got::Refused if on.remaining().is_zero() => {
                     answer.settle();
                     self.core.pool.recycle(session);
-                    return Err(Error::Timeout {
-                        key: name.key.to_owned(),
-                        waited: started.elapsed(),
-                    });
+                    return Err(on.timed_out(name.key));
                 }
                 // A wait longer than a year: go on.
                 Got::Refused => {

@@ -490,9 +490,7 @@ impl Locker for MysqlLocker {
         let (inner, name) = (&self.inner, &self.inner.name(key));
         // One attempt, then a wait on the server (see `Core::lock`).
         let try_once = |lease_locker| inner.try_once(name, ttl, lease_locker);
-        let wait_on = |session, started, deadline, lease_locker| {
-            inner.wait_on(name, ttl, session, started, deadline, lease_locker)
-        };
+        let wait_on = |on| inner.wait_on(name, ttl, on);
         let lease_locker = self.lease_locker();
         let core = &inner.core;
         core.lock(key, ttl, timeout, lease_locker, try_once, wait_on)

@@ -20,8 +20,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::errors::{self, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
 use super::keys::{owner_digest, LockKey};
@@ -30,7 +28,7 @@ use super::session::{Session, WaitError};
 use super::Inner;
 use crate::deadline::bounded;
 use crate::session_registry::Busy;
-use crate::sql::core::{remaining, Tried};
+use crate::sql::core::{Tried, WaitOn};
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
@@ -68,9 +66,7 @@ impl Inner {
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
         let try_once = |lease_locker| self.try_once(key, ttl, lease_locker);
-        let wait_on = |session, started, deadline, lease_locker| {
-            self.wait_on(key, ttl, session, started, deadline, lease_locker)
-        };
+        let wait_on = |on| self.wait_on(key, ttl, on);
         let core = &self.core;
         core.lock(key.name, ttl, timeout, lease_locker, try_once, wait_on)
             .await
@@ -125,27 +121,18 @@ impl Inner {
         Ok(tried)
     }
 
-    /// The wait on the server, on waiter connection `session`, after the
-    /// first attempt found the key held.
-    async fn wait_on(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        session: Arc<Session>,
-        started: Instant,
-        deadline: Option<Instant>,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let remaining = || remaining(deadline);
-        let owner = new_owner_token();
-        let digest = owner_digest(&owner);
+    /// The wait on the server (`pg_advisory_lock` under `lock_timeout`),
+    /// after the first attempt found the key held.
+    async fn wait_on(&self, key: LockKey<'_>, ttl: Duration, on: WaitOn<Session>) -> Result<Lease> {
+        let session = &on.session;
+        let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
         let mut wait = WaitGuard {
             session: Some(session.clone()),
             tls: self.settings.tls.clone(),
         };
         let token = loop {
-            let lock_timeout_ms = lock_timeout_ms(remaining());
+            let lock_timeout_ms = lock_timeout_ms(on.remaining());
             let sql = self.sql.wait(
                 key.id,
                 lock_timeout_ms,
@@ -165,18 +152,14 @@ impl Inner {
             match waited {
                 Ok(token) => break token,
                 Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
-                    if let Some(token) =
-                        self.granted_anyway(&session, key, &digest, &record).await?
+                    if let Some(token) = self.granted_anyway(session, key, &digest, &record).await?
                     {
                         break token;
                     }
-                    if remaining().is_zero() {
+                    if on.remaining().is_zero() {
                         wait.disarm();
-                        self.core.pool.recycle(session);
-                        return Err(Error::Timeout {
-                            key: key.name.to_owned(),
-                            waited: started.elapsed(),
-                        });
+                        self.core.pool.recycle(on.session.clone());
+                        return Err(on.timed_out(key.name));
                     }
                     // A wait longer than Postgres' largest lock_timeout: go on.
                 }
@@ -186,7 +169,7 @@ impl Inner {
             }
         };
         wait.disarm();
-        self.record_grant(key, ttl, owner, token, session, lease_locker)
+        self.record_grant(key, ttl, on.owner, token, on.session, on.lease_locker)
     }
 
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
@@ -373,6 +356,8 @@ impl Drop for WaitGuard {
 
 #[cfg(test)]
 mod tests {
+    use tokio::time::Instant;
+
     use super::*;
     use crate::postgres::PostgresLocker;
 

@@ -21,7 +21,9 @@ use super::pool::{Connector, OnClosed, Pool, PoolSize};
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
-use crate::{Capabilities, Error, Lease, LeaseParts, Locker, LostReason, Result, WaitPolicy};
+use crate::{
+    new_owner_token, Capabilities, Error, Lease, LeaseParts, Locker, LostReason, Result, WaitPolicy,
+};
 
 /// What one attempt on a shared session found.
 pub(crate) enum Tried {
@@ -31,6 +33,34 @@ pub(crate) enum Tried {
     Contended,
     /// An abandoned attempt on this key is still being cleaned up.
     CleaningUp,
+}
+
+/// A wait on the server the core hands to its dialect once the first
+/// attempt found the key held and a waiter connection is free.
+pub(crate) struct WaitOn<S> {
+    /// The waiter connection to wait on.
+    pub(crate) session: Arc<S>,
+    /// The owner token the lease will carry.
+    pub(crate) owner: String,
+    /// The locker whose leases these are (string or raw keys).
+    pub(crate) lease_locker: Arc<dyn Locker>,
+    started: Instant,
+    deadline: Option<Instant>,
+}
+
+impl<S> WaitOn<S> {
+    /// What is left until the caller's deadline.
+    pub(crate) fn remaining(&self) -> Duration {
+        remaining(self.deadline)
+    }
+
+    /// The answer once the deadline passed with `key` still held.
+    pub(crate) fn timed_out(&self, key: &str) -> Error {
+        Error::Timeout {
+            key: key.to_owned(),
+            waited: self.started.elapsed(),
+        }
+    }
 }
 
 /// What is left of a wait until `deadline` (`None`: no deadline at all).
@@ -166,9 +196,8 @@ where
     /// being [`Error::NotAcquired`]. Otherwise one attempt first (most
     /// locks are free: one round trip on a shared session, and the lock
     /// lives there rather than on a connection of its own), then a wait on
-    /// the server on a waiter connection (`wait_on`, given the connection,
-    /// when the wait started and its deadline, `None` for a timeout too
-    /// long for an `Instant`), or, when all `max_waiters` are in use,
+    /// the server on a waiter connection (`wait_on`, given a fresh owner
+    /// token and the deadline in a [`WaitOn`]), or, when all `max_waiters` are in use,
     /// [`poll`](Self::poll) through `lease_locker`, the locker whose
     /// `try_lock(key)` is `try_once`.
     ///
@@ -193,7 +222,7 @@ where
         timeout: Duration,
         lease_locker: Arc<dyn Locker>,
         try_once: impl FnOnce(Arc<dyn Locker>) -> Once,
-        wait_on: impl FnOnce(Arc<C::Session>, Instant, Option<Instant>, Arc<dyn Locker>) -> Wait,
+        wait_on: impl FnOnce(WaitOn<C::Session>) -> Wait,
     ) -> Result<Lease>
     where
         Once: Future<Output = Result<Tried>>,
@@ -207,6 +236,7 @@ where
                 });
         }
         let started = Instant::now();
+        // `None` for a timeout too long for an `Instant`: no deadline at all.
         let deadline = checked_deadline(started, timeout);
         let steps = async move {
             match try_once(lease_locker.clone()).await? {
@@ -217,7 +247,17 @@ where
                 Tried::Contended | Tried::CleaningUp => {}
             }
             match self.pool.waiter().await? {
-                Some(session) => wait_on(session, started, deadline, lease_locker).await,
+                Some(session) => {
+                    let owner = new_owner_token();
+                    wait_on(WaitOn {
+                        session,
+                        owner,
+                        lease_locker,
+                        started,
+                        deadline,
+                    })
+                    .await
+                }
                 None => {
                     let remaining = remaining(deadline);
                     self.poll(&*lease_locker, key, ttl, started, remaining)
