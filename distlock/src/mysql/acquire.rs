@@ -25,7 +25,7 @@ use super::Inner;
 use crate::deadline::bounded;
 use crate::inspect::GrantRecord;
 use crate::session_registry::Busy;
-use crate::sql::core::{Reserved, Tried, WaitOn};
+use crate::sql::core::{AbandonWait, Reserved, Tried, WaitGuard, WaitOn};
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// What `GET_LOCK` answered.
@@ -138,11 +138,11 @@ impl Inner {
         let session = on.session.clone();
         let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let mut wait = WaitGuard {
-            session: Some(session.clone()),
+        let kill = KillQuery {
             pool: self.core.pool.clone(),
             query_timeout: self.settings.query_timeout,
         };
+        let mut wait = WaitGuard::new(session.clone(), kill);
         let context = || format!("wait for {:?} on {}", name.key, self.settings.target);
         loop {
             let wait_for = on.remaining().min(MAX_WAIT);
@@ -192,7 +192,7 @@ impl Inner {
                 // A wait longer than a year: go on.
                 Got::Refused => {
                     answer.settle();
-                    wait.session = Some(session.clone());
+                    wait.rearm(session.clone());
                 }
             }
         }
@@ -218,28 +218,17 @@ impl Drop for Attempt {
     }
 }
 
-/// A native wait in progress. Dropped armed (the caller gave up), it ends
-/// the wait on the server with `KILL QUERY`, through a shared session; the
-/// waiter's actor closes its connection as soon as nobody waits for the
-/// answer (and releases the lock had it been granted first), so nothing
-/// stays granted to a waiter that is gone.
-struct WaitGuard {
-    session: Option<Arc<Session>>,
+/// How an abandoned native wait ends: `KILL QUERY` on the server, through a
+/// shared session; the waiter's actor closes its connection as soon as
+/// nobody waits for the answer (and releases the lock had it been granted
+/// first), so nothing stays granted to a waiter that is gone.
+struct KillQuery {
     pool: Arc<Pool>,
     query_timeout: Duration,
 }
 
-impl WaitGuard {
-    fn disarm(&mut self) {
-        self.session = None;
-    }
-}
-
-impl Drop for WaitGuard {
-    fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
+impl AbandonWait<Session> for KillQuery {
+    fn abandon(&self, session: Arc<Session>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

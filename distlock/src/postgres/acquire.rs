@@ -28,7 +28,7 @@ use super::session::{Session, WaitError};
 use super::Inner;
 use crate::deadline::bounded;
 use crate::session_registry::Busy;
-use crate::sql::core::{Tried, WaitOn};
+use crate::sql::core::{AbandonWait, Tried, WaitGuard, WaitOn};
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
@@ -127,10 +127,10 @@ impl Inner {
         let session = &on.session;
         let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let mut wait = WaitGuard {
-            session: Some(session.clone()),
+        let cancel = CancelWait {
             tls: self.settings.tls.clone(),
         };
+        let mut wait = WaitGuard::new(session.clone(), cancel);
         let token = loop {
             let lock_timeout_ms = lock_timeout_ms(on.remaining());
             let sql = self.sql.wait(
@@ -318,26 +318,15 @@ impl Drop for Attempt {
     }
 }
 
-/// A native wait in progress. Dropped armed (the caller cancelled, or the
-/// wait failed), it cancels the statement on the server and closes the
-/// connection: whether or not the lock was granted in the meantime, the
-/// server then ends the session and nothing stays held.
-struct WaitGuard {
-    session: Option<Arc<Session>>,
+/// How an abandoned native wait ends: the statement is cancelled on the
+/// server and the connection closed, so whether or not the lock was granted
+/// in the meantime, the server ends the session and nothing stays held.
+struct CancelWait {
     tls: super::tls::Tls,
 }
 
-impl WaitGuard {
-    fn disarm(&mut self) {
-        self.session = None;
-    }
-}
-
-impl Drop for WaitGuard {
-    fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
+impl AbandonWait<Session> for CancelWait {
+    fn abandon(&self, session: Arc<Session>) {
         // Closing alone would do, eventually: a backend blocked in a lock
         // wait notices its client is gone only when the wait ends. The cancel
         // request ends the wait now.

@@ -63,6 +63,51 @@ impl<S> WaitOn<S> {
     }
 }
 
+/// How a dialect ends a native wait that nobody listens to any more.
+pub(crate) trait AbandonWait<S>: Send {
+    /// Ends the wait on `session` on the server (and closes the
+    /// connection), so that nothing stays granted to a waiter that is
+    /// gone, whether or not the lock was granted meanwhile. Called from a
+    /// drop, perhaps outside a runtime: it must not block.
+    fn abandon(&self, session: Arc<S>);
+}
+
+/// A native wait in progress. Dropped armed (the caller gave up, or the
+/// wait failed), it hands the waiter connection to the dialect's
+/// [`AbandonWait`].
+pub(crate) struct WaitGuard<S, A: AbandonWait<S>> {
+    session: Option<Arc<S>>,
+    abandon: A,
+}
+
+impl<S, A: AbandonWait<S>> WaitGuard<S, A> {
+    /// Armed for a wait on `session`.
+    pub(crate) fn new(session: Arc<S>, abandon: A) -> Self {
+        WaitGuard {
+            session: Some(session),
+            abandon,
+        }
+    }
+
+    /// The wait ended (answered, or its connection closed itself).
+    pub(crate) fn disarm(&mut self) {
+        self.session = None;
+    }
+
+    /// Armed again, for another wait on `session`.
+    pub(crate) fn rearm(&mut self, session: Arc<S>) {
+        self.session = Some(session);
+    }
+}
+
+impl<S, A: AbandonWait<S>> Drop for WaitGuard<S, A> {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.abandon.abandon(session);
+        }
+    }
+}
+
 /// What is left of a wait until `deadline` (`None`: no deadline at all).
 pub(crate) fn remaining(deadline: Option<Instant>) -> Duration {
     deadline.map_or(Duration::MAX, |d| {
