@@ -94,7 +94,9 @@ impl<S, A: AbandonWait<S>> WaitGuard<S, A> {
         self.session = None;
     }
 
-    /// Armed again, for another wait on `session`.
+    /// Armed again, for another wait on `session` (MySQL's waits longer
+    /// than its largest `GET_LOCK` timeout).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn rearm(&mut self, session: Arc<S>) {
         self.session = Some(session);
     }
