@@ -65,6 +65,11 @@
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 //! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
 //! | `mysql://user@host:3306/db`, `mariadb://` | `mysql` | `mysql` | when the server ends the session: at once if the process dies, 14 to 15 s if its host vanishes |
+//!
+//! The SQL backends share one core (`src/sql/`: the session pool, the
+//! registry of held locks, the acquire, wait, release and verify steps, the
+//! fencing table's name); a new SQL server is a dialect there, not a copy
+//! of `postgres/` or `mysql/`.
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
@@ -104,6 +109,8 @@ pub mod redis;
 pub mod redlock;
 #[cfg(any(feature = "postgres", feature = "etcd", feature = "mysql"))]
 mod session_registry;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
 pub mod validate;
 mod wait;
 mod with_lock;

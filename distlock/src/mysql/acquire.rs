@@ -15,27 +15,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::errors::{self, BACKEND};
 use super::fencing::{Sql, MAX_WAIT};
 use super::names::{owner_digest, LockName};
 use super::pool::Pool;
-use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
+use super::pool::{Registry, Ticket};
 use super::session::{Answer, Request, Session};
 use super::Inner;
-use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
+use crate::deadline::bounded;
 use crate::inspect::GrantRecord;
-use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
-
-/// What one attempt on the shared session found.
-enum Tried {
-    Granted(Lease),
-    /// Held elsewhere, or by (or for) another caller of this locker.
-    Contended,
-    /// An abandoned attempt on this key is still being cleaned up.
-    CleaningUp,
-}
+use crate::session_registry::Busy;
+use crate::sql::core::{AbandonWait, Reserved, Tried, WaitGuard, WaitOn};
+use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// What `GET_LOCK` answered.
 enum Got {
@@ -45,58 +36,27 @@ enum Got {
 }
 
 impl Inner {
-    /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
-    /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up.
-    pub(super) async fn try_acquire(
-        &self,
-        name: LockName<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Option<Lease>> {
-        match self.try_once(&name, ttl, lease_locker).await? {
-            Tried::Granted(lease) => Ok(Some(lease)),
-            Tried::Contended => Ok(None),
-            Tried::CleaningUp => Err(self.cleanup_pending(&name, "acquire")),
-        }
-    }
-
-    /// The answer while an abandoned attempt's cleanup holds the key's
-    /// reservation: the server may hold the lock for nobody until the
-    /// cleanup releases it, so neither "held elsewhere" nor "not held" would
-    /// be true.
-    pub(super) fn cleanup_pending(&self, name: &LockName<'_>, operation: &'static str) -> Error {
-        Error::backend(
-            BACKEND,
-            operation,
-            format!(
-                "an earlier attempt on {:?} is still being cleaned up (its answer from {} was never taken, \
-                 so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
-                name.key, self.settings.target, self.settings.query_timeout
-            ),
-        )
-    }
-
-    async fn try_once(
+    /// One attempt on the name's shared session; a grant is recorded.
+    pub(super) async fn try_once(
         &self,
         name: &LockName<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Tried> {
-        let ticket = match self.registry.reserve(name.server.clone()) {
+        let ticket = match self.core.registry.reserve(name.server.clone()) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Ok(Tried::Contended),
             Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
         };
         let mut attempt = Attempt {
-            registry: self.registry.clone(),
+            registry: self.core.registry.clone(),
             ticket: ticket.clone(),
-            reserved: Some(Reserved::new(self.registry.clone(), ticket)),
+            reserved: Some(Reserved::new(self.core.registry.clone(), ticket)),
             answered: false,
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let session = self.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.server).await?;
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let limit = self.settings.query_timeout;
@@ -120,7 +80,15 @@ impl Inner {
         attempt.answered = true;
         match self.got(&answer, &context)? {
             Got::Granted(token) => {
-                let lease = self.record_grant(name, ttl, owner, token, session, lease_locker)?;
+                let lease = self.core.grant(
+                    name.server.clone(),
+                    name.key,
+                    ttl,
+                    owner,
+                    token,
+                    session,
+                    lease_locker,
+                )?;
                 answer.settle();
                 Ok(Tried::Granted(lease))
             }
@@ -159,61 +127,25 @@ impl Inner {
         }
     }
 
-    /// Waits on the server for up to `timeout` (which is not zero), or polls
-    /// if no waiter connection is free. Returns within `timeout` +
-    /// [`DEADLINE_GRACE`] whatever the server does.
-    pub(super) async fn wait_acquire(
-        &self,
-        name: LockName<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let started = Instant::now();
-        let deadline = checked_deadline(started, timeout);
-        bounded(
-            BACKEND,
-            "acquire",
-            timeout.saturating_add(DEADLINE_GRACE),
-            self.wait_steps(&name, ttl, started, deadline, lease_locker),
-        )
-        .await
-    }
-
-    async fn wait_steps(
+    /// The wait on the server (`GET_LOCK(name, seconds)`), after the first
+    /// attempt found the name held.
+    pub(super) async fn wait_on(
         &self,
         name: &LockName<'_>,
         ttl: Duration,
-        started: Instant,
-        deadline: Option<Instant>,
-        lease_locker: Arc<dyn Locker>,
+        on: WaitOn<Session>,
     ) -> Result<Lease> {
-        let remaining = || {
-            deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            })
-        };
-        // Most locks are free: one round trip on a shared session.
-        match self.try_once(name, ttl, lease_locker.clone()).await? {
-            Tried::Granted(lease) => return Ok(lease),
-            Tried::Contended | Tried::CleaningUp => {}
-        }
-        let Some(session) = self.pool.waiter().await? else {
-            return self
-                .poll_acquire(name, ttl, started, remaining(), lease_locker)
-                .await;
-        };
-        let owner = new_owner_token();
-        let digest = owner_digest(&owner);
+        let session = on.session.clone();
+        let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let mut wait = WaitGuard {
-            session: Some(session.clone()),
-            pool: self.pool.clone(),
+        let kill = KillQuery {
+            pool: self.core.pool.clone(),
             query_timeout: self.settings.query_timeout,
         };
+        let mut wait = WaitGuard::new(session.clone(), kill);
         let context = || format!("wait for {:?} on {}", name.key, self.settings.target);
         loop {
-            let wait_for = remaining().min(MAX_WAIT);
+            let wait_for = on.remaining().min(MAX_WAIT);
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
             let request = Request {
@@ -240,126 +172,29 @@ impl Inner {
             wait.disarm();
             match got? {
                 Got::Granted(token) => {
+                    let WaitOn {
+                        owner,
+                        lease_locker,
+                        ..
+                    } = on;
+                    let id = name.server.clone();
                     let lease =
-                        self.record_grant(name, ttl, owner, token, session, lease_locker)?;
+                        self.core
+                            .grant(id, name.key, ttl, owner, token, session, lease_locker)?;
                     answer.settle();
                     return Ok(lease);
                 }
-                Got::Refused if remaining().is_zero() => {
+                Got::Refused if on.remaining().is_zero() => {
                     answer.settle();
-                    self.pool.recycle(session);
-                    return Err(Error::Timeout {
-                        key: name.key.to_owned(),
-                        waited: started.elapsed(),
-                    });
+                    self.core.pool.recycle(session);
+                    return Err(on.timed_out(name.key));
                 }
                 // A wait longer than a year: go on.
                 Got::Refused => {
                     answer.settle();
-                    wait.session = Some(session.clone());
+                    wait.rearm(session.clone());
                 }
             }
-        }
-    }
-
-    /// Waits by polling, when all `max_waiters` waiter connections are in
-    /// use: the shared waiting loop (`try_lock` with jittered backoff,
-    /// bounded by the deadline).
-    async fn poll_acquire(
-        &self,
-        name: &LockName<'_>,
-        ttl: Duration,
-        started: Instant,
-        remaining: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let timed_out = || Error::Timeout {
-            key: name.key.to_owned(),
-            waited: started.elapsed(),
-        };
-        if remaining.is_zero() {
-            return Err(timed_out());
-        }
-        tracing::debug!(
-            component = "distlock",
-            backend = BACKEND,
-            key = name.key,
-            max_waiters = self.settings.max_waiters,
-            "every waiter connection is in use; polling"
-        );
-        let policy = WaitPolicy::default();
-        match crate::wait::acquire(&*lease_locker, name.key, ttl, remaining, &policy).await {
-            Err(Error::Timeout { .. }) => Err(timed_out()),
-            other => other,
-        }
-    }
-
-    /// Turns a grant on `session` into a lease and records it.
-    fn record_grant(
-        &self,
-        name: &LockName<'_>,
-        ttl: Duration,
-        owner: String,
-        fencing_token: Option<u64>,
-        session: Arc<Session>,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let closed_after_grant = || {
-            Error::backend(
-                BACKEND,
-                "acquire",
-                format!(
-                    "the connection to {} closed right after {:?} was granted; the server has released it",
-                    self.settings.target, name.key
-                ),
-            )
-        };
-        if session.is_closed() {
-            return Err(closed_after_grant());
-        }
-        let lease = Lease::new(
-            LeaseParts {
-                key: name.key.to_owned(),
-                owner: owner.clone(),
-                fencing_token,
-                ttl,
-                valid_until: None,
-            },
-            lease_locker,
-        );
-        let held = Held {
-            owner,
-            session,
-            lost: lease.lost_notifier(),
-        };
-        self.registry
-            .grant(name.server.clone(), held)
-            .map_err(|SessionClosed| closed_after_grant())?;
-        Ok(lease)
-    }
-}
-
-/// A key's reservation, ended when dropped: it travels with the request
-/// that may take the lock, so it ends only after the request is settled
-/// (and, if nobody took the answer, after the lock was released).
-pub(super) struct Reserved {
-    registry: Arc<Registry>,
-    ticket: Option<Ticket>,
-}
-
-impl Reserved {
-    pub(super) fn new(registry: Arc<Registry>, ticket: Ticket) -> Self {
-        Reserved {
-            registry,
-            ticket: Some(ticket),
-        }
-    }
-}
-
-impl Drop for Reserved {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            self.registry.release(ticket);
         }
     }
 }
@@ -371,7 +206,7 @@ struct Attempt {
     registry: Arc<Registry>,
     ticket: Ticket,
     /// Until the request is queued.
-    reserved: Option<Reserved>,
+    reserved: Option<Reserved<String, Session>>,
     answered: bool,
 }
 
@@ -383,28 +218,17 @@ impl Drop for Attempt {
     }
 }
 
-/// A native wait in progress. Dropped armed (the caller gave up), it ends
-/// the wait on the server with `KILL QUERY`, through a shared session; the
-/// waiter's actor closes its connection as soon as nobody waits for the
-/// answer (and releases the lock had it been granted first), so nothing
-/// stays granted to a waiter that is gone.
-struct WaitGuard {
-    session: Option<Arc<Session>>,
+/// How an abandoned native wait ends: `KILL QUERY` on the server, through a
+/// shared session; the waiter's actor closes its connection as soon as
+/// nobody waits for the answer (and releases the lock had it been granted
+/// first), so nothing stays granted to a waiter that is gone.
+struct KillQuery {
     pool: Arc<Pool>,
     query_timeout: Duration,
 }
 
-impl WaitGuard {
-    fn disarm(&mut self) {
-        self.session = None;
-    }
-}
-
-impl Drop for WaitGuard {
-    fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
+impl AbandonWait<Session> for KillQuery {
+    fn abandon(&self, session: Arc<Session>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

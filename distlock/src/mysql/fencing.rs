@@ -19,115 +19,53 @@ use mysql_async::prelude::Queryable;
 use super::errors;
 use super::names::{hex_literal, name_literal, LockName};
 use crate::inspect::GrantRecord;
+use crate::sql::fencing::{Identifiers, RecordLiterals};
 use crate::{Error, Result};
 
 /// The default table name, in the URL's database.
-pub const DEFAULT_TABLE: &str = "distlock_fencing";
+pub const DEFAULT_TABLE: &str = crate::sql::fencing::DEFAULT_TABLE;
 
-/// The longest identifier MySQL accepts.
-const MAX_IDENTIFIER: usize = 64;
+/// MySQL identifiers: 1 to 64 characters, no trailing space (MySQL refuses
+/// those), backquoted with inner backquotes doubled.
+pub(super) enum MysqlIdentifiers {}
+
+impl Identifiers for MysqlIdentifiers {
+    const MAX_LEN: usize = 64;
+    const TOO_LONG: &'static str = "is longer than MySQL's 64-character identifier limit";
+    fn len(name: &str) -> usize {
+        name.chars().count()
+    }
+    fn other_problem(name: &str) -> Option<&'static str> {
+        name.ends_with(' ').then_some("ends with a space")
+    }
+    fn quote(identifier: &str) -> String {
+        format!("`{}`", identifier.replace('`', "``"))
+    }
+}
 
 /// Where fencing counters live: a table, optionally in another database.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct FencingTable {
-    schema: Option<String>,
-    table: String,
+pub(super) type FencingTable = crate::sql::fencing::FencingTable<MysqlIdentifiers>;
+
+/// The names of `table`'s columns.
+fn columns_sql(table: &FencingTable) -> String {
+    exists_sql(table).replacen(
+        "SELECT COUNT(*) FROM information_schema.TABLES",
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS",
+        1,
+    )
 }
 
-impl Default for FencingTable {
-    fn default() -> Self {
-        FencingTable {
-            schema: None,
-            table: DEFAULT_TABLE.to_owned(),
-        }
-    }
-}
-
-impl FencingTable {
-    /// A table named `table` in `schema` (or the URL's database), checked.
-    pub(super) fn new(schema: Option<&str>, table: &str) -> Result<Self> {
-        if let Some(schema) = schema {
-            check_identifier("schema", schema)?;
-        }
-        check_identifier("table", table)?;
-        Ok(FencingTable {
-            schema: schema.map(str::to_owned),
-            table: table.to_owned(),
-        })
-    }
-
-    /// Splits `table` or `schema.table` (the URL form), unchecked.
-    pub(super) fn split(qualified: &str) -> (Option<String>, String) {
-        match qualified.split_once('.') {
-            Some((schema, table)) => (Some(schema.to_owned()), table.to_owned()),
-            None => (None, qualified.to_owned()),
-        }
-    }
-
-    /// The table `table` in this table's schema.
-    pub(super) fn sibling(&self, table: &str) -> Self {
-        FencingTable {
-            schema: self.schema.clone(),
-            table: table.to_owned(),
-        }
-    }
-
-    /// The name to put in SQL: each part backquoted.
-    pub(super) fn quoted(&self) -> String {
-        match &self.schema {
-            Some(schema) => format!("{}.{}", quote(schema), quote(&self.table)),
-            None => quote(&self.table),
-        }
-    }
-
-    /// The names of this table's columns.
-    fn columns_sql(&self) -> String {
-        self.exists_sql().replacen(
-            "SELECT COUNT(*) FROM information_schema.TABLES",
-            "SELECT COLUMN_NAME FROM information_schema.COLUMNS",
-            1,
-        )
-    }
-
-    /// `information_schema` condition matching this table.
-    fn exists_sql(&self) -> String {
-        let schema = match &self.schema {
-            Some(schema) => format!("CONVERT({} USING utf8mb4)", hex_literal(schema.as_bytes())),
-            None => "DATABASE()".to_owned(),
-        };
-        format!(
-            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = {schema} \
-             AND TABLE_NAME = CONVERT({} USING utf8mb4)",
-            hex_literal(self.table.as_bytes())
-        )
-    }
-}
-
-/// MySQL identifiers: 1 to 64 characters, no zero byte, no dot (the URL
-/// form splits on it), no trailing space (MySQL refuses those).
-fn check_identifier(what: &str, name: &str) -> Result<()> {
-    let problem = if name.is_empty() {
-        "is empty"
-    } else if name.chars().count() > MAX_IDENTIFIER {
-        "is longer than MySQL's 64-character identifier limit"
-    } else if name.contains('\0') {
-        "contains a zero byte"
-    } else if name.contains('.') {
-        "contains a dot"
-    } else if name.ends_with(' ') {
-        "ends with a space"
-    } else {
-        return Ok(());
+/// `information_schema` condition matching `table`.
+fn exists_sql(table: &FencingTable) -> String {
+    let schema = match table.schema() {
+        Some(schema) => format!("CONVERT({} USING utf8mb4)", hex_literal(schema.as_bytes())),
+        None => "DATABASE()".to_owned(),
     };
-    Err(Error::invalid(
-        "fencing table",
-        format!("the {what} name {name:?} {problem}"),
-    ))
-}
-
-/// An identifier backquoted for SQL, inner backquotes doubled.
-fn quote(identifier: &str) -> String {
-    format!("`{}`", identifier.replace('`', "``"))
+    format!(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = {schema} \
+         AND TABLE_NAME = CONVERT({} USING utf8mb4)",
+        hex_literal(table.table().as_bytes())
+    )
 }
 
 /// Creates `table` with `create` (a `CREATE TABLE IF NOT EXISTS`) unless it
@@ -146,7 +84,7 @@ pub(super) async fn ensure_table(
 ) -> Result<()> {
     let context = || format!("create the table {}", table.quoted());
     let work = async {
-        let exists: Option<u64> = conn.query_first(table.exists_sql()).await?;
+        let exists: Option<u64> = conn.query_first(exists_sql(table)).await?;
         if exists.unwrap_or(0) == 0 {
             conn.query_drop(create).await?;
             return Ok(());
@@ -179,7 +117,7 @@ async fn upgrade_table(
             .map(|(name, definition)| format!("ADD COLUMN {name} {definition}"))
             .collect()
     };
-    let add = missing(conn.query(table.columns_sql()).await?);
+    let add = missing(conn.query(columns_sql(table)).await?);
     if add.is_empty() {
         return Ok(());
     }
@@ -187,7 +125,7 @@ async fn upgrade_table(
     match conn.query_drop(&alter).await {
         Ok(()) => Ok(()),
         // Another client added them first (duplicate column, 1060).
-        Err(e) if missing(conn.query(table.columns_sql()).await?).is_empty() => {
+        Err(e) if missing(conn.query(columns_sql(table)).await?).is_empty() => {
             tracing::debug!(component = "distlock", backend = errors::BACKEND, error = %e, "the record columns were added concurrently");
             Ok(())
         }
@@ -297,18 +235,12 @@ impl Sql {
         };
         // The record's text goes into session variables once, in the first
         // statement, for both the UPDATE and the INSERT to read.
-        let text_or_null = |text: Option<&str>| match text {
-            Some(text) => text_literal(text),
-            None => "NULL".to_owned(),
-        };
-        let (host, label) = (
-            text_or_null(record.host.as_deref()),
-            text_or_null(record.label.as_deref()),
-        );
-        let pid = record
-            .pid
-            .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
-        let key_name = text_or_null(record.key_name);
+        let RecordLiterals {
+            key_name,
+            host,
+            pid,
+            label,
+        } = RecordLiterals::new(record, text_literal);
         let ttl_ms = record.ttl_ms;
         format!(
             "SET @distlock_got = GET_LOCK({lit}, {wait}), @distlock_key = {key_name}, \

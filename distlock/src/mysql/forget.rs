@@ -1,32 +1,21 @@
 //! Forgetting a key: deleting its fencing row while nobody holds it.
 
-use super::acquire::Reserved;
 use super::errors::{self, BACKEND};
 use super::fencing::Sql;
 use super::names::LockName;
-use super::registry::Busy;
 use super::session::Request;
 use super::Inner;
 use crate::{Error, Result};
 
 impl Inner {
-    /// [`crate::Locker::forget`].
-    ///
-    /// The name is reserved in the registry first, exactly as an attempt
-    /// would be: while reserved, no lease or attempt of this locker holds
-    /// it on its shared session, so the statement's `GET_LOCK` can only be
-    /// refused by *another* session, never granted re-entrantly over a lock
-    /// of ours. The reservation travels with the request and ends only once
-    /// the statement (and, had it failed halfway, the release of its lock)
-    /// has run.
+    /// [`crate::Locker::forget`]: the name reserved first (see
+    /// [`Core::reserve_to_forget`](crate::sql::core::Core::reserve_to_forget)).
+    /// The reservation travels with the request and ends only once the
+    /// statement (and, had it failed halfway, the release of its lock) has
+    /// run.
     pub(super) async fn forget(&self, name: LockName<'_>) -> Result<()> {
-        let ticket = match self.registry.reserve(name.server.clone()) {
-            Ok(ticket) => ticket,
-            Err(Busy::Contended) => return Err(held(&name)),
-            Err(Busy::CleaningUp) => return Err(self.cleanup_pending(&name, "forget")),
-        };
-        let reserved = Reserved::new(self.registry.clone(), ticket);
-        let session = self.pool.shared(&name.server).await?;
+        let reserved = self.core.reserve_to_forget(name.server.clone(), name.key)?;
+        let session = self.core.pool.shared(&name.server).await?;
         let limit = self.settings.query_timeout;
         let request = Request {
             sql: self.sql.forget(&name),

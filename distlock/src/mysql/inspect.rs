@@ -18,15 +18,12 @@ use super::session::Request;
 use super::Inner;
 use crate::deadline::bounded;
 use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::sql::core::Termination;
 use crate::{Error, Result};
 
 /// How long a force release waits for the killed connection's locks to be
 /// freed (the server ends the killed thread asynchronously).
 const KILL_WAIT: Duration = Duration::from_secs(5);
-
-/// How often a force release looks again when the lock changed hands between
-/// its inspection and the `KILL`.
-const KILL_ATTEMPTS: usize = 3;
 
 /// The column of [`Sql::list`]'s answer that names the lock.
 const LIST_NAME_COLUMN: usize = 9;
@@ -87,7 +84,7 @@ impl Inner {
         operation: &'static str,
         context: &(dyn Fn() -> String + Sync),
     ) -> Result<Vec<Row>> {
-        let session = self.pool.shared(session_key).await?;
+        let session = self.core.pool.shared(session_key).await?;
         let limit = self.settings.query_timeout;
         let mut answer = bounded(BACKEND, operation, limit, async {
             session
@@ -159,43 +156,22 @@ impl Inner {
         name: &LockName<'_>,
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
-        if how != ForceRelease::TerminateSession {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
-                    "{how:?}: a GET_LOCK lock can only be released by the connection holding it; \
-                     ForceRelease::TerminateSession ends that connection (KILL), which frees EVERY \
-                     lock it holds (distlock shares one connection among many locks) and fires all \
-                     their holders' lost signals"
-                ),
-            });
-        }
-        for _ in 0..KILL_ATTEMPTS {
-            let Some((connection, held)) = self.find_hold(name, "force_release").await? else {
-                return Ok(None);
-            };
-            if self.kill(name, connection).await? {
-                inspect::log_forced_release(BACKEND, name.key, how, Some(&held));
-                return Ok(Some(held));
-            }
-            // Released (and maybe taken again) since it was inspected.
-        }
-        Err(Error::backend(
-            BACKEND,
-            "force_release",
-            format!(
-                "{:?} changed hands {KILL_ATTEMPTS} times while being force-released; inspect it again",
-                name.key
-            ),
-        ))
+        let words = Termination {
+            lock: "a GET_LOCK lock",
+            holder: "connection",
+            command: "KILL",
+        };
+        let find = || self.find_hold(name, "force_release");
+        let end = |connection| self.kill(name, connection);
+        let core = &self.core;
+        core.force_release(name.key, how, words, find, end).await
     }
 
     /// `KILL`s `connection` if it still holds `name`, then waits until the
     /// server has freed the lock: true if it did, false if the connection no
     /// longer held it.
     async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
-        let session = self.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.server).await?;
         if u64::from(session.connection_id) == connection {
             return Err(Error::Unsupported {
                 backend: BACKEND,

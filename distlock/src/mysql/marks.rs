@@ -54,10 +54,10 @@ impl Inner {
     /// session, after creating the table on this locker's first call.
     pub(super) async fn advance_mark(&self, name: LockName<'_>, value: i64) -> Result<MarkAdvance> {
         if !self.marks_ready.load(Ordering::Acquire) {
-            self.pool.ensure_marks_table().await?;
+            super::pool::ensure_marks_table(&self.core.pool).await?;
             self.marks_ready.store(true, Ordering::Release);
         }
-        let session = self.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.server).await?;
         let timeout = self.settings.query_timeout;
         let context = || {
             format!(

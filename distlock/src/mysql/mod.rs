@@ -343,7 +343,6 @@ mod inspect;
 mod marks;
 mod names;
 mod pool;
-mod registry;
 mod release;
 mod session;
 
@@ -358,11 +357,12 @@ pub use names::{lock_name, lock_name_in, MAX_NAME_LEN};
 use self::config::Settings;
 use self::fencing::Sql;
 use self::names::LockName;
-use self::pool::Pool;
-use self::registry::Registry;
-use self::session::OnClosed;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+use crate::sql::core::Core;
+use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+// Named by the docs above.
+#[cfg(doc)]
+use crate::Error;
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
 /// held locks. See the [module docs](self) for what it guarantees.
@@ -376,8 +376,8 @@ struct Inner {
     leases: crate::SharedLocker,
     settings: Arc<Settings>,
     sql: Sql,
-    pool: Arc<Pool>,
-    registry: Arc<Registry>,
+    /// The pool, the held locks, and the steps every SQL dialect shares.
+    core: Core<pool::Connect, String>,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
 }
@@ -435,22 +435,14 @@ impl MysqlLocker {
 
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
-        let registry = Arc::new(Registry::new(errors::BACKEND));
-        let weak = Arc::downgrade(&registry);
-        let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
-            if let Some(registry) = weak.upgrade() {
-                registry.session_closed(session_id, why, grace);
-            }
-        });
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
-            pool: Arc::new(Pool::new(settings.clone(), on_closed)),
+            core: pool::core(&settings),
             sql: Sql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
-            registry,
         });
-        inner.pool.shared("").await?;
+        inner.core.pool.shared("").await?;
         Ok(MysqlLocker { inner })
     }
 
@@ -462,7 +454,7 @@ impl MysqlLocker {
 
     /// How many locks this locker (and its clones) holds right now.
     pub fn held_count(&self) -> usize {
-        self.inner.registry.held_count()
+        self.inner.core.registry.held_count()
     }
 
     fn lease_locker(&self) -> Arc<dyn Locker> {
@@ -491,20 +483,7 @@ impl Locker for MysqlLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: false,
-            refresh: true,
-            unlock_by_owner: false,
-            release_wakeup: true,
-            // The server-side wait wakes waiters; nothing announces releases.
-            release_notifications: false,
-            fencing: self.inner.sql.fencing(),
-            marks: true,
-            inspect: true,
-            // Only the fencing table names the locks.
-            list: self.inner.sql.fencing(),
-            force_release: true,
-        }
+        crate::sql::core::capabilities(self.inner.sql.fencing())
     }
 
     /// The `GET_LOCK` name of `key` in this locker's namespace
@@ -515,27 +494,22 @@ impl Locker for MysqlLocker {
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        self.inner
-            .try_acquire(self.inner.name(key), ttl, self.lease_locker())
-            .await
+        let name = self.inner.name(key);
+        let tried = self.inner.try_once(&name, ttl, self.lease_locker()).await?;
+        self.inner.core.try_answer(tried, key)
     }
 
     /// Waits on the server, not by polling, unless `max_waiters` waiter
     /// connections are in use (see the [module docs](self#connections)).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         validate::acquire(key, ttl)?;
-        let name = self.inner.name(key);
-        if timeout.is_zero() {
-            return self
-                .inner
-                .try_acquire(name, ttl, self.lease_locker())
-                .await?
-                .ok_or_else(|| Error::NotAcquired {
-                    key: key.to_owned(),
-                });
-        }
-        self.inner
-            .wait_acquire(name, ttl, timeout, self.lease_locker())
+        let (inner, name) = (&self.inner, &self.inner.name(key));
+        // One attempt, then a wait on the server (see `Core::lock`).
+        let try_once = |lease_locker| inner.try_once(name, ttl, lease_locker);
+        let wait_on = |on| inner.wait_on(name, ttl, on);
+        let lease_locker = self.lease_locker();
+        let core = &inner.core;
+        core.lock(key, ttl, timeout, lease_locker, try_once, wait_on)
             .await
     }
 

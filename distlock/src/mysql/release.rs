@@ -3,12 +3,13 @@
 use super::errors::{self, BACKEND};
 use super::fencing::Sql;
 use super::names::{owner_digest, LockName};
-use super::registry::Busy;
-use super::session::{Request, Role};
+use super::session::{Request, Session};
 use super::Inner;
 use crate::deadline::bounded;
 use crate::session_registry::Claim;
-use crate::{validate, Error, LostReason, RefreshRequest, Result};
+use crate::{validate, Error, RefreshRequest, Result};
+
+use std::sync::Arc;
 
 /// The most locks one statement of [`Inner::refresh_many`] asks about (a
 /// column each): a statement of about 30 KB, far under the default
@@ -19,12 +20,9 @@ impl Inner {
     /// Releases `name` if `owner` holds it through this locker; otherwise
     /// says whether somebody else holds it under that owner.
     pub(super) async fn release(&self, name: LockName<'_>, owner: &str) -> Result<()> {
-        let Some(held) = self.registry.take(&name.server, owner) else {
+        let Some(held) = self.core.take_for_release(&name.server, name.key, owner)? else {
             return self.release_elsewhere(name, owner).await;
         };
-        // The entry is gone before the release is queued, with no await in
-        // between: an attempt on this name that now reserves it and reaches
-        // the same session is queued after the release.
         let limit = self.settings.query_timeout;
         let context = || {
             format!(
@@ -41,44 +39,18 @@ impl Inner {
                     .map_err(|e| errors::backend("release", context(), e))
             })
         };
-        let answer = match release(self.sql.release(&name)).await {
-            Ok(answer) => answer,
-            // The statement clears the row's holder record before it
-            // releases; if that part failed (the row locked by another
-            // client past `innodb_lock_wait_timeout`), `RELEASE_LOCK` never
-            // ran, and the lock would stay on a live session for good.
-            // Release alone.
-            Err(error) => match release(Sql::release_only(&name)).await {
-                Ok(answer) => {
-                    tracing::warn!(
-                        component = "distlock",
-                        backend = BACKEND,
-                        key = name.key,
-                        %error,
-                        "released the lock without clearing its holder record in the fencing row"
-                    );
-                    answer
-                }
-                Err(_) => return Err(error),
-            },
-        };
+        let first = release(self.sql.release(&name));
+        let bare = || release(Sql::release_only(&name));
+        let answer = self.core.unlock_or_bare(name.key, first, bare).await?;
         let released = answer
             .int(0)
             .map_err(|why| Error::backend(BACKEND, "release", format!("{}: {why}", context())))?;
         answer.settle();
-        if released == Some(1) {
-            if held.session.role == Role::Waiter {
-                self.pool.recycle(held.session);
-            }
-            return Ok(());
-        }
         // 0: another session holds it; NULL: nobody does. Either way this
-        // session lost it (the server freed it: a `RELEASE_LOCK` or
-        // `RELEASE_ALL_LOCKS()` run on it by hand?).
-        held.lost.notify(LostReason::NotHeld);
-        Err(Error::NotHeld {
-            key: name.key.to_owned(),
-        })
+        // session lost it (a `RELEASE_LOCK` or `RELEASE_ALL_LOCKS()` run on
+        // it by hand?).
+        self.core
+            .finish_release(held, name.key, released == Some(1))
     }
 
     /// A release of a lock this locker does not hold. It cannot release it
@@ -86,15 +58,7 @@ impl Inner {
     /// error applies: `Unsupported` if another client holds it under
     /// `owner`, `NotHeld` if nobody does.
     async fn release_elsewhere(&self, name: LockName<'_>, owner: &str) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            key: name.key.to_owned(),
-        };
-        match self.registry.state(&name.server) {
-            Some(Busy::Contended) => return Err(not_held()),
-            Some(Busy::CleaningUp) => return Err(self.cleanup_pending(&name, "release")),
-            None => {}
-        }
-        let session = self.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.server).await?;
         let limit = self.settings.query_timeout;
         let context = || {
             format!(
@@ -113,28 +77,12 @@ impl Inner {
         let bad = |why: String| Error::backend(BACKEND, "release", format!("{}: {why}", context()));
         let (holder, same_owner) = (answer.int(0).map_err(bad)?, answer.int(1).map_err(bad)?);
         answer.settle();
-        let Some(connection) = holder else {
-            return Err(not_held());
-        };
-        let reason = match (self.sql.fencing(), same_owner) {
-            (true, Some(1)) => format!(
-                "{:?} is held under this owner token by another client (connection {connection}); a GET_LOCK \
-                 lock can only be released by the session holding it: release it from that client, or end \
-                 its session (KILL {connection}) to free it",
-                name.key
-            ),
-            (true, _) => return Err(not_held()),
-            (false, _) => format!(
-                "{:?} is held by connection {connection}; without the fencing table this client cannot tell \
-                 whether under this owner token, and only the session holding it can release it",
-                name.key
-            ),
-        };
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            operation: "release",
-            reason,
-        })
+        let holder = holder.map(|id| (format!("connection {id}"), format!("KILL {id}")));
+        // Without fencing the holder's row, if any, says nothing of its owner.
+        let same_owner = self.sql.fencing().then_some(same_owner == Some(1));
+        Err(self
+            .core
+            .held_elsewhere(name.key, "a GET_LOCK lock", holder, same_owner))
     }
 
     /// [`Locker::refresh_many`](crate::Locker::refresh_many): on each
@@ -157,7 +105,8 @@ impl Inner {
             })
             .collect();
         let limit = self.settings.query_timeout;
-        self.registry
+        self.core
+            .registry
             .confirm_many(claims, HOLDS_PER_STATEMENT, |session, servers| {
                 let sql = Sql::holds_many(servers.iter().map(|server| server.as_str()));
                 let (count, target) = (servers.len(), &self.settings.target);
@@ -186,31 +135,23 @@ impl Inner {
     /// Confirms `owner` still holds `name` on a live session: a round trip
     /// on the holding session, asking the server.
     pub(super) async fn verify(&self, name: LockName<'_>, owner: &str) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            key: name.key.to_owned(),
-        };
-        let Some(session) = self.registry.session_of(&name.server, owner) else {
-            return Err(not_held());
-        };
         let limit = self.settings.query_timeout;
+        let name = &name;
         let context = || format!("verify {:?} is held on {}", name.key, self.settings.target);
-        let answer = bounded(BACKEND, "refresh", limit, async {
-            session
-                .run(Request::new(Sql::holds(&name), limit))
-                .await
-                .map_err(|e| errors::backend("refresh", context(), e))
-        })
-        .await?;
-        let holds = answer
-            .int(0)
-            .map_err(|why| Error::backend(BACKEND, "refresh", format!("{}: {why}", context())))?;
-        answer.settle();
-        if holds == Some(1) {
-            return Ok(());
-        }
-        if let Some(held) = self.registry.take(&name.server, owner) {
-            held.lost.notify(LostReason::NotHeld);
-        }
-        Err(not_held())
+        let holds = |session: Arc<Session>| async move {
+            let answer = bounded(BACKEND, "refresh", limit, async {
+                session
+                    .run(Request::new(Sql::holds(name), limit))
+                    .await
+                    .map_err(|e| errors::backend("refresh", context(), e))
+            })
+            .await?;
+            let holds = answer.int(0).map_err(|why| {
+                Error::backend(BACKEND, "refresh", format!("{}: {why}", context()))
+            })?;
+            answer.settle();
+            Ok(holds == Some(1))
+        };
+        self.core.verify(&name.server, name.key, owner, holds).await
     }
 }

@@ -30,21 +30,7 @@ use super::config::{Settings, SslMode};
 use super::errors::{self, is_fatal, ExecError};
 use crate::Result;
 
-/// What a session is used for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    /// One of the locker's few long-lived sessions; carries many locks.
-    Shared,
-    /// A connection for one native wait, then for the one lock it won.
-    Waiter,
-}
-
-/// Called once, by the actor, when a session's connection is gone (or given
-/// up as silent): with the session's id, why, and how long its locks may
-/// still be held on the server (what is left of
-/// [`Settings::server_window`] since the server was last heard, when it
-/// went silent; zero otherwise).
-pub(super) type OnClosed = Arc<dyn Fn(u64, &str, Duration) + Send + Sync>;
+pub(super) use crate::sql::pool::{OnClosed, Role};
 
 /// Something to drop once a request is settled: the reservation of the key
 /// an attempt took, released only after its undo (if any) has run.

@@ -20,61 +20,56 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::errors::{self, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
 use super::keys::{owner_digest, LockKey};
-use super::registry::{Busy, Held, Registry, SessionClosed, Ticket};
+use super::pool::{Registry, Ticket};
 use super::session::{Session, WaitError};
 use super::Inner;
-use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
-use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
+use crate::deadline::bounded;
+use crate::session_registry::Busy;
+use crate::sql::core::{AbandonWait, Tried, WaitGuard, WaitOn};
+use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
-/// What one attempt on the shared session found.
-enum Tried {
-    Granted(Lease),
-    /// Held elsewhere, or by (or for) another caller of this locker.
-    Contended,
-    /// An abandoned attempt on this key is still being cleaned up.
-    CleaningUp,
-}
-
 impl Inner {
     /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
     /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up (see [`Inner::cleanup_pending`]).
+    /// key is still being cleaned up (see
+    /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
     pub(super) async fn try_acquire(
         &self,
         key: LockKey<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Option<Lease>> {
-        match self.try_once(key, ttl, lease_locker).await? {
-            Tried::Granted(lease) => Ok(Some(lease)),
-            Tried::Contended => Ok(None),
-            Tried::CleaningUp => Err(self.cleanup_pending(key, "acquire")),
-        }
+        let tried = self.try_once(key, ttl, lease_locker).await?;
+        self.core.try_answer(tried, key.name)
     }
 
-    /// The answer while an abandoned attempt's cleanup holds the key's
-    /// reservation: the server may hold the lock for nobody (the attempt
-    /// took it, its answer never arrived) until the cleanup releases it, so
-    /// neither "held elsewhere" nor "not held" would be true.
-    pub(super) fn cleanup_pending(&self, key: LockKey<'_>, operation: &'static str) -> Error {
-        Error::backend(
-            BACKEND,
-            operation,
-            format!(
-                "an earlier attempt on {:?} is still being cleaned up (its answer from {} never arrived, \
-                 so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
-                key.name, self.settings.target, self.settings.query_timeout
-            ),
-        )
+    /// `lock` for string and raw keys alike: one attempt for a zero
+    /// `timeout`, else a wait on the server, or polling if no waiter
+    /// connection is free (see
+    /// [`Core::lock`](crate::sql::core::Core::lock)).
+    ///
+    /// `lease_locker` must be the locker (string or raw keys) whose
+    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
+    /// polling goes through it.
+    pub(super) async fn lock_within(
+        &self,
+        key: LockKey<'_>,
+        ttl: Duration,
+        timeout: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let try_once = |lease_locker| self.try_once(key, ttl, lease_locker);
+        let wait_on = |on| self.wait_on(key, ttl, on);
+        let core = &self.core;
+        core.lock(key.name, ttl, timeout, lease_locker, try_once, wait_on)
+            .await
     }
 
     async fn try_once(
@@ -83,20 +78,20 @@ impl Inner {
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Tried> {
-        let ticket = match self.registry.reserve(key.id) {
+        let ticket = match self.core.registry.reserve(key.id) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Ok(Tried::Contended),
             Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
         };
         let mut attempt = Attempt {
-            registry: self.registry.clone(),
+            registry: self.core.registry.clone(),
             ticket,
             sent_on: None,
             query_timeout: self.settings.query_timeout,
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let session = self.pool.shared(key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let owner = new_owner_token();
         // Only the fencing table records the owner.
         let digest = if self.fencing() {
@@ -126,69 +121,18 @@ impl Inner {
         Ok(tried)
     }
 
-    /// Waits on the server for up to `timeout` (which is not zero), or polls
-    /// if no waiter connection is free. Returns within `timeout` +
-    /// [`DEADLINE_GRACE`] whatever the server does: past that, the call is
-    /// abandoned (its guards undo whatever the server did) with
-    /// [`Error::DeadlineExceeded`].
-    ///
-    /// `lease_locker` must be the locker (string or raw keys) whose
-    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
-    /// polling goes through it.
-    pub(super) async fn wait_acquire(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let started = Instant::now();
-        // `None` for a timeout too long for an Instant: no deadline at all.
-        let deadline = checked_deadline(started, timeout);
-        bounded(
-            BACKEND,
-            "acquire",
-            timeout.saturating_add(DEADLINE_GRACE),
-            self.wait_steps(key, ttl, started, deadline, lease_locker),
-        )
-        .await
-    }
-
-    async fn wait_steps(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        started: Instant,
-        deadline: Option<Instant>,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let remaining = || {
-            deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            })
-        };
-        // Most locks are free: one round trip on a shared session, and the
-        // lock lives there rather than on a connection of its own.
-        match self.try_once(key, ttl, lease_locker.clone()).await? {
-            Tried::Granted(lease) => return Ok(lease),
-            // A pending cleanup may hold the key on its shared session; the
-            // server orders a native wait after it, like after any holder.
-            Tried::Contended | Tried::CleaningUp => {}
-        }
-        let Some(session) = self.pool.waiter().await? else {
-            return self
-                .poll_acquire(key, ttl, started, remaining(), lease_locker)
-                .await;
-        };
-        let owner = new_owner_token();
-        let digest = owner_digest(&owner);
+    /// The wait on the server (`pg_advisory_lock` under `lock_timeout`),
+    /// after the first attempt found the key held.
+    async fn wait_on(&self, key: LockKey<'_>, ttl: Duration, on: WaitOn<Session>) -> Result<Lease> {
+        let session = &on.session;
+        let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let mut wait = WaitGuard {
-            session: Some(session.clone()),
+        let cancel = CancelWait {
             tls: self.settings.tls.clone(),
         };
+        let mut wait = WaitGuard::new(session.clone(), cancel);
         let token = loop {
-            let lock_timeout_ms = lock_timeout_ms(remaining());
+            let lock_timeout_ms = lock_timeout_ms(on.remaining());
             let sql = self.sql.wait(
                 key.id,
                 lock_timeout_ms,
@@ -208,18 +152,14 @@ impl Inner {
             match waited {
                 Ok(token) => break token,
                 Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
-                    if let Some(token) =
-                        self.granted_anyway(&session, key, &digest, &record).await?
+                    if let Some(token) = self.granted_anyway(session, key, &digest, &record).await?
                     {
                         break token;
                     }
-                    if remaining().is_zero() {
+                    if on.remaining().is_zero() {
                         wait.disarm();
-                        self.pool.recycle(session);
-                        return Err(Error::Timeout {
-                            key: key.name.to_owned(),
-                            waited: started.elapsed(),
-                        });
+                        self.core.pool.recycle(on.session.clone());
+                        return Err(on.timed_out(key.name));
                     }
                     // A wait longer than Postgres' largest lock_timeout: go on.
                 }
@@ -229,44 +169,7 @@ impl Inner {
             }
         };
         wait.disarm();
-        self.record_grant(key, ttl, owner, token, session, lease_locker)
-    }
-
-    /// Waits by polling, when all `max_waiters` waiter connections are in
-    /// use: the waiting loop every backend without a server-side wait uses
-    /// (`try_lock` with jittered backoff, bounded by the deadline), so
-    /// contention, timeouts and outages are reported as there. It does not
-    /// switch to a native wait if a connection frees up meanwhile.
-    async fn poll_acquire(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        started: Instant,
-        remaining: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let timed_out = || Error::Timeout {
-            key: key.name.to_owned(),
-            waited: started.elapsed(),
-        };
-        // A zero timeout means "one attempt, contention is NotAcquired" to
-        // the loop; here the caller's (non-zero) timeout has simply run out.
-        if remaining.is_zero() {
-            return Err(timed_out());
-        }
-        tracing::debug!(
-            component = "distlock",
-            backend = BACKEND,
-            key = key.name,
-            max_waiters = self.settings.max_waiters,
-            "every waiter connection is in use; polling"
-        );
-        let policy = WaitPolicy::default();
-        match crate::wait::acquire(&*lease_locker, key.name, ttl, remaining, &policy).await {
-            // The loop measured only its own part of the wait.
-            Err(Error::Timeout { .. }) => Err(timed_out()),
-            other => other,
-        }
+        self.record_grant(key, ttl, on.owner, token, on.session, on.lease_locker)
     }
 
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
@@ -315,16 +218,6 @@ impl Inner {
         session: Arc<Session>,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let closed_after_grant = || {
-            Error::backend(
-                BACKEND,
-                "acquire",
-                format!(
-                    "the session on {} was lost right after {:?} was granted (closed, or given up as silent); the server releases it when the session ends",
-                    self.settings.target, key.name
-                ),
-            )
-        };
         let fencing_token = token
             .map(|t| {
                 u64::try_from(t).map_err(|_| {
@@ -339,28 +232,16 @@ impl Inner {
                 })
             })
             .transpose()?;
-        if session.is_closed() {
-            return Err(closed_after_grant());
-        }
-        let lease = Lease::new(
-            LeaseParts {
-                key: key.name.to_owned(),
-                owner: owner.clone(),
-                fencing_token,
-                ttl,
-                valid_until: None,
-            },
-            lease_locker,
-        );
-        let held = Held {
+        let core = &self.core;
+        core.grant(
+            key.id,
+            key.name,
+            ttl,
             owner,
+            fencing_token,
             session,
-            lost: lease.lost_notifier(),
-        };
-        self.registry
-            .grant(key.id, held)
-            .map_err(|SessionClosed| closed_after_grant())?;
-        Ok(lease)
+            lease_locker,
+        )
     }
 }
 
@@ -437,26 +318,15 @@ impl Drop for Attempt {
     }
 }
 
-/// A native wait in progress. Dropped armed (the caller cancelled, or the
-/// wait failed), it cancels the statement on the server and closes the
-/// connection: whether or not the lock was granted in the meantime, the
-/// server then ends the session and nothing stays held.
-struct WaitGuard {
-    session: Option<Arc<Session>>,
+/// How an abandoned native wait ends: the statement is cancelled on the
+/// server and the connection closed, so whether or not the lock was granted
+/// in the meantime, the server ends the session and nothing stays held.
+struct CancelWait {
     tls: super::tls::Tls,
 }
 
-impl WaitGuard {
-    fn disarm(&mut self) {
-        self.session = None;
-    }
-}
-
-impl Drop for WaitGuard {
-    fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
+impl AbandonWait<Session> for CancelWait {
+    fn abandon(&self, session: Arc<Session>) {
         // Closing alone would do, eventually: a backend blocked in a lock
         // wait notices its client is gone only when the wait ends. The cancel
         // request ends the wait now.
@@ -475,6 +345,8 @@ impl Drop for WaitGuard {
 
 #[cfg(test)]
 mod tests {
+    use tokio::time::Instant;
+
     use super::*;
     use crate::postgres::PostgresLocker;
 
@@ -523,7 +395,7 @@ mod tests {
         let url = format!("{}&max_waiters=2&idle_waiters=0", server.url());
         let locker = PostgresLocker::from_url(&url).await.unwrap();
         let holder = PostgresLocker::from_url(&server.url()).await.unwrap();
-        let pool = &locker.inner.pool;
+        let pool = &locker.inner.core.pool;
         let key = "permits";
         let id = locker.advisory_key(key);
         let in_use = || pool.waiters_in_use();
@@ -661,8 +533,20 @@ mod tests {
         let digest = owner_digest("owner");
         let record = GrantRecord::new(key.name, TTL, true);
         let (raced, bystander) = (
-            inner.pool.waiter().await.unwrap().expect("a free permit"),
-            inner.pool.waiter().await.unwrap().expect("a free permit"),
+            inner
+                .core
+                .pool
+                .waiter()
+                .await
+                .unwrap()
+                .expect("a free permit"),
+            inner
+                .core
+                .pool
+                .waiter()
+                .await
+                .unwrap()
+                .expect("a free permit"),
         );
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])
@@ -706,7 +590,13 @@ mod tests {
         server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
         let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
-        let session = inner.pool.waiter().await.unwrap().expect("a free permit");
+        let session = inner
+            .core
+            .pool
+            .waiter()
+            .await
+            .unwrap()
+            .expect("a free permit");
         let show = |name: &'static str| {
             let session = session.clone();
             async move {
@@ -725,7 +615,13 @@ mod tests {
         assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
         assert_eq!(show("lock_timeout").await, "1500ms", "after a won wait");
 
-        let other = inner.pool.waiter().await.unwrap().expect("a free permit");
+        let other = inner
+            .core
+            .pool
+            .waiter()
+            .await
+            .unwrap()
+            .expect("a free permit");
         other
             .query("SELECT pg_advisory_lock(-78)", &[])
             .await

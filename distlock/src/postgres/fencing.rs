@@ -11,98 +11,31 @@ use tokio_postgres::Client;
 
 use super::errors::{self, is_concurrent_create};
 pub(super) use crate::inspect::GrantRecord;
-use crate::{Error, Result};
+use crate::sql::fencing::{Identifiers, RecordLiterals};
+use crate::Result;
 
 /// The default table name, in the connection's current schema.
-pub const DEFAULT_TABLE: &str = "distlock_fencing";
-
-/// Where fencing counters live: a table, optionally schema-qualified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct FencingTable {
-    schema: Option<String>,
-    table: String,
-}
-
-impl Default for FencingTable {
-    fn default() -> Self {
-        FencingTable {
-            schema: None,
-            table: DEFAULT_TABLE.to_owned(),
-        }
-    }
-}
-
-impl FencingTable {
-    /// A table named `table` in `schema` (or the current schema), checked.
-    pub(super) fn new(schema: Option<&str>, table: &str) -> Result<Self> {
-        if let Some(schema) = schema {
-            check_identifier("schema", schema)?;
-        }
-        check_identifier("table", table)?;
-        Ok(FencingTable {
-            schema: schema.map(str::to_owned),
-            table: table.to_owned(),
-        })
-    }
-
-    /// Splits `table` or `schema.table` (the URL form) into its parts,
-    /// unchecked: [`FencingTable::new`] checks them.
-    pub(super) fn split(qualified: &str) -> (Option<String>, String) {
-        match qualified.split_once('.') {
-            Some((schema, table)) => (Some(schema.to_owned()), table.to_owned()),
-            None => (None, qualified.to_owned()),
-        }
-    }
-
-    #[cfg(test)]
-    pub(super) fn parse(qualified: &str) -> Result<Self> {
-        let (schema, table) = Self::split(qualified);
-        Self::new(schema.as_deref(), &table)
-    }
-
-    /// The table `table` in this table's schema.
-    pub(super) fn sibling(&self, table: &str) -> Self {
-        FencingTable {
-            schema: self.schema.clone(),
-            table: table.to_owned(),
-        }
-    }
-
-    /// The name to put in SQL: each part double-quoted.
-    pub(super) fn quoted(&self) -> String {
-        match &self.schema {
-            Some(schema) => format!("{}.{}", quote(schema), quote(&self.table)),
-            None => quote(&self.table),
-        }
-    }
-}
+pub const DEFAULT_TABLE: &str = crate::sql::fencing::DEFAULT_TABLE;
 
 /// Postgres identifiers: 1 to 63 bytes (longer ones are silently truncated
-/// by the server, which would make two names one table), no zero byte, no
-/// dot (the URL form splits on it).
-fn check_identifier(what: &str, name: &str) -> Result<()> {
-    let problem = if name.is_empty() {
-        "is empty"
-    } else if name.len() > 63 {
-        "is longer than Postgres' 63-byte identifier limit"
-    } else if name.contains('\0') {
-        "contains a zero byte"
-    } else if name.contains('.') {
-        "contains a dot"
-    } else {
-        return Ok(());
-    };
-    Err(Error::invalid(
-        "fencing table",
-        format!("the {what} name {name:?} {problem}"),
-    ))
+/// by the server, which would make two names one table), quoted in double
+/// quotes with inner quotes doubled, so any name (mixed case, spaces,
+/// keywords) means exactly itself.
+pub(super) enum PostgresIdentifiers {}
+
+impl Identifiers for PostgresIdentifiers {
+    const MAX_LEN: usize = 63;
+    const TOO_LONG: &'static str = "is longer than Postgres' 63-byte identifier limit";
+    fn len(name: &str) -> usize {
+        name.len()
+    }
+    fn quote(identifier: &str) -> String {
+        format!("\"{}\"", identifier.replace('"', "\"\""))
+    }
 }
 
-/// An identifier quoted for SQL: in double quotes, inner quotes doubled, so
-/// any name (mixed case, spaces, keywords) means exactly itself.
-fn quote(identifier: &str) -> String {
-    format!("\"{}\"", identifier.replace('"', "\"\""))
-}
+/// Where fencing counters live: a table, optionally schema-qualified.
+pub(super) type FencingTable = crate::sql::fencing::FencingTable<PostgresIdentifiers>;
 
 /// Creates the table if it does not exist yet.
 ///
@@ -432,23 +365,12 @@ impl Sql {
         );
         if let Some(table) = &self.table {
             // The record's values in `GRANT_COLUMNS` order.
-            let text_or_null = |text: Option<&str>| match text {
-                Some(text) => text_literal(text),
-                None => "NULL".to_owned(),
-            };
-            let (host, label) = (
-                text_or_null(record.host.as_deref()),
-                text_or_null(record.label.as_deref()),
-            );
-            let pid = record
-                .pid
-                .map_or_else(|| "NULL".to_owned(), |pid| pid.to_string());
+            let values = RecordLiterals::new(record, text_literal);
             sql.push_str(&format!(
                 " INSERT INTO {table} AS f (lock_key, token, owner_digest, {GRANT_COLUMNS}) \
-                 VALUES ('{key}'::int8, 1, '{owner_digest}', {}, {}, {host}, {pid}, {label}, \
+                 VALUES ('{key}'::int8, 1, '{owner_digest}', {}, {}, {}, {}, {}, \
                  pg_backend_pid()) {GRANT_UPDATE};",
-                text_or_null(record.key_name),
-                record.ttl_ms,
+                values.key_name, record.ttl_ms, values.host, values.pid, values.label,
             ));
         }
         sql
@@ -460,6 +382,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::Error;
 
     #[test]
     fn identifiers_are_checked_and_quoted() {

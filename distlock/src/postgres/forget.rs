@@ -2,32 +2,19 @@
 
 use super::errors;
 use super::keys::LockKey;
-use super::registry::{Busy, Registry, Ticket};
 use super::Inner;
 use crate::{Error, Result};
 
 impl Inner {
-    /// [`crate::Locker::forget`] for string and raw keys alike.
-    ///
-    /// The key is reserved in the registry first, exactly as an attempt
-    /// would be: while reserved, no lease or attempt of this locker can hold
-    /// it on one of its sessions, so the statement's transaction lock can
-    /// only be refused by *another* session, never granted re-entrantly
-    /// over a lock of ours.
+    /// [`crate::Locker::forget`] for string and raw keys alike: the key
+    /// reserved first (see
+    /// [`Core::reserve_to_forget`](crate::sql::core::Core::reserve_to_forget)).
     pub(super) async fn forget(&self, key: LockKey<'_>) -> Result<()> {
-        let ticket = match self.registry.reserve(key.id) {
-            Ok(ticket) => ticket,
-            Err(Busy::Contended) => return Err(held(key)),
-            Err(Busy::CleaningUp) => return Err(self.cleanup_pending(key, "forget")),
-        };
         // No cleanup is ever needed on the server: the statement's lock ends
         // with its transaction, whether or not we wait for the answer. A
         // later attempt on the shared session is queued behind it.
-        let _reservation = Reservation {
-            registry: &self.registry,
-            ticket,
-        };
-        let session = self.pool.shared(key.id).await?;
+        let _reserved = self.core.reserve_to_forget(key.id, key.name)?;
+        let session = self.core.pool.shared(&key.id).await?;
         let context = || format!("forget {:?} on {}", key.name, self.settings.target);
         let rows = errors::within(
             "forget",
@@ -56,18 +43,5 @@ impl Inner {
 fn held(key: LockKey<'_>) -> Error {
     Error::NotAcquired {
         key: key.name.to_owned(),
-    }
-}
-
-/// Ends the forget's reservation however the call ends (answered, failed,
-/// dropped).
-struct Reservation<'a> {
-    registry: &'a Registry,
-    ticket: Ticket,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        self.registry.release(self.ticket);
     }
 }

@@ -14,16 +14,13 @@ use tokio_postgres::Row;
 use super::errors::{self, BACKEND};
 use super::keys::LockKey;
 use super::Inner;
-use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::inspect::{Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::sql::core::Termination;
 use crate::{Error, Result};
 
 /// How long `pg_terminate_backend` waits for the terminated backend to exit
 /// (and so free its locks) before it reports failure (Postgres 14+).
 const TERMINATE_WAIT: Duration = Duration::from_secs(5);
-
-/// How often a force release looks again when the lock changed hands between
-/// its inspection and the termination.
-const TERMINATE_ATTEMPTS: usize = 3;
 
 /// One hold found in `pg_locks`, with its fencing row (see
 /// [`Sql::inspect`](super::fencing::Sql)).
@@ -84,7 +81,7 @@ impl Inner {
     }
 
     async fn find_hold(&self, key: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
-        let session = self.pool.shared(key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let context = || format!("inspect {:?} on {}", key.name, self.settings.target);
         let rows = errors::within(
             operation,
@@ -123,9 +120,9 @@ impl Inner {
         // a shared session, whose silence meanwhile would be taken for the
         // server's and give its locks up. (All waiter connections in use:
         // the shared one it is.)
-        let (session, waiter) = match self.pool.waiter().await? {
+        let (session, waiter) = match self.core.pool.waiter().await? {
             Some(waiter) => (waiter, true),
-            None => (self.pool.shared(0).await?, false),
+            None => (self.core.pool.shared(&0_i64).await?, false),
         };
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = errors::within(
@@ -136,7 +133,7 @@ impl Inner {
         )
         .await?;
         if waiter {
-            self.pool.recycle(session);
+            self.core.pool.recycle(session);
         }
         let mut listed = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -158,42 +155,24 @@ impl Inner {
         key: LockKey<'_>,
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
-        if how != ForceRelease::TerminateSession {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
-                    "{how:?}: a session advisory lock can only be released by the session holding it; \
-                     ForceRelease::TerminateSession ends that session (pg_terminate_backend), which frees \
-                     EVERY lock it holds (distlock shares one session among many locks) and fires all \
-                     their holders' lost signals"
-                ),
-            });
-        }
-        for _ in 0..TERMINATE_ATTEMPTS {
-            let Some(hold) = self.find_hold(key, "force_release").await? else {
-                return Ok(None);
-            };
-            if self.terminate(key, hold.pid).await? {
-                inspect::log_forced_release(BACKEND, key.name, how, Some(&hold.held));
-                return Ok(Some(hold.held));
-            }
-            // Released (and maybe taken again) since it was inspected.
-        }
-        Err(Error::backend(
-            BACKEND,
-            "force_release",
-            format!(
-                "{:?} changed hands {TERMINATE_ATTEMPTS} times while being force-released; inspect it again",
-                key.name
-            ),
-        ))
+        let words = Termination {
+            lock: "a session advisory lock",
+            holder: "session",
+            command: "pg_terminate_backend",
+        };
+        let find = || async {
+            let hold = self.find_hold(key, "force_release").await?;
+            Ok(hold.map(|hold| (hold.pid, hold.held)))
+        };
+        let end = |pid| self.terminate(key, pid);
+        let core = &self.core;
+        core.force_release(key.name, how, words, find, end).await
     }
 
     /// Ends server process `pid` if it still holds `key`, waiting for it to
     /// exit: true if it did, false if it no longer held the key.
     async fn terminate(&self, key: LockKey<'_>, pid: i32) -> Result<bool> {
-        let session = self.pool.shared(key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
         let context = || {
             format!(

@@ -69,7 +69,7 @@ impl Inner {
     /// statement on the key's shared session, after creating the table on
     /// this locker's first call.
     pub(super) async fn advance_mark(&self, key: LockKey<'_>, value: i64) -> Result<MarkAdvance> {
-        let session = self.pool.shared(key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let timeout = self.settings.query_timeout;
         let context = || {
             format!(

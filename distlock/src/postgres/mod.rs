@@ -359,7 +359,6 @@ mod inspect;
 mod keys;
 mod marks;
 mod pool;
-mod registry;
 mod release;
 mod session;
 mod tls;
@@ -379,11 +378,12 @@ use self::config::Settings;
 use self::fencing::Sql;
 use self::keys::LockKey;
 use self::marks::MarksSql;
-use self::pool::Pool;
-use self::registry::Registry;
-use self::session::OnClosed;
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+use crate::sql::core::Core;
+use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+// Named by the docs above.
+#[cfg(doc)]
+use crate::Error;
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
 /// locks. See the [module docs](self) for what it guarantees.
@@ -399,8 +399,8 @@ struct Inner {
     raw_leases: crate::SharedLocker,
     settings: Arc<Settings>,
     sql: Arc<Sql>,
-    pool: Pool,
-    registry: Arc<Registry>,
+    /// The pool, the held locks, and the steps every SQL dialect shares.
+    core: Core<pool::Connect, i64>,
     marks: MarksSql,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
@@ -409,25 +409,6 @@ struct Inner {
 impl Inner {
     fn fencing(&self) -> bool {
         self.sql.fencing()
-    }
-
-    /// `lock` for string and raw keys alike.
-    async fn lock_within(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        if timeout.is_zero() {
-            return self
-                .try_acquire(key, ttl, lease_locker)
-                .await?
-                .ok_or_else(|| Error::NotAcquired {
-                    key: key.name.to_owned(),
-                });
-        }
-        self.wait_acquire(key, ttl, timeout, lease_locker).await
     }
 }
 
@@ -467,24 +448,16 @@ impl PostgresLocker {
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
         let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
-        let registry = Arc::new(Registry::new(errors::BACKEND));
-        let weak = Arc::downgrade(&registry);
-        let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
-            if let Some(registry) = weak.upgrade() {
-                registry.session_closed(session_id, why, grace);
-            }
-        });
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
             raw_leases: crate::SharedLocker::default(),
-            pool: Pool::new(settings.clone(), sql.clone(), on_closed),
+            core: pool::core(&settings, &sql),
             marks: MarksSql::new(settings.fencing.as_ref()),
             marks_ready: AtomicBool::new(false),
             settings,
             sql,
-            registry,
         });
-        inner.pool.shared(0).await?;
+        inner.core.pool.shared(&0_i64).await?;
         Ok(PostgresLocker { inner })
     }
 
@@ -519,7 +492,7 @@ impl PostgresLocker {
 
     /// How many locks this locker (and its clones) holds right now.
     pub fn held_count(&self) -> usize {
-        self.inner.registry.held_count()
+        self.inner.core.registry.held_count()
     }
 
     fn lock_key<'a>(&self, name: &'a str) -> LockKey<'a> {
@@ -548,23 +521,6 @@ impl fmt::Debug for PostgresLocker {
     }
 }
 
-fn capabilities(fencing: bool) -> Capabilities {
-    Capabilities {
-        expires: false,
-        refresh: true,
-        unlock_by_owner: false,
-        release_wakeup: true,
-        // The server-side wait wakes waiters; nothing announces releases.
-        release_notifications: false,
-        fencing,
-        marks: true,
-        inspect: true,
-        // Only the fencing table names the locks.
-        list: fencing,
-        force_release: true,
-    }
-}
-
 #[async_trait]
 impl Locker for PostgresLocker {
     fn backend(&self) -> &'static str {
@@ -572,7 +528,7 @@ impl Locker for PostgresLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities(self.inner.fencing())
+        crate::sql::core::capabilities(self.inner.fencing())
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

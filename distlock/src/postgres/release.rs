@@ -1,26 +1,23 @@
 //! Releasing and verifying held locks.
 
-use super::errors::{self, BACKEND};
+use super::errors;
 use super::keys::{owner_digest, LockKey};
-use super::registry::Busy;
-use super::session::Role;
 use super::Inner;
 use crate::session_registry::Claim;
-use crate::{Error, LostReason, RefreshRequest, Result};
+use crate::{RefreshRequest, Result};
 
 use std::collections::HashSet;
+
+/// What kind of lock a release elsewhere found.
+const LOCK: &str = "a session advisory lock";
 
 impl Inner {
     /// Releases `key` if `owner` holds it through this locker; otherwise
     /// says whether somebody else holds it under that owner.
     pub(super) async fn release(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
-        let Some(held) = self.registry.take(&key.id, owner) else {
+        let Some(held) = self.core.take_for_release(&key.id, key.name, owner)? else {
             return self.release_elsewhere(key, owner).await;
         };
-        // The entry is gone before the unlock is sent, with no await in
-        // between: the unlock is queued on the session first, so an attempt
-        // on this key that now reserves it and reaches the same session is
-        // ordered after it by the server.
         let query_timeout = self.settings.query_timeout;
         let context = || {
             format!(
@@ -28,42 +25,16 @@ impl Inner {
                 key.name, self.settings.target
             )
         };
-        let unlock = held.session.unlock(key.id);
-        let unlocked = match errors::within("release", query_timeout, context, unlock).await {
-            Ok(unlocked) => unlocked,
-            // The statement clears the row's holder record before it
-            // unlocks; if that part failed (the row locked by another client
-            // past `lock_timeout`), the unlock did not run, and the lock
-            // would stay on a live session for good. Unlock alone.
-            Err(error) => {
-                let bare = held.session.unlock_if_held(key.id);
-                match errors::within("release", query_timeout, context, bare).await {
-                    Ok(unlocked) => {
-                        tracing::warn!(
-                            component = "distlock",
-                            backend = BACKEND,
-                            key = key.name,
-                            %error,
-                            "released the lock without clearing its holder record in the fencing row"
-                        );
-                        unlocked
-                    }
-                    Err(_) => return Err(error),
-                }
-            }
+        let session = &held.session;
+        let unlock = errors::within("release", query_timeout, context, session.unlock(key.id));
+        let bare = || {
+            let unlock = session.unlock_if_held(key.id);
+            errors::within("release", query_timeout, context, unlock)
         };
-        if unlocked {
-            if held.session.role == Role::Waiter {
-                self.pool.recycle(held.session);
-            }
-            return Ok(());
-        }
-        // Only the session itself can release its lock, and it did not:
-        // something ran `pg_advisory_unlock_all()` on it?
-        held.lost.notify(LostReason::NotHeld);
-        Err(Error::NotHeld {
-            key: key.name.to_owned(),
-        })
+        let unlocked = self.core.unlock_or_bare(key.name, unlock, bare).await?;
+        // Only the session itself can release its lock; if it did not,
+        // something ran `pg_advisory_unlock_all()` on it.
+        self.core.finish_release(held, key.name, unlocked)
     }
 
     /// A release of a lock this locker does not hold. It cannot release it
@@ -71,18 +42,7 @@ impl Inner {
     /// which error applies: `Unsupported` if another client holds it under
     /// `owner`, `NotHeld` if nobody holds it under `owner`.
     async fn release_elsewhere(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            key: key.name.to_owned(),
-        };
-        match self.registry.state(&key.id) {
-            // Held (or being taken) here, under another owner.
-            Some(Busy::Contended) => return Err(not_held()),
-            // Held for nobody here, perhaps; or free, or held elsewhere: the
-            // server cannot be asked until the cleanup is done.
-            Some(Busy::CleaningUp) => return Err(self.cleanup_pending(key, "release")),
-            None => {}
-        }
-        let session = self.pool.shared(key.id).await?;
+        let session = self.core.pool.shared(&key.id).await?;
         let digest = owner_digest(owner);
         let query_timeout = self.settings.query_timeout;
         let lookup = async {
@@ -100,31 +60,15 @@ impl Inner {
         };
         let rows = errors::within("release", query_timeout, context, lookup).await?;
         let Some(row) = rows.first() else {
-            return Err(not_held());
+            return Err(self.core.held_elsewhere(key.name, LOCK, None, None));
         };
         let columns =
             || Ok::<_, tokio_postgres::Error>((row.try_get::<_, i32>(0)?, row.try_get(1)?));
         let (pid, same_owner): (i32, Option<bool>) =
             columns().map_err(|e| errors::backend("release", context(), e))?;
-        let reason = match same_owner {
-            Some(false) => return Err(not_held()),
-            Some(true) => format!(
-                "{:?} is held under this owner token by another client (server process {pid}); a session \
-                 advisory lock can only be released by the session holding it: release it from that client, \
-                 or end its session (pg_terminate_backend({pid})) to free it",
-                key.name
-            ),
-            None => format!(
-                "{:?} is held by server process {pid}; without the fencing table this client cannot tell \
-                 whether under this owner token, and only the session holding it can release it",
-                key.name
-            ),
-        };
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            operation: "release",
-            reason,
-        })
+        let who = format!("server process {pid}");
+        let holder = Some((who, format!("pg_terminate_backend({pid})")));
+        Err(self.core.held_elsewhere(key.name, LOCK, holder, same_owner))
     }
 
     /// [`Locker::refresh_many`](crate::Locker::refresh_many) of either key
@@ -148,7 +92,8 @@ impl Inner {
             })
             .collect();
         let query_timeout = self.settings.query_timeout;
-        self.registry
+        self.core
+            .registry
             .confirm_many(claims, usize::MAX, |session, ids| {
                 let ids: Vec<i64> = ids.iter().map(|&&id| id).collect();
                 let target = &self.settings.target;
@@ -168,20 +113,12 @@ impl Inner {
     /// Confirms `owner` still holds `key` on a live session: a round trip on
     /// the holding session, asking the server.
     pub(super) async fn verify(&self, key: LockKey<'_>, owner: &str) -> Result<()> {
-        let not_held = || Error::NotHeld {
-            key: key.name.to_owned(),
-        };
-        let Some(session) = self.registry.session_of(&key.id, owner) else {
-            return Err(not_held());
-        };
         let query_timeout = self.settings.query_timeout;
         let context = || format!("verify {:?} is held on {}", key.name, self.settings.target);
-        if errors::within("refresh", query_timeout, context, session.holds(key.id)).await? {
-            return Ok(());
-        }
-        if let Some(held) = self.registry.take(&key.id, owner) {
-            held.lost.notify(LostReason::NotHeld);
-        }
-        Err(not_held())
+        self.core
+            .verify(&key.id, key.name, owner, |session| async move {
+                errors::within("refresh", query_timeout, context, session.holds(key.id)).await
+            })
+            .await
     }
 }

@@ -33,20 +33,7 @@ use super::fencing::{self, FencingTable, GrantRecord, Sql};
 use crate::deadline::bounded;
 use crate::{Error, Result};
 
-/// What a session is used for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    /// One of the locker's few long-lived sessions; carries many locks.
-    Shared,
-    /// A connection for one native wait, then for the one lock it won.
-    Waiter,
-}
-
-/// Called once, from the driver task, when a session's connection is gone:
-/// with the session's id, why, and how long its locks may still be held on
-/// the server (what is left of [`Settings::server_window`] since the last
-/// answered statement was sent; zero unless the server went silent).
-pub(super) type OnClosed = Arc<dyn Fn(u64, &str, Duration) + Send + Sync>;
+pub(super) use crate::sql::pool::{OnClosed, Role};
 
 pub(super) struct Session {
     pub(super) id: u64,
