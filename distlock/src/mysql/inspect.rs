@@ -122,13 +122,12 @@ impl Inner {
     /// [`crate::Locker::list`].
     pub(super) async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let Some(sql) = self.sql.list(prefix) else {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "list",
-                reason: "without the fencing table (fencing=off) no lock records its key, so held \
-                         locks cannot be listed; inspect a key instead"
-                    .into(),
-            });
+            return Err(Error::unsupported(
+                BACKEND,
+                "list",
+                "without the fencing table (fencing=off) no lock records its key, so held \
+                         locks cannot be listed; inspect a key instead",
+            ));
         };
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = self.read("", sql, "list", &context).await?;
@@ -173,15 +172,15 @@ impl Inner {
     async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
         let session = self.core.pool.shared(&name.server).await?;
         if u64::from(session.connection_id) == connection {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
+            return Err(Error::unsupported(
+                BACKEND,
+                "force_release",
+                format!(
                     "{:?} is held by this locker's own connection {connection}; release its lease, \
                      or force-release it from another client",
                     name.key
                 ),
-            });
+            ));
         }
         let context = || {
             format!(

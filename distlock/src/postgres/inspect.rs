@@ -107,13 +107,12 @@ impl Inner {
         ours: impl Fn(&str, i64) -> bool,
     ) -> Result<Vec<HeldLock>> {
         if !self.fencing() {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "list",
-                reason: "without the fencing table (fencing=off) no lock records its key's name, \
-                         so held advisory locks cannot be listed by name; inspect a key instead"
-                    .into(),
-            });
+            return Err(Error::unsupported(
+                BACKEND,
+                "list",
+                "without the fencing table (fencing=off) no lock records its key's name, \
+                         so held advisory locks cannot be listed by name; inspect a key instead",
+            ));
         }
         // A listing reads the whole fencing table and `pg_locks`, which may
         // take seconds: on a waiter connection, which holds no lock, not on
@@ -194,15 +193,11 @@ impl Inner {
         let (own, terminated): (bool, Option<bool>) = (|| Ok((row.try_get(0)?, row.try_get(1)?)))()
             .map_err(|e: tokio_postgres::Error| errors::backend("force_release", context(), e))?;
         match (own, terminated) {
-            (true, _) => Err(Error::Unsupported {
-                backend: BACKEND,
-                operation: "force_release",
-                reason: format!(
+            (true, _) => Err(Error::unsupported(BACKEND, "force_release", format!(
                     "{:?} is held by this locker's own session (server process {pid}); release its \
                      lease, or force-release it from another client",
                     key.name
-                ),
-            }),
+                ))),
             (false, Some(true)) => Ok(true),
             (false, _) => Err(Error::backend(
                 BACKEND,

@@ -495,11 +495,7 @@ where
                  whether under this owner token, and only the session holding it can release it"
             ),
         };
-        Error::Unsupported {
-            backend: self.backend,
-            operation: "release",
-            reason,
-        }
+        Error::unsupported(self.backend, "release", reason)
     }
 
     /// Runs a release statement that also clears the holder record; if it
@@ -662,16 +658,16 @@ where
                 holder,
                 command,
             } = words;
-            return Err(Error::Unsupported {
-                backend: self.backend,
-                operation: "force_release",
-                reason: format!(
+            return Err(Error::unsupported(
+                self.backend,
+                "force_release",
+                format!(
                     "{how:?}: {lock} can only be released by the {holder} holding it; \
                      ForceRelease::TerminateSession ends that {holder} ({command}), which frees \
                      EVERY lock it holds (distlock shares one {holder} among many locks) and fires \
                      all their holders' lost signals"
                 ),
-            });
+            ));
         }
         for _ in 0..FORCE_RELEASE_ATTEMPTS {
             let Some((holder, held)) = find().await? else {
