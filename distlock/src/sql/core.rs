@@ -694,15 +694,11 @@ where
 pub(crate) fn capabilities(fencing: bool) -> Capabilities {
     Capabilities {
         expires: false,
-        refresh: true,
         unlock_by_owner: false,
-        release_wakeup: true,
         // The server-side wait wakes waiters; nothing announces releases.
         release_notifications: false,
         fencing,
-        marks: true,
-        inspect: true,
         list: fencing,
-        force_release: true,
+        ..Capabilities::ALL
     }
 }
