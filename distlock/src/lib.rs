@@ -66,10 +66,27 @@
 //! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
 //! | `mysql://user@host:3306/db`, `mariadb://` | `mysql` | `mysql` | when the server ends the session: at once if the process dies, 14 to 15 s if its host vanishes |
 //!
-//! The SQL backends share one core (`src/sql/`: the session pool, the
-//! registry of held locks, the acquire, wait, release and verify steps, the
-//! fencing table's name); a new SQL server is a dialect there, not a copy
-//! of `postgres/` or `mysql/`.
+//! Every server backend reads its settings through [`config`]: one syntax per
+//! kind of value and one name per concept, from a URL, `DISTLOCK_<BACKEND>_*`
+//! variables, JSON or YAML.
+//!
+//! # Where to add things
+//!
+//! - **A backend**: a folder beside `redis/` or `etcd/` behind its own cargo
+//!   feature, split by role (`mod.rs` the type and its [`Locker`] impl,
+//!   `acquire.rs`, `client.rs`, `config.rs` with its field table), a row in
+//!   `parse.rs`'s scheme table, and a module in the conformance suite
+//!   (`testkit`). A SQL server whose locks live on sessions (SQL Server's
+//!   `sp_getapplock`, Oracle's `DBMS_LOCK`) is a dialect over the shared core
+//!   in `src/sql/` (the session pool, the registry of held locks, the lock
+//!   flow, the fencing table's name), not a copy of `postgres/` or `mysql/`.
+//! - **A coordination primitive** (election, semaphore, shared lock): a
+//!   module written once over [`Locker`] and [`Lease`], so every backend and
+//!   every wrapper serves it, with its checks in the conformance suite; a
+//!   backend-native path only where it measures better or a backend's own
+//!   tools must interoperate.
+//! - **Cross-cutting behaviour**: a wrapper like [`MetricsLocker`], with
+//!   the pass-through methods from `forward.rs`.
 
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
