@@ -13,9 +13,8 @@ use super::errors::BACKEND;
 use super::fencing::{ensure_table, Sql, RECORD_COLUMNS};
 use super::marks;
 use super::session::{OnClosed, Session};
-use crate::session_registry::HoldingSession;
 use crate::sql::core::{Core, Wording};
-use crate::sql::pool::{Connector, PoolSize, PooledSession, Role};
+use crate::sql::pool::{Connector, PoolSize, Role};
 use crate::Result;
 
 /// The locker's connections.
@@ -91,20 +90,7 @@ impl Connector for Connect {
     }
 }
 
-impl PooledSession for Session {
-    fn role(&self) -> Role {
-        self.role
-    }
-}
-
-impl HoldingSession for Session {
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn is_closed(&self) -> bool {
-        Session::is_closed(self)
-    }
-}
+crate::sql::pool::pooled_session!(Session);
 
 /// Creates the marks table on a fresh connection of its own, unless it
 /// exists (see [`marks`]).

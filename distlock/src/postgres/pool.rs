@@ -12,9 +12,8 @@ use super::config::Settings;
 use super::errors::BACKEND;
 use super::fencing::Sql;
 use super::session::{OnClosed, Session};
-use crate::session_registry::HoldingSession;
 use crate::sql::core::{Core, Wording};
-use crate::sql::pool::{Connector, PoolSize, PooledSession, Role};
+use crate::sql::pool::{Connector, PoolSize, Role};
 use crate::Result;
 
 /// Which locks this locker holds, on which session, for which owner.
@@ -82,20 +81,7 @@ impl Connector for Connect {
     }
 }
 
-impl PooledSession for Session {
-    fn role(&self) -> Role {
-        self.role
-    }
-}
-
-impl HoldingSession for Session {
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn is_closed(&self) -> bool {
-        Session::is_closed(self)
-    }
-}
+crate::sql::pool::pooled_session!(Session);
 
 #[cfg(test)]
 mod tests {

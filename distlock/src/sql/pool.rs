@@ -60,6 +60,30 @@ pub(crate) trait PooledSession: HoldingSession + 'static {
     fn role(&self) -> Role;
 }
 
+/// Implements [`PooledSession`] and [`HoldingSession`] for a dialect's
+/// session type, which has `id: u64` and `role: Role` fields and an
+/// `is_closed(&self) -> bool` method: every dialect's session answers the
+/// pool and the registry the same way.
+macro_rules! pooled_session {
+    ($session:ty) => {
+        impl $crate::sql::pool::PooledSession for $session {
+            fn role(&self) -> $crate::sql::pool::Role {
+                self.role
+            }
+        }
+
+        impl $crate::session_registry::HoldingSession for $session {
+            fn id(&self) -> u64 {
+                self.id
+            }
+            fn is_closed(&self) -> bool {
+                <$session>::is_closed(self)
+            }
+        }
+    };
+}
+pub(crate) use pooled_session;
+
 /// How a dialect opens a session.
 #[async_trait]
 pub(crate) trait Connector: Send + Sync + 'static {
