@@ -110,10 +110,7 @@ impl RedlockLocker {
             .ask_every_node("force_release", |node| node.delete_lock(key))
             .await;
         let evicted = self.decide("force_release", key, answers)?;
-        if evicted.is_some() {
-            inspect::log_forced_release(BACKEND, key, how, evicted.as_ref());
-        }
-        Ok(evicted)
+        Ok(inspect::log_if_evicted(BACKEND, key, how, evicted))
     }
 
     /// [`majority`](Self::majority) of every node's answer, an unknown
