@@ -10,10 +10,7 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     let clock = TokioClock::starting_at(start());
     let runs = Runs::default();
     let reports = Reports::default();
-    let recorded = Recorded {
-        runs: &runs,
-        reports: &reports,
-    };
+    let recorded = Recorded::of(&runs, &reports);
     let make = |name: &'static str, hang: bool| {
         let job = every_second("job");
         recorded.start(name, &locker, clock.clone(), job, move |_| async move {

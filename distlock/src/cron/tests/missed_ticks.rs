@@ -57,10 +57,7 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
     ] {
         let locker = shared(MemoryLocker::new());
         let (runs, reports) = (Runs::default(), Reports::default());
-        let recorded = Recorded {
-            runs: &runs,
-            reports: &reports,
-        };
+        let recorded = Recorded::of(&runs, &reports);
         let mut running = Vec::new();
         for name in ["a", "b", "c"] {
             let clock = TokioClock::starting_at(up);
@@ -81,10 +78,7 @@ async fn catch_up_runs_a_tick_skipped_because_a_run_was_too_long_once_the_run_en
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(Utc.with_ymd_and_hms(2026, 12, 1, 9, 59, 59).unwrap());
     let (runs, reports) = (Runs::default(), Reports::default());
-    let recorded = Recorded {
-        runs: &runs,
-        reports: &reports,
-    };
+    let recorded = Recorded::of(&runs, &reports);
     let mut running = Vec::new();
     for name in ["a", "b"] {
         let job = Job::new("minutely", "* * * * *").missed(Missed::CatchUp {

@@ -313,7 +313,7 @@ fn replicas(
     runs: &Runs,
     reports: &Reports,
 ) -> Vec<RunningScheduler> {
-    let recorded = Recorded { runs, reports };
+    let recorded = Recorded::of(runs, reports);
     replicas
         .into_iter()
         .map(|(name, locker, clock)| {
@@ -329,7 +329,11 @@ struct Recorded<'a> {
     reports: &'a Reports,
 }
 
-impl Recorded<'_> {
+impl<'a> Recorded<'a> {
+    fn of(runs: &'a Runs, reports: &'a Reports) -> Self {
+        Recorded { runs, reports }
+    }
+
     /// Starts replica `name` running `job` on `locker` by `clock`: each run
     /// is recorded, then does `then` (sleeps, hangs, ...) and succeeds.
     fn start<T, Fut>(

@@ -9,10 +9,7 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
     let base = TokioClock::starting_at(start());
     let runs = Runs::default();
     let reports = Reports::default();
-    let recorded = Recorded {
-        runs: &runs,
-        reports: &reports,
-    };
+    let recorded = Recorded::of(&runs, &reports);
     let clocks: Vec<(&str, Arc<dyn Clock>)> = vec![
         ("a", Arc::new(base.clone())),
         (
@@ -68,10 +65,7 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     let most = Arc::new(AtomicUsize::new(0));
     let runs = Runs::default();
     let reports = Reports::default();
-    let recorded = Recorded {
-        runs: &runs,
-        reports: &reports,
-    };
+    let recorded = Recorded::of(&runs, &reports);
     let mut running = Vec::new();
     for name in ["a", "b", "c"] {
         let (running_now, most) = (running_now.clone(), most.clone());
