@@ -198,9 +198,7 @@ impl Locker for MemoryLocker {
         if self.remove_if_owner(key, owner) {
             Ok(())
         } else {
-            Err(Error::NotHeld {
-                key: key.to_owned(),
-            })
+            Err(Error::not_held(key))
         }
     }
 
@@ -213,9 +211,7 @@ impl Locker for MemoryLocker {
                 entry.ttl = ttl;
                 Ok(())
             }
-            _ => Err(Error::NotHeld {
-                key: key.to_owned(),
-            }),
+            _ => Err(Error::not_held(key)),
         }
     }
 

@@ -639,9 +639,7 @@ impl Locker for RedisLocker {
         if self.script_did("release", &release).await? {
             Ok(())
         } else {
-            Err(Error::NotHeld {
-                key: key.to_owned(),
-            })
+            Err(Error::not_held(key))
         }
     }
 
@@ -652,9 +650,7 @@ impl Locker for RedisLocker {
         if self.script_did("refresh", &refresh).await? {
             Ok(())
         } else {
-            Err(Error::NotHeld {
-                key: key.to_owned(),
-            })
+            Err(Error::not_held(key))
         }
     }
 

@@ -541,9 +541,7 @@ impl Locker for RedlockLocker {
             return Err(self.quorum_error("release", summary, tally));
         }
         if tally.yes == 0 {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_held(key));
         }
         Ok(())
     }
@@ -634,9 +632,7 @@ impl Locker for RedlockLocker {
             };
         }
         if tally.refused_by_majority(nodes) {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_held(key));
         }
         let summary = format!(
             "extended on {} of {nodes} nodes, not held for this owner on {}; the others failed, \
