@@ -276,9 +276,8 @@ impl Locker for MemoryLocker {
         };
         if evicted.is_some() {
             self.state.releases.notify(key);
-            inspect::log_forced_release("memory", key, how, evicted.as_ref());
         }
-        Ok(evicted)
+        Ok(inspect::log_if_evicted("memory", key, how, evicted))
     }
 
     /// Marks live as long as the locker (and its clones): durable within
