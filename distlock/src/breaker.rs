@@ -459,11 +459,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn half_open_probe_closes_or_reopens() {
         let (flaky, breaker) = breaker();
-        flaky.down.store(true, Ordering::SeqCst);
-        for _ in 0..3 {
-            breaker.try_lock("k", TTL).await.unwrap_err();
-        }
-        tokio::time::advance(Duration::from_secs(5)).await;
+        open_and_wait(&flaky, &breaker).await;
         // The probe fails: open again for another interval.
         assert!(matches!(
             breaker.try_lock("k", TTL).await,
@@ -489,11 +485,7 @@ mod tests {
     async fn release_and_refresh_are_never_blocked() {
         let (flaky, breaker) = breaker();
         let mut lease = breaker.try_lock("k", TTL).await.unwrap().unwrap();
-        flaky.down.store(true, Ordering::SeqCst);
-        for _ in 0..3 {
-            breaker.try_lock("other", TTL).await.unwrap_err();
-        }
-        assert_eq!(breaker.state(), BreakerState::Open);
+        trip_open(&flaky, &breaker).await;
         flaky.down.store(false, Ordering::SeqCst);
         lease
             .refresh(TTL)
@@ -510,13 +502,19 @@ mod tests {
         );
     }
 
-    /// Trips the breaker open, then lets the open interval pass.
-    async fn open_and_wait(flaky: &Flaky, breaker: &BreakerLocker<Flaky>) {
+    /// Takes the backend down and trips the breaker open with three failed
+    /// attempts (on a key no test holds: they fail before reaching it).
+    async fn trip_open(flaky: &Flaky, breaker: &BreakerLocker<Flaky>) {
         flaky.down.store(true, Ordering::SeqCst);
         for _ in 0..3 {
-            breaker.try_lock("k", TTL).await.unwrap_err();
+            breaker.try_lock("trip", TTL).await.unwrap_err();
         }
         assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    /// Trips the breaker open, then lets the open interval pass.
+    async fn open_and_wait(flaky: &Flaky, breaker: &BreakerLocker<Flaky>) {
+        trip_open(flaky, breaker).await;
         tokio::time::advance(Duration::from_secs(5)).await;
     }
 

@@ -147,6 +147,14 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::NotHeld`] for `key`: the caller's owner token does
+    /// not hold it (any more).
+    pub(crate) fn not_held(key: &str) -> Self {
+        Error::NotHeld {
+            key: key.to_owned(),
+        }
+    }
+
     /// Builds an [`Error::Unsupported`]: `backend` cannot do `operation`
     /// at all, for `reason` (which should say what to do instead). Retrying
     /// never helps, so callers and [`Error::is_outage`] treat it as final.

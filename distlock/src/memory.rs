@@ -198,9 +198,7 @@ impl Locker for MemoryLocker {
         if self.remove_if_owner(key, owner) {
             Ok(())
         } else {
-            Err(Error::NotHeld {
-                key: key.to_owned(),
-            })
+            Err(Error::not_held(key))
         }
     }
 
@@ -213,9 +211,7 @@ impl Locker for MemoryLocker {
                 entry.ttl = ttl;
                 Ok(())
             }
-            _ => Err(Error::NotHeld {
-                key: key.to_owned(),
-            }),
+            _ => Err(Error::not_held(key)),
         }
     }
 
@@ -280,9 +276,8 @@ impl Locker for MemoryLocker {
         };
         if evicted.is_some() {
             self.state.releases.notify(key);
-            inspect::log_forced_release("memory", key, how, evicted.as_ref());
         }
-        Ok(evicted)
+        Ok(inspect::log_if_evicted("memory", key, how, evicted))
     }
 
     /// Marks live as long as the locker (and its clones): durable within

@@ -93,6 +93,16 @@ async fn acquire(locker: &dyn Locker, key: &str, ttl: Duration) -> crate::Lease 
     }
 }
 
+/// Asserts `key` is free on `locker`: it is granted at once and released
+/// (`why` names the release that should succeed).
+async fn assert_free(locker: &dyn Locker, key: &str, why: &str) {
+    acquire(locker, key, LONG_TTL)
+        .await
+        .release()
+        .await
+        .expect(why);
+}
+
 async fn assert_held_elsewhere(locker: &dyn Locker, key: &str, why: &str) {
     match locker.try_lock(key, LONG_TTL).await {
         Ok(None) => {}
@@ -116,19 +126,11 @@ pub async fn try_twice_second_is_contention(h: &Harness) {
 pub async fn release_then_reacquire(h: &Harness) {
     let (a, b) = (h.locker().await, h.locker().await);
     let key = h.key("reacquire");
-    acquire(&*a, &key, LONG_TTL)
-        .await
-        .release()
-        .await
-        .expect("release");
+    assert_free(&*a, &key, "release").await;
     let again = acquire(&*b, &key, LONG_TTL).await;
     assert_eq!(again.key(), key);
     again.release().await.expect("second release");
-    acquire(&*a, &key, LONG_TTL)
-        .await
-        .release()
-        .await
-        .expect("third release");
+    assert_free(&*a, &key, "third release").await;
 }
 
 /// Unlock with a wrong owner token is `NotHeld` and deletes nothing.
@@ -785,11 +787,7 @@ pub async fn unlock_by_owner_token(h: &Harness) {
     let result = b.unlock(&key, &owner).await;
     if a.capabilities().unlock_by_owner {
         result.expect("unlock by owner token from another client");
-        acquire(&*b, &key, LONG_TTL)
-            .await
-            .release()
-            .await
-            .expect("release");
+        assert_free(&*b, &key, "release").await;
         assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
     } else {
         assert!(
@@ -815,11 +813,7 @@ pub async fn keepalive_holds_past_ttl(h: &Harness) {
     assert_held_elsewhere(&*b, &key, "keepalive renews it").await;
     assert_eq!(lease.lost_signal().reason(), None);
     lease.release().await.expect("release");
-    acquire(&*b, &key, LONG_TTL)
-        .await
-        .release()
-        .await
-        .expect("free after release");
+    assert_free(&*b, &key, "free after release").await;
 }
 
 /// When the lock is taken from a kept-alive lease (released by owner token,
@@ -892,11 +886,7 @@ pub async fn max_hold_ends_renewal(h: &Harness) {
         drop(lease);
     } else {
         lease.release().await.expect("release after max hold");
-        acquire(&*b, &key, LONG_TTL)
-            .await
-            .release()
-            .await
-            .expect("free after the release");
+        assert_free(&*b, &key, "free after the release").await;
     }
 }
 
@@ -934,11 +924,7 @@ pub async fn with_lock_stops_work_when_the_lease_ends(h: &Harness) {
     }
     assert!(stopped.load(Ordering::SeqCst), "the work was stopped");
     assert!(started.elapsed() >= Duration::from_millis(450));
-    acquire(&*b, &key, LONG_TTL)
-        .await
-        .release()
-        .await
-        .expect("released once the work stopped");
+    assert_free(&*b, &key, "released once the work stopped").await;
 }
 
 /// Where the backend notifies releases, a waiter acquires within a few

@@ -374,9 +374,7 @@ impl EtcdLocker {
     /// is not one of ours, or its session has ended (its lease is gone).
     fn grant_to_check(&self, key: &str, owner: &str, ttl: Duration) -> Result<(String, Token)> {
         validate::acquire(key, ttl)?;
-        let not_held = || Error::NotHeld {
-            key: key.to_owned(),
-        };
+        let not_held = || Error::not_held(key);
         let token = Token::parse(owner).ok_or_else(not_held)?;
         let name = self.name(key);
         if self
@@ -433,9 +431,7 @@ fn still_held(key: &str, ours: bool) -> Result<()> {
     if ours {
         Ok(())
     } else {
-        Err(Error::NotHeld {
-            key: key.to_owned(),
-        })
+        Err(Error::not_held(key))
     }
 }
 
@@ -512,9 +508,7 @@ impl Locker for EtcdLocker {
         validate::key(key)?;
         let name = self.name(key);
         let Some(token) = Token::parse(owner) else {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_held(key));
         };
         let contender = contender_key(&name, token.lease);
         let deleted = self
@@ -535,9 +529,7 @@ impl Locker for EtcdLocker {
                 if deleted {
                     Ok(())
                 } else {
-                    Err(Error::NotHeld {
-                        key: key.to_owned(),
-                    })
+                    Err(Error::not_held(key))
                 }
             }
             Err(error) => {

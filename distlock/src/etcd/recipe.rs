@@ -317,10 +317,10 @@ pub(super) async fn enqueue(
 }
 
 /// Deletes `key` if it still has create revision `revision` (when given)
-/// and its value starts with `secret`; says whether it did. Never deletes a newer grant's
-/// key: that has another create revision and another secret.
+/// and its value starts with `secret`; says whether it did. Never deletes a
+/// newer grant's key: that has another create revision and another secret.
 pub(super) async fn delete_if_ours(
-    mut client: etcd_client::KvClient,
+    client: etcd_client::KvClient,
     key: &str,
     revision: Option<i64>,
     secret: &str,
@@ -329,21 +329,29 @@ pub(super) async fn delete_if_ours(
     if let Some(revision) = revision {
         compares.push(Compare::create_revision(key, CompareOp::Equal, revision));
     }
-    let txn = Txn::new()
-        .when(compares)
-        .and_then([TxnOp::delete(key, None)]);
-    Ok(client.txn(txn).await?.succeeded())
+    delete_when(client, key, compares).await
 }
 
 /// Deletes `key` if its create revision is `revision` (an orphan of ours
 /// whose secret is lost).
 pub(super) async fn delete_orphan(
-    mut client: etcd_client::KvClient,
+    client: etcd_client::KvClient,
     key: &str,
     revision: i64,
 ) -> Result<bool, etcd_client::Error> {
+    let created = Compare::create_revision(key, CompareOp::Equal, revision);
+    delete_when(client, key, vec![created]).await
+}
+
+/// Deletes `key` in one transaction if every one of `compares` holds; says
+/// whether it did.
+async fn delete_when(
+    mut client: etcd_client::KvClient,
+    key: &str,
+    compares: Vec<Compare>,
+) -> Result<bool, etcd_client::Error> {
     let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .when(compares)
         .and_then([TxnOp::delete(key, None)]);
     Ok(client.txn(txn).await?.succeeded())
 }

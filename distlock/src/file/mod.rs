@@ -260,24 +260,21 @@ impl FileLocker {
     fn unlock_elsewhere(&self, key: &str, owner: &str) -> Result<()> {
         let name = file_name(key, "lock");
         let path = self.inner.dir.path_of(&name);
-        let not_held = || Error::NotHeld {
-            key: key.to_owned(),
-        };
         let file = match self.inner.dir.open_file(&name, false) {
             Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_held()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::not_held(key)),
             Err(e) => return Err(Error::backend(BACKEND, "release", with_path(e, &path))),
         };
         match file.try_lock() {
             // Nobody holds it (our probe lock goes away with `file`).
-            Ok(()) => Err(not_held()),
+            Ok(()) => Err(Error::not_held(key)),
             Err(TryLockError::WouldBlock) => match read_record(&file, &path)? {
                 Some(record) if record.owner == owner => Err(Error::unsupported(BACKEND, "release", format!(
                         "the lock on {key:?} is held by process {} through an open file, and a flock can only be \
                          released by that process; stop it and the kernel frees the lock",
                         record.pid
                     ))),
-                _ => Err(not_held()),
+                _ => Err(Error::not_held(key)),
             },
             Err(TryLockError::Error(e)) => Err(Error::backend(BACKEND, "release", with_path(e, &path))),
         }
@@ -371,19 +368,13 @@ impl Locker for FileLocker {
         let mut held = self.held();
         let still_ours = match held.get(key) {
             Some(h) if h.owner == owner => same_file(&self.inner.dir, &h.file, &name),
-            _ => {
-                return Err(Error::NotHeld {
-                    key: key.to_owned(),
-                })
-            }
+            _ => return Err(Error::not_held(key)),
         };
         if !still_ours {
             // Deleted or replaced: another process can lock the new file, so
             // this lock no longer excludes anybody.
             held.remove(key);
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_held(key));
         }
         Ok(())
     }

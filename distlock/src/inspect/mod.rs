@@ -335,6 +335,21 @@ pub(crate) fn require_lock_release(
     ))
 }
 
+/// Passes on what a force release `evicted`, logging it with
+/// [`log_forced_release`] if it evicted anything: a force release of a free
+/// lock did nothing, so it is not logged.
+pub(crate) fn log_if_evicted(
+    backend: &'static str,
+    key: &str,
+    how: ForceRelease,
+    evicted: Option<HeldLock>,
+) -> Option<HeldLock> {
+    if evicted.is_some() {
+        log_forced_release(backend, key, how, evicted.as_ref());
+    }
+    evicted
+}
+
 /// Logs a forced release at `warn`, naming who forced it (this process) and
 /// whom it evicted. Every backend's `force_release` calls it once the lock
 /// is gone, so no forced release goes unrecorded.

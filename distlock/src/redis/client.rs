@@ -77,12 +77,12 @@ impl RedisLocker {
         let (connection, subscriber, publish) = match &parts.deployment {
             Deployment::Standalone(endpoint) => {
                 let (command_client, subscriber_client) = standalone_clients(&config, endpoint)?;
-                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
-                    ConnectionManager::new_with_config(command_client, parts.manager.clone())
-                        .await
-                        .map_err(|e| parts.target.error("connect", e, false))
-                })
-                .await?;
+                let connection = parts
+                    .connect(ConnectionManager::new_with_config(
+                        command_client,
+                        parts.manager.clone(),
+                    ))
+                    .await?;
                 (
                     Connection::Standalone(connection),
                     SubscriberSource::Node(subscriber_client),
@@ -100,13 +100,7 @@ impl RedisLocker {
                     response_timeout: config.response_timeout,
                 };
                 let client = settings.client(None).map_err(|e| parts.invalid(e))?;
-                let connection = bounded(BACKEND, "connect", parts.operation_bound, async {
-                    client
-                        .get_async_connection()
-                        .await
-                        .map_err(|e| parts.target.error("connect", e, false))
-                })
-                .await?;
+                let connection = parts.connect(client.get_async_connection()).await?;
                 (
                     Connection::Cluster(connection),
                     SubscriberSource::Cluster(settings),
@@ -135,13 +129,7 @@ impl RedisLocker {
                     parts.manager.clone(),
                 )
                 .map_err(|e| parts.invalid(e))?;
-                bounded(BACKEND, "connect", parts.operation_bound, async {
-                    connection
-                        .connect()
-                        .await
-                        .map_err(|e| parts.target.error("connect", e, false))
-                })
-                .await?;
+                parts.connect(connection.connect()).await?;
                 (
                     Connection::Sentinel(connection.clone()),
                     SubscriberSource::Sentinel(connection),
@@ -268,6 +256,20 @@ impl Parts {
             manager,
             operation_bound: operation_bound(config.connect_timeout, config.response_timeout),
         })
+    }
+
+    /// Waits for `connecting` within the operation bound; its failure is a
+    /// connect error naming the deployment.
+    async fn connect<C>(
+        &self,
+        connecting: impl std::future::Future<Output = redis::RedisResult<C>>,
+    ) -> Result<C> {
+        bounded(BACKEND, "connect", self.operation_bound, async {
+            connecting
+                .await
+                .map_err(|e| self.target.error("connect", e, false))
+        })
+        .await
     }
 
     /// A client that redis-rs refused to build: bad input, naming the

@@ -45,13 +45,22 @@ impl RedisLocker {
     /// One run of the inspect script (read-only, bounded).
     pub(crate) async fn inspect_view(&self, key: &str) -> Result<Option<LockView>> {
         validate::key(key)?;
+        let mut inspect = INSPECT_SCRIPT.key(self.inner.keys.lock_key(key));
+        inspect.key(self.inner.keys.fence_key(key));
+        self.read_view("inspect", key, &inspect).await
+    }
+
+    /// Runs `script`, one that answers what `describe_lua` reads of `key`'s
+    /// lock (nil: free), bounded like every call, and reads its answer.
+    async fn read_view(
+        &self,
+        operation: &'static str,
+        key: &str,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<Option<LockView>> {
         let reply: Option<Vec<Value>> = self
-            .bounded("inspect", async {
-                INSPECT_SCRIPT
-                    .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.fence_key(key))
-                    .invoke_async(&mut self.connection())
-                    .await
+            .bounded(operation, async {
+                script.invoke_async(&mut self.connection()).await
             })
             .await?;
         reply.map(|reply| lock_view(key, reply)).transpose()
@@ -118,10 +127,7 @@ impl RedisLocker {
         validate::key(key)?;
         inspect::require_lock_release(BACKEND, how, "a key")?;
         let evicted = self.delete_lock(key).await?.map(|view| view.held);
-        if evicted.is_some() {
-            inspect::log_forced_release(BACKEND, key, how, evicted.as_ref());
-        }
-        Ok(evicted)
+        Ok(inspect::log_if_evicted(BACKEND, key, how, evicted))
     }
 
     /// One script deletes the lock and its record whoever holds it,
@@ -129,18 +135,12 @@ impl RedisLocker {
     /// (`None`: the lock was free, nothing done). Bounded; not logged.
     pub(crate) async fn delete_lock(&self, key: &str) -> Result<Option<LockView>> {
         validate::key(key)?;
-        let reply: Option<Vec<Value>> = self
-            .bounded("force_release", async {
-                FORCE_RELEASE_SCRIPT
-                    .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.fence_key(key))
-                    .arg(self.inner.keys.release_channel(key))
-                    .arg(self.inner.publish)
-                    .invoke_async(&mut self.connection())
-                    .await
-            })
-            .await?;
-        reply.map(|reply| lock_view(key, reply)).transpose()
+        let mut delete = FORCE_RELEASE_SCRIPT.key(self.inner.keys.lock_key(key));
+        delete
+            .key(self.inner.keys.fence_key(key))
+            .arg(self.inner.keys.release_channel(key))
+            .arg(self.inner.publish);
+        self.read_view("force_release", key, &delete).await
     }
 }
 

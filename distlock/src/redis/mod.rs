@@ -571,6 +571,22 @@ impl RedisLocker {
         })
         .await
     }
+
+    /// Runs `script` (its keys and arguments set) like every call and says
+    /// whether it answered 1, i.e. did what was asked (released, refreshed,
+    /// forgot); 0 means the lock was not in the state the call needs.
+    async fn script_did(
+        &self,
+        operation: &'static str,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<bool> {
+        let answer: u8 = self
+            .bounded(operation, async {
+                script.invoke_async(&mut self.connection()).await
+            })
+            .await?;
+        Ok(answer == 1)
+    }
 }
 
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
@@ -615,42 +631,26 @@ impl Locker for RedisLocker {
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        let released: u8 = self
-            .bounded("release", async {
-                RELEASE_SCRIPT
-                    .key(self.inner.keys.lock_key(key))
-                    .arg(owner)
-                    .arg(self.inner.keys.release_channel(key))
-                    .arg(self.inner.publish)
-                    .invoke_async(&mut self.connection())
-                    .await
-            })
-            .await?;
-        match released {
-            1 => Ok(()),
-            _ => Err(Error::NotHeld {
-                key: key.to_owned(),
-            }),
+        let mut release = RELEASE_SCRIPT.key(self.inner.keys.lock_key(key));
+        release
+            .arg(owner)
+            .arg(self.inner.keys.release_channel(key))
+            .arg(self.inner.publish);
+        if self.script_did("release", &release).await? {
+            Ok(())
+        } else {
+            Err(Error::not_held(key))
         }
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let refreshed: u8 = self
-            .bounded("refresh", async {
-                REFRESH_SCRIPT
-                    .key(self.inner.keys.lock_key(key))
-                    .arg(owner)
-                    .arg(ttl_millis(ttl))
-                    .invoke_async(&mut self.connection())
-                    .await
-            })
-            .await?;
-        match refreshed {
-            1 => Ok(()),
-            _ => Err(Error::NotHeld {
-                key: key.to_owned(),
-            }),
+        let mut refresh = REFRESH_SCRIPT.key(self.inner.keys.lock_key(key));
+        refresh.arg(owner).arg(ttl_millis(ttl));
+        if self.script_did("refresh", &refresh).await? {
+            Ok(())
+        } else {
+            Err(Error::not_held(key))
         }
     }
 
@@ -669,20 +669,14 @@ impl Locker for RedisLocker {
     /// the key or left it as it was.
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
-        let forgotten: u8 = self
-            .bounded("forget", async {
-                FORGET_SCRIPT
-                    .key(self.inner.keys.lock_key(key))
-                    .key(self.inner.keys.fence_key(key))
-                    .invoke_async(&mut self.connection())
-                    .await
-            })
-            .await?;
-        match forgotten {
-            1 => Ok(()),
-            _ => Err(Error::NotAcquired {
+        let mut forget = FORGET_SCRIPT.key(self.inner.keys.lock_key(key));
+        forget.key(self.inner.keys.fence_key(key));
+        if self.script_did("forget", &forget).await? {
+            Ok(())
+        } else {
+            Err(Error::NotAcquired {
                 key: key.to_owned(),
-            }),
+            })
         }
     }
 

@@ -72,9 +72,7 @@ impl RedisLocker {
                     for (&index, refreshed) in group.iter().zip(refreshed) {
                         results[index] = Some(match refreshed {
                             1 => Ok(()),
-                            _ => Err(Error::NotHeld {
-                                key: requests[index].key.to_owned(),
-                            }),
+                            _ => Err(Error::not_held(requests[index].key)),
                         });
                     }
                 }

@@ -120,10 +120,10 @@ macro_rules! owns_lua {
     };
 }
 
-/// Reads what is known of the lock `lock` whose value is `value`, with its
-/// fence counter `fence`: `{pttl, grant}` when the value carries no record
-/// (a foreign client such as redis-py's `Lock`, or a holder with recording
-/// off), else `{pttl, grant, ttl_ms, granted_ms, 'pid \n host \n label',
+/// Reads what is known of the lock `lock`, with its fence counter `fence`:
+/// `false` when the lock is free, `{pttl, grant}` when its value carries no
+/// record (a foreign client such as redis-py's `Lock`, or a holder with
+/// recording off), else `{pttl, grant, ttl_ms, granted_ms, 'pid \n host \n label',
 /// fence}` (the counter's value is the grant's fencing token: it moves only
 /// when a grant is made). `grant` is the SHA-1 of the owner token: it tells
 /// grants apart (Redlock finds the one a majority of nodes hold) without
@@ -131,7 +131,11 @@ macro_rules! owns_lua {
 macro_rules! describe_lua {
     () => {
         r"
-local function describe(lock, fence, value)
+local function describe(lock, fence)
+    local value = redis.call('GET', lock)
+    if not value then
+        return false
+    end
     local pttl = redis.call('PTTL', lock)
     local owner_end = string.find(value, '\n', 1, true)
     local ttl_end = owner_end and string.find(value, '\n', owner_end + 1, true)
@@ -258,11 +262,7 @@ const INSPECT: &str = concat!(
     lock_value_lua!(),
     describe_lua!(),
     r"
-local value = redis.call('GET', KEYS[1])
-if not value then
-    return false
-end
-return describe(KEYS[1], KEYS[2], value)
+return describe(KEYS[1], KEYS[2])
 "
 );
 
@@ -276,11 +276,10 @@ const FORCE_RELEASE: &str = concat!(
     lock_value_lua!(),
     describe_lua!(),
     r"
-local value = redis.call('GET', KEYS[1])
-if not value then
+local evicted = describe(KEYS[1], KEYS[2])
+if not evicted then
     return false
 end
-local evicted = describe(KEYS[1], KEYS[2], value)
 redis.call('DEL', KEYS[1])
 redis.pcall(ARGV[2], ARGV[1], 'released')
 return evicted

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::deadline::bounded;
 use crate::inspect::{self, ForceRelease, HeldLock};
 use crate::redis::LockView;
 use crate::{validate, Error, Result};
@@ -27,14 +26,9 @@ impl RedlockLocker {
     /// once, each bounded by the node timeout; the majority's view of them.
     pub(super) async fn inspect_lock(&self, key: &str) -> Result<Option<HeldLock>> {
         validate::key(key)?;
-        let bound = self.inner.node_timeout;
-        let answers = futures_util::future::join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|node| bounded(BACKEND, "inspect", bound, node.inspect_view(key))),
-        )
-        .await;
+        let answers = self
+            .ask_every_node("inspect", |node| node.inspect_view(key))
+            .await;
         self.decide("inspect", key, answers)
     }
 
@@ -112,19 +106,11 @@ impl RedlockLocker {
     ) -> Result<Option<HeldLock>> {
         validate::key(key)?;
         inspect::require_lock_release(BACKEND, how, "a key on each node")?;
-        let bound = self.inner.node_timeout;
-        let answers = futures_util::future::join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|node| bounded(BACKEND, "force_release", bound, node.delete_lock(key))),
-        )
-        .await;
+        let answers = self
+            .ask_every_node("force_release", |node| node.delete_lock(key))
+            .await;
         let evicted = self.decide("force_release", key, answers)?;
-        if evicted.is_some() {
-            inspect::log_forced_release(BACKEND, key, how, evicted.as_ref());
-        }
-        Ok(evicted)
+        Ok(inspect::log_if_evicted(BACKEND, key, how, evicted))
     }
 
     /// [`majority`](Self::majority) of every node's answer, an unknown

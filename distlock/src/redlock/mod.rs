@@ -420,6 +420,28 @@ impl RedlockLocker {
         tally
     }
 
+    /// Runs `call` on every node at once, each bounded by the node timeout
+    /// (a node that overruns answers [`Error::DeadlineExceeded`] for
+    /// `operation`), and waits for every answer: for reads whose answers are
+    /// all weighed together, unlike [`on_nodes`](Self::on_nodes).
+    async fn ask_every_node<'a, T, Fut>(
+        &'a self,
+        operation: &'static str,
+        call: impl Fn(&'a RedisLocker) -> Fut,
+    ) -> Vec<Result<T>>
+    where
+        Fut: Future<Output = Result<T>>,
+    {
+        let bound = self.inner.node_timeout;
+        futures_util::future::join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|node| bounded(BACKEND, operation, bound, call(node))),
+        )
+        .await
+    }
+
     /// The [`Error::Backend`] of a call that did not reach a quorum.
     fn quorum_error(&self, operation: &'static str, summary: String, tally: Tally) -> Error {
         let unknown = tally.outcome_unknown();
@@ -519,9 +541,7 @@ impl Locker for RedlockLocker {
             return Err(self.quorum_error("release", summary, tally));
         }
         if tally.yes == 0 {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_held(key));
         }
         Ok(())
     }
@@ -612,9 +632,7 @@ impl Locker for RedlockLocker {
             };
         }
         if tally.refused_by_majority(nodes) {
-            return Err(Error::NotHeld {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_held(key));
         }
         let summary = format!(
             "extended on {} of {nodes} nodes, not held for this owner on {}; the others failed, \
@@ -719,14 +737,9 @@ impl Locker for RedlockLocker {
     /// none can.
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         validate::key(key)?;
-        let bound = self.inner.node_timeout;
-        let watches = futures_util::future::join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|node| bounded(BACKEND, "watch_releases", bound, node.watch_releases(key))),
-        )
-        .await;
+        let watches = self
+            .ask_every_node("watch_releases", |node| node.watch_releases(key))
+            .await;
         let streams: Vec<_> = watches
             .into_iter()
             .filter_map(|watch| watch.ok().flatten())

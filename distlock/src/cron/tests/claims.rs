@@ -10,21 +10,14 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     let clock = TokioClock::starting_at(start());
     let runs = Runs::default();
     let reports = Reports::default();
+    let recorded = Recorded::of(&runs, &reports);
     let make = |name: &'static str, hang: bool| {
         let job = every_second("job");
-        start_replica(
-            name,
-            &locker,
-            clock.clone(),
-            job,
-            &runs,
-            &reports,
-            move |_| async move {
-                if hang {
-                    std::future::pending::<()>().await;
-                }
-            },
-        )
+        recorded.start(name, &locker, clock.clone(), job, move |_| async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+        })
     };
     // The doomed replica starts first, so it wins the first tick and hangs in it.
     let doomed = make("doomed", true);

@@ -57,19 +57,12 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
     ] {
         let locker = shared(MemoryLocker::new());
         let (runs, reports) = (Runs::default(), Reports::default());
+        let recorded = Recorded::of(&runs, &reports);
         let mut running = Vec::new();
         for name in ["a", "b", "c"] {
             let clock = TokioClock::starting_at(up);
             let job = Job::new("hourly", "0 * * * *").missed(policy);
-            running.push(start_replica(
-                name,
-                &locker,
-                clock,
-                job,
-                &runs,
-                &reports,
-                |_| async {},
-            ));
+            running.push(recorded.start(name, &locker, clock, job, |_| async {}));
             // Replicas start a little apart, as they do.
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
@@ -85,26 +78,19 @@ async fn catch_up_runs_a_tick_skipped_because_a_run_was_too_long_once_the_run_en
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(Utc.with_ymd_and_hms(2026, 12, 1, 9, 59, 59).unwrap());
     let (runs, reports) = (Runs::default(), Reports::default());
+    let recorded = Recorded::of(&runs, &reports);
     let mut running = Vec::new();
     for name in ["a", "b"] {
         let job = Job::new("minutely", "* * * * *").missed(Missed::CatchUp {
             look_back: Duration::from_secs(120),
         });
         let clock = clock.clone();
-        running.push(start_replica(
-            name,
-            &locker,
-            clock,
-            job,
-            &runs,
-            &reports,
-            |ctx| async move {
-                // The 10:00 run lasts past 10:01.
-                if ctx.scheduled_at().format("%M").to_string() == "00" {
-                    tokio::time::sleep(Duration::from_secs(70)).await;
-                }
-            },
-        ));
+        running.push(recorded.start(name, &locker, clock, job, |ctx| async move {
+            // The 10:00 run lasts past 10:01.
+            if ctx.scheduled_at().format("%M").to_string() == "00" {
+                tokio::time::sleep(Duration::from_secs(70)).await;
+            }
+        }));
     }
     tokio::time::sleep(Duration::from_secs(100)).await;
     shutdown_all(running).await;

@@ -313,55 +313,58 @@ fn replicas(
     runs: &Runs,
     reports: &Reports,
 ) -> Vec<RunningScheduler> {
+    let recorded = Recorded::of(runs, reports);
     replicas
         .into_iter()
         .map(|(name, locker, clock)| {
-            let clock = ArcClock(clock);
-            start_replica(
-                name,
-                &locker,
-                clock,
-                job.clone(),
-                runs,
-                reports,
-                |_| async {},
-            )
+            recorded.start(name, &locker, ArcClock(clock), job.clone(), |_| async {})
         })
         .collect()
 }
 
-/// Starts replica `name` running `job` on `locker` by `clock`, reporting to
-/// `reports`: each run is recorded in `runs`, then does `then` (sleeps,
-/// hangs, ...) and succeeds.
-fn start_replica<T, Fut>(
-    name: &str,
-    locker: &Arc<dyn Locker>,
-    clock: impl Clock,
-    job: Job,
-    runs: &Runs,
-    reports: &Reports,
-    then: T,
-) -> RunningScheduler
-where
-    T: Fn(JobContext) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let mut scheduler = Scheduler::new(locker.clone())
-        .replica_id(name)
-        .clock(clock)
-        .on_tick(reports.observer());
-    let (runs, then) = (runs.clone(), Arc::new(then));
-    scheduler
-        .add(job, move |ctx| {
-            let (runs, then) = (runs.clone(), then.clone());
-            async move {
-                runs.record(&ctx);
-                then(ctx).await;
-                Ok(())
-            }
-        })
-        .unwrap();
-    scheduler.start().unwrap()
+/// Where the replicas of one test record what they did: each run in
+/// `runs`, every report in `reports`.
+struct Recorded<'a> {
+    runs: &'a Runs,
+    reports: &'a Reports,
+}
+
+impl<'a> Recorded<'a> {
+    fn of(runs: &'a Runs, reports: &'a Reports) -> Self {
+        Recorded { runs, reports }
+    }
+
+    /// Starts replica `name` running `job` on `locker` by `clock`: each run
+    /// is recorded, then does `then` (sleeps, hangs, ...) and succeeds.
+    fn start<T, Fut>(
+        &self,
+        name: &str,
+        locker: &Arc<dyn Locker>,
+        clock: impl Clock,
+        job: Job,
+        then: T,
+    ) -> RunningScheduler
+    where
+        T: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let mut scheduler = Scheduler::new(locker.clone())
+            .replica_id(name)
+            .clock(clock)
+            .on_tick(self.reports.observer());
+        let (runs, then) = (self.runs.clone(), Arc::new(then));
+        scheduler
+            .add(job, move |ctx| {
+                let (runs, then) = (runs.clone(), then.clone());
+                async move {
+                    runs.record(&ctx);
+                    then(ctx).await;
+                    Ok(())
+                }
+            })
+            .unwrap();
+        scheduler.start().unwrap()
+    }
 }
 
 async fn shutdown_all(running: Vec<RunningScheduler>) {

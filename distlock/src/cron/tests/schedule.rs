@@ -9,6 +9,7 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
     let base = TokioClock::starting_at(start());
     let runs = Runs::default();
     let reports = Reports::default();
+    let recorded = Recorded::of(&runs, &reports);
     let clocks: Vec<(&str, Arc<dyn Clock>)> = vec![
         ("a", Arc::new(base.clone())),
         (
@@ -27,7 +28,7 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
         .into_iter()
         .map(|(name, clock)| {
             let job = every_second("report");
-            start_replica(name, &locker, ArcClock(clock), job, &runs, &reports, |_| {
+            recorded.start(name, &locker, ArcClock(clock), job, |_| {
                 tokio::time::sleep(Duration::from_millis(200))
             })
         })
@@ -64,28 +65,21 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     let most = Arc::new(AtomicUsize::new(0));
     let runs = Runs::default();
     let reports = Reports::default();
+    let recorded = Recorded::of(&runs, &reports);
     let mut running = Vec::new();
     for name in ["a", "b", "c"] {
         let (running_now, most) = (running_now.clone(), most.clone());
         let job = every_second("slow");
         let clock = clock.clone();
-        running.push(start_replica(
-            name,
-            &locker,
-            clock,
-            job,
-            &runs,
-            &reports,
-            move |_| {
-                let (running_now, most) = (running_now.clone(), most.clone());
-                async move {
-                    let now = running_now.fetch_add(1, Ordering::SeqCst) + 1;
-                    most.fetch_max(now, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(2500)).await;
-                    running_now.fetch_sub(1, Ordering::SeqCst);
-                }
-            },
-        ));
+        running.push(recorded.start(name, &locker, clock, job, move |_| {
+            let (running_now, most) = (running_now.clone(), most.clone());
+            async move {
+                let now = running_now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                running_now.fetch_sub(1, Ordering::SeqCst);
+            }
+        }));
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
     shutdown_all(running).await;
