@@ -1,5 +1,6 @@
 //! The [`Locker`](crate::Locker) methods a wrapper passes through to the
-//! locker it wraps unchanged, and its accessors of that locker, written once.
+//! locker it wraps unchanged, and its accessors of that locker, written once;
+//! and `Arc<L>` as a locker, the pass-through every wrapper can be built on.
 //!
 //! Every wrapper (tracing, metrics, breaker, prefix, wait) implements the
 //! whole trait under `#[deny(clippy::missing_trait_methods)]`, so a method
@@ -78,3 +79,66 @@ macro_rules! inner_accessors {
 }
 
 pub(crate) use inner_accessors;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::inspect;
+use crate::{Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
+
+/// A shared locker is a locker: wrappers can take `Arc<dyn Locker>`.
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<L: Locker + ?Sized> Locker for Arc<L> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    fn durability_warnings(&self) -> Vec<String> {
+        (**self).durability_warnings()
+    }
+    fn backend_key(&self, key: &str) -> String {
+        (**self).backend_key(key)
+    }
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        (**self).try_lock(key, ttl).await
+    }
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        (**self).lock(key, ttl, timeout).await
+    }
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        (**self).unlock(key, owner).await
+    }
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        (**self).refresh(key, owner, ttl).await
+    }
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        (**self).refresh_many(requests).await
+    }
+    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
+        (**self).watch_releases(key).await
+    }
+    async fn forget(&self, key: &str) -> Result<()> {
+        (**self).forget(key).await
+    }
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        (**self).advance_mark(name, value).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<inspect::HeldLock>> {
+        (**self).inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<inspect::HeldLock>> {
+        (**self).list(prefix).await
+    }
+    async fn force_release(
+        &self,
+        key: &str,
+        how: inspect::ForceRelease,
+    ) -> Result<Option<inspect::HeldLock>> {
+        (**self).force_release(key, how).await
+    }
+}
