@@ -65,8 +65,8 @@ pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings};
 pub(crate) use source::{
-    env_vars, parse, parse_duration_bare, read_env, set_by_name, FieldTable, Param, Parse, Source,
-    Table,
+    env_vars, parse, parse_duration_bare, read_env, serde_config, set_by_name, FieldTable, Param,
+    Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sql::{reason, sql_config, SqlBackend, SqlConfig};
@@ -88,6 +88,28 @@ pub(crate) fn assert_in_readme(backend: &str, table: Table) {
                 param.name
             );
         }
+    }
+}
+
+/// Fails unless `from_url` refuses every URL of `cases` with
+/// [`Error::InvalidInput`](crate::Error::InvalidInput) (`what: "url"`)
+/// whose message contains the case's text and never `secret` (the URL's
+/// password).
+#[cfg(test)]
+pub(crate) fn assert_url_errors<T: std::fmt::Debug>(
+    from_url: impl Fn(&str) -> crate::Result<T>,
+    secret: &str,
+    cases: &[(&str, &str)],
+) {
+    for &(url, expected) in cases {
+        let err = from_url(url).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, crate::Error::InvalidInput { what: "url", .. }),
+            "{message}"
+        );
+        assert!(message.contains(expected), "{url}: {message}");
+        assert!(!message.contains(secret), "leaks the password: {message}");
     }
 }
 

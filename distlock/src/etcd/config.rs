@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, env_vars, format_address, parse, parse_address, read_env, redact,
-    set_by_name, split_list, FieldTable, Param, Source, Table,
+    decoded, duration_text, format_address, parse, parse_address, redact, split_list, FieldTable,
+    Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -250,79 +250,9 @@ impl Config {
         }
         Ok(config)
     }
-
-    /// Reads the `DISTLOCK_ETCD_*` environment variables over the defaults:
-    ///
-    /// | variable | field |
-    /// | --- | --- |
-    /// | `DISTLOCK_ETCD_USERNAME` | [`username`](Config::username) (empty: none) |
-    /// | `DISTLOCK_ETCD_PASSWORD` | [`password`](Config::password) (empty: none) |
-    /// | `DISTLOCK_ETCD_KEY_PREFIX` | [`key_prefix`](Config::key_prefix) (set but empty: no prefix) |
-    /// | `DISTLOCK_ETCD_ENDPOINTS` | [`endpoints`](Config::endpoints), comma-separated |
-    /// | `DISTLOCK_ETCD_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
-    /// | `DISTLOCK_ETCD_CA_FILE` | [`ca_file`](Config::ca_file) |
-    /// | `DISTLOCK_ETCD_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
-    /// | `DISTLOCK_ETCD_REQUEST_TIMEOUT` | [`request_timeout`](Config::request_timeout) |
-    /// | `DISTLOCK_ETCD_KEEPALIVE_TIMEOUT` | [`keepalive_timeout`](Config::keepalive_timeout) |
-    /// | `DISTLOCK_ETCD_HOLDER_RECORD` | [`holder_record`](Config::holder_record): `true`/`false`/`on`/`off` (`DISTLOCK_ETCD_HOLDER` too) |
-    ///
-    /// Durations take units (`2s`, `500ms`); a bare number is seconds.
-    /// Other variables with the prefix are ignored.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] naming the variable whose value is malformed.
-    pub fn from_env() -> Result<Config> {
-        Config::from_env_vars(env_vars(ENV_PREFIX)?)
-    }
-
-    /// [`from_env`](Config::from_env) over the given `(name, value)` pairs
-    /// instead of the process environment.
-    ///
-    /// ```
-    /// use distlock::etcd::Config;
-    ///
-    /// let config = Config::from_env_vars([
-    ///     ("DISTLOCK_ETCD_ENDPOINTS", "etcd-1:2379, etcd-2:2379"),
-    ///     ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
-    ///     ("PATH", "/usr/bin"),
-    /// ])?;
-    /// assert_eq!(config.endpoints, ["etcd-1:2379", "etcd-2:2379"]);
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_env_vars<I, K, V>(vars: I) -> Result<Config>
-    where
-        I: IntoIterator<Item = (K, V)>,
-        K: AsRef<str>,
-        V: Into<String>,
-    {
-        read_env(ENV_PREFIX, vars)
-    }
-
-    /// Sets the parameter `key` (its one name or an older spelling; see
-    /// [`crate::config`] for the syntax of each kind of value) from text, as
-    /// a URL parameter or variable would.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::etcd::Config;
-    ///
-    /// let mut config = Config::default();
-    /// config.set("request_timeout", "500ms")?;
-    /// config.set("holder", "off")?;
-    /// assert_eq!(config.request_timeout, Duration::from_millis(500));
-    /// assert!(!config.holder_record);
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        set_by_name(self, key, value)
-    }
 }
+
+crate::config::serde_config!("etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record);
 
 impl FieldTable for Config {
     const BACKEND: &'static str = "etcd";
@@ -361,39 +291,6 @@ impl FieldTable for Config {
 }
 
 impl Config {
-    /// Reads a JSON object with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use distlock::etcd::Config;
-    ///
-    /// let config = Config::from_json(r#"{"endpoints": ["etcd:2379"], "keyPrefix": "jobs:"}"#)?;
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_json(text: &str) -> Result<Config> {
-        serde_json::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid etcd config JSON: {e}")))
-    }
-
-    /// Reads a YAML mapping with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::etcd::Config;
-    ///
-    /// let config = Config::from_yaml("
-    /// endpoints: [etcd-1:2379, etcd-2:2379]
-    /// password: 'hunter2'
-    /// requestTimeout: 750ms
-    /// ")?;
-    /// assert_eq!(config.request_timeout, Duration::from_millis(750));
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_yaml(text: &str) -> Result<Config> {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid etcd config YAML: {e}")))
-    }
-
     /// Checks the config and resolves its endpoints to the URLs etcd-client
     /// connects to (`http://h:p` or `https://h:p`).
     pub(crate) fn endpoint_urls(&self) -> Result<Vec<String>> {
@@ -494,19 +391,7 @@ mod tests {
             ("etcd://u:topsecret@h:notaport", "not a host:port"),
             ("http://u:topsecret@h", "neither etcd nor etcd+https"),
         ];
-        for (url, expected) in cases {
-            let err = Config::from_url(url).unwrap_err();
-            let message = err.to_string();
-            assert!(
-                matches!(err, Error::InvalidInput { what: "url", .. }),
-                "{message}"
-            );
-            assert!(message.contains(expected), "{url}: {message}");
-            assert!(
-                !message.contains("topsecret"),
-                "leaks the password: {message}"
-            );
-        }
+        crate::config::assert_url_errors(Config::from_url, "topsecret", &cases);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use url::Url;
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, env_vars, format_address, host_of, parse, parse_address, read_env,
-    redact, set_by_name, split_list, FieldTable, Param, Source, Table,
+    decoded, duration_text, format_address, host_of, parse, parse_address, redact, split_list,
+    FieldTable, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -438,91 +438,9 @@ impl Config {
         }
         Ok(config)
     }
-
-    /// Reads the `DISTLOCK_REDIS_*` environment variables over the defaults:
-    ///
-    /// | variable | field |
-    /// | --- | --- |
-    /// | `DISTLOCK_REDIS_USERNAME` | [`username`](Config::username) (empty: none) |
-    /// | `DISTLOCK_REDIS_PASSWORD` | [`password`](Config::password) (empty: none) |
-    /// | `DISTLOCK_REDIS_KEY_PREFIX` | [`key_prefix`](Config::key_prefix) (set but empty: no prefix) |
-    /// | `DISTLOCK_REDIS_ADDRESSES` | [`addresses`](Config::addresses), comma-separated |
-    /// | `DISTLOCK_REDIS_DB` | [`db`](Config::db) |
-    /// | `DISTLOCK_REDIS_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
-    /// | `DISTLOCK_REDIS_TLS_CA` | [`tls_ca`](Config::tls_ca), a PEM file (empty: none) |
-    /// | `DISTLOCK_REDIS_TLS_CLIENT_CERT` | [`tls_client_cert`](Config::tls_client_cert) (empty: none) |
-    /// | `DISTLOCK_REDIS_TLS_CLIENT_KEY` | [`tls_client_key`](Config::tls_client_key) (empty: none) |
-    /// | `DISTLOCK_REDIS_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` (a bare number is seconds) |
-    /// | `DISTLOCK_REDIS_RESPONSE_TIMEOUT` | [`response_timeout`](Config::response_timeout), e.g. `500ms` |
-    /// | `DISTLOCK_REDIS_CLUSTER` | [`cluster`](Config::cluster): a boolean as for `TLS` |
-    /// | `DISTLOCK_REDIS_SENTINEL_MASTER` | [`sentinel_master`](Config::sentinel_master) (empty: none) |
-    /// | `DISTLOCK_REDIS_SENTINEL_USERNAME` | [`sentinel_username`](Config::sentinel_username) (empty: none) |
-    /// | `DISTLOCK_REDIS_SENTINEL_PASSWORD` | [`sentinel_password`](Config::sentinel_password) (empty: none) |
-    /// | `DISTLOCK_REDIS_MIN_REPLICAS` | [`min_replicas`](Config::min_replicas) |
-    /// | `DISTLOCK_REDIS_REPLICA_TIMEOUT` | [`replica_timeout`](Config::replica_timeout), e.g. `50ms` |
-    /// | `DISTLOCK_REDIS_HOLDER_RECORD` | [`record_holder`](Config::record_holder): a boolean as for `TLS` (`DISTLOCK_REDIS_RECORD_HOLDER` and `DISTLOCK_REDIS_HOLDER` too) |
-    /// | `DISTLOCK_REDIS_ALLOW_EVICTION` | [`allow_eviction`](Config::allow_eviction): a boolean as for `TLS` |
-    /// | `DISTLOCK_REDIS_REQUIRE_APPENDONLY` | [`require_appendonly`](Config::require_appendonly): a boolean as for `TLS` |
-    ///
-    /// Every URL parameter may be given as a variable too
-    /// (`DISTLOCK_REDIS_TLS_CA`, ...), by its one name or an older one.
-    /// Other variables with the prefix are ignored (other tools may share it).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] naming the variable whose value is malformed.
-    pub fn from_env() -> Result<Config> {
-        Config::from_env_vars(env_vars(ENV_PREFIX)?)
-    }
-
-    /// [`from_env`](Config::from_env) over the given `(name, value)` pairs
-    /// instead of the process environment (for tests, or variables gathered
-    /// elsewhere).
-    ///
-    /// ```
-    /// use distlock::redis::Config;
-    ///
-    /// let config = Config::from_env_vars([
-    ///     ("DISTLOCK_REDIS_ADDRESSES", "cache-1:6379"),
-    ///     ("DISTLOCK_REDIS_KEY_PREFIX", "jobs:"),
-    ///     ("PATH", "/usr/bin"),
-    /// ])?;
-    /// assert_eq!(config.addresses, ["cache-1:6379"]);
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_env_vars<I, K, V>(vars: I) -> Result<Config>
-    where
-        I: IntoIterator<Item = (K, V)>,
-        K: AsRef<str>,
-        V: Into<String>,
-    {
-        read_env(ENV_PREFIX, vars)
-    }
-
-    /// Sets the parameter `key` (its one name or an older spelling; see
-    /// [`crate::config`] for the syntax of each kind of value) from text, as
-    /// a URL parameter or variable would.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::redis::Config;
-    ///
-    /// let mut config = Config::default();
-    /// config.set("response_timeout", "5")?;
-    /// config.set("holder", "off")?;
-    /// assert_eq!(config.response_timeout, Duration::from_secs(5));
-    /// assert!(!config.record_holder);
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        set_by_name(self, key, value)
-    }
 }
+
+crate::config::serde_config!("Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder);
 
 impl FieldTable for Config {
     const BACKEND: &'static str = "Redis";
@@ -563,41 +481,6 @@ impl FieldTable for Config {
             other => return Err(format!("{source}: {other:?} is not a Redis parameter")),
         }
         Ok(())
-    }
-}
-
-impl Config {
-    /// Reads a JSON object with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use distlock::redis::Config;
-    ///
-    /// let config = Config::from_json(r#"{"addresses": ["redis:6379"], "keyPrefix": "jobs:"}"#)?;
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_json(text: &str) -> Result<Config> {
-        serde_json::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid Redis config JSON: {e}")))
-    }
-
-    /// Reads a YAML mapping with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::redis::Config;
-    ///
-    /// let config = Config::from_yaml("
-    /// addresses: [redis:6379]
-    /// password: 'hunter2'
-    /// connectTimeout: 2s
-    /// ")?;
-    /// assert_eq!(config.connect_timeout, Duration::from_secs(2));
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_yaml(text: &str) -> Result<Config> {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid Redis config YAML: {e}")))
     }
 }
 
