@@ -63,7 +63,7 @@ mod text;
 pub(crate) use address::{format_address, host_of, parse_address, split_list};
 pub(crate) use password::duration_text;
 pub use password::Password;
-pub(crate) use serde_value::{camel_to_snake, Settings};
+pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
 pub(crate) use source::{
     env_vars, parse, parse_duration_bare, read_env, serde_config, set_by_name, FieldTable, Param,
     Parse, Source, Table,

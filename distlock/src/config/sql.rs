@@ -7,7 +7,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::{camel_to_snake, decode, redact, Password, Settings, Source, Table};
+use super::{camel_to_snake, decode, redact, Password, Settings, Source, Table, YamlSettings};
 use crate::{Error, Result};
 
 /// What a SQL backend tells the shared reader about itself.
@@ -175,7 +175,7 @@ impl<B: SqlBackend> SqlConfig<B> {
     /// Reads a YAML mapping with the fields [`from_json`](Self::from_json)
     /// reads.
     pub(crate) fn from_yaml(text: &str) -> Result<Self> {
-        let fields = serde_yaml_ng::from_str::<Settings>(text)
+        let fields = serde_yaml_ng::from_str::<YamlSettings>(text)
             .map(|s| s.0)
             .map_err(|e| e.to_string());
         Self::from_fields(fields, "YAML")
