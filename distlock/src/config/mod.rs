@@ -69,7 +69,7 @@ pub(crate) use source::{
     Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use sql::{reason, sql_config, SqlBackend, SqlConfig};
+pub(crate) use sql::{reason, sql_builder_options, sql_config, SqlBackend, SqlConfig};
 pub(crate) use text::{decode, decoded, redact};
 
 /// Fails unless README.md's parameter table has a row
