@@ -65,12 +65,12 @@ pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
 pub(crate) use source::{
-    env_vars, parse, parse_duration_bare, read_env, serde_config, set_by_name, FieldTable, Param,
-    Parse, Source, Table,
+    env_vars, optional_password, optional_text, parse, parse_duration_bare, read_env, serde_config,
+    set_by_name, set_url_query, FieldTable, Param, Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sql::{reason, sql_builder_options, sql_config, SqlBackend, SqlConfig};
-pub(crate) use text::{decode, decoded, redact};
+pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 
 /// Fails unless README.md's parameter table has a row
 /// `| <backend> | `name` | ...` for each URL parameter of `table`, naming

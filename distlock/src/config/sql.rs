@@ -7,7 +7,10 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::{camel_to_snake, decode, redact, Password, Settings, Source, Table, YamlSettings};
+use super::{
+    camel_to_snake, decode, optional_password, redact, Password, Settings, Source, Table,
+    YamlSettings,
+};
 use crate::{Error, Result};
 
 /// What a SQL backend tells the shared reader about itself.
@@ -153,7 +156,7 @@ impl<B: SqlBackend> SqlConfig<B> {
         };
         for (name, value) in rest {
             if name.strip_prefix(B::ENV_PREFIX) == Some("PASSWORD") {
-                config.password = Some(value).filter(|v| !v.is_empty()).map(Password::new);
+                config.password = optional_password(&value);
             } else if let Some(key) = B::PARAMETERS.find_env(B::ENV_PREFIX, &name) {
                 config
                     .set_param(key, &value, Source::Env(&name))

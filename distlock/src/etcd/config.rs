@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use url::form_urlencoded;
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, format_address, parse, parse_address, redact, split_list, FieldTable,
-    Param, Source, Table,
+    decoded_credentials, duration_text, format_address, optional_password, optional_text, parse,
+    parse_address, redact, set_url_query, split_list, FieldTable, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -222,13 +223,8 @@ impl Config {
                 Some((user, password)) => (user, Some(password)),
                 None => (userinfo, None),
             };
-            config.username = decoded(user).map_err(|e| bad(format!("user name: {e}")))?;
-            config.password = match password {
-                Some(text) => decoded(text)
-                    .map_err(|e| bad(format!("password: {e}")))?
-                    .map(Password::new),
-                None => None,
-            };
+            (config.username, config.password) =
+                decoded_credentials(user, password).map_err(&bad)?;
         }
         for host in hosts.split(',').filter(|h| !h.is_empty()) {
             let (host, port) = parse_address(host, DEFAULT_PORT).map_err(&bad)?;
@@ -237,17 +233,13 @@ impl Config {
         if config.endpoints.is_empty() {
             return Err(bad("the URL names no endpoint".into()));
         }
-        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            let key = PARAMETERS.find_in_url(&name).ok_or_else(|| {
-                bad(format!(
-                    "unknown parameter {name:?}; known: {}",
-                    PARAMETERS.url_names()
-                ))
-            })?;
-            config
-                .set_param(key, &value, Source::Url(&name))
-                .map_err(&bad)?;
-        }
+        set_url_query(
+            &mut config,
+            form_urlencoded::parse(query.as_bytes()),
+            |_| true,
+            "",
+        )
+        .map_err(&bad)?;
         Ok(config)
     }
 }
@@ -266,10 +258,9 @@ impl FieldTable for Config {
         value: &str,
         source: Source<'_>,
     ) -> std::result::Result<(), String> {
-        let text = || Some(value.trim().to_owned()).filter(|v| !v.is_empty());
         match key {
-            "username" => self.username = text(),
-            "password" => self.password = Some(value).filter(|v| !v.is_empty()).map(Password::new),
+            "username" => self.username = optional_text(value),
+            "password" => self.password = optional_password(value),
             "endpoints" => self.endpoints = split_list(value),
             "tls" => self.tls = parse(source, value)?,
             "key_prefix" => self.key_prefix = value.to_owned(),
@@ -278,7 +269,7 @@ impl FieldTable for Config {
             "keepalive_timeout" => self.keepalive_timeout = parse(source, value)?,
             // A CA file means TLS, from whatever source it is named.
             "ca_file" => {
-                self.ca_file = text().map(PathBuf::from);
+                self.ca_file = optional_text(value).map(PathBuf::from);
                 if matches!(source, Source::Url(_)) {
                     self.tls |= self.ca_file.is_some();
                 }

@@ -9,8 +9,9 @@ use url::Url;
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, format_address, host_of, parse, parse_address, redact, split_list,
-    FieldTable, Param, Source, Table,
+    decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
+    optional_text, parse, parse_address, redact, set_url_query, split_list, FieldTable, Param,
+    Source, Table,
 };
 use crate::{Error, Result};
 
@@ -388,14 +389,11 @@ impl Config {
             let (host, port) = parse_address(other, default_port).map_err(&bad)?;
             addresses.push(format_address(&host, port));
         }
+        let (username, password) =
+            decoded_credentials(parsed.username(), parsed.password()).map_err(&bad)?;
         let mut config = Config {
-            username: decoded(parsed.username()).map_err(|e| bad(format!("user name: {e}")))?,
-            password: match parsed.password() {
-                Some(text) => decoded(text)
-                    .map_err(|e| bad(format!("password: {e}")))?
-                    .map(Password::new),
-                None => None,
-            },
+            username,
+            password,
             addresses,
             tls,
             cluster: kind == Kind::Cluster,
@@ -420,22 +418,11 @@ impl Config {
                 config.sentinel_master = Some(name);
             }
         }
-        for (name, value) in parsed.query_pairs() {
-            // `db` is the path's, except behind Sentinel, whose path names
-            // the master.
-            let key = PARAMETERS
-                .find_in_url(&name)
-                .filter(|key| *key != "db" || kind == Kind::Sentinel)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "unknown parameter {name:?}; known: {} (db behind Sentinel only)",
-                        PARAMETERS.url_names()
-                    ))
-                })?;
-            config
-                .set_param(key, &value, Source::Url(&name))
-                .map_err(&bad)?;
-        }
+        // `db` is the path's, except behind Sentinel, whose path names
+        // the master.
+        let db_in_query = |key: &str| key != "db" || kind == Kind::Sentinel;
+        let note = " (db behind Sentinel only)";
+        set_url_query(&mut config, parsed.query_pairs(), db_in_query, note).map_err(&bad)?;
         Ok(config)
     }
 }
@@ -454,27 +441,24 @@ impl FieldTable for Config {
         value: &str,
         source: Source<'_>,
     ) -> std::result::Result<(), String> {
-        let text = || Some(value.trim().to_owned()).filter(|v| !v.is_empty());
         match key {
-            "username" => self.username = text(),
-            "password" => self.password = Some(value).filter(|v| !v.is_empty()).map(Password::new),
+            "username" => self.username = optional_text(value),
+            "password" => self.password = optional_password(value),
             "addresses" => self.addresses = split_list(value),
             "tls" => self.tls = parse(source, value)?,
             "cluster" => self.cluster = parse(source, value)?,
-            "sentinel_master" => self.sentinel_master = text(),
-            "sentinel_username" => self.sentinel_username = text(),
-            "sentinel_password" => {
-                self.sentinel_password = Some(value).filter(|v| !v.is_empty()).map(Password::new)
-            }
+            "sentinel_master" => self.sentinel_master = optional_text(value),
+            "sentinel_username" => self.sentinel_username = optional_text(value),
+            "sentinel_password" => self.sentinel_password = optional_password(value),
             "db" => self.db = parse(source, value)?,
             "key_prefix" => self.key_prefix = value.to_owned(),
             "connect_timeout" => self.connect_timeout = parse(source, value)?,
             "response_timeout" => self.response_timeout = parse(source, value)?,
             "min_replicas" => self.min_replicas = parse(source, value)?,
             "replica_timeout" => self.replica_timeout = parse(source, value)?,
-            "tls_ca" => self.tls_ca = text().map(PathBuf::from),
-            "tls_client_cert" => self.tls_client_cert = text().map(PathBuf::from),
-            "tls_client_key" => self.tls_client_key = text().map(PathBuf::from),
+            "tls_ca" => self.tls_ca = optional_text(value).map(PathBuf::from),
+            "tls_client_cert" => self.tls_client_cert = optional_text(value).map(PathBuf::from),
+            "tls_client_key" => self.tls_client_key = optional_text(value).map(PathBuf::from),
             "holder_record" => self.record_holder = parse(source, value)?,
             "allow_eviction" => self.allow_eviction = parse(source, value)?,
             "require_appendonly" => self.require_appendonly = parse(source, value)?,
