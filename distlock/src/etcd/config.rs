@@ -55,11 +55,9 @@ pub(crate) const PARAMETERS: Table = Table(&[
 ///
 /// Build it from a URL ([`Config::from_url`]), the environment
 /// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. Field names
-/// in JSON and YAML are camelCase (`keyPrefix`, `connectTimeout`, ...); the
-/// snake_case spellings are accepted too, and the older names `prefix`,
-/// `holder` and `record_holder` (see [`crate::config`]); unknown fields are
-/// rejected. Durations are text (`"500ms"`) or a bare number of seconds.
+/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
+/// YAML fields are camelCase or snake_case, with the older names
+/// [`crate::config`] lists; unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -161,15 +159,11 @@ impl Config {
     /// Reads `etcd://[user:password@]host1[:port][,host2[:port]...][/][?params]`,
     /// or `etcd+https://...` for TLS.
     ///
-    /// User name and password are percent-decoded. Parameters: `key_prefix`
-    /// (or `prefix`; the key prefix, may be empty), `connect_timeout`, `request_timeout`
-    /// and `keepalive_timeout` (durations such as `2s` or `250ms`; a bare
-    /// number is seconds, see [`crate::config`]),
-    /// `ca_file` (or `tls_ca`, `ca`; a PEM path; implies TLS), and
-    /// `holder_record` (or `holder`; `on` / `off`, see
-    /// [`holder_record`](Config::holder_record)). Anything else is
-    /// [`Error::InvalidInput`], as is a URL without an endpoint. Error
-    /// messages never contain the password.
+    /// User name and password are percent-decoded. The query sets any
+    /// parameter a URL may set (the README's parameter table
+    /// lists them; values as [`crate::config`] says; `ca_file` implies
+    /// TLS). Anything else is [`Error::InvalidInput`], as is a URL without
+    /// an endpoint; error messages never contain the password.
     ///
     /// ```
     /// use std::time::Duration;

@@ -81,17 +81,10 @@ const SCHEMES: &str =
 ///
 /// Build it from a URL ([`Config::from_url`]), the environment
 /// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. The field
-/// names in JSON and YAML are those of the Go seed this backend descends from
-/// (`username`, `password`, `keyPrefix`, `addresses`, plus `db`, `tls`,
-/// `tlsCa`, `tlsClientCert`, `tlsClientKey`, `connectTimeout`,
-/// `responseTimeout`, `cluster`, `sentinelMaster`, `sentinelUsername`,
-/// `sentinelPassword`, `minReplicas`, `replicaTimeout`, `holderRecord`,
-/// `allowEviction`, `requireAppendonly`); the snake_case
-/// spellings are accepted too, and the older names `prefix`, `ca`,
-/// `recordHolder`, `record_holder` and `holder` (see
-/// [`crate::config`]); unknown fields are rejected. Durations are text
-/// (`"500ms"`) or a bare number of seconds.
+/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
+/// YAML fields are camelCase (those of the Go seed this backend descends
+/// from) or snake_case, with the older names [`crate::config`] lists;
+/// unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -290,21 +283,11 @@ impl Config {
     ///   and password are the master's; the sentinels' are
     ///   [`Config::sentinel_username`] and [`Config::sentinel_password`].
     ///
-    /// User name and password are percent-decoded. Parameters:
-    /// `key_prefix` (or `prefix`; the key prefix, may be empty), `connect_timeout`,
-    /// `response_timeout` and `replica_timeout` (durations such as `2s` or
-    /// `250ms`; a bare number is seconds, see [`crate::config`]),
-    /// `min_replicas` (a number), for Sentinel `db` (the master's
-    /// database; the path holds the master's name), and for TLS (`rediss`
-    /// schemes) the PEM files `tls_ca` (or `ca`; a private CA for the server's
-    /// certificate), `tls_client_cert` and `tls_client_key` (or
-    /// `client_cert`, `client_key`; a client certificate,
-    /// for servers that require one): [`Config::tls_ca`],
-    /// [`Config::tls_client_cert`], [`Config::tls_client_key`]; `holder_record`
-    /// (or `holder`; `false` turns holder records off: [`Config::record_holder`]);
-    /// `allow_eviction` and `require_appendonly` (booleans:
-    /// [`Config::allow_eviction`], [`Config::require_appendonly`]).
-    /// Anything else is [`Error::InvalidInput`], as is a URL without a host. Error messages
+    /// User name and password are percent-decoded. The query sets any
+    /// parameter a URL may set (the README's parameter table
+    /// lists them, with their older spellings; values as [`crate::config`]
+    /// says), `db` behind Sentinel only. Anything else is
+    /// [`Error::InvalidInput`], as is a URL without a host; error messages
     /// never contain the password.
     ///
     /// ```
