@@ -378,12 +378,32 @@ mod tests {
 }
 
 /// The constructors a serde-derived `Config` (Redis, etcd) shares, each
-/// reaching the one field table ([`FieldTable`]) or the type's serde
-/// fields: the environment, single settings, JSON and YAML. `$module` is
-/// the public module, `$env` its `ENV_PREFIX`, `$holder` the field
-/// `holder_record` sets (for the examples).
+/// reaching the one field table or the type's serde fields, and its
+/// [`FieldTable`] around the backend's `set_param` body (a `match` on the
+/// parameter's one name). `$module` is the public module, `$env` its
+/// `ENV_PREFIX`, `$holder` the field `holder_record` sets (for examples).
 macro_rules! serde_config {
-    ($name:literal, $module:literal, $env:literal, holder: $holder:ident) => {
+    (
+        $name:literal, $module:literal, $env:literal, holder: $holder:ident,
+        fn set_param(&mut $self:ident, $key:ident, $value:ident, $source:ident) $body:block
+    ) => {
+        impl $crate::config::FieldTable for Config {
+            const BACKEND: &'static str = $name;
+            const PARAMETERS: $crate::config::Table = PARAMETERS;
+
+            /// The field table: `key` is a name of [`PARAMETERS`]. Empty
+            /// text leaves an optional field unset.
+            fn set_param(
+                &mut $self,
+                $key: &str,
+                $value: &str,
+                $source: $crate::config::Source<'_>,
+            ) -> ::std::result::Result<(), String> {
+                $body
+                Ok(())
+            }
+        }
+
         impl Config {
             #[doc = concat!("Reads the `", $env, "*` environment variables over the defaults:")]
             /// one per parameter, by its one name or an older one

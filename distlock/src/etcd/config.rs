@@ -12,7 +12,7 @@ use url::form_urlencoded;
 pub use crate::config::Password;
 use crate::config::{
     decoded_credentials, duration_text, format_address, optional_password, optional_text, parse,
-    parse_address, redact, set_url_query, split_list, FieldTable, Param, Source, Table,
+    parse_address, redact, set_url_query, split_list, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -238,20 +238,9 @@ impl Config {
     }
 }
 
-crate::config::serde_config!("etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record);
-
-impl FieldTable for Config {
-    const BACKEND: &'static str = "etcd";
-    const PARAMETERS: Table = PARAMETERS;
-
-    /// The field table: `key` is a name of [`PARAMETERS`]. Empty text
-    /// leaves an optional field unset.
-    fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
+crate::config::serde_config! {
+    "etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record,
+    fn set_param(&mut self, key, value, source) {
         match key {
             "username" => self.username = optional_text(value),
             "password" => self.password = optional_password(value),
@@ -271,7 +260,6 @@ impl FieldTable for Config {
             "holder_record" => self.holder_record = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not an etcd parameter")),
         }
-        Ok(())
     }
 }
 

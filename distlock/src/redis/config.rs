@@ -10,8 +10,7 @@ use url::Url;
 pub use crate::config::Password;
 use crate::config::{
     decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
-    optional_text, parse, parse_address, redact, set_url_query, split_list, FieldTable, Param,
-    Source, Table,
+    optional_text, parse, parse_address, redact, set_url_query, split_list, Param, Table,
 };
 use crate::{Error, Result};
 
@@ -410,20 +409,9 @@ impl Config {
     }
 }
 
-crate::config::serde_config!("Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder);
-
-impl FieldTable for Config {
-    const BACKEND: &'static str = "Redis";
-    const PARAMETERS: Table = PARAMETERS;
-
-    /// The field table: `key` is a name of [`PARAMETERS`]. Empty text
-    /// leaves an optional field unset.
-    fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
+crate::config::serde_config! {
+    "Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder,
+    fn set_param(&mut self, key, value, source) {
         match key {
             "username" => self.username = optional_text(value),
             "password" => self.password = optional_password(value),
@@ -447,7 +435,6 @@ impl FieldTable for Config {
             "require_appendonly" => self.require_appendonly = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not a Redis parameter")),
         }
-        Ok(())
     }
 }
 
