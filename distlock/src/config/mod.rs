@@ -53,6 +53,8 @@
 )]
 
 mod address;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+mod constructors;
 mod password;
 mod serde_value;
 mod source;
@@ -61,12 +63,14 @@ mod sql;
 mod text;
 
 pub(crate) use address::{format_address, host_of, parse_address, split_list};
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) use constructors::serde_config;
 pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
 pub(crate) use source::{
-    env_vars, optional_password, optional_text, parse, parse_duration_bare, read_env, serde_config,
-    set_by_name, set_url_query, FieldTable, Param, Parse, Source, Table,
+    env_vars, optional_password, optional_text, parse, parse_duration_bare, read_env, set_by_name,
+    set_url_query, FieldTable, Param, Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sql::{reason, sql_builder_options, sql_config, SqlBackend, SqlConfig};
