@@ -1,11 +1,23 @@
 //! The public constructors of the serde-derived configs (Redis, etcd),
 //! written once.
 
+use crate::{Error, Result};
+
 /// The constructors a serde-derived `Config` (Redis, etcd) shares, each
 /// reaching the one field table or the type's serde fields, and its
 /// [`FieldTable`] around the backend's `set_param` body (a `match` on the
 /// parameter's one name). `$module` is the public module, `$env` its
 /// `ENV_PREFIX`, `$holder` the field `holder_record` sets (for examples).
+/// A config read from JSON or YAML, or [`Error::InvalidInput`] naming the
+/// backend and the format with the parser's reason.
+pub(crate) fn or_invalid_config<T, E: std::fmt::Display>(
+    read: std::result::Result<T, E>,
+    backend: &str,
+    format: &str,
+) -> Result<T> {
+    read.map_err(|e| Error::invalid("config", format!("invalid {backend} config {format}: {e}")))
+}
+
 macro_rules! serde_config {
     (
         $name:literal, $module:literal, $env:literal, holder: $holder:ident,
@@ -111,12 +123,7 @@ macro_rules! serde_config {
             /// [`Error::InvalidInput`](crate::Error::InvalidInput) for
             /// malformed JSON, an unknown field or a malformed value.
             pub fn from_json(text: &str) -> $crate::Result<Config> {
-                serde_json::from_str(text).map_err(|e| {
-                    $crate::Error::invalid(
-                        "config",
-                        format!(concat!("invalid ", $name, " config JSON: {}"), e),
-                    )
-                })
+                $crate::config::constructors::or_invalid_config(serde_json::from_str(text), $name, "JSON")
             }
 
             /// Reads a YAML mapping with the fields of [`Config`] (all
@@ -138,12 +145,7 @@ macro_rules! serde_config {
             ///
             /// As [`from_json`](Config::from_json), for YAML.
             pub fn from_yaml(text: &str) -> $crate::Result<Config> {
-                serde_yaml_ng::from_str(text).map_err(|e| {
-                    $crate::Error::invalid(
-                        "config",
-                        format!(concat!("invalid ", $name, " config YAML: {}"), e),
-                    )
-                })
+                $crate::config::constructors::or_invalid_config(serde_yaml_ng::from_str(text), $name, "YAML")
             }
         }
     };

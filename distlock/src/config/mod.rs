@@ -54,7 +54,7 @@
 
 mod address;
 #[cfg(any(feature = "redis", feature = "etcd"))]
-mod constructors;
+pub(crate) mod constructors;
 mod password;
 mod serde_value;
 mod source;
