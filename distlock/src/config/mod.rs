@@ -53,6 +53,8 @@
 )]
 
 mod address;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) mod constructors;
 mod password;
 mod serde_value;
 mod source;
@@ -61,16 +63,18 @@ mod sql;
 mod text;
 
 pub(crate) use address::{format_address, host_of, parse_address, split_list};
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) use constructors::serde_config;
 pub(crate) use password::duration_text;
 pub use password::Password;
-pub(crate) use serde_value::{camel_to_snake, Settings};
+pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
 pub(crate) use source::{
-    env_vars, parse, parse_duration_bare, read_env, set_by_name, FieldTable, Param, Parse, Source,
-    Table,
+    env_vars, optional_password, optional_text, parse, parse_duration_bare, read_env, set_by_name,
+    set_url_query, FieldTable, Param, Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use sql::{reason, sql_config, SqlBackend, SqlConfig};
-pub(crate) use text::{decode, decoded, redact};
+pub(crate) use sql::{reason, sql_builder_options, sql_config, SqlBackend, SqlConfig};
+pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 
 /// Fails unless README.md's parameter table has a row
 /// `| <backend> | `name` | ...` for each URL parameter of `table`, naming
@@ -88,6 +92,28 @@ pub(crate) fn assert_in_readme(backend: &str, table: Table) {
                 param.name
             );
         }
+    }
+}
+
+/// Fails unless `from_url` refuses every URL of `cases` with
+/// [`Error::InvalidInput`](crate::Error::InvalidInput) (`what: "url"`)
+/// whose message contains the case's text and never `secret` (the URL's
+/// password).
+#[cfg(test)]
+pub(crate) fn assert_url_errors<T: std::fmt::Debug>(
+    from_url: impl Fn(&str) -> crate::Result<T>,
+    secret: &str,
+    cases: &[(&str, &str)],
+) {
+    for &(url, expected) in cases {
+        let err = from_url(url).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, crate::Error::InvalidInput { what: "url", .. }),
+            "{message}"
+        );
+        assert!(message.contains(expected), "{url}: {message}");
+        assert!(!message.contains(secret), "leaks the password: {message}");
     }
 }
 

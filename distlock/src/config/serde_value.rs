@@ -57,6 +57,22 @@ impl<'de> Deserialize<'de> for Settings {
     }
 }
 
+/// The settings of a YAML mapping, each scalar as written (`~` or `null`
+/// left out): YAML's own typing would read an unquoted `password: 0123` as
+/// the number 123, and [`Password`](super::Password) promises the text
+/// written. (serde_yaml_ng hands a plain scalar to a string verbatim.)
+pub(crate) struct YamlSettings(pub(crate) Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for YamlSettings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let map = BTreeMap::<String, Option<String>>::deserialize(d)?;
+        let set = map
+            .into_iter()
+            .filter_map(|(name, text)| Some((name, text?)));
+        Ok(YamlSettings(set.collect()))
+    }
+}
+
 /// `queryTimeout` as `query_timeout`: JSON and YAML fields may be written
 /// in camelCase or snake_case, as the Redis and etcd configs accept.
 pub(crate) fn camel_to_snake(name: &str) -> String {
@@ -92,6 +108,21 @@ mod tests {
                 ("holder".to_owned(), "false".to_owned()),
                 ("key_prefix".to_owned(), "a:".to_owned()),
                 ("query_timeout".to_owned(), "5".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn yaml_scalars_stay_as_written() {
+        let settings: YamlSettings =
+            serde_yaml_ng::from_str("password: 0123\nholder: off\nqueryTimeout: 5\nx: ~\n")
+                .unwrap();
+        assert_eq!(
+            settings.0,
+            [
+                ("holder".to_owned(), "off".to_owned()),
+                ("password".to_owned(), "0123".to_owned()),
+                ("queryTimeout".to_owned(), "5".to_owned()),
             ]
         );
     }

@@ -1,6 +1,7 @@
 //! Where a setting was read from, the one parser per kind of value, and the
 //! table of a backend's parameters that every source is checked against.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -206,6 +207,47 @@ pub(crate) trait FieldTable: Default {
         value: &str,
         source: Source<'_>,
     ) -> std::result::Result<(), String>;
+}
+
+/// Sets each URL query parameter through `C`'s field table. A parameter
+/// must be one a URL may set (by its one name or an alias) and one
+/// `allowed` accepts; `note` follows the list of known names in the error.
+///
+/// # Errors
+///
+/// The reason, naming the parameter, for an unknown one or a malformed
+/// value.
+pub(crate) fn set_url_query<'q, C: FieldTable>(
+    config: &mut C,
+    query: impl IntoIterator<Item = (Cow<'q, str>, Cow<'q, str>)>,
+    allowed: impl Fn(&str) -> bool,
+    note: &str,
+) -> std::result::Result<(), String> {
+    for (name, value) in query {
+        let key = C::PARAMETERS
+            .find_in_url(&name)
+            .filter(|key| allowed(key))
+            .ok_or_else(|| {
+                let known = C::PARAMETERS.url_names();
+                format!("unknown parameter {name:?}; known: {known}{note}")
+            })?;
+        config.set_param(key, &value, Source::Url(&name))?;
+    }
+    Ok(())
+}
+
+/// Text for an optional field: trimmed, `None` if empty (a set but empty
+/// variable unsets the field).
+pub(crate) fn optional_text(value: &str) -> Option<String> {
+    Some(value.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+/// A password for an optional field, as written (never trimmed: spaces may
+/// be part of it); `None` if empty.
+pub(crate) fn optional_password(value: &str) -> Option<super::Password> {
+    Some(value)
+        .filter(|v| !v.is_empty())
+        .map(super::Password::new)
 }
 
 /// The defaults, with each variable of `vars` that starts with `prefix` and

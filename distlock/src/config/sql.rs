@@ -7,7 +7,10 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::{camel_to_snake, decode, redact, Password, Settings, Source, Table};
+use super::{
+    camel_to_snake, decode, optional_password, redact, Password, Settings, Source, Table,
+    YamlSettings,
+};
 use crate::{Error, Result};
 
 /// What a SQL backend tells the shared reader about itself.
@@ -153,7 +156,7 @@ impl<B: SqlBackend> SqlConfig<B> {
         };
         for (name, value) in rest {
             if name.strip_prefix(B::ENV_PREFIX) == Some("PASSWORD") {
-                config.password = Some(value).filter(|v| !v.is_empty()).map(Password::new);
+                config.password = optional_password(&value);
             } else if let Some(key) = B::PARAMETERS.find_env(B::ENV_PREFIX, &name) {
                 config
                     .set_param(key, &value, Source::Env(&name))
@@ -175,7 +178,7 @@ impl<B: SqlBackend> SqlConfig<B> {
     /// Reads a YAML mapping with the fields [`from_json`](Self::from_json)
     /// reads.
     pub(crate) fn from_yaml(text: &str) -> Result<Self> {
-        let fields = serde_yaml_ng::from_str::<Settings>(text)
+        let fields = serde_yaml_ng::from_str::<YamlSettings>(text)
             .map(|s| s.0)
             .map_err(|e| e.to_string());
         Self::from_fields(fields, "YAML")
@@ -394,3 +397,77 @@ macro_rules! sql_config {
     };
 }
 pub(crate) use sql_config;
+
+/// The options a SQL backend's locker builder shares, documented once:
+/// fencing, holder records, the fencing table, the session pool and the
+/// query timeout. `$bare_lock` is what an acquire is without fencing,
+/// `$default_schema` where the fencing table lives without a schema,
+/// `$query_timeout_note` what else a timeout costs on that backend.
+macro_rules! sql_builder_options {
+    (
+        bare_lock: $bare_lock:literal,
+        default_schema: $default_schema:literal,
+        query_timeout_note: $query_timeout_note:literal $(,)?
+    ) => {
+        #[doc = concat!("Turns fencing tokens on (the default) or off. Off, acquires are a bare `",
+            $bare_lock, "`, no table is created, and leases carry no fencing token.")]
+        pub fn fencing(mut self, enabled: bool) -> Self {
+            self.fencing_enabled = enabled;
+            self
+        }
+
+        /// Records each grant's [`Holder`](crate::inspect::Holder) (host,
+        /// pid, label) and ttl in the lock's fencing row (the default), for
+        /// [`Locker::inspect`](crate::Locker::inspect). Off (URL
+        /// `holder_record=off`, or the older `holder=off`), grants clear
+        /// those columns instead: inspection still reports the lock, its
+        /// session, grant time and token, with an unknown holder. Without
+        /// fencing there is no row and nothing is recorded either way.
+        pub fn holder_record(mut self, enabled: bool) -> Self {
+            self.holder_record = enabled;
+            self
+        }
+
+        #[doc = concat!("Where fencing counters live: `table` in `schema`, or in ",
+            $default_schema, " when `None`. Default: `distlock_fencing` there. Created if missing.")]
+        pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
+            self.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
+            self
+        }
+
+        /// How many shared sessions carry locks taken without waiting
+        /// (default [`DEFAULT_SESSIONS`]). Each key always uses the same
+        /// one. At least 1.
+        pub fn sessions(mut self, sessions: usize) -> Self {
+            self.sessions = sessions;
+            self
+        }
+
+        /// How many idle connections are kept for the next native wait
+        /// (default [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
+        /// They count toward [`max_waiters`](Self::max_waiters).
+        pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
+            self.idle_waiters = idle_waiters;
+            self
+        }
+
+        /// How many waiter connections may be open at once (default
+        /// [`DEFAULT_MAX_WAITERS`]): each native wait of
+        /// [`Locker::lock`](crate::Locker::lock) needs one, and keeps it
+        /// while it holds the lock it won; idle ones count too. When all
+        /// are in use, `lock` polls the shared sessions instead. At least 1.
+        pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+            self.max_waiters = max_waiters;
+            self
+        }
+
+        /// How long any one statement may go unanswered before the call
+        /// fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native wait gets
+        #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
+        pub fn query_timeout(mut self, timeout: Duration) -> Self {
+            self.query_timeout = timeout;
+            self
+        }
+    };
+}
+pub(crate) use sql_builder_options;

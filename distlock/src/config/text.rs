@@ -35,6 +35,20 @@ pub(crate) fn decode(text: &str) -> std::result::Result<String, &'static str> {
         .map_err(|_| "not UTF-8 after percent-decoding")
 }
 
+/// A URL's user name and password, percent-decoded; empty ones are
+/// `None`. The error names which of them is malformed, never its text.
+pub(crate) fn decoded_credentials(
+    user: &str,
+    password: Option<&str>,
+) -> std::result::Result<(Option<String>, Option<super::Password>), String> {
+    let user = decoded(user).map_err(|e| format!("user name: {e}"))?;
+    let password = match password {
+        Some(text) => decoded(text).map_err(|e| format!("password: {e}"))?,
+        None => None,
+    };
+    Ok((user, password.map(super::Password::new)))
+}
+
 /// [`decode`], `None` if empty (a URL's user name or password).
 pub(crate) fn decoded(text: &str) -> std::result::Result<Option<String>, &'static str> {
     Ok(Some(decode(text)?).filter(|t| !t.is_empty()))

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use url::form_urlencoded;
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, env_vars, format_address, parse, parse_address, read_env, redact,
-    set_by_name, split_list, FieldTable, Param, Source, Table,
+    decoded_credentials, duration_text, format_address, optional_password, optional_text, parse,
+    parse_address, redact, set_url_query, split_list, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -54,11 +55,9 @@ pub(crate) const PARAMETERS: Table = Table(&[
 ///
 /// Build it from a URL ([`Config::from_url`]), the environment
 /// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. Field names
-/// in JSON and YAML are camelCase (`keyPrefix`, `connectTimeout`, ...); the
-/// snake_case spellings are accepted too, and the older names `prefix`,
-/// `holder` and `record_holder` (see [`crate::config`]); unknown fields are
-/// rejected. Durations are text (`"500ms"`) or a bare number of seconds.
+/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
+/// YAML fields are camelCase or snake_case, with the older names
+/// [`crate::config`] lists; unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -160,15 +159,11 @@ impl Config {
     /// Reads `etcd://[user:password@]host1[:port][,host2[:port]...][/][?params]`,
     /// or `etcd+https://...` for TLS.
     ///
-    /// User name and password are percent-decoded. Parameters: `key_prefix`
-    /// (or `prefix`; the key prefix, may be empty), `connect_timeout`, `request_timeout`
-    /// and `keepalive_timeout` (durations such as `2s` or `250ms`; a bare
-    /// number is seconds, see [`crate::config`]),
-    /// `ca_file` (or `tls_ca`, `ca`; a PEM path; implies TLS), and
-    /// `holder_record` (or `holder`; `on` / `off`, see
-    /// [`holder_record`](Config::holder_record)). Anything else is
-    /// [`Error::InvalidInput`], as is a URL without an endpoint. Error
-    /// messages never contain the password.
+    /// User name and password are percent-decoded. The query sets any
+    /// parameter a URL may set (the README's parameter table
+    /// lists them; values as [`crate::config`] says; `ca_file` implies
+    /// TLS). Anything else is [`Error::InvalidInput`], as is a URL without
+    /// an endpoint; error messages never contain the password.
     ///
     /// ```
     /// use std::time::Duration;
@@ -222,13 +217,8 @@ impl Config {
                 Some((user, password)) => (user, Some(password)),
                 None => (userinfo, None),
             };
-            config.username = decoded(user).map_err(|e| bad(format!("user name: {e}")))?;
-            config.password = match password {
-                Some(text) => decoded(text)
-                    .map_err(|e| bad(format!("password: {e}")))?
-                    .map(Password::new),
-                None => None,
-            };
+            (config.username, config.password) =
+                decoded_credentials(user, password).map_err(&bad)?;
         }
         for host in hosts.split(',').filter(|h| !h.is_empty()) {
             let (host, port) = parse_address(host, DEFAULT_PORT).map_err(&bad)?;
@@ -237,109 +227,23 @@ impl Config {
         if config.endpoints.is_empty() {
             return Err(bad("the URL names no endpoint".into()));
         }
-        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            let key = PARAMETERS.find_in_url(&name).ok_or_else(|| {
-                bad(format!(
-                    "unknown parameter {name:?}; known: {}",
-                    PARAMETERS.url_names()
-                ))
-            })?;
-            config
-                .set_param(key, &value, Source::Url(&name))
-                .map_err(&bad)?;
-        }
+        set_url_query(
+            &mut config,
+            form_urlencoded::parse(query.as_bytes()),
+            |_| true,
+            "",
+        )
+        .map_err(&bad)?;
         Ok(config)
-    }
-
-    /// Reads the `DISTLOCK_ETCD_*` environment variables over the defaults:
-    ///
-    /// | variable | field |
-    /// | --- | --- |
-    /// | `DISTLOCK_ETCD_USERNAME` | [`username`](Config::username) (empty: none) |
-    /// | `DISTLOCK_ETCD_PASSWORD` | [`password`](Config::password) (empty: none) |
-    /// | `DISTLOCK_ETCD_KEY_PREFIX` | [`key_prefix`](Config::key_prefix) (set but empty: no prefix) |
-    /// | `DISTLOCK_ETCD_ENDPOINTS` | [`endpoints`](Config::endpoints), comma-separated |
-    /// | `DISTLOCK_ETCD_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
-    /// | `DISTLOCK_ETCD_CA_FILE` | [`ca_file`](Config::ca_file) |
-    /// | `DISTLOCK_ETCD_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` |
-    /// | `DISTLOCK_ETCD_REQUEST_TIMEOUT` | [`request_timeout`](Config::request_timeout) |
-    /// | `DISTLOCK_ETCD_KEEPALIVE_TIMEOUT` | [`keepalive_timeout`](Config::keepalive_timeout) |
-    /// | `DISTLOCK_ETCD_HOLDER_RECORD` | [`holder_record`](Config::holder_record): `true`/`false`/`on`/`off` (`DISTLOCK_ETCD_HOLDER` too) |
-    ///
-    /// Durations take units (`2s`, `500ms`); a bare number is seconds.
-    /// Other variables with the prefix are ignored.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] naming the variable whose value is malformed.
-    pub fn from_env() -> Result<Config> {
-        Config::from_env_vars(env_vars(ENV_PREFIX)?)
-    }
-
-    /// [`from_env`](Config::from_env) over the given `(name, value)` pairs
-    /// instead of the process environment.
-    ///
-    /// ```
-    /// use distlock::etcd::Config;
-    ///
-    /// let config = Config::from_env_vars([
-    ///     ("DISTLOCK_ETCD_ENDPOINTS", "etcd-1:2379, etcd-2:2379"),
-    ///     ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
-    ///     ("PATH", "/usr/bin"),
-    /// ])?;
-    /// assert_eq!(config.endpoints, ["etcd-1:2379", "etcd-2:2379"]);
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_env_vars<I, K, V>(vars: I) -> Result<Config>
-    where
-        I: IntoIterator<Item = (K, V)>,
-        K: AsRef<str>,
-        V: Into<String>,
-    {
-        read_env(ENV_PREFIX, vars)
-    }
-
-    /// Sets the parameter `key` (its one name or an older spelling; see
-    /// [`crate::config`] for the syntax of each kind of value) from text, as
-    /// a URL parameter or variable would.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::etcd::Config;
-    ///
-    /// let mut config = Config::default();
-    /// config.set("request_timeout", "500ms")?;
-    /// config.set("holder", "off")?;
-    /// assert_eq!(config.request_timeout, Duration::from_millis(500));
-    /// assert!(!config.holder_record);
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        set_by_name(self, key, value)
     }
 }
 
-impl FieldTable for Config {
-    const BACKEND: &'static str = "etcd";
-    const PARAMETERS: Table = PARAMETERS;
-
-    /// The field table: `key` is a name of [`PARAMETERS`]. Empty text
-    /// leaves an optional field unset.
-    fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
-        let text = || Some(value.trim().to_owned()).filter(|v| !v.is_empty());
+crate::config::serde_config! {
+    "etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record,
+    fn set_param(&mut self, key, value, source) {
         match key {
-            "username" => self.username = text(),
-            "password" => self.password = Some(value).filter(|v| !v.is_empty()).map(Password::new),
+            "username" => self.username = optional_text(value),
+            "password" => self.password = optional_password(value),
             "endpoints" => self.endpoints = split_list(value),
             "tls" => self.tls = parse(source, value)?,
             "key_prefix" => self.key_prefix = value.to_owned(),
@@ -348,7 +252,7 @@ impl FieldTable for Config {
             "keepalive_timeout" => self.keepalive_timeout = parse(source, value)?,
             // A CA file means TLS, from whatever source it is named.
             "ca_file" => {
-                self.ca_file = text().map(PathBuf::from);
+                self.ca_file = optional_text(value).map(PathBuf::from);
                 if matches!(source, Source::Url(_)) {
                     self.tls |= self.ca_file.is_some();
                 }
@@ -356,44 +260,10 @@ impl FieldTable for Config {
             "holder_record" => self.holder_record = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not an etcd parameter")),
         }
-        Ok(())
     }
 }
 
 impl Config {
-    /// Reads a JSON object with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use distlock::etcd::Config;
-    ///
-    /// let config = Config::from_json(r#"{"endpoints": ["etcd:2379"], "keyPrefix": "jobs:"}"#)?;
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_json(text: &str) -> Result<Config> {
-        serde_json::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid etcd config JSON: {e}")))
-    }
-
-    /// Reads a YAML mapping with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::etcd::Config;
-    ///
-    /// let config = Config::from_yaml("
-    /// endpoints: [etcd-1:2379, etcd-2:2379]
-    /// password: 'hunter2'
-    /// requestTimeout: 750ms
-    /// ")?;
-    /// assert_eq!(config.request_timeout, Duration::from_millis(750));
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_yaml(text: &str) -> Result<Config> {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid etcd config YAML: {e}")))
-    }
-
     /// Checks the config and resolves its endpoints to the URLs etcd-client
     /// connects to (`http://h:p` or `https://h:p`).
     pub(crate) fn endpoint_urls(&self) -> Result<Vec<String>> {
@@ -494,19 +364,7 @@ mod tests {
             ("etcd://u:topsecret@h:notaport", "not a host:port"),
             ("http://u:topsecret@h", "neither etcd nor etcd+https"),
         ];
-        for (url, expected) in cases {
-            let err = Config::from_url(url).unwrap_err();
-            let message = err.to_string();
-            assert!(
-                matches!(err, Error::InvalidInput { what: "url", .. }),
-                "{message}"
-            );
-            assert!(message.contains(expected), "{url}: {message}");
-            assert!(
-                !message.contains("topsecret"),
-                "leaks the password: {message}"
-            );
-        }
+        crate::config::assert_url_errors(Config::from_url, "topsecret", &cases);
     }
 
     #[test]

@@ -309,63 +309,10 @@ impl MysqlLockerBuilder {
         self
     }
 
-    /// Records each grant's [`Holder`](crate::inspect::Holder) (host, pid,
-    /// label) in the lock's fencing row (the default), for
-    /// [`Locker::inspect`](crate::Locker::inspect). Off (URL
-    /// `holder_record=off`, or the older `holder=off`),
-    /// grants clear those columns instead: inspection still reports the
-    /// lock, its connection, grant time, ttl and token, with an unknown
-    /// holder. Without fencing there is no row and nothing is recorded.
-    pub fn holder_record(mut self, enabled: bool) -> Self {
-        self.holder_record = enabled;
-        self
-    }
-
-    /// Turns fencing tokens on (the default) or off. Off, acquires are a bare
-    /// `GET_LOCK`, no table is created, and leases carry no fencing token.
-    pub fn fencing(mut self, enabled: bool) -> Self {
-        self.fencing_enabled = enabled;
-        self
-    }
-
-    /// Where fencing counters live: `table` in `schema`, or in the URL's
-    /// database when `None`. Default: `distlock_fencing` in the URL's
-    /// database. Created if missing.
-    pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
-        self.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
-        self
-    }
-
-    /// How many shared sessions carry locks taken without waiting (default
-    /// [`DEFAULT_SESSIONS`]). Each key always uses the same one. At least 1.
-    pub fn sessions(mut self, sessions: usize) -> Self {
-        self.sessions = sessions;
-        self
-    }
-
-    /// How many idle connections are kept for the next native wait (default
-    /// [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use. They count toward
-    /// [`max_waiters`](Self::max_waiters).
-    pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
-        self.idle_waiters = idle_waiters;
-        self
-    }
-
-    /// How many waiter connections may be open at once (default
-    /// [`DEFAULT_MAX_WAITERS`]); when all are in use, `lock` polls the
-    /// shared sessions instead. At least 1.
-    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
-        self.max_waiters = max_waiters;
-        self
-    }
-
-    /// How long any one statement or ping may go unanswered before its
-    /// session is closed and the call fails (default
-    /// [`DEFAULT_QUERY_TIMEOUT`]). A native wait gets its own timeout plus
-    /// this.
-    pub fn query_timeout(mut self, timeout: Duration) -> Self {
-        self.query_timeout = timeout;
-        self
+    crate::config::sql_builder_options! {
+        bare_lock: "GET_LOCK",
+        default_schema: "the URL's database",
+        query_timeout_note: "A ping has as long; a session whose statement or ping timed out is closed.",
     }
 
     /// How long opening a connection may take (default

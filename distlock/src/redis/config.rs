@@ -9,8 +9,8 @@ use url::Url;
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded, duration_text, env_vars, format_address, host_of, parse, parse_address, read_env,
-    redact, set_by_name, split_list, FieldTable, Param, Source, Table,
+    decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
+    optional_text, parse, parse_address, redact, set_url_query, split_list, Param, Table,
 };
 use crate::{Error, Result};
 
@@ -80,17 +80,10 @@ const SCHEMES: &str =
 ///
 /// Build it from a URL ([`Config::from_url`]), the environment
 /// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. The field
-/// names in JSON and YAML are those of the Go seed this backend descends from
-/// (`username`, `password`, `keyPrefix`, `addresses`, plus `db`, `tls`,
-/// `tlsCa`, `tlsClientCert`, `tlsClientKey`, `connectTimeout`,
-/// `responseTimeout`, `cluster`, `sentinelMaster`, `sentinelUsername`,
-/// `sentinelPassword`, `minReplicas`, `replicaTimeout`, `holderRecord`,
-/// `allowEviction`, `requireAppendonly`); the snake_case
-/// spellings are accepted too, and the older names `prefix`, `ca`,
-/// `recordHolder`, `record_holder` and `holder` (see
-/// [`crate::config`]); unknown fields are rejected. Durations are text
-/// (`"500ms"`) or a bare number of seconds.
+/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
+/// YAML fields are camelCase (those of the Go seed this backend descends
+/// from) or snake_case, with the older names [`crate::config`] lists;
+/// unknown fields are rejected.
 ///
 /// `Debug` never shows the password (see [`Password`]).
 ///
@@ -289,21 +282,11 @@ impl Config {
     ///   and password are the master's; the sentinels' are
     ///   [`Config::sentinel_username`] and [`Config::sentinel_password`].
     ///
-    /// User name and password are percent-decoded. Parameters:
-    /// `key_prefix` (or `prefix`; the key prefix, may be empty), `connect_timeout`,
-    /// `response_timeout` and `replica_timeout` (durations such as `2s` or
-    /// `250ms`; a bare number is seconds, see [`crate::config`]),
-    /// `min_replicas` (a number), for Sentinel `db` (the master's
-    /// database; the path holds the master's name), and for TLS (`rediss`
-    /// schemes) the PEM files `tls_ca` (or `ca`; a private CA for the server's
-    /// certificate), `tls_client_cert` and `tls_client_key` (or
-    /// `client_cert`, `client_key`; a client certificate,
-    /// for servers that require one): [`Config::tls_ca`],
-    /// [`Config::tls_client_cert`], [`Config::tls_client_key`]; `holder_record`
-    /// (or `holder`; `false` turns holder records off: [`Config::record_holder`]);
-    /// `allow_eviction` and `require_appendonly` (booleans:
-    /// [`Config::allow_eviction`], [`Config::require_appendonly`]).
-    /// Anything else is [`Error::InvalidInput`], as is a URL without a host. Error messages
+    /// User name and password are percent-decoded. The query sets any
+    /// parameter a URL may set (the README's parameter table
+    /// lists them, with their older spellings; values as [`crate::config`]
+    /// says), `db` behind Sentinel only. Anything else is
+    /// [`Error::InvalidInput`], as is a URL without a host; error messages
     /// never contain the password.
     ///
     /// ```
@@ -388,14 +371,11 @@ impl Config {
             let (host, port) = parse_address(other, default_port).map_err(&bad)?;
             addresses.push(format_address(&host, port));
         }
+        let (username, password) =
+            decoded_credentials(parsed.username(), parsed.password()).map_err(&bad)?;
         let mut config = Config {
-            username: decoded(parsed.username()).map_err(|e| bad(format!("user name: {e}")))?,
-            password: match parsed.password() {
-                Some(text) => decoded(text)
-                    .map_err(|e| bad(format!("password: {e}")))?
-                    .map(Password::new),
-                None => None,
-            },
+            username,
+            password,
             addresses,
             tls,
             cluster: kind == Kind::Cluster,
@@ -420,184 +400,41 @@ impl Config {
                 config.sentinel_master = Some(name);
             }
         }
-        for (name, value) in parsed.query_pairs() {
-            // `db` is the path's, except behind Sentinel, whose path names
-            // the master.
-            let key = PARAMETERS
-                .find_in_url(&name)
-                .filter(|key| *key != "db" || kind == Kind::Sentinel)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "unknown parameter {name:?}; known: {} (db behind Sentinel only)",
-                        PARAMETERS.url_names()
-                    ))
-                })?;
-            config
-                .set_param(key, &value, Source::Url(&name))
-                .map_err(&bad)?;
-        }
+        // `db` is the path's, except behind Sentinel, whose path names
+        // the master.
+        let db_in_query = |key: &str| key != "db" || kind == Kind::Sentinel;
+        let note = " (db behind Sentinel only)";
+        set_url_query(&mut config, parsed.query_pairs(), db_in_query, note).map_err(&bad)?;
         Ok(config)
-    }
-
-    /// Reads the `DISTLOCK_REDIS_*` environment variables over the defaults:
-    ///
-    /// | variable | field |
-    /// | --- | --- |
-    /// | `DISTLOCK_REDIS_USERNAME` | [`username`](Config::username) (empty: none) |
-    /// | `DISTLOCK_REDIS_PASSWORD` | [`password`](Config::password) (empty: none) |
-    /// | `DISTLOCK_REDIS_KEY_PREFIX` | [`key_prefix`](Config::key_prefix) (set but empty: no prefix) |
-    /// | `DISTLOCK_REDIS_ADDRESSES` | [`addresses`](Config::addresses), comma-separated |
-    /// | `DISTLOCK_REDIS_DB` | [`db`](Config::db) |
-    /// | `DISTLOCK_REDIS_TLS` | [`tls`](Config::tls): `true`/`false`/`1`/`0`/`yes`/`no` |
-    /// | `DISTLOCK_REDIS_TLS_CA` | [`tls_ca`](Config::tls_ca), a PEM file (empty: none) |
-    /// | `DISTLOCK_REDIS_TLS_CLIENT_CERT` | [`tls_client_cert`](Config::tls_client_cert) (empty: none) |
-    /// | `DISTLOCK_REDIS_TLS_CLIENT_KEY` | [`tls_client_key`](Config::tls_client_key) (empty: none) |
-    /// | `DISTLOCK_REDIS_CONNECT_TIMEOUT` | [`connect_timeout`](Config::connect_timeout), e.g. `2s` (a bare number is seconds) |
-    /// | `DISTLOCK_REDIS_RESPONSE_TIMEOUT` | [`response_timeout`](Config::response_timeout), e.g. `500ms` |
-    /// | `DISTLOCK_REDIS_CLUSTER` | [`cluster`](Config::cluster): a boolean as for `TLS` |
-    /// | `DISTLOCK_REDIS_SENTINEL_MASTER` | [`sentinel_master`](Config::sentinel_master) (empty: none) |
-    /// | `DISTLOCK_REDIS_SENTINEL_USERNAME` | [`sentinel_username`](Config::sentinel_username) (empty: none) |
-    /// | `DISTLOCK_REDIS_SENTINEL_PASSWORD` | [`sentinel_password`](Config::sentinel_password) (empty: none) |
-    /// | `DISTLOCK_REDIS_MIN_REPLICAS` | [`min_replicas`](Config::min_replicas) |
-    /// | `DISTLOCK_REDIS_REPLICA_TIMEOUT` | [`replica_timeout`](Config::replica_timeout), e.g. `50ms` |
-    /// | `DISTLOCK_REDIS_HOLDER_RECORD` | [`record_holder`](Config::record_holder): a boolean as for `TLS` (`DISTLOCK_REDIS_RECORD_HOLDER` and `DISTLOCK_REDIS_HOLDER` too) |
-    /// | `DISTLOCK_REDIS_ALLOW_EVICTION` | [`allow_eviction`](Config::allow_eviction): a boolean as for `TLS` |
-    /// | `DISTLOCK_REDIS_REQUIRE_APPENDONLY` | [`require_appendonly`](Config::require_appendonly): a boolean as for `TLS` |
-    ///
-    /// Every URL parameter may be given as a variable too
-    /// (`DISTLOCK_REDIS_TLS_CA`, ...), by its one name or an older one.
-    /// Other variables with the prefix are ignored (other tools may share it).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] naming the variable whose value is malformed.
-    pub fn from_env() -> Result<Config> {
-        Config::from_env_vars(env_vars(ENV_PREFIX)?)
-    }
-
-    /// [`from_env`](Config::from_env) over the given `(name, value)` pairs
-    /// instead of the process environment (for tests, or variables gathered
-    /// elsewhere).
-    ///
-    /// ```
-    /// use distlock::redis::Config;
-    ///
-    /// let config = Config::from_env_vars([
-    ///     ("DISTLOCK_REDIS_ADDRESSES", "cache-1:6379"),
-    ///     ("DISTLOCK_REDIS_KEY_PREFIX", "jobs:"),
-    ///     ("PATH", "/usr/bin"),
-    /// ])?;
-    /// assert_eq!(config.addresses, ["cache-1:6379"]);
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_env_vars<I, K, V>(vars: I) -> Result<Config>
-    where
-        I: IntoIterator<Item = (K, V)>,
-        K: AsRef<str>,
-        V: Into<String>,
-    {
-        read_env(ENV_PREFIX, vars)
-    }
-
-    /// Sets the parameter `key` (its one name or an older spelling; see
-    /// [`crate::config`] for the syntax of each kind of value) from text, as
-    /// a URL parameter or variable would.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::redis::Config;
-    ///
-    /// let mut config = Config::default();
-    /// config.set("response_timeout", "5")?;
-    /// config.set("holder", "off")?;
-    /// assert_eq!(config.response_timeout, Duration::from_secs(5));
-    /// assert!(!config.record_holder);
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for an unknown parameter or a malformed value.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        set_by_name(self, key, value)
     }
 }
 
-impl FieldTable for Config {
-    const BACKEND: &'static str = "Redis";
-    const PARAMETERS: Table = PARAMETERS;
-
-    /// The field table: `key` is a name of [`PARAMETERS`]. Empty text
-    /// leaves an optional field unset.
-    fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
-        let text = || Some(value.trim().to_owned()).filter(|v| !v.is_empty());
+crate::config::serde_config! {
+    "Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder,
+    fn set_param(&mut self, key, value, source) {
         match key {
-            "username" => self.username = text(),
-            "password" => self.password = Some(value).filter(|v| !v.is_empty()).map(Password::new),
+            "username" => self.username = optional_text(value),
+            "password" => self.password = optional_password(value),
             "addresses" => self.addresses = split_list(value),
             "tls" => self.tls = parse(source, value)?,
             "cluster" => self.cluster = parse(source, value)?,
-            "sentinel_master" => self.sentinel_master = text(),
-            "sentinel_username" => self.sentinel_username = text(),
-            "sentinel_password" => {
-                self.sentinel_password = Some(value).filter(|v| !v.is_empty()).map(Password::new)
-            }
+            "sentinel_master" => self.sentinel_master = optional_text(value),
+            "sentinel_username" => self.sentinel_username = optional_text(value),
+            "sentinel_password" => self.sentinel_password = optional_password(value),
             "db" => self.db = parse(source, value)?,
             "key_prefix" => self.key_prefix = value.to_owned(),
             "connect_timeout" => self.connect_timeout = parse(source, value)?,
             "response_timeout" => self.response_timeout = parse(source, value)?,
             "min_replicas" => self.min_replicas = parse(source, value)?,
             "replica_timeout" => self.replica_timeout = parse(source, value)?,
-            "tls_ca" => self.tls_ca = text().map(PathBuf::from),
-            "tls_client_cert" => self.tls_client_cert = text().map(PathBuf::from),
-            "tls_client_key" => self.tls_client_key = text().map(PathBuf::from),
+            "tls_ca" => self.tls_ca = optional_text(value).map(PathBuf::from),
+            "tls_client_cert" => self.tls_client_cert = optional_text(value).map(PathBuf::from),
+            "tls_client_key" => self.tls_client_key = optional_text(value).map(PathBuf::from),
             "holder_record" => self.record_holder = parse(source, value)?,
             "allow_eviction" => self.allow_eviction = parse(source, value)?,
             "require_appendonly" => self.require_appendonly = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not a Redis parameter")),
         }
-        Ok(())
-    }
-}
-
-impl Config {
-    /// Reads a JSON object with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use distlock::redis::Config;
-    ///
-    /// let config = Config::from_json(r#"{"addresses": ["redis:6379"], "keyPrefix": "jobs:"}"#)?;
-    /// assert_eq!(config.key_prefix, "jobs:");
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_json(text: &str) -> Result<Config> {
-        serde_json::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid Redis config JSON: {e}")))
-    }
-
-    /// Reads a YAML mapping with the fields of [`Config`] (all optional).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use distlock::redis::Config;
-    ///
-    /// let config = Config::from_yaml("
-    /// addresses: [redis:6379]
-    /// password: 'hunter2'
-    /// connectTimeout: 2s
-    /// ")?;
-    /// assert_eq!(config.connect_timeout, Duration::from_secs(2));
-    /// # Ok::<(), distlock::Error>(())
-    /// ```
-    pub fn from_yaml(text: &str) -> Result<Config> {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| Error::invalid("config", format!("invalid Redis config YAML: {e}")))
     }
 }
 

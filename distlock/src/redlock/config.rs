@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::config::{decode, parse, redact, Source};
+use crate::config::{camel_to_snake, decode, env_vars, parse, redact, Source};
 use crate::redis;
 use crate::{Error, Result};
 
@@ -121,12 +121,10 @@ impl Config {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let value = decode(value).map_err(|e| bad(format!("{name}: {e}")))?;
             let source = Source::Url(name);
-            match name {
-                "node_timeout" => config.node_timeout = parse(source, &value).map_err(bad)?,
-                "min_validity" => config.min_validity = parse(source, &value).map_err(bad)?,
-                "drift_factor" => config.drift_factor = parse_factor(&value).map_err(bad)?,
-                "tls" => tls = parse(source, &value).map_err(bad)?,
-                _ => node_query.push(pair),
+            if name == "tls" {
+                tls = parse(source, &value).map_err(bad)?;
+            } else if !config.set_own(name, &value, source).map_err(bad)? {
+                node_query.push(pair);
             }
         }
         // Everything the nodes share is read by the Redis backend's own
@@ -162,16 +160,15 @@ impl Config {
     /// nodes, comma-separated), and Redlock's from
     /// `DISTLOCK_REDLOCK_NODE_TIMEOUT`, `DISTLOCK_REDLOCK_DRIFT_FACTOR` and
     /// `DISTLOCK_REDLOCK_MIN_VALIDITY`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the variable whose value is malformed
+    /// or not UTF-8.
     pub fn from_env() -> Result<Config> {
-        let vars: Vec<(String, String)> = std::env::vars_os()
-            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
-            .collect();
-        let mut config = Config {
-            nodes: redis::Config::from_env()?,
-            ..Config::default()
-        };
-        config.apply_env_vars(vars)?;
-        Ok(config)
+        let mut vars = env_vars(redis::ENV_PREFIX)?;
+        vars.extend(env_vars(ENV_PREFIX)?);
+        Config::from_env_vars(vars)
     }
 
     /// [`from_env`](Config::from_env) over the given `(name, value)` pairs.
@@ -188,6 +185,10 @@ impl Config {
     /// assert_eq!(config.node_timeout, Duration::from_millis(40));
     /// # Ok::<(), distlock::Error>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Config::from_env).
     pub fn from_env_vars<I, K, V>(vars: I) -> Result<Config>
     where
         I: IntoIterator<Item = (K, V)>,
@@ -202,30 +203,15 @@ impl Config {
             nodes: redis::Config::from_env_vars(vars.clone())?,
             ..Config::default()
         };
-        config.apply_env_vars(vars)?;
-        Ok(config)
-    }
-
-    fn apply_env_vars(&mut self, vars: Vec<(String, String)>) -> Result<()> {
-        for (name, value) in vars {
-            let Some(field) = name.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            let bad = |reason: String| Error::invalid("config", format!("{name}: {reason}"));
-            match field {
-                "NODE_TIMEOUT" => {
-                    self.node_timeout = parse(Source::Env(&name), &value)
-                        .map_err(|e| Error::invalid("config", e))?
-                }
-                "MIN_VALIDITY" => {
-                    self.min_validity = parse(Source::Env(&name), &value)
-                        .map_err(|e| Error::invalid("config", e))?
-                }
-                "DRIFT_FACTOR" => self.drift_factor = parse_factor(&value).map_err(bad)?,
-                _ => {}
+        for (name, value) in &vars {
+            if let Some(field) = name.strip_prefix(ENV_PREFIX) {
+                let key = field.to_ascii_lowercase();
+                config
+                    .set_own(&key, value, Source::Env(name))
+                    .map_err(|e| Error::invalid("config", e))?;
             }
         }
-        Ok(())
+        Ok(config)
     }
 
     /// Reads a JSON object: the fields of [`redis::Config`] (`addresses`
@@ -241,22 +227,23 @@ impl Config {
     /// assert_eq!(config.nodes.addresses.len(), 3);
     /// # Ok::<(), distlock::Error>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for malformed JSON, an unknown field or a
+    /// malformed value.
     pub fn from_json(text: &str) -> Result<Config> {
         let bad = |e: String| Error::invalid("config", format!("invalid Redlock config JSON: {e}"));
         let mut value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let mut config = Config::default();
         if let Some(object) = value.as_object_mut() {
-            for (names, field) in FIELDS {
-                for name in names {
-                    if let Some(setting) = object.remove(name) {
-                        let text = match setting {
-                            serde_json::Value::String(text) => text,
-                            other => other.to_string(),
-                        };
-                        config.set(field, name, &text).map_err(bad)?;
-                    }
-                }
+            for name in own_fields(object.keys().map(String::as_str)) {
+                let text = match object.remove(&name) {
+                    Some(serde_json::Value::String(text)) => text,
+                    other => other.map(|v| v.to_string()).unwrap_or_default(),
+                };
+                config.set_field(&name, &text).map_err(bad)?;
             }
         }
         config.nodes = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
@@ -276,36 +263,51 @@ impl Config {
     /// assert_eq!(config.drift_factor, 0.02);
     /// # Ok::<(), distlock::Error>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`from_json`](Config::from_json), for YAML.
     pub fn from_yaml(text: &str) -> Result<Config> {
         use serde_yaml_ng::Value;
         let bad = |e: String| Error::invalid("config", format!("invalid Redlock config YAML: {e}"));
         let mut value: Value = serde_yaml_ng::from_str(text).map_err(|e| bad(e.to_string()))?;
         let mut config = Config::default();
         if let Some(mapping) = value.as_mapping_mut() {
-            for (names, field) in FIELDS {
-                for name in names {
-                    if let Some(setting) = mapping.remove(name) {
-                        let text = match setting {
-                            Value::String(text) => text,
-                            Value::Number(number) => number.to_string(),
-                            _ => return Err(bad(format!("{name} must be a string or a number"))),
-                        };
-                        config.set(field, name, &text).map_err(bad)?;
-                    }
-                }
+            for name in own_fields(mapping.keys().filter_map(Value::as_str)) {
+                let text = match mapping.remove(name.as_str()) {
+                    Some(Value::String(text)) => text,
+                    Some(Value::Number(number)) => number.to_string(),
+                    _ => return Err(bad(format!("{name} must be a string or a number"))),
+                };
+                config.set_field(&name, &text).map_err(bad)?;
             }
         }
         config.nodes = serde_yaml_ng::from_value(value).map_err(|e| bad(e.to_string()))?;
         Ok(config)
     }
 
-    fn set(&mut self, field: Field, name: &str, text: &str) -> std::result::Result<(), String> {
-        match field {
-            Field::NodeTimeout => self.node_timeout = parse(Source::Field(name), text)?,
-            Field::DriftFactor => self.drift_factor = parse_factor(text)?,
-            Field::MinValidity => self.min_validity = parse(Source::Field(name), text)?,
+    /// Sets Redlock's own setting `key` (`node_timeout`, `drift_factor`,
+    /// `min_validity`) from text; `Ok(false)` if `key` is none of them (it
+    /// is the nodes').
+    fn set_own(
+        &mut self,
+        key: &str,
+        text: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<bool, String> {
+        match key {
+            "node_timeout" => self.node_timeout = parse(source, text)?,
+            "min_validity" => self.min_validity = parse(source, text)?,
+            "drift_factor" => self.drift_factor = parse_factor(source, text)?,
+            _ => return Ok(false),
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// [`set_own`](Self::set_own) for a JSON or YAML field `name` (camelCase
+    /// or snake_case).
+    fn set_field(&mut self, name: &str, text: &str) -> std::result::Result<bool, String> {
+        self.set_own(&camel_to_snake(name), text, Source::Field(name))
     }
 
     /// Checks the settings: at least one node, none named twice, a positive
@@ -334,7 +336,11 @@ impl Config {
         if self.node_timeout.is_zero() {
             return Err(bad("node_timeout is zero; it must be positive".into()));
         }
-        parse_factor(&self.drift_factor.to_string()).map_err(bad)?;
+        parse_factor(
+            Source::Field("drift_factor"),
+            &self.drift_factor.to_string(),
+        )
+        .map_err(bad)?;
         // The nodes are independent standalone servers: a cluster or a
         // Sentinel deployment per node is not Redlock, and Redlock's acquire
         // does not wait for replicas, so accepting these would ignore them.
@@ -356,25 +362,21 @@ impl Config {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Field {
-    NodeTimeout,
-    DriftFactor,
-    MinValidity,
+/// Redlock's own fields among a JSON object's or YAML mapping's names
+/// (camelCase or snake_case); the others are the nodes'.
+fn own_fields<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let own = ["node_timeout", "drift_factor", "min_validity"];
+    names
+        .filter(|name| own.contains(&camel_to_snake(name).as_str()))
+        .map(str::to_owned)
+        .collect()
 }
 
-/// Redlock's own fields in JSON and YAML, by their accepted names.
-const FIELDS: [([&str; 2], Field); 3] = [
-    (["nodeTimeout", "node_timeout"], Field::NodeTimeout),
-    (["driftFactor", "drift_factor"], Field::DriftFactor),
-    (["minValidity", "min_validity"], Field::MinValidity),
-];
-
-fn parse_factor(value: &str) -> std::result::Result<f64, String> {
+fn parse_factor(source: Source<'_>, value: &str) -> std::result::Result<f64, String> {
     match value.trim().parse::<f64>() {
         Ok(factor) if (0.0..=0.5).contains(&factor) => Ok(factor),
         _ => Err(format!(
-            "drift_factor {value:?} is not a number between 0 and 0.5 (0.01 is 1 %)"
+            "{source}: {value:?} is not a number between 0 and 0.5 (0.01 is 1 %)"
         )),
     }
 }
@@ -409,34 +411,26 @@ mod tests {
 
     #[test]
     fn bad_urls_say_why_without_the_password() {
-        for (url, expected) in [
-            ("redis://:pw-secret@a,b", "starts with redlock://"),
-            ("redlock://:pw-secret@a,,b", "host:port,host:port"),
-            (
-                "redlock://:pw-secret@a,b?pool=3",
-                "unknown parameter \"pool\"",
-            ),
-            (
-                "redlock://:pw-secret@a,b?drift_factor=2",
-                "between 0 and 0.5",
-            ),
-            (
-                "redlock://:pw-secret@a,b?node_timeout=soon",
-                "not a duration",
-            ),
-        ] {
-            let err = Config::from_url(url).unwrap_err();
-            let message = err.to_string();
-            assert!(
-                matches!(err, Error::InvalidInput { what: "url", .. }),
-                "{message}"
-            );
-            assert!(message.contains(expected), "{url}: {message}");
-            assert!(
-                !message.contains("pw-secret"),
-                "leaks the password: {message}"
-            );
-        }
+        crate::config::assert_url_errors(
+            Config::from_url,
+            "pw-secret",
+            &[
+                ("redis://:pw-secret@a,b", "starts with redlock://"),
+                ("redlock://:pw-secret@a,,b", "host:port,host:port"),
+                (
+                    "redlock://:pw-secret@a,b?pool=3",
+                    "unknown parameter \"pool\"",
+                ),
+                (
+                    "redlock://:pw-secret@a,b?drift_factor=2",
+                    "between 0 and 0.5",
+                ),
+                (
+                    "redlock://:pw-secret@a,b?node_timeout=soon",
+                    "not a duration",
+                ),
+            ],
+        );
         let unknown = Config::from_url("redlock://a?x=1").unwrap_err().to_string();
         assert!(unknown.contains("node_timeout"), "{unknown}");
     }

@@ -324,3 +324,10 @@ fn units_and_older_spellings_are_accepted() {
 fn every_url_parameter_is_in_the_readme() {
     crate::config::assert_in_readme("Postgres", PARAMETERS);
 }
+
+#[test]
+fn an_unquoted_numeric_yaml_password_is_the_text_written() {
+    let config = Config::from_yaml("url: postgres://u@h/d\npassword: 0123\n").unwrap();
+    let settings = config.builder().unwrap().into_settings().unwrap();
+    assert_eq!(settings.pg.get_password(), Some(&b"0123"[..]));
+}

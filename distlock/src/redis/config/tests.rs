@@ -101,19 +101,7 @@ fn bad_urls_say_why_without_the_password() {
             "must not carry credentials",
         ),
     ];
-    for (url, expected) in cases {
-        let err = Config::from_url(url).unwrap_err();
-        let message = err.to_string();
-        assert!(
-            matches!(err, Error::InvalidInput { what: "url", .. }),
-            "{message}"
-        );
-        assert!(message.contains(expected), "{url}: {message}");
-        assert!(
-            !message.contains("topsecret"),
-            "leaks the password: {message}"
-        );
-    }
+    crate::config::assert_url_errors(Config::from_url, "topsecret", &cases);
 }
 
 #[test]
