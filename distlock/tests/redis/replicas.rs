@@ -135,9 +135,14 @@ async fn an_advanced_mark_is_on_the_replica_when_the_call_returns() {
 async fn a_mark_the_replica_does_not_acknowledge_fails_as_an_outage() {
     let (primary, replica) = primary_and_replica();
     in_sync(&replica).await;
-    // 500 ms, not less: the first mark must be acknowledged by a replica
-    // that is running, which a loaded test machine can delay past 50 ms.
-    let url = format!("{}?min_replicas=1&replica_timeout=500ms", primary.url());
+    // 1 s, not 50 ms: the first mark must be acknowledged by a replica that
+    // is running, which a loaded test machine can delay past 50 ms. The
+    // replica timeout must stay under the response timeout that bounds the
+    // WAIT's reply, hence 2 s for that.
+    let url = format!(
+        "{}?min_replicas=1&replica_timeout=1s&response_timeout=2s",
+        primary.url()
+    );
     let locker = RedisLocker::from_url(&url).await.expect("connect");
     locker.advance_mark("cron:rep", 1).await.expect("acked");
     replica.pause();
