@@ -3,14 +3,16 @@
 //! (still works), a majority down (errors, never contention; `Unavailable`
 //! through the breaker), a node holding a stale key (a majority still
 //! grants), a node restarted without persistence (re-locked by refresh),
-//! a refresh that loses the majority (the lost signal fires), and the
-//! drift-adjusted validity.
+//! a refresh that loses the majority (the lost signal fires), the
+//! drift-adjusted validity, and a release that cannot overtake a slow
+//! node's acquire.
 
 use std::time::Duration;
 
 use distlock::redlock::{Config, RedlockLocker};
 use distlock::{BreakerConfig, BreakerLocker, BreakerState, Error, KeepAlive, Locker, LostReason};
-use test_servers::RedisServer;
+use distlock::redis::RedisLocker;
+use test_servers::{FaultProxy, RedisServer};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -400,5 +402,43 @@ async fn configs_from_json_and_env_reach_the_same_nodes() {
             assert!(reason.contains("listed twice"), "{reason}")
         }
         other => panic!("a node listed twice must be refused, got {other:?}"),
+    }
+}
+
+/// A grant returns once a majority holds the key; the slow node's acquire
+/// goes on in the background. A release right after must not reach that
+/// node before the acquire has: the acquire would land after it and hold
+/// the key there, unreleased, until its ttl.
+///
+/// The slow node has the release script cached but not the acquire script,
+/// and its replies are delayed: its acquire's `EVALSHA` is answered
+/// `NOSCRIPT` late, so the script load and the second `EVALSHA` follow the
+/// release's `EVALSHA`, which the server runs at once.
+#[tokio::test]
+async fn a_release_right_after_a_grant_does_not_overtake_a_slow_nodes_acquire() {
+    let servers = start(3);
+    let slow = &servers[2];
+    let proxy = FaultProxy::start(slow.port());
+    let url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?node_timeout=2s",
+        servers[0].port(),
+        servers[1].port(),
+        proxy.port()
+    );
+    let locker = RedlockLocker::from_url(&url).await.expect("connect");
+    let direct = RedisLocker::from_url(&slow.url()).await.expect("connect");
+    assert_eq!(slow.cli(&["SCRIPT", "FLUSH"]), "OK");
+    // Caches the release script alone on the slow node.
+    let unheld = direct.unlock("warm-up", "nobody").await;
+    assert!(matches!(unheld, Err(Error::NotHeld { .. })), "{unheld:?}");
+    proxy.delay_replies(Duration::from_millis(300));
+    let lease = locker.try_lock("overtaken", TTL).await.unwrap().expect("granted by the fast two");
+    lease.release().await.expect("released on a majority");
+    proxy.restore();
+    // Long enough for the slow node's acquire (three delayed round trips)
+    // and anything after it to have landed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for server in &servers {
+        assert_eq!(stored(server, "overtaken"), "", "the key outlived its release on {}", server.port());
     }
 }
