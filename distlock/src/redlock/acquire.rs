@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::landing;
 use super::quorum::{self, remaining_validity};
 use super::RedlockLocker;
 use crate::inspect::Holder;
@@ -34,6 +35,7 @@ impl RedlockLocker {
         // Read on the caller's task: its label scope.
         let holder = Arc::new(Holder::current());
         let started = Instant::now();
+        let attempt = landing::Attempt::default();
         // The validity counts from the moment the majority is in; slower
         // nodes are not waited for (their calls go on in the background, so
         // the lock lands on every node that answers in time).
@@ -44,11 +46,19 @@ impl RedlockLocker {
                 |node| {
                     let (key, owner) = (shared_key.clone(), shared_owner.clone());
                     let holder = holder.clone();
-                    async move { node.acquire_as(&key, &owner, ttl, Some(&holder)).await }
+                    let marker = attempt.marker(node.endpoint());
+                    async move {
+                        let result = node.acquire_as(&key, &owner, ttl, Some(&holder)).await;
+                        drop(marker);
+                        result
+                    }
                 },
                 |tally| tally.yes >= quorum,
             )
             .await;
+        // A release by this token, granted or undone, waits on the nodes
+        // whose acquire is still running (see `landing.rs`).
+        self.inner.landings.track(owner, attempt);
         let elapsed = started.elapsed();
         let drift = self.drift(ttl);
         let validity = remaining_validity(ttl, elapsed, drift);

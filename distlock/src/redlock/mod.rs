@@ -21,7 +21,10 @@
 //!   <https://github.com/mike-marcacci/node-redlock>, compute it). Nodes that
 //!   have not answered when the majority is reached are not waited for:
 //!   their calls finish in the background (within the node timeout), and
-//!   the release and refresh reach every node anyway.
+//!   the release and refresh reach every node anyway. A release by the
+//!   token (the lease's, or the undo of a failed attempt) waits on each such
+//!   node until its acquire has ended, so it cannot overtake it and leave
+//!   the key held there until its ttl (see `landing.rs`).
 //! - **a failed acquire** (no majority, or too little validity left) is
 //!   released on every node by its owner token, in the background, and
 //!   reported as contention (`Ok(None)`) only when enough nodes *answered*
@@ -198,6 +201,7 @@ use crate::{validate, Capabilities, Error, Lease, Locker, ReleaseWatch, Result};
 mod acquire;
 mod config;
 mod inspect;
+mod landing;
 mod quorum;
 
 pub use config::{
@@ -227,6 +231,9 @@ struct Inner {
     node_timeout: Duration,
     drift_factor: f64,
     min_validity: Duration,
+    /// Acquires still running on slow nodes after a grant: a release by
+    /// their token waits for them on those nodes.
+    landings: Arc<landing::Landings>,
 }
 
 impl fmt::Debug for RedlockLocker {
@@ -319,6 +326,7 @@ impl RedlockLocker {
                 node_timeout: config.node_timeout,
                 drift_factor: config.drift_factor,
                 min_validity: config.min_validity,
+                landings: Arc::default(),
             }),
         })
     }
@@ -518,7 +526,9 @@ impl Locker for RedlockLocker {
                 self.inner.node_timeout,
                 |node| {
                     let (key, owner) = (shared_key.clone(), shared_owner.clone());
+                    let landed = self.inner.landings.landed(&owner, node.endpoint());
                     async move {
+                        landed.await;
                         match node.unlock(&key, &owner).await {
                             Ok(()) => Ok(true),
                             Err(Error::NotHeld { .. }) => Ok(false),

@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
+use distlock::redis::RedisLocker;
 use distlock::redlock::{Config, RedlockLocker};
 use distlock::{BreakerConfig, BreakerLocker, BreakerState, Error, KeepAlive, Locker, LostReason};
-use distlock::redis::RedisLocker;
 use test_servers::{FaultProxy, RedisServer};
 use tokio::time::Instant;
 
@@ -432,13 +432,22 @@ async fn a_release_right_after_a_grant_does_not_overtake_a_slow_nodes_acquire() 
     let unheld = direct.unlock("warm-up", "nobody").await;
     assert!(matches!(unheld, Err(Error::NotHeld { .. })), "{unheld:?}");
     proxy.delay_replies(Duration::from_millis(300));
-    let lease = locker.try_lock("overtaken", TTL).await.unwrap().expect("granted by the fast two");
+    let lease = locker
+        .try_lock("overtaken", TTL)
+        .await
+        .unwrap()
+        .expect("granted by the fast two");
     lease.release().await.expect("released on a majority");
     proxy.restore();
     // Long enough for the slow node's acquire (three delayed round trips)
     // and anything after it to have landed.
     tokio::time::sleep(Duration::from_secs(2)).await;
     for server in &servers {
-        assert_eq!(stored(server, "overtaken"), "", "the key outlived its release on {}", server.port());
+        assert_eq!(
+            stored(server, "overtaken"),
+            "",
+            "the key outlived its release on {}",
+            server.port()
+        );
     }
 }
