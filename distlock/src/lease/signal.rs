@@ -79,8 +79,11 @@ pub(super) const NOT_EXPIRED: u32 = u32::MAX;
 /// holds between keys as between margins (up to the rounding: a signal
 /// early by less within the same millisecond counts as early by as much).
 fn margin_key(margin: Duration) -> u32 {
-    u32::try_from(margin.as_nanos().div_ceil(1_000_000))
-        .map_or(NOT_EXPIRED - 1, |ms| ms.min(NOT_EXPIRED - 1))
+    u32::try_from(crate::validate::whole_units(
+        margin,
+        Duration::from_millis(1),
+    ))
+    .map_or(NOT_EXPIRED - 1, |ms| ms.min(NOT_EXPIRED - 1))
 }
 
 /// The state shared by a lease, its keepalive, its lost signals and notifiers.

@@ -592,7 +592,7 @@ impl RedisLocker {
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
 /// at least as long as the lease believes.
 fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    validate::whole_units(ttl, Duration::from_millis(1))
 }
 
 #[async_trait]
@@ -746,18 +746,5 @@ impl Locker for RedisLocker {
                 Ok(None)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_milliseconds() {
-        assert_eq!(ttl_millis(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
-        assert_eq!(ttl_millis(Duration::from_secs(30)), 30_000);
-        assert_eq!(ttl_millis(validate::MAX_TTL), 365 * 24 * 3600 * 1000);
     }
 }
