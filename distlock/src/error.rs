@@ -155,6 +155,17 @@ impl Error {
         }
     }
 
+    /// A release's or refresh's answer once the backend said whether the
+    /// caller's owner token `held` `key`: `Ok(())`, or
+    /// [`not_held`](Self::not_held).
+    pub(crate) fn unless_held(key: &str, held: bool) -> Result<()> {
+        if held {
+            Ok(())
+        } else {
+            Err(Error::not_held(key))
+        }
+    }
+
     /// Builds an [`Error::Unsupported`]: `backend` cannot do `operation`
     /// at all, for `reason` (which should say what to do instead). Retrying
     /// never helps, so callers and [`Error::is_outage`] treat it as final.

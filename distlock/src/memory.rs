@@ -195,11 +195,7 @@ impl Locker for MemoryLocker {
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        if self.remove_if_owner(key, owner) {
-            Ok(())
-        } else {
-            Err(Error::not_held(key))
-        }
+        Error::unless_held(key, self.remove_if_owner(key, owner))
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
@@ -260,24 +256,19 @@ impl Locker for MemoryLocker {
 
     /// [`ForceRelease::Lock`] only: there is no session to end.
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        crate::inspect::require_lock_release("memory", how, "an entry in this process")?;
-        let now = Instant::now();
-        let evicted = {
+        let delete = async {
+            let now = Instant::now();
             let mut table = self.table();
-            match table.entries.get(key) {
-                Some(entry) if entry.expires_at > now => {
-                    let held = entry.held(key, now);
-                    table.entries.remove(key);
-                    Some(held)
-                }
-                _ => None,
-            }
-        };
-        if evicted.is_some() {
+            let evicted = match table.entries.get(key) {
+                Some(entry) if entry.expires_at > now => entry.held(key, now),
+                _ => return Ok(None),
+            };
+            table.entries.remove(key);
+            drop(table);
             self.state.releases.notify(key);
-        }
-        Ok(inspect::log_if_evicted("memory", key, how, evicted))
+            Ok(Some(evicted))
+        };
+        inspect::release_by_deleting("memory", key, how, "an entry in this process", delete).await
     }
 
     /// Marks live as long as the locker (and its clones): durable within

@@ -419,19 +419,12 @@ impl EtcdLocker {
             .zip(requests)
             .map(|(check, request)| match (check, &read) {
                 (Err(answer), _) => Err(answer),
-                (Ok(_), Ok(_)) => still_held(request.key, ours.next().copied().unwrap_or(false)),
+                (Ok(_), Ok(_)) => {
+                    Error::unless_held(request.key, ours.next().copied().unwrap_or(false))
+                }
                 (Ok(_), Err(error)) => Err(error.duplicate()),
             })
             .collect()
-    }
-}
-
-/// A refresh's answer once etcd said whether `key`'s grant is still there.
-fn still_held(key: &str, ours: bool) -> Result<()> {
-    if ours {
-        Ok(())
-    } else {
-        Err(Error::not_held(key))
     }
 }
 
@@ -526,11 +519,7 @@ impl Locker for EtcdLocker {
             Ok(deleted) => {
                 self.inner.registry.take(&name, owner);
                 self.inner.freed.notify_waiters();
-                if deleted {
-                    Ok(())
-                } else {
-                    Err(Error::not_held(key))
-                }
+                Error::unless_held(key, deleted)
             }
             Err(error) => {
                 // Held here: keep deleting in the background, so a lock
@@ -549,7 +538,7 @@ impl Locker for EtcdLocker {
                 recipe::still_ours(self.inner.kv(), &contender, token.revision, &token.secret)
             })
             .await?;
-        still_held(key, ours)
+        Error::unless_held(key, ours)
     }
 
     /// One read-only transaction per 128 leases (etcd's default
