@@ -2,7 +2,7 @@
 //! acquisitions fail fast with [`Error::Unavailable`] instead of each waiting
 //! for a transport timeout, and an outage is never mistaken for contention.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::deadline::saturating_deadline;
 use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
+use crate::util;
 use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Thresholds of a [`BreakerLocker`].
@@ -191,7 +192,7 @@ impl<L: Locker> BreakerLocker<L> {
     }
 
     fn circuit(&self) -> MutexGuard<'_, Circuit> {
-        self.circuit.lock().unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.circuit)
     }
 
     fn admit(&self) -> Result<Admission> {

@@ -20,13 +20,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::util;
 use crate::wait::LocalReleases;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
@@ -111,10 +112,7 @@ impl MemoryLocker {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.state
-            .locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.state.locks)
     }
 
     /// Removes `key` if `owner` holds it (expired or not); true if it was held
@@ -275,11 +273,7 @@ impl Locker for MemoryLocker {
     /// this process only.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
-        let mut marks = self
-            .state
-            .marks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut marks = util::lock(&self.state.marks);
         match marks.get_mut(name) {
             Some(current) if *current >= value => Ok(MarkAdvance::AlreadyAt { current: *current }),
             Some(current) => {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::deadline::{bounded, checked_deadline, sleep_until};
 use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
+use crate::util;
 use crate::{
     Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result, DEADLINE_GRACE,
 };
@@ -312,7 +313,7 @@ const PRUNE_AT: usize = 1024;
 
 impl LocalReleases {
     pub(crate) fn subscribe(&self, key: &str) -> ReleaseWatch {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut channels = util::lock(&self.channels);
         if channels.len() >= PRUNE_AT {
             channels.retain(|_, sender| sender.receiver_count() > 0);
         }
@@ -327,7 +328,7 @@ impl LocalReleases {
     }
 
     pub(crate) fn notify(&self, key: &str) {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut channels = util::lock(&self.channels);
         if let Some(sender) = channels.get(key) {
             if sender.receiver_count() == 0 {
                 channels.remove(key);

@@ -65,12 +65,13 @@ use std::fs::{File, TryLockError};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::inspect::{ForceRelease, HeldLock, HolderRecord};
+use crate::util;
 use crate::wait::LocalReleases;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
@@ -228,10 +229,7 @@ impl FileLocker {
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.inner.held)
     }
 
     /// Drops the lock on `key` if `owner` holds it here; true if it did.

@@ -21,8 +21,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-#[cfg(test)]
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -152,11 +150,7 @@ impl Registration {
     /// The scheduler task's handle, for tests that check how it ended.
     #[cfg(test)]
     pub(super) fn take_task_for_test(&self) -> Option<tokio::task::JoinHandle<()>> {
-        self.scheduler
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        crate::util::lock(&self.scheduler.task).take()
     }
 }
 

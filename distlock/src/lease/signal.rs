@@ -4,11 +4,13 @@
 //! ever moves from held to ended; every change goes through this file.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::util;
 
 /// Why a lease stopped being held. Delivered by [`LostSignal`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -137,7 +139,7 @@ impl Shared {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.state)
     }
 
     pub(super) fn status(&self) -> LeaseStatus {
