@@ -168,10 +168,8 @@ async fn a_claim_overtaken_by_another_replica_reports_the_tick_missed_not_alread
         &job::tick_key("overtaken", first),
         Duration::from_millis(1500),
     );
-    let (runs, reports) = (Runs::default(), Reports::default());
-    let running = a_then_b(&every_second("overtaken"), slow, memory, &runs, &reports);
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    shutdown_all(running).await;
+    let run_for = Duration::from_secs(10);
+    let (runs, reports) = a_then_b(&every_second("overtaken"), slow, memory, run_for).await;
     assert_eq!(
         reports.of(first),
         [
@@ -201,10 +199,8 @@ async fn a_winner_that_fails_after_claiming_lets_a_waiting_replica_run_the_tick(
         let failing = memory
             .sibling()
             .failing(call, "cron:handover", Duration::from_millis(300));
-        let (runs, reports) = (Runs::default(), Reports::default());
-        let running = a_then_b(&every_second("handover"), failing, memory, &runs, &reports);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        shutdown_all(running).await;
+        let run_for = Duration::from_secs(5);
+        let (runs, reports) = a_then_b(&every_second("handover"), failing, memory, run_for).await;
         assert_eq!(
             reports.of(first),
             [("a".to_owned(), "claim_failed"), ("b".to_owned(), "ran")],

@@ -374,24 +374,23 @@ async fn shutdown_all(running: Vec<RunningScheduler>) {
 }
 
 /// Replica `a` on its view of the backend and the test's clock, and replica
-/// `b` on its own view with a clock 100 ms behind, both running `job`: `b`
-/// reaches each tick just after `a` has claimed it.
-fn a_then_b(
-    job: &Job,
-    a: Faulty,
-    b: Faulty,
-    runs: &Runs,
-    reports: &Reports,
-) -> Vec<RunningScheduler> {
+/// `b` on its own view with a clock 100 ms behind, both running `job` for
+/// `run_for`, then shut down: what they ran and reported. `b` reaches each
+/// tick just after `a` has claimed it.
+async fn a_then_b(job: &Job, a: Faulty, b: Faulty, run_for: Duration) -> (Runs, Reports) {
+    let (runs, reports) = (Runs::default(), Reports::default());
     let base = TokioClock::starting_at(start());
     let behind = SkewedClock::behind(base.clone(), Duration::from_millis(100));
-    replicas(
+    let running = replicas(
         job,
         vec![
             ("a", shared(a), Arc::new(base)),
             ("b", shared(b), Arc::new(behind)),
         ],
-        runs,
-        reports,
-    )
+        &runs,
+        &reports,
+    );
+    tokio::time::sleep(run_for).await;
+    shutdown_all(running).await;
+    (runs, reports)
 }
