@@ -532,22 +532,16 @@ mod tests {
         };
         let digest = owner_digest("owner");
         let record = GrantRecord::new(key.name, TTL, true);
-        let (raced, bystander) = (
+        let waiter = || async {
             inner
                 .core
                 .pool
                 .waiter()
                 .await
                 .unwrap()
-                .expect("a free permit"),
-            inner
-                .core
-                .pool
-                .waiter()
-                .await
-                .unwrap()
-                .expect("a free permit"),
-        );
+                .expect("a free permit")
+        };
+        let (raced, bystander) = (waiter().await, waiter().await);
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])
             .await
