@@ -377,9 +377,7 @@ mod tests {
         fn backend(&self) -> &'static str {
             "counting"
         }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
+        crate::forward::forward_to_inner!(capabilities);
         async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
             self.inner.try_lock(key, ttl).await
         }
@@ -426,8 +424,7 @@ mod tests {
             initial in crate::test_support::any_duration(),
             max in crate::test_support::any_duration(),
         ) {
-            let runtime = crate::test_support::paused_runtime();
-            runtime.block_on(async {
+            crate::test_support::block_on_paused(async {
                 let locker = crate::memory::MemoryLocker::new();
                 let policy = WaitPolicy::default().initial_delay(initial).max_delay(max);
                 let waiting = WaitLocker::new(locker.clone(), policy);
@@ -467,10 +464,9 @@ mod tests {
         }
     }
 
-    /// A backend that never answers cannot hold `lock` past its timeout
-    /// plus the grace.
+    /// A backend that never answers, declaring the capabilities it holds.
     #[derive(Debug)]
-    struct Silent;
+    struct Silent(Capabilities);
 
     #[async_trait]
     impl Locker for Silent {
@@ -478,7 +474,7 @@ mod tests {
             "silent"
         }
         fn capabilities(&self) -> Capabilities {
-            Capabilities::default()
+            self.0
         }
         async fn try_lock(&self, _key: &str, _ttl: Duration) -> Result<Option<Lease>> {
             std::future::pending().await
@@ -488,11 +484,13 @@ mod tests {
         }
     }
 
+    /// A backend that never answers cannot hold `lock` past its timeout
+    /// plus the grace.
     #[tokio::test(start_paused = true)]
     async fn lock_returns_within_its_timeout_plus_the_grace_whatever_the_backend_does() {
         for timeout in [Duration::ZERO, Duration::from_secs(3)] {
             let started = Instant::now();
-            let err = Silent
+            let err = Silent(Capabilities::default())
                 .lock("k", Duration::from_secs(10), timeout)
                 .await
                 .unwrap_err();
@@ -513,31 +511,15 @@ mod tests {
 
     #[test]
     fn waiting_around_a_server_side_wait_reports_no_wakeup_it_does_not_have() {
-        /// A backend whose own `lock` waits on the server (as Postgres'),
-        /// with no release notifications.
-        #[derive(Debug)]
-        struct ServerWait;
-        #[async_trait]
-        impl Locker for ServerWait {
-            fn backend(&self) -> &'static str {
-                "server-wait"
-            }
-            fn capabilities(&self) -> Capabilities {
-                Capabilities {
-                    release_wakeup: true,
-                    release_notifications: false,
-                    ..Capabilities::default()
-                }
-            }
-            async fn try_lock(&self, _key: &str, _ttl: Duration) -> Result<Option<Lease>> {
-                Ok(None)
-            }
-            async fn unlock(&self, _key: &str, _owner: &str) -> Result<()> {
-                Ok(())
-            }
-        }
-        assert!(ServerWait.capabilities().release_wakeup);
-        let waiting = WaitLocker::new(ServerWait, WaitPolicy::default());
+        // A backend whose own `lock` waits on the server (as Postgres'),
+        // with no release notifications.
+        let server_wait = Silent(Capabilities {
+            release_wakeup: true,
+            release_notifications: false,
+            ..Capabilities::default()
+        });
+        assert!(server_wait.capabilities().release_wakeup);
+        let waiting = WaitLocker::new(server_wait, WaitPolicy::default());
         assert!(
             !waiting.capabilities().release_wakeup,
             "Waiting polls instead of the server-side wait"
