@@ -210,21 +210,14 @@ impl Error {
     /// gets [`outcome_unknown`](Error::Backend::outcome_unknown) set; other
     /// kinds are returned as they are ([`Error::DeadlineExceeded`] is unknown
     /// by nature).
-    pub fn with_outcome_unknown(self) -> Self {
-        match self {
-            Error::Backend {
-                backend,
-                operation,
-                source,
-                ..
-            } => Error::Backend {
-                backend,
-                operation,
-                outcome_unknown: true,
-                source,
-            },
-            other => other,
+    pub fn with_outcome_unknown(mut self) -> Self {
+        if let Error::Backend {
+            outcome_unknown, ..
+        } = &mut self
+        {
+            *outcome_unknown = true;
         }
+        self
     }
 
     /// True when the failed call may nevertheless have taken effect on the
