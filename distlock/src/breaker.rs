@@ -473,13 +473,7 @@ mod tests {
         ));
         tokio::time::advance(Duration::from_secs(5)).await;
         flaky.down.store(false, Ordering::SeqCst);
-        let lease = breaker
-            .try_lock("k", TTL)
-            .await
-            .unwrap()
-            .expect("probe acquires");
-        assert_eq!(breaker.state(), BreakerState::Closed);
-        lease.release().await.unwrap();
+        assert_probe_closes(&breaker).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -513,6 +507,18 @@ mod tests {
         assert_eq!(breaker.state(), BreakerState::Open);
     }
 
+    /// Asserts that the probe let through after the open interval acquires
+    /// the free key `k` and closes the circuit.
+    async fn assert_probe_closes(breaker: &BreakerLocker<Flaky>) {
+        let lease = breaker
+            .try_lock("k", TTL)
+            .await
+            .expect("the probe is let through after the interval")
+            .expect("probe acquires");
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        lease.release().await.unwrap();
+    }
+
     /// Trips the breaker open, then lets the open interval pass.
     async fn open_and_wait(flaky: &Flaky, breaker: &BreakerLocker<Flaky>) {
         trip_open(flaky, breaker).await;
@@ -531,13 +537,7 @@ mod tests {
             .is_err());
         assert_eq!(breaker.state(), BreakerState::Open);
         tokio::time::advance(Duration::from_secs(5)).await;
-        let lease = breaker
-            .try_lock("k", TTL)
-            .await
-            .expect("a new probe is let through after the interval")
-            .expect("free");
-        assert_eq!(breaker.state(), BreakerState::Closed);
-        lease.release().await.unwrap();
+        assert_probe_closes(&breaker).await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -140,6 +140,17 @@ fn spawn_waiter(
     })
 }
 
+/// Drops `lease`, which lost its lock to another holder, and asserts that
+/// its key is still held (`by` names that holder's lock) once the drop's
+/// background release has had time to run.
+async fn assert_drop_frees_nothing(lease: crate::Lease, locker: &dyn Locker, by: &str) {
+    let key = lease.key().to_owned();
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let why = format!("dropping a lost lease must not free {by}");
+    assert_held_elsewhere(locker, &key, &why).await;
+}
+
 /// A second `try_lock` of a held key is contention (`Ok(None)`), from the same
 /// locker and from another client; neither is an error.
 pub async fn try_twice_second_is_contention(h: &Harness) {
@@ -847,14 +858,7 @@ pub async fn keepalive_fires_lost_when_stolen(h: &Harness) {
     let thief = acquire(&*b, &key, LONG_TTL).await;
     let reason = lost_within(&mut lost, Duration::from_secs(3)).await;
     assert_eq!(reason, LostReason::NotHeld);
-    drop(lease);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_held_elsewhere(
-        &*a,
-        &key,
-        "dropping the lost lease must not free the thief's lock",
-    )
-    .await;
+    assert_drop_frees_nothing(lease, &*a, "the thief's lock").await;
     thief.release().await.expect("release by the new holder");
 }
 
@@ -1223,14 +1227,7 @@ pub async fn force_release_evicts_the_holder(h: &Harness) {
             assert_eq!(reason, LostReason::NotHeld);
         }
     }
-    drop(lease);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_held_elsewhere(
-        &*a,
-        &key,
-        "the evicted lease's drop must not free the next holder's lock",
-    )
-    .await;
+    assert_drop_frees_nothing(lease, &*a, "the next holder's lock").await;
     next.release().await.expect("release by the next holder");
     assert_eq!(
         b.force_release(&key, how)
