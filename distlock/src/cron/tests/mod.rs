@@ -367,6 +367,37 @@ impl<'a> Recorded<'a> {
     }
 }
 
+/// Runs `job` alone on `scheduler` for `run_for`, then shuts it down:
+/// what `record` made of each run's context, in order.
+async fn record_runs<R, Fut>(
+    mut scheduler: Scheduler,
+    job: Job,
+    run_for: Duration,
+    record: impl Fn(JobContext) -> Fut + Send + Sync + 'static,
+) -> Vec<R>
+where
+    R: Send + 'static,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+{
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (sink, record) = (seen.clone(), Arc::new(record));
+    scheduler
+        .add(job, move |ctx| {
+            let (sink, record) = (sink.clone(), record.clone());
+            async move {
+                let recorded = record(ctx).await;
+                sink.lock().unwrap().push(recorded);
+                Ok(())
+            }
+        })
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    tokio::time::sleep(run_for).await;
+    running.shutdown(Duration::from_secs(5)).await;
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    seen
+}
+
 async fn shutdown_all(running: Vec<RunningScheduler>) {
     for scheduler in running {
         scheduler.shutdown(Duration::from_secs(5)).await;

@@ -127,27 +127,13 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
     ] {
         let locker = shared(MemoryLocker::new());
         let clock = TokioClock::starting_at(from);
-        let runs = Runs::default();
-        let mut running = Vec::new();
-        for name in ["a", "b"] {
-            let mut scheduler = Scheduler::new(locker.clone())
-                .replica_id(name)
-                .clock(clock.clone());
-            let runs = runs.clone();
-            scheduler
-                .add(
-                    Job::new("dst", "*/30 * * * *").time_zone("Europe/Berlin"),
-                    move |ctx| {
-                        let runs = runs.clone();
-                        async move {
-                            runs.record(&ctx);
-                            Ok(())
-                        }
-                    },
-                )
-                .unwrap();
-            running.push(scheduler.start().unwrap());
-        }
+        let (runs, reports) = (Runs::default(), Reports::default());
+        let recorded = Recorded::of(&runs, &reports);
+        let job = Job::new("dst", "*/30 * * * *").time_zone("Europe/Berlin");
+        let running: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|name| recorded.start(name, &locker, clock.clone(), job.clone(), |_| async {}))
+            .collect();
         tokio::time::sleep(Duration::from_secs(2 * 3600 + 15 * 60)).await;
         shutdown_all(running).await;
         let runs = runs.snapshot();
@@ -161,32 +147,21 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
 
 #[tokio::test(start_paused = true)]
 async fn the_context_names_the_job_tick_replica_and_a_growing_fencing_token() {
-    let locker = shared(MemoryLocker::new());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut scheduler = Scheduler::new(locker)
+    let scheduler = Scheduler::new(shared(MemoryLocker::new()))
         .replica_id("r1")
         .clock(TokioClock::starting_at(start()));
-    let record = seen.clone();
-    scheduler
-        .add(every_second("ctx"), move |ctx: JobContext| {
-            let record = record.clone();
-            async move {
-                assert!(!ctx.lost().is_lost());
-                record.lock().unwrap().push((
-                    ctx.job().to_owned(),
-                    ctx.replica().to_owned(),
-                    ctx.key().to_owned(),
-                    ctx.tick_key().to_owned(),
-                    ctx.fencing_token(),
-                ));
-                Ok(())
-            }
-        })
-        .unwrap();
-    let running = scheduler.start().unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
-    running.shutdown(Duration::from_secs(1)).await;
-    let seen = seen.lock().unwrap();
+    let run_for = Duration::from_millis(2100);
+    let seen = record_runs(scheduler, every_second("ctx"), run_for, |ctx| async move {
+        assert!(!ctx.lost().is_lost());
+        (
+            ctx.job().to_owned(),
+            ctx.replica().to_owned(),
+            ctx.key().to_owned(),
+            ctx.tick_key().to_owned(),
+            ctx.fencing_token(),
+        )
+    })
+    .await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[0].0, "ctx");
     assert_eq!(seen[0].1, "r1");
@@ -239,27 +214,16 @@ fn outcomes_read_as_log_lines() {
 #[tokio::test(start_paused = true)]
 async fn a_jobs_label_is_what_its_claims_record_as_their_holder() {
     let locker = shared(MemoryLocker::new());
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let mut scheduler = Scheduler::new(locker.clone()).clock(TokioClock::starting_at(start()));
-    let (inspector, record) = (locker.clone(), seen.clone());
-    scheduler
-        .add(
-            every_second("labelled").label("cron job labelled: ./report.sh"),
-            move |ctx| {
-                let (inspector, record) = (inspector.clone(), record.clone());
-                async move {
-                    let held = inspector.inspect(ctx.tick_key()).await.expect("inspect");
-                    let label = held.and_then(|held| held.holder).map(|holder| holder.label);
-                    record.lock().unwrap().push(label);
-                    Ok(())
-                }
-            },
-        )
-        .unwrap();
-    let running = scheduler.start().unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    running.shutdown(Duration::from_secs(5)).await;
-    let seen = seen.lock().unwrap();
+    let scheduler = Scheduler::new(locker.clone()).clock(TokioClock::starting_at(start()));
+    let job = every_second("labelled").label("cron job labelled: ./report.sh");
+    let seen = record_runs(scheduler, job, Duration::from_millis(2500), move |ctx| {
+        let inspector = locker.clone();
+        async move {
+            let held = inspector.inspect(ctx.tick_key()).await.expect("inspect");
+            held.and_then(|held| held.holder).map(|holder| holder.label)
+        }
+    })
+    .await;
     assert!(!seen.is_empty(), "the job ran");
     for label in seen.iter() {
         assert_eq!(label.as_deref(), Some("cron job labelled: ./report.sh"));
