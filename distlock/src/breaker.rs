@@ -322,9 +322,7 @@ impl<L: Locker> Locker for BreakerLocker<L> {
                 return Ok(self.own(lease));
             }
             if timeout.is_zero() {
-                return Err(Error::NotAcquired {
-                    key: key.to_owned(),
-                });
+                return Err(Error::not_acquired(key));
             }
         }
         let left = timeout.saturating_sub(started.elapsed());

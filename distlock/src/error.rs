@@ -147,6 +147,13 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::NotAcquired`] for `key`: held by another owner.
+    pub(crate) fn not_acquired(key: &str) -> Self {
+        Error::NotAcquired {
+            key: key.to_owned(),
+        }
+    }
+
     /// Builds an [`Error::NotHeld`] for `key`: the caller's owner token does
     /// not hold it (any more).
     pub(crate) fn not_held(key: &str) -> Self {

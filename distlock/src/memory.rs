@@ -223,9 +223,7 @@ impl Locker for MemoryLocker {
             .get(key)
             .is_some_and(|e| e.expires_at > Instant::now())
         {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         table.entries.remove(key);
         Ok(())

@@ -163,9 +163,7 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
         return Ok(lease);
     }
     if timeout.is_zero() {
-        return Err(Error::NotAcquired {
-            key: key.to_owned(),
-        });
+        return Err(Error::not_acquired(key));
     }
     // Held: subscribe, then try again before every wait. A release between a
     // failed attempt and the subscription is then caught by the next attempt

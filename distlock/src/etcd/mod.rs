@@ -474,9 +474,7 @@ impl Locker for EtcdLocker {
         if timeout.is_zero() {
             return match self.try_lock(key, ttl).await? {
                 Some(lease) => Ok(lease),
-                None => Err(Error::NotAcquired {
-                    key: key.to_owned(),
-                }),
+                None => Err(Error::not_acquired(key)),
             };
         }
         let deadline = checked_deadline(Instant::now(), timeout);
@@ -564,9 +562,7 @@ impl Locker for EtcdLocker {
         validate::key(key)?;
         let name = self.name(key);
         if self.inner.registry.state(&name).is_some() {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         match self
             .inner
@@ -576,9 +572,7 @@ impl Locker for EtcdLocker {
             .await?
         {
             0 => Ok(()),
-            _ => Err(Error::NotAcquired {
-                key: key.to_owned(),
-            }),
+            _ => Err(Error::not_acquired(key)),
         }
     }
 

@@ -397,9 +397,7 @@ impl Locker for FileLocker {
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
         if self.held().contains_key(key) {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         let name = file_name(key, "lock");
         let path = self.inner.dir.path_of(&name);
@@ -411,11 +409,7 @@ impl Locker for FileLocker {
         };
         match file.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(Error::NotAcquired {
-                    key: key.to_owned(),
-                })
-            }
+            Err(TryLockError::WouldBlock) => return Err(Error::not_acquired(key)),
             Err(TryLockError::Error(e)) => return Err(io_error(e)),
         }
         // Unlink only the file we locked: if another forget replaced or

@@ -666,9 +666,7 @@ impl Locker for RedisLocker {
         if self.script_did("forget", &forget).await? {
             Ok(())
         } else {
-            Err(Error::NotAcquired {
-                key: key.to_owned(),
-            })
+            Err(Error::not_acquired(key))
         }
     }
 
