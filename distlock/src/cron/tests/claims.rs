@@ -8,9 +8,7 @@ use super::*;
 async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_carry_on() {
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(start());
-    let runs = Runs::default();
-    let reports = Reports::default();
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let make = |name: &'static str, hang: bool| {
         let job = every_second("job");
         recorded.start(name, &locker, clock.clone(), job, move |_| async move {
@@ -26,7 +24,7 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     tokio::time::sleep(Duration::from_millis(1000)).await; // 10:00:01.501: doomed runs 10:00:01
     let first = start() + TimeDelta::milliseconds(500);
     assert_eq!(
-        runs.snapshot().get(&first),
+        recorded.runs.snapshot().get(&first),
         Some(&vec!["doomed".to_owned()])
     );
     // Killed: its futures dropped, its leases dropped.
@@ -35,7 +33,7 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     for scheduler in others {
         scheduler.shutdown(Duration::from_secs(5)).await;
     }
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     assert_exactly_once(&runs, first, first + TimeDelta::seconds(19));
     assert_eq!(runs[&first], ["doomed"], "the doomed tick is not run again");
     assert!(runs

@@ -313,7 +313,10 @@ fn replicas(
     runs: &Runs,
     reports: &Reports,
 ) -> Vec<RunningScheduler> {
-    let recorded = Recorded::of(runs, reports);
+    let recorded = Recorded {
+        runs: runs.clone(),
+        reports: reports.clone(),
+    };
     replicas
         .into_iter()
         .map(|(name, locker, clock)| {
@@ -324,16 +327,13 @@ fn replicas(
 
 /// Where the replicas of one test record what they did: each run in
 /// `runs`, every report in `reports`.
-struct Recorded<'a> {
-    runs: &'a Runs,
-    reports: &'a Reports,
+#[derive(Default)]
+struct Recorded {
+    runs: Runs,
+    reports: Reports,
 }
 
-impl<'a> Recorded<'a> {
-    fn of(runs: &'a Runs, reports: &'a Reports) -> Self {
-        Recorded { runs, reports }
-    }
-
+impl Recorded {
     /// Starts replica `name` running `job` on `locker` by `clock`: each run
     /// is recorded, then does `then` (sleeps, hangs, ...) and succeeds.
     fn start<T, Fut>(

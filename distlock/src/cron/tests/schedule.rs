@@ -7,9 +7,7 @@ use super::*;
 async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
     let locker = shared(MemoryLocker::new());
     let base = TokioClock::starting_at(start());
-    let runs = Runs::default();
-    let reports = Reports::default();
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let clocks: Vec<(&str, Arc<dyn Clock>)> = vec![
         ("a", Arc::new(base.clone())),
         (
@@ -35,7 +33,7 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
         .collect();
     tokio::time::sleep(Duration::from_secs(60)).await;
     shutdown_all(running).await;
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     let first = start() + TimeDelta::milliseconds(500); // 10:00:01
     assert_exactly_once(&runs, first, first + TimeDelta::seconds(55));
     let by_replica = |r: &str| runs.values().filter(|who| who[0] == r).count();
@@ -45,14 +43,14 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
         by_replica("a"),
         by_replica("b"),
         by_replica("c"),
-        reports.count("already_ran"),
-        reports.count("held_elsewhere"),
-        reports.count("previous_running"),
+        recorded.reports.count("already_ran"),
+        recorded.reports.count("held_elsewhere"),
+        recorded.reports.count("previous_running"),
     );
     // The lagging replica finds every tick done, by the mark.
     assert_eq!(by_replica("b"), 0, "b lags by 3.3 s: it never wins a tick");
     assert!(
-        reports.count("already_ran") >= 55,
+        recorded.reports.count("already_ran") >= 55,
         "b skips each tick as already run"
     );
 }
@@ -63,9 +61,7 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     let clock = TokioClock::starting_at(start());
     let running_now = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
-    let runs = Runs::default();
-    let reports = Reports::default();
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let mut running = Vec::new();
     for name in ["a", "b", "c"] {
         let (running_now, most) = (running_now.clone(), most.clone());
@@ -83,11 +79,11 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
     shutdown_all(running).await;
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     println!(
         "runs {}, previous_running {}",
         runs.len(),
-        reports.count("previous_running")
+        recorded.reports.count("previous_running")
     );
     assert_eq!(most.load(Ordering::SeqCst), 1, "runs overlapped");
     // A 2.5 s run every 3 s (the ticks at +1 s and +2 s find it running).
@@ -96,7 +92,7 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
         "{} runs: {runs:?}",
         runs.len()
     );
-    assert!(reports.count("previous_running") >= 2 * 9);
+    assert!(recorded.reports.count("previous_running") >= 2 * 9);
     assert!(runs.values().all(|who| who.len() == 1));
 }
 
@@ -127,8 +123,7 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
     ] {
         let locker = shared(MemoryLocker::new());
         let clock = TokioClock::starting_at(from);
-        let (runs, reports) = (Runs::default(), Reports::default());
-        let recorded = Recorded::of(&runs, &reports);
+        let recorded = Recorded::default();
         let job = Job::new("dst", "*/30 * * * *").time_zone("Europe/Berlin");
         let running: Vec<_> = ["a", "b"]
             .into_iter()
@@ -136,7 +131,7 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
             .collect();
         tokio::time::sleep(Duration::from_secs(2 * 3600 + 15 * 60)).await;
         shutdown_all(running).await;
-        let runs = runs.snapshot();
+        let runs = recorded.runs.snapshot();
         let expected: Vec<DateTime<Utc>> = expected
             .into_iter()
             .map(|(y, mo, d, h, mi)| Utc.with_ymd_and_hms(y, mo, d, h, mi, 0).unwrap())
