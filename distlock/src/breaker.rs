@@ -2,7 +2,7 @@
 //! acquisitions fail fast with [`Error::Unavailable`] instead of each waiting
 //! for a transport timeout, and an outage is never mistaken for contention.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::deadline::saturating_deadline;
 use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
+use crate::util;
 use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Thresholds of a [`BreakerLocker`].
@@ -191,7 +192,7 @@ impl<L: Locker> BreakerLocker<L> {
     }
 
     fn circuit(&self) -> MutexGuard<'_, Circuit> {
-        self.circuit.lock().unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.circuit)
     }
 
     fn admit(&self) -> Result<Admission> {
@@ -321,9 +322,7 @@ impl<L: Locker> Locker for BreakerLocker<L> {
                 return Ok(self.own(lease));
             }
             if timeout.is_zero() {
-                return Err(Error::NotAcquired {
-                    key: key.to_owned(),
-                });
+                return Err(Error::not_acquired(key));
             }
         }
         let left = timeout.saturating_sub(started.elapsed());
@@ -472,13 +471,7 @@ mod tests {
         ));
         tokio::time::advance(Duration::from_secs(5)).await;
         flaky.down.store(false, Ordering::SeqCst);
-        let lease = breaker
-            .try_lock("k", TTL)
-            .await
-            .unwrap()
-            .expect("probe acquires");
-        assert_eq!(breaker.state(), BreakerState::Closed);
-        lease.release().await.unwrap();
+        assert_probe_closes(&breaker).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -512,6 +505,18 @@ mod tests {
         assert_eq!(breaker.state(), BreakerState::Open);
     }
 
+    /// Asserts that the probe let through after the open interval acquires
+    /// the free key `k` and closes the circuit.
+    async fn assert_probe_closes(breaker: &BreakerLocker<Flaky>) {
+        let lease = breaker
+            .try_lock("k", TTL)
+            .await
+            .expect("the probe is let through after the interval")
+            .expect("probe acquires");
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        lease.release().await.unwrap();
+    }
+
     /// Trips the breaker open, then lets the open interval pass.
     async fn open_and_wait(flaky: &Flaky, breaker: &BreakerLocker<Flaky>) {
         trip_open(flaky, breaker).await;
@@ -530,13 +535,7 @@ mod tests {
             .is_err());
         assert_eq!(breaker.state(), BreakerState::Open);
         tokio::time::advance(Duration::from_secs(5)).await;
-        let lease = breaker
-            .try_lock("k", TTL)
-            .await
-            .expect("a new probe is let through after the interval")
-            .expect("free");
-        assert_eq!(breaker.state(), BreakerState::Closed);
-        lease.release().await.unwrap();
+        assert_probe_closes(&breaker).await;
     }
 
     #[tokio::test(start_paused = true)]

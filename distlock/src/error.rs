@@ -147,11 +147,29 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::NotAcquired`] for `key`: held by another owner.
+    pub(crate) fn not_acquired(key: &str) -> Self {
+        Error::NotAcquired {
+            key: key.to_owned(),
+        }
+    }
+
     /// Builds an [`Error::NotHeld`] for `key`: the caller's owner token does
     /// not hold it (any more).
     pub(crate) fn not_held(key: &str) -> Self {
         Error::NotHeld {
             key: key.to_owned(),
+        }
+    }
+
+    /// A release's or refresh's answer once the backend said whether the
+    /// caller's owner token `held` `key`: `Ok(())`, or
+    /// [`not_held`](Self::not_held).
+    pub(crate) fn unless_held(key: &str, held: bool) -> Result<()> {
+        if held {
+            Ok(())
+        } else {
+            Err(Error::not_held(key))
         }
     }
 
@@ -199,21 +217,14 @@ impl Error {
     /// gets [`outcome_unknown`](Error::Backend::outcome_unknown) set; other
     /// kinds are returned as they are ([`Error::DeadlineExceeded`] is unknown
     /// by nature).
-    pub fn with_outcome_unknown(self) -> Self {
-        match self {
-            Error::Backend {
-                backend,
-                operation,
-                source,
-                ..
-            } => Error::Backend {
-                backend,
-                operation,
-                outcome_unknown: true,
-                source,
-            },
-            other => other,
+    pub fn with_outcome_unknown(mut self) -> Self {
+        if let Error::Backend {
+            outcome_unknown, ..
+        } = &mut self
+        {
+            *outcome_unknown = true;
         }
+        self
     }
 
     /// True when the failed call may nevertheless have taken effect on the

@@ -20,13 +20,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::util;
 use crate::wait::LocalReleases;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
@@ -111,10 +112,7 @@ impl MemoryLocker {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.state
-            .locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.state.locks)
     }
 
     /// Removes `key` if `owner` holds it (expired or not); true if it was held
@@ -195,11 +193,7 @@ impl Locker for MemoryLocker {
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        if self.remove_if_owner(key, owner) {
-            Ok(())
-        } else {
-            Err(Error::not_held(key))
-        }
+        Error::unless_held(key, self.remove_if_owner(key, owner))
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
@@ -229,9 +223,7 @@ impl Locker for MemoryLocker {
             .get(key)
             .is_some_and(|e| e.expires_at > Instant::now())
         {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         table.entries.remove(key);
         Ok(())
@@ -260,35 +252,26 @@ impl Locker for MemoryLocker {
 
     /// [`ForceRelease::Lock`] only: there is no session to end.
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        crate::inspect::require_lock_release("memory", how, "an entry in this process")?;
-        let now = Instant::now();
-        let evicted = {
+        let delete = async {
+            let now = Instant::now();
             let mut table = self.table();
-            match table.entries.get(key) {
-                Some(entry) if entry.expires_at > now => {
-                    let held = entry.held(key, now);
-                    table.entries.remove(key);
-                    Some(held)
-                }
-                _ => None,
-            }
-        };
-        if evicted.is_some() {
+            let evicted = match table.entries.get(key) {
+                Some(entry) if entry.expires_at > now => entry.held(key, now),
+                _ => return Ok(None),
+            };
+            table.entries.remove(key);
+            drop(table);
             self.state.releases.notify(key);
-        }
-        Ok(inspect::log_if_evicted("memory", key, how, evicted))
+            Ok(Some(evicted))
+        };
+        inspect::release_by_deleting("memory", key, how, "an entry in this process", delete).await
     }
 
     /// Marks live as long as the locker (and its clones): durable within
     /// this process only.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
         validate::key(name)?;
-        let mut marks = self
-            .state
-            .marks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut marks = util::lock(&self.state.marks);
         match marks.get_mut(name) {
             Some(current) if *current >= value => Ok(MarkAdvance::AlreadyAt { current: *current }),
             Some(current) => {

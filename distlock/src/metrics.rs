@@ -3,6 +3,7 @@
 //! installs (the CLI serves Prometheus text). The metric names are listed on
 //! [`MetricsLocker`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,6 +85,20 @@ impl<L: Locker> MetricsLocker<L> {
             }
         });
         lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
+    }
+
+    /// Runs `call`, timed as `operation` with the outcome label `outcome`
+    /// gives its result.
+    async fn measured<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T>>,
+        outcome: impl FnOnce(&Result<T>) -> &'static str,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let result = call.await;
+        self.timed(operation, outcome(&result), started);
+        result
     }
 
     fn timed(&self, operation: &'static str, outcome: &'static str, started: Instant) {
@@ -207,18 +222,18 @@ impl<L: Locker> Locker for MetricsLocker<L> {
         result.map(|lease| self.observe(lease))
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-        let started = Instant::now();
-        let result = self.inner.unlock(key, owner).await;
-        let outcome = self.holder_outcome("unlock", "released", &result);
-        self.timed("unlock", outcome, started);
-        result
+        let call = self.inner.unlock(key, owner);
+        self.measured("unlock", call, |result| {
+            self.holder_outcome("unlock", "released", result)
+        })
+        .await
     }
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let started = Instant::now();
-        let result = self.inner.refresh(key, owner, ttl).await;
-        let outcome = self.holder_outcome("refresh", "refreshed", &result);
-        self.timed("refresh", outcome, started);
-        result
+        let call = self.inner.refresh(key, owner, ttl);
+        self.measured("refresh", call, |result| {
+            self.holder_outcome("refresh", "refreshed", result)
+        })
+        .await
     }
     /// Each request counts as one `refresh`, timed as the whole batch took.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
@@ -236,53 +251,48 @@ impl<L: Locker> Locker for MetricsLocker<L> {
     /// Timed as operation `forget` (outcome `forgotten`, `held` or the error
     /// kind); failures other than a held key count as errors.
     async fn forget(&self, key: &str) -> Result<()> {
-        let started = Instant::now();
-        let result = self.inner.forget(key).await;
-        let outcome = match &result {
+        let outcome = |result: &Result<()>| match result {
             Ok(()) => "forgotten",
             Err(Error::NotAcquired { .. }) => "held",
             Err(error) => self.error("forget", error),
         };
-        self.timed("forget", outcome, started);
-        result
+        self.measured("forget", self.inner.forget(key), outcome)
+            .await
     }
     /// Timed as operation `advance_mark` (outcome `advanced`, `already_at`
     /// or the error kind); failures count as errors.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        let started = Instant::now();
-        let result = self.inner.advance_mark(name, value).await;
-        let outcome = match &result {
-            Ok(MarkAdvance::Advanced { .. }) => "advanced",
-            Ok(MarkAdvance::AlreadyAt { .. }) => "already_at",
-            Err(error) => self.error("advance_mark", error),
-        };
-        self.timed("advance_mark", outcome, started);
-        result
+        let call = self.inner.advance_mark(name, value);
+        self.measured("advance_mark", call, |result| {
+            self.read_outcome("advance_mark", result, |advance| match advance {
+                MarkAdvance::Advanced { .. } => "advanced",
+                MarkAdvance::AlreadyAt { .. } => "already_at",
+            })
+        })
+        .await
     }
     /// Timed as operation `inspect` (outcome `held`, `free` or the error kind).
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        let started = Instant::now();
-        let result = self.inner.inspect(key).await;
-        let outcome = self.read_outcome("inspect", &result, held_or_free);
-        self.timed("inspect", outcome, started);
-        result
+        self.measured("inspect", self.inner.inspect(key), |result| {
+            self.read_outcome("inspect", result, held_or_free)
+        })
+        .await
     }
     /// Timed as operation `list` (outcome `listed` or the error kind).
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let started = Instant::now();
-        let result = self.inner.list(prefix).await;
-        let outcome = self.read_outcome("list", &result, |_| "listed");
-        self.timed("list", outcome, started);
-        result
+        self.measured("list", self.inner.list(prefix), |result| {
+            self.read_outcome("list", result, |_| "listed")
+        })
+        .await
     }
     /// Timed as operation `force_release` (outcome `held` when it evicted a
     /// holder, `free`, or the error kind).
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        let started = Instant::now();
-        let result = self.inner.force_release(key, how).await;
-        let outcome = self.read_outcome("force_release", &result, held_or_free);
-        self.timed("force_release", outcome, started);
-        result
+        let call = self.inner.force_release(key, how);
+        self.measured("force_release", call, |result| {
+            self.read_outcome("force_release", result, held_or_free)
+        })
+        .await
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::memory::MemoryLocker;
-use crate::{Capabilities, Error, Lease, Locker, Result};
+use crate::{Error, Lease, Locker, Result};
 
 /// A memory locker that can be switched to failing like a dead server.
 #[derive(Debug, Clone, Default)]
@@ -33,9 +33,7 @@ impl Locker for Flaky {
     fn backend(&self) -> &'static str {
         "flaky"
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+    crate::forward::forward_to_inner!(capabilities);
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         self.check()?;
         let lease = self.inner.try_lock(key, ttl).await?;
@@ -65,12 +63,13 @@ pub(crate) fn any_duration() -> impl proptest::strategy::Strategy<Value = Durati
     ]
 }
 
-/// A current-thread runtime on tokio's paused clock, for property tests
-/// (which cannot use `#[tokio::test]`).
-pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
+/// Runs `test` on a current-thread runtime on tokio's paused clock, for
+/// property tests (which cannot use `#[tokio::test]`).
+pub(crate) fn block_on_paused<F: std::future::Future>(test: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("a test runtime")
+        .block_on(test)
 }

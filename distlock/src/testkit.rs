@@ -111,6 +111,46 @@ async fn assert_held_elsewhere(locker: &dyn Locker, key: &str, why: &str) {
     }
 }
 
+/// What `locker` says of `key`, which must be held.
+async fn inspect_held(locker: &dyn Locker, key: &str) -> HeldLock {
+    locker
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .unwrap_or_else(|| panic!("{key:?} must be held"))
+}
+
+/// Why `lost` fired, which it must within `within`.
+async fn lost_within(lost: &mut crate::LostSignal, within: Duration) -> LostReason {
+    tokio::time::timeout(within, lost.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the lost signal fires within {within:?}"))
+}
+
+/// `locker.lock(key)` (ttl [`LONG_TTL`], 10 s timeout) on a task of its own,
+/// which answers with the instant it returned.
+fn spawn_waiter(
+    locker: &Arc<dyn Locker>,
+    key: &str,
+) -> tokio::task::JoinHandle<(crate::Result<crate::Lease>, Instant)> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let lease = locker.lock(&key, LONG_TTL, Duration::from_secs(10)).await;
+        (lease, Instant::now())
+    })
+}
+
+/// Drops `lease`, which lost its lock to another holder, and asserts that
+/// its key is still held (`by` names that holder's lock) once the drop's
+/// background release has had time to run.
+async fn assert_drop_frees_nothing(lease: crate::Lease, locker: &dyn Locker, by: &str) {
+    let key = lease.key().to_owned();
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let why = format!("dropping a lost lease must not free {by}");
+    assert_held_elsewhere(locker, &key, &why).await;
+}
+
 /// A second `try_lock` of a held key is contention (`Ok(None)`), from the same
 /// locker and from another client; neither is an error.
 pub async fn try_twice_second_is_contention(h: &Harness) {
@@ -197,10 +237,7 @@ pub async fn refresh_semantics(h: &Harness) {
     let caps = a.capabilities();
     let mut lease = acquire(&*a, &key, SHORT_TTL).await;
     if !caps.refresh {
-        assert!(matches!(
-            lease.refresh(SHORT_TTL).await,
-            Err(Error::Unsupported { .. })
-        ));
+        assert_unsupported(lease.refresh(SHORT_TTL).await, "refresh");
         lease.release().await.expect("release");
         return;
     }
@@ -323,10 +360,7 @@ pub async fn refresh_by_wrong_owner_is_not_held(h: &Harness) {
             "got {result:?}"
         );
     } else {
-        assert!(
-            matches!(result, Err(Error::Unsupported { .. })),
-            "got {result:?}"
-        );
+        assert_unsupported(result, "refresh");
     }
     lease.release().await.expect("release");
 }
@@ -336,17 +370,12 @@ pub async fn lock_waits_for_release(h: &Harness) {
     let (a, b) = (h.locker().await, h.locker().await);
     let key = h.key("lock-waits");
     let lease = acquire(&*a, &key, LONG_TTL).await;
-    let waiter = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let lease = b.lock(&key, LONG_TTL, Duration::from_secs(10)).await;
-            (lease, started.elapsed())
-        })
-    };
+    let started = Instant::now();
+    let waiter = spawn_waiter(&b, &key);
     tokio::time::sleep(Duration::from_millis(300)).await;
     lease.release().await.expect("release");
-    let (lease, waited) = waiter.await.expect("waiter task");
+    let (lease, acquired_at) = waiter.await.expect("waiter task");
+    let waited = acquired_at - started;
     let lease = lease.expect("the waiter gets the lock after the release");
     assert!(
         waited >= Duration::from_millis(250),
@@ -790,10 +819,7 @@ pub async fn unlock_by_owner_token(h: &Harness) {
         assert_free(&*b, &key, "release").await;
         assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
     } else {
-        assert!(
-            matches!(result, Err(Error::Unsupported { .. })),
-            "got {result:?}"
-        );
+        assert_unsupported(result, "unlock_by_owner");
         a.unlock(&key, &owner)
             .await
             .expect("unlock by owner token on the holding client");
@@ -830,18 +856,9 @@ pub async fn keepalive_fires_lost_when_stolen(h: &Harness) {
         .await
         .expect("release behind the lease's back");
     let thief = acquire(&*b, &key, LONG_TTL).await;
-    let reason = tokio::time::timeout(Duration::from_secs(3), lost.wait())
-        .await
-        .expect("lost fires within 3s");
+    let reason = lost_within(&mut lost, Duration::from_secs(3)).await;
     assert_eq!(reason, LostReason::NotHeld);
-    drop(lease);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_held_elsewhere(
-        &*a,
-        &key,
-        "dropping the lost lease must not free the thief's lock",
-    )
-    .await;
+    assert_drop_frees_nothing(lease, &*a, "the thief's lock").await;
     thief.release().await.expect("release by the new holder");
 }
 
@@ -861,9 +878,7 @@ pub async fn max_hold_ends_renewal(h: &Harness) {
         .keep_alive(KeepAlive::default().max_hold(max_hold))
         .expect("keepalive starts");
     let mut lost = lease.lost_signal();
-    let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
-        .await
-        .expect("lost fires within 5s");
+    let reason = lost_within(&mut lost, Duration::from_secs(5)).await;
     assert_eq!(reason, LostReason::MaxHoldExceeded);
     assert!(lease.acquired_at().elapsed() >= max_hold - Duration::from_millis(50));
     assert_held_elsewhere(
@@ -942,13 +957,7 @@ pub async fn waiter_wakes_promptly_on_release(h: &Harness) {
     };
     for round in 0..5 {
         let lease = acquire(&*a, &key, LONG_TTL).await;
-        let waiter = {
-            let (b, key) = (b.clone(), key.clone());
-            tokio::spawn(async move {
-                let lease = b.lock(&key, LONG_TTL, Duration::from_secs(10)).await;
-                (lease, Instant::now())
-            })
-        };
+        let waiter = spawn_waiter(&b, &key);
         // Long enough for a polling waiter to reach its largest delay.
         tokio::time::sleep(Duration::from_millis(600)).await;
         let released_at = Instant::now();
@@ -1213,21 +1222,12 @@ pub async fn force_release_evicts_the_holder(h: &Harness) {
             (ForceRelease::TerminateSession, Err(Error::Lost { .. } | Error::Backend { .. })) => {}
             (_, other) => panic!("the evicted holder's refresh must fail ({how:?}): {other:?}"),
         }
-        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
-            .await
-            .expect("the evicted holder's lost signal fires");
+        let reason = lost_within(&mut lost, Duration::from_secs(5)).await;
         if how == ForceRelease::Lock {
             assert_eq!(reason, LostReason::NotHeld);
         }
     }
-    drop(lease);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_held_elsewhere(
-        &*a,
-        &key,
-        "the evicted lease's drop must not free the next holder's lock",
-    )
-    .await;
+    assert_drop_frees_nothing(lease, &*a, "the next holder's lock").await;
     next.release().await.expect("release by the next holder");
     assert_eq!(
         b.force_release(&key, how)
@@ -1268,11 +1268,7 @@ pub async fn a_waiters_grant_records_its_holder_whatever_its_label(h: &Harness) 
         .expect("the waiter's task")
         .expect("the waiter wins");
     let after = SystemTime::now();
-    let held = holder
-        .inspect(&key)
-        .await
-        .expect("inspect")
-        .expect("held by the waiter");
+    let held = inspect_held(&*holder, &key).await;
     assert_describes(&held, &lease, label, caps, (before, after));
     if caps.list {
         let listed = holder
@@ -1303,7 +1299,7 @@ pub async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant(h: &Harness)
     let base = h.key("zero");
     let key = format!("{base}\0byte");
     let lease = with_label("a\0b", acquire(&*locker, &key, LONG_TTL)).await;
-    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    let held = inspect_held(&*locker, &key).await;
     assert_eq!(held.holder.expect("recorded").label, "a\u{fffd}b");
     assert!(locker.list(&base).await.expect("list").is_empty());
     // The native wait's statement too.
@@ -1316,7 +1312,7 @@ pub async fn a_zero_byte_in_a_key_or_label_does_not_break_the_grant(h: &Harness)
     tokio::time::sleep(Duration::from_millis(200)).await;
     lease.release().await.expect("release");
     let next = wait.await.expect("join").expect("the waiter wins");
-    let held = locker.inspect(&key).await.expect("inspect").expect("held");
+    let held = inspect_held(&*locker, &key).await;
     assert_eq!(held.holder.expect("recorded").label, "c\u{fffd}d");
     next.release().await.expect("release");
 }
@@ -1342,7 +1338,7 @@ pub async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name(
         .await
         .expect("release");
     let lease = acquire(off, key, LONG_TTL).await;
-    let held = on.inspect(key).await.expect("inspect").expect("held");
+    let held = inspect_held(on, key).await;
     assert_eq!(
         held.holder, None,
         "the earlier holder's columns are cleared"
@@ -1356,11 +1352,7 @@ pub async fn recording_off_clears_the_holder_and_fencing_off_leaves_no_name(
 
     assert!(!bare.capabilities().list);
     let lease = acquire(bare, bare_key, LONG_TTL).await;
-    let bare_held = bare
-        .inspect(bare_key)
-        .await
-        .expect("inspect")
-        .expect("held");
+    let bare_held = inspect_held(bare, bare_key).await;
     assert_eq!((bare_held.holder, bare_held.fencing_token), (None, None));
     assert!(bare_held
         .session
@@ -1427,9 +1419,7 @@ pub async fn terminating_a_session_frees_every_lock_it_holds(
         );
     }
     for lost in [&mut lost_a, &mut lost_b] {
-        let reason = tokio::time::timeout(Duration::from_secs(5), lost.wait())
-            .await
-            .expect("lost signal");
+        let reason = lost_within(lost, Duration::from_secs(5)).await;
         assert_eq!(reason, LostReason::ConnectionLost);
     }
 }
@@ -1442,7 +1432,7 @@ pub async fn terminating_a_session_frees_every_lock_it_holds(
 pub async fn an_upgraded_fencing_table_continues_its_counter(locker: &dyn Locker, key: &str) {
     let lease = with_label("after the upgrade", acquire(locker, key, LONG_TTL)).await;
     assert_eq!(lease.fencing_token(), Some(42), "the counter goes on");
-    let held = locker.inspect(key).await.expect("inspect").expect("held");
+    let held = inspect_held(locker, key).await;
     assert_eq!(held.holder.expect("recorded").label, "after the upgrade");
     lease.release().await.expect("release");
 }

@@ -104,11 +104,11 @@ fn record_error(span: &Span, error: &Error) {
     span.record("error", tracing::field::display(error));
 }
 
-/// Records `found`'s name for a read's answer, or the error.
-fn record_read_outcome<T>(span: &Span, result: &Result<T>, found: impl FnOnce(&T) -> &'static str) {
+/// Records the outcome `named` names for an answer, or the error.
+fn record_outcome<T>(span: &Span, result: &Result<T>, named: impl FnOnce(&T) -> &'static str) {
     match result {
         Ok(value) => {
-            span.record("outcome", found(value));
+            span.record("outcome", named(value));
         }
         Err(error) => record_error(span, error),
     }
@@ -118,15 +118,6 @@ fn held_or_free(found: &Option<HeldLock>) -> &'static str {
     match found {
         Some(_) => "held",
         None => "free",
-    }
-}
-
-fn record_holder_outcome(span: &Span, success: &'static str, result: &Result<()>) {
-    match result {
-        Ok(()) => {
-            span.record("outcome", success);
-        }
-        Err(error) => record_error(span, error),
     }
 }
 
@@ -147,20 +138,11 @@ impl<L: Locker> Locker for TraceLocker<L> {
             fencing_token = Empty,
         );
         let result = self.inner.try_lock(key, ttl).instrument(span.clone()).await;
-        match result {
-            Ok(Some(lease)) => {
-                span.record("outcome", "acquired");
-                Ok(Some(self.own(lease, &span)))
-            }
-            Ok(None) => {
-                span.record("outcome", "contended");
-                Ok(None)
-            }
-            Err(error) => {
-                record_error(&span, &error);
-                Err(error)
-            }
-        }
+        record_outcome(&span, &result, |lease| match lease {
+            Some(_) => "acquired",
+            None => "contended",
+        });
+        Ok(result?.map(|lease| self.own(lease, &span)))
     }
 
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
@@ -177,29 +159,21 @@ impl<L: Locker> Locker for TraceLocker<L> {
             .lock(key, ttl, timeout)
             .instrument(span.clone())
             .await;
-        match result {
-            Ok(lease) => {
-                span.record("outcome", "acquired");
-                Ok(self.own(lease, &span))
-            }
-            Err(error) => {
-                record_error(&span, &error);
-                Err(error)
-            }
-        }
+        record_outcome(&span, &result, |_| "acquired");
+        Ok(self.own(result?, &span))
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         let span = key_span!(self, "distlock.unlock", key);
         let result = self.inner.unlock(key, owner).instrument(span.clone()).await;
-        record_holder_outcome(&span, "released", &result);
+        record_outcome(&span, &result, |()| "released");
         result
     }
 
     async fn forget(&self, key: &str) -> Result<()> {
         let span = key_span!(self, "distlock.forget", key);
         let result = self.inner.forget(key).instrument(span.clone()).await;
-        record_holder_outcome(&span, "forgotten", &result);
+        record_outcome(&span, &result, |()| "forgotten");
         result
     }
 
@@ -218,14 +192,10 @@ impl<L: Locker> Locker for TraceLocker<L> {
             .advance_mark(name, value)
             .instrument(span.clone())
             .await;
-        match &result {
-            Ok(MarkAdvance::Advanced { .. }) => span.record("outcome", "advanced"),
-            Ok(MarkAdvance::AlreadyAt { .. }) => span.record("outcome", "already_at"),
-            Err(error) => {
-                record_error(&span, error);
-                &span
-            }
-        };
+        record_outcome(&span, &result, |advance| match advance {
+            MarkAdvance::Advanced { .. } => "advanced",
+            MarkAdvance::AlreadyAt { .. } => "already_at",
+        });
         result
     }
 
@@ -241,7 +211,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
             .refresh(key, owner, ttl)
             .instrument(span.clone())
             .await;
-        record_holder_outcome(&span, "refreshed", &result);
+        record_outcome(&span, &result, |()| "refreshed");
         result
     }
     /// One span for the batch, with its size and how many were refreshed.
@@ -272,7 +242,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
         let span = key_span!(self, "distlock.inspect", key);
         let result = self.inner.inspect(key).instrument(span.clone()).await;
-        record_read_outcome(&span, &result, held_or_free);
+        record_outcome(&span, &result, held_or_free);
         result
     }
 
@@ -290,7 +260,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
         if let Ok(listed) = &result {
             span.record("count", listed.len());
         }
-        record_read_outcome(&span, &result, |_| "listed");
+        record_outcome(&span, &result, |_| "listed");
         result
     }
 
@@ -314,7 +284,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
         {
             span.record("fencing_token", token);
         }
-        record_read_outcome(&span, &result, held_or_free);
+        record_outcome(&span, &result, held_or_free);
         result
     }
 }

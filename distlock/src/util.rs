@@ -3,6 +3,7 @@
 //! object_store's `util.rs`).
 
 use std::fmt::Write;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -20,6 +21,14 @@ pub(crate) fn sha256_hex128(data: &[u8]) -> String {
         let _ = write!(hex, "{byte:02x}");
     }
     hex
+}
+
+/// A std mutex guard, recovering from poisoning, as every std mutex of the
+/// crate is locked: they guard state updated in single assignments, inserts
+/// and removes, which a panic elsewhere cannot leave torn, and a poisoned
+/// mutex must not turn every later lock or release into a panic.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A mark ([`crate::Locker::advance_mark`]) as servers store it: `value +

@@ -82,6 +82,13 @@ pub fn ttl(ttl: Duration) -> Result<()> {
     Ok(())
 }
 
+/// `duration` in whole `unit`s, rounded up so that only zero is zero,
+/// saturating at `u64::MAX`: a ttl sent in a backend's unit is never
+/// shorter than the one the lease believes in.
+pub(crate) fn whole_units(duration: Duration, unit: Duration) -> u64 {
+    u64::try_from(duration.as_nanos().div_ceil(unit.as_nanos())).unwrap_or(u64::MAX)
+}
+
 /// Checks the arguments of an acquire: [`key`] and [`ttl`].
 pub fn acquire(k: &str, t: Duration) -> Result<()> {
     key(k)?;
@@ -107,5 +114,24 @@ mod tests {
         assert!(ttl(Duration::from_micros(999)).is_err());
         assert!(ttl(Duration::from_millis(1)).is_ok());
         assert!(ttl(MAX_TTL + Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_units() {
+        let (ms, s) = (Duration::from_millis(1), Duration::from_secs(1));
+        for (ttl, unit, whole) in [
+            (Duration::from_millis(1), ms, 1),
+            (Duration::from_micros(1500), ms, 2),
+            (Duration::from_secs(30), ms, 30_000),
+            (MAX_TTL, ms, 365 * 24 * 3600 * 1000),
+            (Duration::from_millis(1), s, 1),
+            (Duration::from_millis(400), s, 1),
+            (Duration::from_secs(1), s, 1),
+            (Duration::from_millis(1200), s, 2),
+            (Duration::from_secs(30), s, 30),
+            (MAX_TTL, s, 365 * 24 * 3600),
+        ] {
+            assert_eq!(whole_units(ttl, unit), whole, "{ttl:?} in {unit:?}");
+        }
     }
 }

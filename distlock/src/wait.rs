@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::deadline::{bounded, checked_deadline, sleep_until};
 use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
+use crate::util;
 use crate::{
     Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result, DEADLINE_GRACE,
 };
@@ -162,9 +163,7 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
         return Ok(lease);
     }
     if timeout.is_zero() {
-        return Err(Error::NotAcquired {
-            key: key.to_owned(),
-        });
+        return Err(Error::not_acquired(key));
     }
     // Held: subscribe, then try again before every wait. A release between a
     // failed attempt and the subscription is then caught by the next attempt
@@ -312,7 +311,7 @@ const PRUNE_AT: usize = 1024;
 
 impl LocalReleases {
     pub(crate) fn subscribe(&self, key: &str) -> ReleaseWatch {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut channels = util::lock(&self.channels);
         if channels.len() >= PRUNE_AT {
             channels.retain(|_, sender| sender.receiver_count() > 0);
         }
@@ -327,7 +326,7 @@ impl LocalReleases {
     }
 
     pub(crate) fn notify(&self, key: &str) {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut channels = util::lock(&self.channels);
         if let Some(sender) = channels.get(key) {
             if sender.receiver_count() == 0 {
                 channels.remove(key);
@@ -376,9 +375,7 @@ mod tests {
         fn backend(&self) -> &'static str {
             "counting"
         }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
+        crate::forward::forward_to_inner!(capabilities);
         async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
             self.inner.try_lock(key, ttl).await
         }
@@ -425,8 +422,7 @@ mod tests {
             initial in crate::test_support::any_duration(),
             max in crate::test_support::any_duration(),
         ) {
-            let runtime = crate::test_support::paused_runtime();
-            runtime.block_on(async {
+            crate::test_support::block_on_paused(async {
                 let locker = crate::memory::MemoryLocker::new();
                 let policy = WaitPolicy::default().initial_delay(initial).max_delay(max);
                 let waiting = WaitLocker::new(locker.clone(), policy);
@@ -466,10 +462,9 @@ mod tests {
         }
     }
 
-    /// A backend that never answers cannot hold `lock` past its timeout
-    /// plus the grace.
+    /// A backend that never answers, declaring the capabilities it holds.
     #[derive(Debug)]
-    struct Silent;
+    struct Silent(Capabilities);
 
     #[async_trait]
     impl Locker for Silent {
@@ -477,7 +472,7 @@ mod tests {
             "silent"
         }
         fn capabilities(&self) -> Capabilities {
-            Capabilities::default()
+            self.0
         }
         async fn try_lock(&self, _key: &str, _ttl: Duration) -> Result<Option<Lease>> {
             std::future::pending().await
@@ -487,11 +482,13 @@ mod tests {
         }
     }
 
+    /// A backend that never answers cannot hold `lock` past its timeout
+    /// plus the grace.
     #[tokio::test(start_paused = true)]
     async fn lock_returns_within_its_timeout_plus_the_grace_whatever_the_backend_does() {
         for timeout in [Duration::ZERO, Duration::from_secs(3)] {
             let started = Instant::now();
-            let err = Silent
+            let err = Silent(Capabilities::default())
                 .lock("k", Duration::from_secs(10), timeout)
                 .await
                 .unwrap_err();
@@ -512,31 +509,15 @@ mod tests {
 
     #[test]
     fn waiting_around_a_server_side_wait_reports_no_wakeup_it_does_not_have() {
-        /// A backend whose own `lock` waits on the server (as Postgres'),
-        /// with no release notifications.
-        #[derive(Debug)]
-        struct ServerWait;
-        #[async_trait]
-        impl Locker for ServerWait {
-            fn backend(&self) -> &'static str {
-                "server-wait"
-            }
-            fn capabilities(&self) -> Capabilities {
-                Capabilities {
-                    release_wakeup: true,
-                    release_notifications: false,
-                    ..Capabilities::default()
-                }
-            }
-            async fn try_lock(&self, _key: &str, _ttl: Duration) -> Result<Option<Lease>> {
-                Ok(None)
-            }
-            async fn unlock(&self, _key: &str, _owner: &str) -> Result<()> {
-                Ok(())
-            }
-        }
-        assert!(ServerWait.capabilities().release_wakeup);
-        let waiting = WaitLocker::new(ServerWait, WaitPolicy::default());
+        // A backend whose own `lock` waits on the server (as Postgres'),
+        // with no release notifications.
+        let server_wait = Silent(Capabilities {
+            release_wakeup: true,
+            release_notifications: false,
+            ..Capabilities::default()
+        });
+        assert!(server_wait.capabilities().release_wakeup);
+        let waiting = WaitLocker::new(server_wait, WaitPolicy::default());
         assert!(
             !waiting.capabilities().release_wakeup,
             "Waiting polls instead of the server-side wait"

@@ -396,25 +396,17 @@ mod tests {
 
     #[test]
     fn five_and_six_fields_and_nicknames_parse() {
-        let every_minute = Job::new("a", "* * * * *").compile().unwrap();
-        assert_eq!(
-            every_minute.next_after(utc(2026, 1, 1, 10, 0, 30)).ok(),
-            Some(utc(2026, 1, 1, 10, 1, 0))
-        );
+        let now = utc(2026, 1, 1, 10, 0, 30);
+        for (schedule, next) in [
+            ("* * * * *", utc(2026, 1, 1, 10, 1, 0)),
+            ("* * * * * *", utc(2026, 1, 1, 10, 0, 31)),
+            ("@daily", utc(2026, 1, 2, 0, 0, 0)),
+        ] {
+            let compiled = Job::new("a", schedule).compile().unwrap();
+            assert_eq!(compiled.next_after(now).ok(), Some(next), "{schedule}");
+        }
         let every_second = Job::new("b", "* * * * * *").compile().unwrap();
-        assert_eq!(
-            every_second.next_after(utc(2026, 1, 1, 10, 0, 30)).ok(),
-            Some(utc(2026, 1, 1, 10, 0, 31))
-        );
-        let daily = Job::new("c", "@daily").compile().unwrap();
-        assert_eq!(
-            daily.next_after(utc(2026, 1, 1, 10, 0, 30)).ok(),
-            Some(utc(2026, 1, 2, 0, 0, 0))
-        );
-        assert_eq!(
-            every_second.latest_at_or_before(utc(2026, 1, 1, 10, 0, 30)),
-            Some(utc(2026, 1, 1, 10, 0, 30))
-        );
+        assert_eq!(every_second.latest_at_or_before(now), Some(now));
     }
 
     #[test]
@@ -501,14 +493,18 @@ mod tests {
             .time_zone("Europe/Berlin")
             .compile()
             .unwrap();
-        let mut at = utc(2026, 10, 24, 23, 50, 0); // 01:50 CEST
-        let mut ticks = Vec::new();
-        while at < utc(2026, 10, 25, 2, 0, 0) {
-            at = hourly.next_after(at).unwrap();
-            ticks.push(at);
-        }
+        // Its ticks after `from` up to the first at or past `until`.
+        let ticks = |from: DateTime<Utc>, until: DateTime<Utc>| {
+            let (mut at, mut ticks) = (from, Vec::new());
+            while at < until {
+                at = hourly.next_after(at).unwrap();
+                ticks.push(at);
+            }
+            ticks
+        };
         assert_eq!(
-            ticks,
+            // From 01:50 CEST.
+            ticks(utc(2026, 10, 24, 23, 50, 0), utc(2026, 10, 25, 2, 0, 0)),
             [
                 utc(2026, 10, 25, 0, 0, 0),  // 02:00 CEST
                 utc(2026, 10, 25, 0, 30, 0), // 02:30 CEST
@@ -517,14 +513,9 @@ mod tests {
                 utc(2026, 10, 25, 2, 0, 0),  // 03:00 CET
             ]
         );
-        let mut at = utc(2026, 3, 29, 0, 10, 0); // 01:10 CET
-        let mut spring = Vec::new();
-        while at < utc(2026, 3, 29, 2, 0, 0) {
-            at = hourly.next_after(at).unwrap();
-            spring.push(at);
-        }
         assert_eq!(
-            spring,
+            // From 01:10 CET.
+            ticks(utc(2026, 3, 29, 0, 10, 0), utc(2026, 3, 29, 2, 0, 0)),
             [
                 utc(2026, 3, 29, 0, 30, 0), // 01:30 CET
                 utc(2026, 3, 29, 1, 0, 0),  // 03:00 CEST: 02:00 and 02:30 do not exist

@@ -283,27 +283,5 @@ impl Drop for Inner {
 
 /// The whole seconds of an etcd lease for `ttl`: rounded up, at least 1.
 fn lease_seconds(ttl: Duration) -> u64 {
-    let whole = ttl.as_secs();
-    let seconds = if ttl.subsec_nanos() > 0 {
-        whole.saturating_add(1)
-    } else {
-        whole
-    };
-    seconds.max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::validate;
-
-    #[test]
-    fn ttls_round_up_to_whole_seconds() {
-        assert_eq!(lease_seconds(Duration::from_millis(1)), 1);
-        assert_eq!(lease_seconds(Duration::from_millis(400)), 1);
-        assert_eq!(lease_seconds(Duration::from_secs(1)), 1);
-        assert_eq!(lease_seconds(Duration::from_millis(1200)), 2);
-        assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
-        assert_eq!(lease_seconds(validate::MAX_TTL), 365 * 24 * 3600);
-    }
+    crate::validate::whole_units(ttl, Duration::from_secs(1)).max(1)
 }

@@ -419,19 +419,12 @@ impl EtcdLocker {
             .zip(requests)
             .map(|(check, request)| match (check, &read) {
                 (Err(answer), _) => Err(answer),
-                (Ok(_), Ok(_)) => still_held(request.key, ours.next().copied().unwrap_or(false)),
+                (Ok(_), Ok(_)) => {
+                    Error::unless_held(request.key, ours.next().copied().unwrap_or(false))
+                }
                 (Ok(_), Err(error)) => Err(error.duplicate()),
             })
             .collect()
-    }
-}
-
-/// A refresh's answer once etcd said whether `key`'s grant is still there.
-fn still_held(key: &str, ours: bool) -> Result<()> {
-    if ours {
-        Ok(())
-    } else {
-        Err(Error::not_held(key))
     }
 }
 
@@ -481,9 +474,7 @@ impl Locker for EtcdLocker {
         if timeout.is_zero() {
             return match self.try_lock(key, ttl).await? {
                 Some(lease) => Ok(lease),
-                None => Err(Error::NotAcquired {
-                    key: key.to_owned(),
-                }),
+                None => Err(Error::not_acquired(key)),
             };
         }
         let deadline = checked_deadline(Instant::now(), timeout);
@@ -526,11 +517,7 @@ impl Locker for EtcdLocker {
             Ok(deleted) => {
                 self.inner.registry.take(&name, owner);
                 self.inner.freed.notify_waiters();
-                if deleted {
-                    Ok(())
-                } else {
-                    Err(Error::not_held(key))
-                }
+                Error::unless_held(key, deleted)
             }
             Err(error) => {
                 // Held here: keep deleting in the background, so a lock
@@ -549,7 +536,7 @@ impl Locker for EtcdLocker {
                 recipe::still_ours(self.inner.kv(), &contender, token.revision, &token.secret)
             })
             .await?;
-        still_held(key, ours)
+        Error::unless_held(key, ours)
     }
 
     /// One read-only transaction per 128 leases (etcd's default
@@ -575,9 +562,7 @@ impl Locker for EtcdLocker {
         validate::key(key)?;
         let name = self.name(key);
         if self.inner.registry.state(&name).is_some() {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         match self
             .inner
@@ -587,9 +572,7 @@ impl Locker for EtcdLocker {
             .await?
         {
             0 => Ok(()),
-            _ => Err(Error::NotAcquired {
-                key: key.to_owned(),
-            }),
+            _ => Err(Error::not_acquired(key)),
         }
     }
 

@@ -15,7 +15,7 @@
 //! revoked or expired) or could have expired (no answer in time).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::deadline::saturating_deadline;
 use crate::drift_margin;
 use crate::session_registry::HoldingSession;
+use crate::util;
 
 use super::Registry;
 
@@ -91,10 +92,7 @@ impl Session {
             expires_at: saturating_deadline(granted_at, ttl),
         };
         let handle = tokio::spawn(task.run());
-        *session
-            .keepalive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        *util::lock(&session.keepalive) = Some(handle);
         session
     }
 
@@ -108,12 +106,7 @@ impl Session {
     /// the registry (the locker is closing and revokes the lease).
     pub(super) fn stop(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        if let Some(task) = self
-            .keepalive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(task) = util::lock(&self.keepalive).take() {
             task.abort();
         }
     }

@@ -65,12 +65,13 @@ use std::fs::{File, TryLockError};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::inspect::{ForceRelease, HeldLock, HolderRecord};
+use crate::util;
 use crate::wait::LocalReleases;
 use crate::{
     new_owner_token, validate, Capabilities, Error, Lease, LeaseParts, Locker, MarkAdvance,
@@ -228,10 +229,7 @@ impl FileLocker {
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.inner.held)
     }
 
     /// Drops the lock on `key` if `owner` holds it here; true if it did.
@@ -399,9 +397,7 @@ impl Locker for FileLocker {
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
         if self.held().contains_key(key) {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         let name = file_name(key, "lock");
         let path = self.inner.dir.path_of(&name);
@@ -413,11 +409,7 @@ impl Locker for FileLocker {
         };
         match file.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(Error::NotAcquired {
-                    key: key.to_owned(),
-                })
-            }
+            Err(TryLockError::WouldBlock) => return Err(Error::not_acquired(key)),
             Err(TryLockError::Error(e)) => return Err(io_error(e)),
         }
         // Unlink only the file we locked: if another forget replaced or

@@ -139,12 +139,18 @@ fn set_mode(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-fn refusal(err: Error) -> String {
-    match err {
-        Error::InvalidInput {
+/// Asserts that `dir` is refused as a lock directory for a reason that
+/// says every one of `says`.
+fn assert_refused(dir: impl AsRef<Path>, says: &[&str]) {
+    match FileLocker::new(dir) {
+        Err(Error::InvalidInput {
             what: "lock directory",
             reason,
-        } => reason,
+        }) => {
+            for part in says {
+                assert!(reason.contains(part), "{reason}");
+            }
+        }
         other => panic!("not refused as a lock directory: {other:?}"),
     }
 }
@@ -198,20 +204,13 @@ fn a_directory_on_the_way_owned_by_another_user_is_refused() {
     let locks = theirs.join("mine/locks");
     std::fs::create_dir_all(&locks).unwrap();
     give_to(&theirs, 4242);
-    let reason = refusal(FileLocker::new(&locks).unwrap_err());
-    assert!(
-        reason.contains(&format!(
-            "the directory {} belongs to uid 4242",
-            theirs.display()
-        )),
-        "{reason}"
-    );
+    let owner = format!("the directory {} belongs to uid 4242", theirs.display());
+    assert_refused(&locks, &[&owner]);
     // The lock directory itself, too.
     let other = root.path().join("other");
     std::fs::create_dir(&other).unwrap();
     give_to(&other, 4242);
-    let reason = refusal(FileLocker::new(&other).unwrap_err());
-    assert!(reason.contains("belongs to uid 4242"), "{reason}");
+    assert_refused(&other, &["belongs to uid 4242"]);
 }
 
 /// Only writable-by-every-user was refused: a group's members could
@@ -222,27 +221,19 @@ fn a_directory_writable_by_its_group_is_refused_unless_sticky_on_the_way() {
     let group = root.path().join("group");
     std::fs::create_dir(&group).unwrap();
     set_mode(&group, 0o770);
-    let reason = refusal(FileLocker::new(&group).unwrap_err());
-    assert!(
-        reason.contains(&format!(
-            "{} is writable by its group (mode 770)",
-            group.display()
-        )) && reason.contains("chmod go-w"),
-        "{reason}"
-    );
+    let writable = format!("{} is writable by its group (mode 770)", group.display());
+    assert_refused(&group, &[&writable, "chmod go-w"]);
     let locks = group.join("locks");
     std::fs::create_dir(&locks).unwrap();
     set_mode(&locks, 0o700);
-    let reason = refusal(FileLocker::new(&locks).unwrap_err());
-    assert!(
-        reason.contains("writable by its group (mode 770) without the sticky bit"),
-        "{reason}"
+    assert_refused(
+        &locks,
+        &["writable by its group (mode 770) without the sticky bit"],
     );
     // Sticky on the way (as /tmp) is fine; for the lock directory it is not.
     set_mode(&group, 0o1770);
     FileLocker::new(&locks).unwrap();
-    let reason = refusal(FileLocker::new(&group).unwrap_err());
-    assert!(reason.contains("writable by its group"), "{reason}");
+    assert_refused(&group, &["writable by its group"]);
 }
 
 /// A symlink on the way in a shared sticky directory, owned by another
@@ -261,14 +252,8 @@ fn a_symlink_on_the_way_owned_by_another_user_is_refused() {
     let link = shared.join("link");
     std::os::unix::fs::symlink(&mine, &link).unwrap();
     give_to(&link, 4242);
-    let reason = refusal(FileLocker::new(link.join("locks")).unwrap_err());
-    assert!(
-        reason.contains(&format!(
-            "the symbolic link {} belongs to uid 4242",
-            link.display()
-        )),
-        "{reason}"
-    );
+    let owner = format!("the symbolic link {} belongs to uid 4242", link.display());
+    assert_refused(link.join("locks"), &[&owner]);
     // Ours, it is followed.
     // SAFETY: geteuid has no preconditions and cannot fail.
     give_to(&link, unsafe { libc::geteuid() });

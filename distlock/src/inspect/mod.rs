@@ -313,41 +313,36 @@ pub(crate) fn host_name() -> &'static str {
     })
 }
 
-/// Refuses every [`ForceRelease`] but [`ForceRelease::Lock`] on a backend
-/// whose locks belong to no server session (Redis, Redlock, memory):
-/// `lock_is` says what such a lock is instead ("a key", ...), for the
-/// error.
-pub(crate) fn require_lock_release(
-    backend: &'static str,
-    how: ForceRelease,
-    lock_is: &str,
-) -> crate::Result<()> {
-    if how == ForceRelease::Lock {
-        return Ok(());
-    }
-    Err(crate::Error::unsupported(
-        backend,
-        "force_release",
-        format!(
-            "{how:?}: a {backend} lock is {lock_is}, not a session; use ForceRelease::Lock \
-             (`distlock release --force` without --terminate-session)"
-        ),
-    ))
-}
-
-/// Passes on what a force release `evicted`, logging it with
-/// [`log_forced_release`] if it evicted anything: a force release of a free
-/// lock did nothing, so it is not logged.
-pub(crate) fn log_if_evicted(
+/// [`Locker::force_release`](crate::Locker::force_release) on a backend
+/// whose locks belong to no server session (Redis, Redlock, memory): checks
+/// `key`, refuses every [`ForceRelease`] but [`ForceRelease::Lock`]
+/// (`lock_is` says what such a lock is instead, "a key", ..., for the
+/// error), then runs `delete` and logs what it evicted with
+/// [`log_forced_release`]. A force release of a free lock did nothing, so
+/// it is not logged.
+pub(crate) async fn release_by_deleting(
     backend: &'static str,
     key: &str,
     how: ForceRelease,
-    evicted: Option<HeldLock>,
-) -> Option<HeldLock> {
+    lock_is: &str,
+    delete: impl std::future::Future<Output = crate::Result<Option<HeldLock>>>,
+) -> crate::Result<Option<HeldLock>> {
+    crate::validate::key(key)?;
+    if how != ForceRelease::Lock {
+        return Err(crate::Error::unsupported(
+            backend,
+            "force_release",
+            format!(
+                "{how:?}: a {backend} lock is {lock_is}, not a session; use ForceRelease::Lock \
+                 (`distlock release --force` without --terminate-session)"
+            ),
+        ));
+    }
+    let evicted = delete.await?;
     if evicted.is_some() {
         log_forced_release(backend, key, how, evicted.as_ref());
     }
-    evicted
+    Ok(evicted)
 }
 
 /// Logs a forced release at `warn`, naming who forced it (this process) and

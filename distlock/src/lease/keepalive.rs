@@ -21,8 +21,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-#[cfg(test)]
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -152,11 +150,7 @@ impl Registration {
     /// The scheduler task's handle, for tests that check how it ended.
     #[cfg(test)]
     pub(super) fn take_task_for_test(&self) -> Option<tokio::task::JoinHandle<()>> {
-        self.scheduler
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        crate::util::lock(&self.scheduler.task).take()
     }
 }
 
@@ -166,16 +160,22 @@ mod tests {
     use crate::test_support::Flaky;
     use crate::LostReason;
     use crate::RefreshRequest;
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const TTL: Duration = Duration::from_secs(3);
 
-    /// A lease of `k` on `flaky` for [`TTL`], kept alive with the default
-    /// settings.
-    async fn kept_alive(flaky: &Flaky) -> crate::Lease {
+    /// A lease of `k` on `flaky` for [`TTL`], kept alive with `settings`.
+    async fn kept_alive(flaky: &Flaky, settings: KeepAlive) -> crate::Lease {
         let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease.keep_alive(KeepAlive::default()).unwrap();
+        lease.keep_alive(settings).unwrap();
         lease
+    }
+
+    /// Asserts that `count` stays as it is for `wait`: `why` it must.
+    async fn assert_unchanged(count: &AtomicUsize, wait: Duration, why: &str) {
+        let before = count.load(Ordering::SeqCst);
+        tokio::time::sleep(wait).await;
+        assert_eq!(count.load(Ordering::SeqCst), before, "{why}");
     }
 
     /// A locker shared by two runtimes: the scheduler the first one started
@@ -222,7 +222,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn transient_refresh_failures_are_retried_before_expiry() {
         let flaky = Flaky::default();
-        let lease = kept_alive(&flaky).await;
+        let lease = kept_alive(&flaky, KeepAlive::default()).await;
         flaky.down.store(true, Ordering::SeqCst);
         // Past the first refresh (at 1 s) and several retries, short of expiry.
         tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -244,7 +244,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_backend_down_until_expiry_means_the_lease_is_lost() {
         let flaky = Flaky::default();
-        let lease = kept_alive(&flaky).await;
+        let lease = kept_alive(&flaky, KeepAlive::default()).await;
         flaky.down.store(true, Ordering::SeqCst);
         let started = Instant::now();
         let reason = lease.lost_signal().wait().await;
@@ -260,33 +260,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_keepalive_stops_when_the_lease_is_released() {
         let flaky = Flaky::default();
-        let lease = kept_alive(&flaky).await;
+        let lease = kept_alive(&flaky, KeepAlive::default()).await;
         lease.release().await.unwrap();
-        let calls = flaky.calls.load(Ordering::SeqCst);
-        tokio::time::sleep(TTL * 5).await;
-        assert_eq!(
-            flaky.calls.load(Ordering::SeqCst),
-            calls,
-            "no refresh after release"
-        );
+        assert_unchanged(&flaky.calls, TTL * 5, "no refresh after release").await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn max_hold_stops_renewal_without_freeing_the_lock() {
         let flaky = Flaky::default();
-        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease
-            .keep_alive(KeepAlive::default().max_hold(Duration::from_millis(1500)))
-            .unwrap();
+        let settings = KeepAlive::default().max_hold(Duration::from_millis(1500));
+        let lease = kept_alive(&flaky, settings).await;
         let reason = lease.lost_signal().wait().await;
         assert_eq!(reason, LostReason::MaxHoldExceeded);
         assert!(
             flaky.inner.try_lock("k", TTL).await.unwrap().is_none(),
             "the work may still run: the lock stays held until released"
         );
-        let calls = flaky.calls.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(flaky.calls.load(Ordering::SeqCst), calls, "renewal stopped");
+        assert_unchanged(&flaky.calls, Duration::from_secs(1), "renewal stopped").await;
         lease.release().await.unwrap();
         assert!(flaky.inner.try_lock("k", TTL).await.unwrap().is_some());
     }
@@ -312,7 +302,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_keepalive_follows_a_refresh_to_a_new_ttl() {
         let flaky = Flaky::default();
-        let mut lease = kept_alive(&flaky).await;
+        let mut lease = kept_alive(&flaky, KeepAlive::default()).await;
         lease.refresh(Duration::from_secs(30)).await.unwrap();
         let calls = flaky.calls.load(Ordering::SeqCst);
         // Every 10 s now, counted from that refresh.
@@ -327,10 +317,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_max_hold_too_long_for_an_instant_means_no_max_hold() {
         let flaky = Flaky::default();
-        let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-        lease
-            .keep_alive(KeepAlive::default().max_hold(Duration::MAX))
-            .unwrap();
+        let lease = kept_alive(&flaky, KeepAlive::default().max_hold(Duration::MAX)).await;
         tokio::time::sleep(TTL * 10).await;
         assert_eq!(lease.lost_signal().reason(), None, "still renewed");
         lease.release().await.unwrap();
@@ -341,8 +328,8 @@ mod tests {
     #[derive(Debug, Clone, Default)]
     struct Batching {
         inner: crate::memory::MemoryLocker,
-        batches: Arc<std::sync::atomic::AtomicUsize>,
-        refreshed: Arc<std::sync::atomic::AtomicUsize>,
+        batches: Arc<AtomicUsize>,
+        refreshed: Arc<AtomicUsize>,
         leases: crate::SharedLocker,
     }
 
@@ -351,9 +338,7 @@ mod tests {
         fn backend(&self) -> &'static str {
             "batching"
         }
-        fn capabilities(&self) -> crate::Capabilities {
-            self.inner.capabilities()
-        }
+        crate::forward::forward_to_inner!(capabilities);
         async fn try_lock(&self, key: &str, ttl: Duration) -> crate::Result<Option<crate::Lease>> {
             let lease = self.inner.try_lock(key, ttl).await?;
             Ok(lease.map(|lease| lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))))
@@ -396,13 +381,7 @@ mod tests {
         for lease in leases {
             lease.release().await.unwrap();
         }
-        let refreshed = locker.refreshed.load(Ordering::SeqCst);
-        tokio::time::sleep(TTL * 2).await;
-        assert_eq!(
-            locker.refreshed.load(Ordering::SeqCst),
-            refreshed,
-            "no refresh after release"
-        );
+        assert_unchanged(&locker.refreshed, TTL * 2, "no refresh after release").await;
     }
 
     proptest::proptest! {
@@ -415,13 +394,10 @@ mod tests {
             interval in crate::test_support::any_duration(),
             max_hold in crate::test_support::any_duration(),
         ) {
-            let runtime = crate::test_support::paused_runtime();
-            runtime.block_on(async {
+            crate::test_support::block_on_paused(async {
                 let flaky = Flaky::default();
-                let mut lease = flaky.try_lock("k", TTL).await.unwrap().unwrap();
-                lease
-                    .keep_alive(KeepAlive::default().interval(interval).max_hold(max_hold))
-                    .unwrap();
+                let settings = KeepAlive::default().interval(interval).max_hold(max_hold);
+                let mut lease = kept_alive(&flaky, settings).await;
                 tokio::time::sleep(TTL * 3).await;
                 let task = lease.take_keepalive_for_test().expect("started");
                 if task.is_finished() {

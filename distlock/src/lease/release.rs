@@ -128,9 +128,7 @@ mod tests {
         fn backend(&self) -> &'static str {
             "observing"
         }
-        fn capabilities(&self) -> crate::Capabilities {
-            self.inner.capabilities()
-        }
+        crate::forward::forward_to_inner!(capabilities);
         async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
             let lease = self.inner.try_lock(key, ttl).await?;
             Ok(lease.map(|lease| {

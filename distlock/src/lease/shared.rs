@@ -43,10 +43,7 @@ impl SharedLocker {
     /// runs at most once while one does). Never fails; a poisoned mutex is
     /// taken over, as the cached reference is valid whatever panicked.
     pub fn get_or_init(&self, make: impl FnOnce() -> Arc<dyn Locker>) -> Arc<dyn Locker> {
-        let mut cached = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cached = crate::util::lock(&self.0);
         if let Some(locker) = cached.as_ref().and_then(std::sync::Weak::upgrade) {
             return locker;
         }

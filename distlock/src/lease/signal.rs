@@ -4,11 +4,13 @@
 //! ever moves from held to ended; every change goes through this file.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::util;
 
 /// Why a lease stopped being held. Delivered by [`LostSignal`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,8 +81,11 @@ pub(super) const NOT_EXPIRED: u32 = u32::MAX;
 /// holds between keys as between margins (up to the rounding: a signal
 /// early by less within the same millisecond counts as early by as much).
 fn margin_key(margin: Duration) -> u32 {
-    u32::try_from(margin.as_nanos().div_ceil(1_000_000))
-        .map_or(NOT_EXPIRED - 1, |ms| ms.min(NOT_EXPIRED - 1))
+    u32::try_from(crate::validate::whole_units(
+        margin,
+        Duration::from_millis(1),
+    ))
+    .map_or(NOT_EXPIRED - 1, |ms| ms.min(NOT_EXPIRED - 1))
 }
 
 /// The state shared by a lease, its keepalive, its lost signals and notifiers.
@@ -134,7 +139,7 @@ impl Shared {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.state)
     }
 
     pub(super) fn status(&self) -> LeaseStatus {

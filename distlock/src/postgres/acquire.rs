@@ -364,6 +364,17 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(30);
 
+    /// A session of `inner`'s pool for waits, which must have a free permit.
+    async fn wait_session(inner: &Inner) -> Arc<Session> {
+        inner
+            .core
+            .pool
+            .waiter()
+            .await
+            .unwrap()
+            .expect("a free permit")
+    }
+
     /// Polls until `condition` holds, or panics after 5 s.
     async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         let started = Instant::now();
@@ -532,22 +543,7 @@ mod tests {
         };
         let digest = owner_digest("owner");
         let record = GrantRecord::new(key.name, TTL, true);
-        let (raced, bystander) = (
-            inner
-                .core
-                .pool
-                .waiter()
-                .await
-                .unwrap()
-                .expect("a free permit"),
-            inner
-                .core
-                .pool
-                .waiter()
-                .await
-                .unwrap()
-                .expect("a free permit"),
-        );
+        let (raced, bystander) = (wait_session(inner).await, wait_session(inner).await);
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])
             .await
@@ -590,13 +586,7 @@ mod tests {
         server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
         let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
-        let session = inner
-            .core
-            .pool
-            .waiter()
-            .await
-            .unwrap()
-            .expect("a free permit");
+        let session = wait_session(inner).await;
         let show = |name: &'static str| {
             let session = session.clone();
             async move {
@@ -615,13 +605,7 @@ mod tests {
         assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
         assert_eq!(show("lock_timeout").await, "1500ms", "after a won wait");
 
-        let other = inner
-            .core
-            .pool
-            .waiter()
-            .await
-            .unwrap()
-            .expect("a free permit");
+        let other = wait_session(inner).await;
         other
             .query("SELECT pg_advisory_lock(-78)", &[])
             .await

@@ -110,7 +110,10 @@ impl Tls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier: Arc<dyn ServerCertVerifier> = match mode {
             SslMode::Disable => return Ok(Tls::Plain),
-            SslMode::Prefer | SslMode::Require => Arc::new(AnyCertificate(provider.clone())),
+            SslMode::Prefer | SslMode::Require => Arc::new(Lenient {
+                provider: provider.clone(),
+                chain: None,
+            }),
             SslMode::VerifyCa | SslMode::VerifyFull => {
                 let roots = Arc::new(load_roots(roots)?);
                 let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
@@ -119,7 +122,10 @@ impl Tls {
                         Error::invalid("url", format!("cannot set up certificate checks: {e}"))
                     })?;
                 if mode == SslMode::VerifyCa {
-                    Arc::new(AnyHostName(webpki))
+                    Arc::new(Lenient {
+                        provider: provider.clone(),
+                        chain: Some(webpki),
+                    })
                 } else {
                     webpki
                 }
@@ -212,62 +218,18 @@ fn read_pem_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
         })
 }
 
-/// `sslmode=prefer|require`: accept any certificate (libpq does not check
-/// one in these modes), but still check the handshake signatures, so the
-/// session is at least encrypted to whoever holds the certificate's key.
+/// `sslmode=prefer|require|verify-ca`: what libpq checks in these modes.
+/// With no `chain` (prefer, require) any certificate is accepted, as libpq
+/// does; with one (verify-ca) the full WebPKI check runs except the host
+/// name. Handshake signatures are checked either way, so the session is at
+/// least encrypted to whoever holds the certificate's key.
 #[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
-/// `sslmode=verify-ca`: the full WebPKI check except the host name.
-#[derive(Debug)]
-struct AnyHostName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyHostName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -276,10 +238,10 @@ impl ServerCertVerifier for AnyHostName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -293,7 +255,12 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -302,10 +269,17 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

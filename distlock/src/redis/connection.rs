@@ -20,7 +20,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -32,6 +32,8 @@ use redis::{
     RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::util;
 
 /// How often the cluster connection retries a command that met `MOVED`,
 /// `ASK`, `TRYAGAIN` or a broken node connection before failing it. Enough
@@ -330,11 +332,7 @@ impl SentinelConnection {
     }
 
     fn current(&self) -> Option<Master> {
-        self.shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        util::lock(&self.shared.current).clone()
     }
 
     /// The master last found, or a newly found one.
@@ -358,21 +356,13 @@ impl SentinelConnection {
         };
         tracing::debug!(component = "distlock", backend = super::BACKEND,
             master = %self.shared.master_name, "connected to the master the sentinels name");
-        *self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(master.clone());
+        *util::lock(&self.shared.current) = Some(master.clone());
         Ok(master)
     }
 
     /// Forgets master `generation` if it is still the current one.
     fn forget(&self, generation: u64) {
-        let mut current = self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = util::lock(&self.shared.current);
         if current.as_ref().map(|m| m.generation) == Some(generation) {
             tracing::debug!(component = "distlock", backend = super::BACKEND,
                 master = %self.shared.master_name,

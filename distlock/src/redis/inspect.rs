@@ -11,7 +11,7 @@ use redis::Value;
 
 use super::scripts::{FORCE_RELEASE_SCRIPT, INSPECT_SCRIPT};
 use super::{RedisLocker, BACKEND};
-use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
+use crate::inspect::{self, Clock, GrantTime, HeldLock, Holder};
 use crate::{validate, Error, Result};
 
 /// How many keys one `SCAN` page asks for (a hint to the server).
@@ -31,17 +31,6 @@ pub(crate) struct LockView {
 }
 
 impl RedisLocker {
-    /// [`Locker::inspect`](crate::Locker::inspect).
-    pub(super) async fn inspect_lock(&self, key: &str) -> Result<Option<HeldLock>> {
-        Ok(self.inspect_view(key).await?.map(|view| view.held))
-    }
-
-    /// [`Locker::list`](crate::Locker::list).
-    pub(super) async fn list_locks(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let views = self.list_views(prefix).await?;
-        Ok(views.into_iter().map(|view| view.held).collect())
-    }
-
     /// One run of the inspect script (read-only, bounded).
     pub(crate) async fn inspect_view(&self, key: &str) -> Result<Option<LockView>> {
         validate::key(key)?;
@@ -115,19 +104,6 @@ impl RedisLocker {
             .await?;
         // Released or expired between the scan and its inspection: gone.
         Ok(held.into_iter().flatten().collect())
-    }
-
-    /// [`Locker::force_release`](crate::Locker::force_release) with
-    /// [`ForceRelease::Lock`]: [`delete_lock`](Self::delete_lock), logged.
-    pub(super) async fn force_release_lock(
-        &self,
-        key: &str,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        inspect::require_lock_release(BACKEND, how, "a key")?;
-        let evicted = self.delete_lock(key).await?.map(|view| view.held);
-        Ok(inspect::log_if_evicted(BACKEND, key, how, evicted))
     }
 
     /// One script deletes the lock and its record whoever holds it,

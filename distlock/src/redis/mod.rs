@@ -592,7 +592,7 @@ impl RedisLocker {
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
 /// at least as long as the lease believes.
 fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    validate::whole_units(ttl, Duration::from_millis(1))
 }
 
 #[async_trait]
@@ -636,22 +636,14 @@ impl Locker for RedisLocker {
             .arg(owner)
             .arg(self.inner.keys.release_channel(key))
             .arg(self.inner.publish);
-        if self.script_did("release", &release).await? {
-            Ok(())
-        } else {
-            Err(Error::not_held(key))
-        }
+        Error::unless_held(key, self.script_did("release", &release).await?)
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
         let mut refresh = REFRESH_SCRIPT.key(self.inner.keys.lock_key(key));
         refresh.arg(owner).arg(ttl_millis(ttl));
-        if self.script_did("refresh", &refresh).await? {
-            Ok(())
-        } else {
-            Err(Error::not_held(key))
-        }
+        Error::unless_held(key, self.script_did("refresh", &refresh).await?)
     }
 
     /// One script per batch on one server (or sentinel-managed master), one
@@ -674,9 +666,7 @@ impl Locker for RedisLocker {
         if self.script_did("forget", &forget).await? {
             Ok(())
         } else {
-            Err(Error::NotAcquired {
-                key: key.to_owned(),
-            })
+            Err(Error::not_acquired(key))
         }
     }
 
@@ -709,7 +699,7 @@ impl Locker for RedisLocker {
     /// and its holder record (see the [module docs](self), "Inspection").
     /// Bounded like every call.
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        self.inspect_lock(key).await
+        Ok(self.inspect_view(key).await?.map(|view| view.held))
     }
 
     /// `SCAN ... MATCH <prefix>{<escaped prefix>*}` over the whole key space
@@ -717,7 +707,8 @@ impl Locker for RedisLocker {
     /// each round trip bounded like every call (see the [module
     /// docs](self), "Inspection").
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        self.list_locks(prefix).await
+        let views = self.list_views(prefix).await?;
+        Ok(views.into_iter().map(|view| view.held).collect())
     }
 
     /// [`ForceRelease::Lock`] only (one script deletes the lock and its
@@ -725,7 +716,8 @@ impl Locker for RedisLocker {
     /// is [`Error::Unsupported`]: a Redis lock outlives its client's
     /// connection. Bounded like every call.
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        self.force_release_lock(key, how).await
+        let delete = async { Ok(self.delete_lock(key).await?.map(|view| view.held)) };
+        crate::inspect::release_by_deleting(BACKEND, key, how, "a key", delete).await
     }
 
     /// Subscribes to `key`'s release channel on the locker's shared subscriber
@@ -746,18 +738,5 @@ impl Locker for RedisLocker {
                 Ok(None)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_milliseconds() {
-        assert_eq!(ttl_millis(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
-        assert_eq!(ttl_millis(Duration::from_secs(30)), 30_000);
-        assert_eq!(ttl_millis(validate::MAX_TTL), 365 * 24 * 3600 * 1000);
     }
 }

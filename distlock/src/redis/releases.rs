@@ -63,6 +63,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::AbortHandle;
 
 use super::connection::{ClusterSettings, SentinelConnection};
+use crate::util;
 use crate::ReleaseWatch;
 
 /// Where a [`ReleaseHub`] opens its subscriber connection (see the module
@@ -171,7 +172,7 @@ impl ReleaseHub {
         let (sink, messages) = tokio::time::timeout(self.connect_timeout, self.connect())
             .await
             .map_err(|_| timed_out("connecting the subscriber connection"))??;
-        let mut current = lock(&self.current);
+        let mut current = util::lock(&self.current);
         if let Some(live) = current.as_ref().filter(|live| !live.session.is_closed()) {
             // Another waiter connected first: use its connection, drop ours.
             return Ok(live.session.clone());
@@ -245,17 +246,11 @@ impl ReleaseHub {
     }
 
     fn live(&self) -> Option<Arc<Session>> {
-        lock(&self.current)
+        util::lock(&self.current)
             .as_ref()
             .filter(|live| !live.session.is_closed())
             .map(|live| live.session.clone())
     }
-}
-
-/// A std mutex guard, recovering from poisoning: the guarded state is
-/// updated in single assignments, so a panic elsewhere cannot leave it torn.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Drop for ReleaseHub {
@@ -298,7 +293,7 @@ struct Channel {
 
 impl Session {
     fn channels(&self) -> MutexGuard<'_, Channels> {
-        lock(&self.channels)
+        util::lock(&self.channels)
     }
 
     fn is_closed(&self) -> bool {

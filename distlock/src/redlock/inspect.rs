@@ -104,13 +104,13 @@ impl RedlockLocker {
         key: &str,
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        inspect::require_lock_release(BACKEND, how, "a key on each node")?;
-        let answers = self
-            .ask_every_node("force_release", |node| node.delete_lock(key))
-            .await;
-        let evicted = self.decide("force_release", key, answers)?;
-        Ok(inspect::log_if_evicted(BACKEND, key, how, evicted))
+        let delete = async {
+            let answers = self
+                .ask_every_node("force_release", |node| node.delete_lock(key))
+                .await;
+            self.decide("force_release", key, answers)
+        };
+        inspect::release_by_deleting(BACKEND, key, how, "a key on each node", delete).await
     }
 
     /// [`majority`](Self::majority) of every node's answer, an unknown

@@ -690,9 +690,7 @@ impl Locker for RedlockLocker {
             )
             .await;
         if tally.no >= self.inner.quorum {
-            return Err(Error::NotAcquired {
-                key: key.to_owned(),
-            });
+            return Err(Error::not_acquired(key));
         }
         if !tally.failures.is_empty() {
             let summary = format!(

@@ -8,9 +8,7 @@ use super::*;
 async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_carry_on() {
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(start());
-    let runs = Runs::default();
-    let reports = Reports::default();
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let make = |name: &'static str, hang: bool| {
         let job = every_second("job");
         recorded.start(name, &locker, clock.clone(), job, move |_| async move {
@@ -26,7 +24,7 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     tokio::time::sleep(Duration::from_millis(1000)).await; // 10:00:01.501: doomed runs 10:00:01
     let first = start() + TimeDelta::milliseconds(500);
     assert_eq!(
-        runs.snapshot().get(&first),
+        recorded.runs.snapshot().get(&first),
         Some(&vec!["doomed".to_owned()])
     );
     // Killed: its futures dropped, its leases dropped.
@@ -35,7 +33,7 @@ async fn a_replica_stopped_mid_run_does_not_get_its_tick_rerun_and_the_others_ca
     for scheduler in others {
         scheduler.shutdown(Duration::from_secs(5)).await;
     }
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     assert_exactly_once(&runs, first, first + TimeDelta::seconds(19));
     assert_eq!(runs[&first], ["doomed"], "the doomed tick is not run again");
     assert!(runs
@@ -168,10 +166,8 @@ async fn a_claim_overtaken_by_another_replica_reports_the_tick_missed_not_alread
         &job::tick_key("overtaken", first),
         Duration::from_millis(1500),
     );
-    let (runs, reports) = (Runs::default(), Reports::default());
-    let running = a_then_b(&every_second("overtaken"), slow, memory, &runs, &reports);
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    shutdown_all(running).await;
+    let run_for = Duration::from_secs(10);
+    let (runs, reports) = a_then_b(&every_second("overtaken"), slow, memory, run_for).await;
     assert_eq!(
         reports.of(first),
         [
@@ -201,10 +197,8 @@ async fn a_winner_that_fails_after_claiming_lets_a_waiting_replica_run_the_tick(
         let failing = memory
             .sibling()
             .failing(call, "cron:handover", Duration::from_millis(300));
-        let (runs, reports) = (Runs::default(), Reports::default());
-        let running = a_then_b(&every_second("handover"), failing, memory, &runs, &reports);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        shutdown_all(running).await;
+        let run_for = Duration::from_secs(5);
+        let (runs, reports) = a_then_b(&every_second("handover"), failing, memory, run_for).await;
         assert_eq!(
             reports.of(first),
             [("a".to_owned(), "claim_failed"), ("b".to_owned(), "ran")],

@@ -43,7 +43,7 @@ fn a_schedule_error_is_counted_and_retried_and_the_job_runs_once_the_clock_is_sa
     let runs = Runs::default();
     let reports = Reports::default();
     metrics::with_local_recorder(&recorder, || {
-        crate::test_support::paused_runtime().block_on(async {
+        crate::test_support::block_on_paused(async {
             let bogus = Utc.with_ymd_and_hms(5001, 6, 1, 0, 0, 0).unwrap();
             let clock = SteppedClock::starting_at(bogus);
             let running = replicas(

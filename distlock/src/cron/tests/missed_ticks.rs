@@ -56,8 +56,7 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
         (Missed::Skip, vec![]),
     ] {
         let locker = shared(MemoryLocker::new());
-        let (runs, reports) = (Runs::default(), Reports::default());
-        let recorded = Recorded::of(&runs, &reports);
+        let recorded = Recorded::default();
         let mut running = Vec::new();
         for name in ["a", "b", "c"] {
             let clock = TokioClock::starting_at(up);
@@ -68,7 +67,7 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
         }
         tokio::time::sleep(Duration::from_secs(60)).await;
         shutdown_all(running).await;
-        let runs = runs.snapshot();
+        let runs = recorded.runs.snapshot();
         assert_ran_each_once(&runs, &expected, &format!("{policy:?}"));
     }
 }
@@ -77,8 +76,7 @@ async fn catch_up_runs_the_latest_missed_tick_once_and_skip_does_not() {
 async fn catch_up_runs_a_tick_skipped_because_a_run_was_too_long_once_the_run_ends() {
     let locker = shared(MemoryLocker::new());
     let clock = TokioClock::starting_at(Utc.with_ymd_and_hms(2026, 12, 1, 9, 59, 59).unwrap());
-    let (runs, reports) = (Runs::default(), Reports::default());
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let mut running = Vec::new();
     for name in ["a", "b"] {
         let job = Job::new("minutely", "* * * * *").missed(Missed::CatchUp {
@@ -94,7 +92,7 @@ async fn catch_up_runs_a_tick_skipped_because_a_run_was_too_long_once_the_run_en
     }
     tokio::time::sleep(Duration::from_secs(100)).await;
     shutdown_all(running).await;
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     let at = |m| Utc.with_ymd_and_hms(2026, 12, 1, 10, m, 0).unwrap();
     // 09:59 at start-up (nobody ran it, within the look-back), 10:00, and
     // 10:01 (skipped while 10:00 ran) once 10:00's run ended.

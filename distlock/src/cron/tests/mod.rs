@@ -313,7 +313,10 @@ fn replicas(
     runs: &Runs,
     reports: &Reports,
 ) -> Vec<RunningScheduler> {
-    let recorded = Recorded::of(runs, reports);
+    let recorded = Recorded {
+        runs: runs.clone(),
+        reports: reports.clone(),
+    };
     replicas
         .into_iter()
         .map(|(name, locker, clock)| {
@@ -324,16 +327,13 @@ fn replicas(
 
 /// Where the replicas of one test record what they did: each run in
 /// `runs`, every report in `reports`.
-struct Recorded<'a> {
-    runs: &'a Runs,
-    reports: &'a Reports,
+#[derive(Default)]
+struct Recorded {
+    runs: Runs,
+    reports: Reports,
 }
 
-impl<'a> Recorded<'a> {
-    fn of(runs: &'a Runs, reports: &'a Reports) -> Self {
-        Recorded { runs, reports }
-    }
-
+impl Recorded {
     /// Starts replica `name` running `job` on `locker` by `clock`: each run
     /// is recorded, then does `then` (sleeps, hangs, ...) and succeeds.
     fn start<T, Fut>(
@@ -367,6 +367,37 @@ impl<'a> Recorded<'a> {
     }
 }
 
+/// Runs `job` alone on `scheduler` for `run_for`, then shuts it down:
+/// what `record` made of each run's context, in order.
+async fn record_runs<R, Fut>(
+    mut scheduler: Scheduler,
+    job: Job,
+    run_for: Duration,
+    record: impl Fn(JobContext) -> Fut + Send + Sync + 'static,
+) -> Vec<R>
+where
+    R: Send + 'static,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+{
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (sink, record) = (seen.clone(), Arc::new(record));
+    scheduler
+        .add(job, move |ctx| {
+            let (sink, record) = (sink.clone(), record.clone());
+            async move {
+                let recorded = record(ctx).await;
+                sink.lock().unwrap().push(recorded);
+                Ok(())
+            }
+        })
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    tokio::time::sleep(run_for).await;
+    running.shutdown(Duration::from_secs(5)).await;
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    seen
+}
+
 async fn shutdown_all(running: Vec<RunningScheduler>) {
     for scheduler in running {
         scheduler.shutdown(Duration::from_secs(5)).await;
@@ -374,24 +405,23 @@ async fn shutdown_all(running: Vec<RunningScheduler>) {
 }
 
 /// Replica `a` on its view of the backend and the test's clock, and replica
-/// `b` on its own view with a clock 100 ms behind, both running `job`: `b`
-/// reaches each tick just after `a` has claimed it.
-fn a_then_b(
-    job: &Job,
-    a: Faulty,
-    b: Faulty,
-    runs: &Runs,
-    reports: &Reports,
-) -> Vec<RunningScheduler> {
+/// `b` on its own view with a clock 100 ms behind, both running `job` for
+/// `run_for`, then shut down: what they ran and reported. `b` reaches each
+/// tick just after `a` has claimed it.
+async fn a_then_b(job: &Job, a: Faulty, b: Faulty, run_for: Duration) -> (Runs, Reports) {
+    let (runs, reports) = (Runs::default(), Reports::default());
     let base = TokioClock::starting_at(start());
     let behind = SkewedClock::behind(base.clone(), Duration::from_millis(100));
-    replicas(
+    let running = replicas(
         job,
         vec![
             ("a", shared(a), Arc::new(base)),
             ("b", shared(b), Arc::new(behind)),
         ],
-        runs,
-        reports,
-    )
+        &runs,
+        &reports,
+    );
+    tokio::time::sleep(run_for).await;
+    shutdown_all(running).await;
+    (runs, reports)
 }

@@ -7,9 +7,7 @@ use super::*;
 async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
     let locker = shared(MemoryLocker::new());
     let base = TokioClock::starting_at(start());
-    let runs = Runs::default();
-    let reports = Reports::default();
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let clocks: Vec<(&str, Arc<dyn Clock>)> = vec![
         ("a", Arc::new(base.clone())),
         (
@@ -35,7 +33,7 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
         .collect();
     tokio::time::sleep(Duration::from_secs(60)).await;
     shutdown_all(running).await;
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     let first = start() + TimeDelta::milliseconds(500); // 10:00:01
     assert_exactly_once(&runs, first, first + TimeDelta::seconds(55));
     let by_replica = |r: &str| runs.values().filter(|who| who[0] == r).count();
@@ -45,14 +43,14 @@ async fn three_replicas_one_skewed_run_every_tick_exactly_once() {
         by_replica("a"),
         by_replica("b"),
         by_replica("c"),
-        reports.count("already_ran"),
-        reports.count("held_elsewhere"),
-        reports.count("previous_running"),
+        recorded.reports.count("already_ran"),
+        recorded.reports.count("held_elsewhere"),
+        recorded.reports.count("previous_running"),
     );
     // The lagging replica finds every tick done, by the mark.
     assert_eq!(by_replica("b"), 0, "b lags by 3.3 s: it never wins a tick");
     assert!(
-        reports.count("already_ran") >= 55,
+        recorded.reports.count("already_ran") >= 55,
         "b skips each tick as already run"
     );
 }
@@ -63,9 +61,7 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     let clock = TokioClock::starting_at(start());
     let running_now = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
-    let runs = Runs::default();
-    let reports = Reports::default();
-    let recorded = Recorded::of(&runs, &reports);
+    let recorded = Recorded::default();
     let mut running = Vec::new();
     for name in ["a", "b", "c"] {
         let (running_now, most) = (running_now.clone(), most.clone());
@@ -83,11 +79,11 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
     shutdown_all(running).await;
-    let runs = runs.snapshot();
+    let runs = recorded.runs.snapshot();
     println!(
         "runs {}, previous_running {}",
         runs.len(),
-        reports.count("previous_running")
+        recorded.reports.count("previous_running")
     );
     assert_eq!(most.load(Ordering::SeqCst), 1, "runs overlapped");
     // A 2.5 s run every 3 s (the ticks at +1 s and +2 s find it running).
@@ -96,7 +92,7 @@ async fn a_job_slower_than_its_period_never_overlaps_and_the_ticks_in_between_ar
         "{} runs: {runs:?}",
         runs.len()
     );
-    assert!(reports.count("previous_running") >= 2 * 9);
+    assert!(recorded.reports.count("previous_running") >= 2 * 9);
     assert!(runs.values().all(|who| who.len() == 1));
 }
 
@@ -127,30 +123,15 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
     ] {
         let locker = shared(MemoryLocker::new());
         let clock = TokioClock::starting_at(from);
-        let runs = Runs::default();
-        let mut running = Vec::new();
-        for name in ["a", "b"] {
-            let mut scheduler = Scheduler::new(locker.clone())
-                .replica_id(name)
-                .clock(clock.clone());
-            let runs = runs.clone();
-            scheduler
-                .add(
-                    Job::new("dst", "*/30 * * * *").time_zone("Europe/Berlin"),
-                    move |ctx| {
-                        let runs = runs.clone();
-                        async move {
-                            runs.record(&ctx);
-                            Ok(())
-                        }
-                    },
-                )
-                .unwrap();
-            running.push(scheduler.start().unwrap());
-        }
+        let recorded = Recorded::default();
+        let job = Job::new("dst", "*/30 * * * *").time_zone("Europe/Berlin");
+        let running: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|name| recorded.start(name, &locker, clock.clone(), job.clone(), |_| async {}))
+            .collect();
         tokio::time::sleep(Duration::from_secs(2 * 3600 + 15 * 60)).await;
         shutdown_all(running).await;
-        let runs = runs.snapshot();
+        let runs = recorded.runs.snapshot();
         let expected: Vec<DateTime<Utc>> = expected
             .into_iter()
             .map(|(y, mo, d, h, mi)| Utc.with_ymd_and_hms(y, mo, d, h, mi, 0).unwrap())
@@ -161,32 +142,21 @@ async fn dst_transitions_run_each_distinct_instant_once_across_replicas() {
 
 #[tokio::test(start_paused = true)]
 async fn the_context_names_the_job_tick_replica_and_a_growing_fencing_token() {
-    let locker = shared(MemoryLocker::new());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut scheduler = Scheduler::new(locker)
+    let scheduler = Scheduler::new(shared(MemoryLocker::new()))
         .replica_id("r1")
         .clock(TokioClock::starting_at(start()));
-    let record = seen.clone();
-    scheduler
-        .add(every_second("ctx"), move |ctx: JobContext| {
-            let record = record.clone();
-            async move {
-                assert!(!ctx.lost().is_lost());
-                record.lock().unwrap().push((
-                    ctx.job().to_owned(),
-                    ctx.replica().to_owned(),
-                    ctx.key().to_owned(),
-                    ctx.tick_key().to_owned(),
-                    ctx.fencing_token(),
-                ));
-                Ok(())
-            }
-        })
-        .unwrap();
-    let running = scheduler.start().unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
-    running.shutdown(Duration::from_secs(1)).await;
-    let seen = seen.lock().unwrap();
+    let run_for = Duration::from_millis(2100);
+    let seen = record_runs(scheduler, every_second("ctx"), run_for, |ctx| async move {
+        assert!(!ctx.lost().is_lost());
+        (
+            ctx.job().to_owned(),
+            ctx.replica().to_owned(),
+            ctx.key().to_owned(),
+            ctx.tick_key().to_owned(),
+            ctx.fencing_token(),
+        )
+    })
+    .await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[0].0, "ctx");
     assert_eq!(seen[0].1, "r1");
@@ -239,27 +209,16 @@ fn outcomes_read_as_log_lines() {
 #[tokio::test(start_paused = true)]
 async fn a_jobs_label_is_what_its_claims_record_as_their_holder() {
     let locker = shared(MemoryLocker::new());
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let mut scheduler = Scheduler::new(locker.clone()).clock(TokioClock::starting_at(start()));
-    let (inspector, record) = (locker.clone(), seen.clone());
-    scheduler
-        .add(
-            every_second("labelled").label("cron job labelled: ./report.sh"),
-            move |ctx| {
-                let (inspector, record) = (inspector.clone(), record.clone());
-                async move {
-                    let held = inspector.inspect(ctx.tick_key()).await.expect("inspect");
-                    let label = held.and_then(|held| held.holder).map(|holder| holder.label);
-                    record.lock().unwrap().push(label);
-                    Ok(())
-                }
-            },
-        )
-        .unwrap();
-    let running = scheduler.start().unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    running.shutdown(Duration::from_secs(5)).await;
-    let seen = seen.lock().unwrap();
+    let scheduler = Scheduler::new(locker.clone()).clock(TokioClock::starting_at(start()));
+    let job = every_second("labelled").label("cron job labelled: ./report.sh");
+    let seen = record_runs(scheduler, job, Duration::from_millis(2500), move |ctx| {
+        let inspector = locker.clone();
+        async move {
+            let held = inspector.inspect(ctx.tick_key()).await.expect("inspect");
+            held.and_then(|held| held.holder).map(|holder| holder.label)
+        }
+    })
+    .await;
     assert!(!seen.is_empty(), "the job ran");
     for label in seen.iter() {
         assert_eq!(label.as_deref(), Some("cron job labelled: ./report.sh"));

@@ -7,7 +7,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::super::signal::{extend_validity, mark_lost, mark_lost_with_grace, LostReason};
 use super::{interval_for, Entry};
 use crate::deadline::{checked_deadline, sleep_until};
+use crate::util;
 use crate::{Error, Locker, RefreshRequest};
 
 /// The most refreshes of expiring leases sent in one
@@ -85,7 +86,7 @@ impl Scheduler {
     /// if none runs.
     pub(super) fn of(locker: &Arc<dyn Locker>, runtime: &tokio::runtime::Handle) -> Arc<Scheduler> {
         let address = (Arc::as_ptr(locker).cast::<()>() as usize, runtime.id());
-        let mut schedulers = SCHEDULERS.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut schedulers = util::lock(&SCHEDULERS);
         if let Some(running) = schedulers.by_locker.get(&address).and_then(Weak::upgrade) {
             if !running.commands.is_closed() {
                 return running;
