@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 
+use crate::util;
+
 /// One node's acquire, held by the call while it runs: dropped (completed,
 /// failed or cut off by its bound) it lets the node's release go.
 pub(super) type Marker = watch::Sender<()>;
@@ -31,10 +33,7 @@ impl Attempt {
     /// The marker for the acquire call on the node at `endpoint`.
     pub(super) fn marker(&self, endpoint: &str) -> Marker {
         let (marker, landed) = watch::channel(());
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((endpoint.into(), landed));
+        util::lock(&self.0).push((endpoint.into(), landed));
         marker
     }
 }
@@ -91,6 +90,6 @@ impl Landings {
     }
 
     fn by_owner(&self) -> MutexGuard<'_, HashMap<Arc<str>, Calls>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        util::lock(&self.0)
     }
 }
