@@ -56,6 +56,13 @@ pub(crate) fn format_address(host: &str, port: u16) -> String {
     }
 }
 
+/// `scheme://user@hosts<tail>`: where a config points, for messages and
+/// `Debug`, never with a password.
+pub(crate) fn display_url(scheme: &str, user: Option<&str>, hosts: &str, tail: &str) -> String {
+    let user = user.map(|u| format!("{u}@")).unwrap_or_default();
+    format!("{scheme}://{user}{hosts}{tail}")
+}
+
 /// A comma-separated list as a variable holds it (`" a:1 , b:2,"`): the
 /// items trimmed, empty ones dropped. Checked later, against the
 /// deployment's default port.

@@ -150,15 +150,20 @@ impl Param {
     }
 }
 
-/// A backend's field table: every parameter its sources may set.
+/// A backend's field table: every parameter its sources may set, in
+/// parts (the SQL backends share one part, [`SQL_PARAMETERS`](super::SQL_PARAMETERS)).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Table(pub(crate) &'static [Param]);
+pub(crate) struct Table(pub(crate) &'static [&'static [Param]]);
 
 impl Table {
+    /// Every parameter, part after part.
+    pub(crate) fn params(&self) -> impl Iterator<Item = &'static Param> {
+        self.0.iter().copied().flatten()
+    }
+
     /// The parameter `key` names (by its name or an alias), in any source.
     pub(crate) fn find(&self, key: &str) -> Option<&'static Param> {
-        self.0
-            .iter()
+        self.params()
             .find(|p| p.name == key || p.aliases.contains(&key))
     }
 
@@ -172,7 +177,7 @@ impl Table {
     /// errors.
     pub(crate) fn url_names(&self) -> String {
         let mut names = Vec::new();
-        for param in self.0.iter().filter(|p| p.in_url) {
+        for param in self.params().filter(|p| p.in_url) {
             if param.aliases.is_empty() {
                 names.push(param.name.to_owned());
             } else {
@@ -234,6 +239,15 @@ pub(crate) fn set_url_query<'q, C: FieldTable>(
         config.set_param(key, &value, Source::Url(&name))?;
     }
     Ok(())
+}
+
+/// Fails naming the first of `durations` that is zero: timeouts and
+/// intervals must be positive.
+pub(crate) fn check_positive(durations: &[(&str, Duration)]) -> std::result::Result<(), String> {
+    match durations.iter().find(|(_, value)| value.is_zero()) {
+        Some((name, _)) => Err(format!("{name} is zero; it must be positive")),
+        None => Ok(()),
+    }
 }
 
 /// Text for an optional field: trimmed, `None` if empty (a set but empty
@@ -359,10 +373,10 @@ mod tests {
 
     #[test]
     fn tables_resolve_aliases_and_env_names() {
-        const TABLE: Table = Table(&[
+        const TABLE: Table = Table(&[&[
             Param::url("holder_record", &["holder", "record_holder"]),
             Param::other("password", &[]),
-        ]);
+        ]]);
         assert_eq!(TABLE.find_in_url("holder"), Some("holder_record"));
         assert_eq!(TABLE.find_in_url("password"), None);
         assert_eq!(

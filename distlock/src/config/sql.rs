@@ -6,15 +6,132 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use super::{
-    camel_to_snake, decode, optional_password, redact, Password, Settings, Source, Table,
-    YamlSettings,
+    camel_to_snake, decode, optional_password, parse, redact, Param, Password, Settings, Source,
+    Table, YamlSettings,
 };
+use crate::sql::fencing::{FencingTable, Identifiers};
 use crate::{Error, Result};
 
+/// Shared sessions carrying locks taken without waiting, by default.
+pub const DEFAULT_SESSIONS: usize = 4;
+/// Idle connections kept for the next native wait, by default.
+pub const DEFAULT_IDLE_WAITERS: usize = 2;
+/// Waiter connections (for native waits and the locks they win, idle ones
+/// included) a locker may have open at once, by default.
+pub const DEFAULT_MAX_WAITERS: usize = 16;
+/// The largest `max_waiters` accepted: tokio's semaphore limit.
+const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
+/// How long opening a connection may take, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The parameters every SQL backend takes (a backend's table lists them
+/// after its `key_prefix`): [`SqlOptions`] reads them.
+pub(crate) const SQL_PARAMETERS: &[Param] = &[
+    Param::url("fencing", &[]),
+    Param::url("fencing_table", &[]),
+    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::url("sessions", &[]),
+    Param::url("idle_waiters", &[]),
+    Param::url("max_waiters", &[]),
+    Param::url("query_timeout", &[]),
+];
+
+/// The options both SQL lockers' builders take alike (fencing, holder
+/// records, the session pool, the query timeout), with their one parser
+/// and their one check; each builder holds one.
+#[derive(Debug, Clone)]
+pub(crate) struct SqlOptions {
+    pub(crate) fencing_enabled: bool,
+    /// `(schema, table)`, checked at build time; `None` for the default.
+    pub(crate) fencing_table: Option<(Option<String>, String)>,
+    pub(crate) holder_record: bool,
+    pub(crate) sessions: usize,
+    pub(crate) idle_waiters: usize,
+    pub(crate) max_waiters: usize,
+    pub(crate) query_timeout: Duration,
+}
+
+impl SqlOptions {
+    /// Every default, with the backend's own default query timeout.
+    pub(crate) fn new(query_timeout: Duration) -> Self {
+        SqlOptions {
+            fencing_enabled: true,
+            fencing_table: None,
+            holder_record: true,
+            sessions: DEFAULT_SESSIONS,
+            idle_waiters: DEFAULT_IDLE_WAITERS,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            query_timeout,
+        }
+    }
+
+    /// Sets `key` if it is one of [`SQL_PARAMETERS`]: `Ok(false)` for
+    /// another key, left to the backend. `I` is the server's identifier
+    /// rules (the fencing table's name is only split here, checked at
+    /// build time).
+    pub(crate) fn set_param<I: Identifiers>(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: Source<'_>,
+    ) -> std::result::Result<bool, String> {
+        match key {
+            "fencing" => self.fencing_enabled = parse(source, value)?,
+            "fencing_table" => self.fencing_table = Some(FencingTable::<I>::split(value)),
+            "holder_record" => self.holder_record = parse(source, value)?,
+            "sessions" => self.sessions = parse(source, value)?,
+            "idle_waiters" => self.idle_waiters = parse(source, value)?,
+            "max_waiters" => {
+                self.max_waiters = parse(source, value)
+                    .ok()
+                    .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "{source}: {value:?}: expected an integer from 1 to {MAX_MAX_WAITERS}"
+                        )
+                    })?;
+            }
+            "query_timeout" => self.query_timeout = parse(source, value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Checks the pool's sizes and the query timeout, and returns the
+    /// fencing table (`None` without fencing), checked by `I`'s rules.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the option that cannot be used.
+    pub(crate) fn check<I: Identifiers>(&self) -> Result<Option<FencingTable<I>>> {
+        if self.sessions == 0 {
+            return Err(Error::invalid("sessions", "at least one session is needed"));
+        }
+        if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
+            return Err(Error::invalid(
+                "max_waiters",
+                format!("max_waiters must be 1 to {MAX_MAX_WAITERS}"),
+            ));
+        }
+        if self.query_timeout.is_zero() {
+            return Err(Error::invalid(
+                "query_timeout",
+                "the query timeout must be positive",
+            ));
+        }
+        match (self.fencing_enabled, &self.fencing_table) {
+            (false, _) => Ok(None),
+            (true, Some((schema, table))) => FencingTable::new(schema.as_deref(), table).map(Some),
+            (true, None) => Ok(Some(FencingTable::default())),
+        }
+    }
+}
+
 /// What a SQL backend tells the shared reader about itself.
-pub(crate) trait SqlBackend {
+pub(crate) trait SqlBackend: Default {
     /// The backend's name in messages (`Postgres`).
     const NAME: &'static str;
     /// The URL schemes it reads (`postgres`, `postgresql`).
@@ -34,30 +151,14 @@ pub(crate) trait SqlBackend {
 }
 
 /// A connection URL, a password, and the backend's own parameters as
-/// checked text, in the order they were set (a later one wins).
+/// checked text, in the order they were set (a later one wins). (The
+/// derives ask `B`, a unit struct, for the same traits.)
+#[derive(Clone, PartialEq, Default)]
 pub(crate) struct SqlConfig<B> {
     url: Option<String>,
     password: Option<Password>,
     settings: Vec<(&'static str, String)>,
     backend: PhantomData<fn() -> B>,
-}
-
-impl<B> Clone for SqlConfig<B> {
-    fn clone(&self) -> Self {
-        SqlConfig {
-            url: self.url.clone(),
-            password: self.password.clone(),
-            settings: self.settings.clone(),
-            backend: PhantomData,
-        }
-    }
-}
-
-impl<B> PartialEq for SqlConfig<B> {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.url, &self.password, &self.settings)
-            == (&other.url, &other.password, &other.settings)
-    }
 }
 
 impl<B> fmt::Debug for SqlConfig<B> {
@@ -67,17 +168,6 @@ impl<B> fmt::Debug for SqlConfig<B> {
             .field("password", &self.password)
             .field("settings", &self.settings)
             .finish()
-    }
-}
-
-impl<B> Default for SqlConfig<B> {
-    fn default() -> Self {
-        SqlConfig {
-            url: None,
-            password: None,
-            settings: Vec::new(),
-            backend: PhantomData,
-        }
     }
 }
 
@@ -263,11 +353,21 @@ impl<B: SqlBackend> SqlConfig<B> {
         self.password.as_ref()
     }
 
-    /// The parameters, by their one name, in the order set.
-    pub(crate) fn settings(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        self.settings
-            .iter()
-            .map(|(key, value)| (*key, value.as_str()))
+    /// Gives each parameter, by its one name, in the order set, to `set`
+    /// (the builder's field table).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] with the reason `set` gives.
+    pub(crate) fn apply(
+        &self,
+        mut set: impl FnMut(&str, &str, Source<'_>) -> std::result::Result<(), String>,
+    ) -> Result<()> {
+        for (key, value) in &self.settings {
+            set(key, value, Source::Field(key))
+                .map_err(|reason| Error::invalid("config", reason))?;
+        }
+        Ok(())
     }
 }
 
@@ -283,16 +383,17 @@ pub(crate) fn reason(error: Error) -> String {
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
 /// [`SqlBackend`] description of it (`PARAMETERS` is the invoking module's
-/// table; `check` reads one value as the builder will). The backend adds
-/// `builder()`.
+/// table; each value is checked as it is read by setting it on `scratch`,
+/// a builder with every default). The backend adds `builder()`.
 macro_rules! sql_config {
     (
         $(#[$meta:meta])*
         backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
         unknown_parameters_go_to_the_driver: $passes_on:literal,
-        check: $check:expr $(,)?
+        scratch: $scratch:expr $(,)?
     ) => {
         /// The backend as the shared SQL configuration reader sees it.
+        #[derive(Clone, PartialEq, Default)]
         pub(crate) struct $backend;
 
         impl $crate::config::SqlBackend for $backend {
@@ -309,9 +410,7 @@ macro_rules! sql_config {
                 value: &str,
                 source: $crate::config::Source<'_>,
             ) -> ::std::result::Result<(), String> {
-                let check: fn(&'static str, &str, $crate::config::Source<'_>)
-                    -> ::std::result::Result<(), String> = $check;
-                check(key, value, source)
+                $scratch.set_param(key, value, source)
             }
         }
 
@@ -409,64 +508,51 @@ macro_rules! sql_builder_options {
         default_schema: $default_schema:literal,
         query_timeout_note: $query_timeout_note:literal $(,)?
     ) => {
-        #[doc = concat!("Turns fencing tokens on (the default) or off. Off, acquires are a bare `",
-            $bare_lock, "`, no table is created, and leases carry no fencing token.")]
-        pub fn fencing(mut self, enabled: bool) -> Self {
-            self.fencing_enabled = enabled;
-            self
-        }
-
-        /// Records each grant's [`Holder`](crate::inspect::Holder) (host,
-        /// pid, label) and ttl in the lock's fencing row (the default), for
-        /// [`Locker::inspect`](crate::Locker::inspect). Off (URL
-        /// `holder_record=off`, or the older `holder=off`), grants clear
-        /// those columns instead: inspection still reports the lock, its
-        /// session, grant time and token, with an unknown holder. Without
-        /// fencing there is no row and nothing is recorded either way.
-        pub fn holder_record(mut self, enabled: bool) -> Self {
-            self.holder_record = enabled;
-            self
-        }
-
         #[doc = concat!("Where fencing counters live: `table` in `schema`, or in ",
             $default_schema, " when `None`. Default: `distlock_fencing` there. Created if missing.")]
         pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
-            self.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
+            self.common.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
             self
         }
 
-        /// How many shared sessions carry locks taken without waiting
-        /// (default [`DEFAULT_SESSIONS`]). Each key always uses the same
-        /// one. At least 1.
-        pub fn sessions(mut self, sessions: usize) -> Self {
-            self.sessions = sessions;
-            self
-        }
+        $crate::config::setters! {
+            #[doc = concat!("Turns fencing tokens on (the default) or off. Off, acquires are a bare `",
+                $bare_lock, "`, no table is created, and leases carry no fencing token.")]
+            fencing(bool) => common.fencing_enabled;
 
-        /// How many idle connections are kept for the next native wait
-        /// (default [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
-        /// They count toward [`max_waiters`](Self::max_waiters).
-        pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
-            self.idle_waiters = idle_waiters;
-            self
-        }
+            /// Records each grant's [`Holder`](crate::inspect::Holder)
+            /// (host, pid, label) and ttl in the lock's fencing row (the
+            /// default), for [`Locker::inspect`](crate::Locker::inspect).
+            /// Off (URL `holder_record=off`, or the older `holder=off`),
+            /// grants clear those columns instead: inspection still reports
+            /// the lock, its session, grant time and token, with an unknown
+            /// holder. Without fencing there is no row and nothing is
+            /// recorded either way.
+            holder_record(bool) => common.holder_record;
 
-        /// How many waiter connections may be open at once (default
-        /// [`DEFAULT_MAX_WAITERS`]): each native wait of
-        /// [`Locker::lock`](crate::Locker::lock) needs one, and keeps it
-        /// while it holds the lock it won; idle ones count too. When all
-        /// are in use, `lock` polls the shared sessions instead. At least 1.
-        pub fn max_waiters(mut self, max_waiters: usize) -> Self {
-            self.max_waiters = max_waiters;
-            self
-        }
+            /// How many shared sessions carry locks taken without waiting
+            /// (default [`DEFAULT_SESSIONS`]). Each key always uses the
+            /// same one. At least 1.
+            sessions(usize) => common.sessions;
 
-        /// How long any one statement may go unanswered before the call
-        /// fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native wait gets
-        #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
-        pub fn query_timeout(mut self, timeout: Duration) -> Self {
-            self.query_timeout = timeout;
-            self
+            /// How many idle connections are kept for the next native wait
+            /// (default [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
+            /// They count toward [`max_waiters`](Self::max_waiters).
+            idle_waiters(usize) => common.idle_waiters;
+
+            /// How many waiter connections may be open at once (default
+            /// [`DEFAULT_MAX_WAITERS`]): each native wait of
+            /// [`Locker::lock`](crate::Locker::lock) needs one, and keeps
+            /// it while it holds the lock it won; idle ones count too. When
+            /// all are in use, `lock` polls the shared sessions instead. At
+            /// least 1.
+            max_waiters(usize) => common.max_waiters;
+
+            /// How long any one statement may go unanswered before the
+            /// call fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native
+            /// wait gets
+            #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
+            query_timeout(Duration) => common.query_timeout;
         }
     };
 }

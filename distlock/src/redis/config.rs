@@ -40,7 +40,7 @@ pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 /// (`DISTLOCK_REDIS_HOLDER_RECORD` is `holder_record`) and
 /// [`Config::set`] are read through (see [`crate::config`]). A URL's query
 /// sets `db` for Sentinel only: elsewhere the path names the database.
-pub(crate) const PARAMETERS: Table = Table(&[
+pub(crate) const PARAMETERS: Table = Table(&[&[
     Param::other("username", &[]),
     Param::other("password", &[]),
     Param::other("addresses", &[]),
@@ -61,7 +61,7 @@ pub(crate) const PARAMETERS: Table = Table(&[
     Param::url("holder_record", &["holder", "record_holder"]),
     Param::url("allow_eviction", &[]),
     Param::url("require_appendonly", &[]),
-]);
+]]);
 
 /// The URL schemes [`Config::from_url`] reads.
 const SCHEMES: &str =
@@ -78,14 +78,8 @@ const SCHEMES: &str =
 /// | `true` | `None` | seed nodes of a Redis Cluster (any of them will do) | `redis+cluster://`, `rediss+cluster://` |
 /// | `false` | `Some(name)` | sentinels monitoring master `name` (port 26379 by default) | `redis+sentinel://`, `rediss+sentinel://` |
 ///
-/// Build it from a URL ([`Config::from_url`]), the environment
-/// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
-/// YAML fields are camelCase (those of the Go seed this backend descends
-/// from) or snake_case, with the older names [`crate::config`] lists;
-/// unknown fields are rejected.
-///
-/// `Debug` never shows the password (see [`Password`]).
+/// Read from every source as [`crate::config`] says (the camelCase names
+/// are those of the Go seed this backend descends from).
 ///
 /// ```
 /// use std::time::Duration;
