@@ -79,7 +79,7 @@ pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
 pub(crate) use source::{
     check_positive, env_vars, optional_password, optional_text, parse, parse_duration_bare,
-    read_env, set_by_name, set_url_query, FieldTable, Param, Parse, Source, Table,
+    read_env, set_by_name, set_url_query, Checked, FieldTable, Param, Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sql::{

@@ -40,6 +40,10 @@ pub(crate) trait Parse: Sized {
     fn parse_text(text: &str) -> Option<Self>;
 }
 
+/// A value read from text, or why not (naming the parameter and its
+/// source): what the field tables return, made an [`Error`] by their caller.
+pub(crate) type Checked<T = ()> = std::result::Result<T, String>;
+
 /// Reads `text` as a `T`; the error names the source and what was expected.
 pub(crate) fn parse<T: Parse>(source: Source<'_>, text: &str) -> std::result::Result<T, String> {
     T::parse_text(text.trim()).ok_or_else(|| expected(source, text, T::EXPECTED))

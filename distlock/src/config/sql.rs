@@ -9,8 +9,8 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use super::{
-    camel_to_snake, decode, optional_password, parse, redact, Param, Password, Settings, Source,
-    Table, YamlSettings,
+    camel_to_snake, decode, optional_password, parse, redact, Checked, Param, Password, Settings,
+    Source, Table, YamlSettings,
 };
 use crate::sql::fencing::{FencingTable, Identifiers};
 use crate::{Error, Result};
@@ -144,10 +144,15 @@ pub(crate) trait SqlBackend: Default {
     /// passes them to tokio-postgres) rather than mistakes.
     const PASSES_ON_UNKNOWN: bool;
 
-    /// Checks `value` for the parameter `key` (its one name) as the
-    /// builder will read it.
-    fn check(key: &'static str, value: &str, source: Source<'_>)
-        -> std::result::Result<(), String>;
+    /// Its locker builder, which reads the parameters.
+    type Builder;
+
+    /// Sets the parameter `key` (its one name) on `builder` from text: the
+    /// shared options, or the backend's own.
+    fn set(builder: &mut Self::Builder, key: &str, value: &str, source: Source<'_>) -> Checked;
+
+    /// Checks `value` for the parameter `key` as a builder reads it.
+    fn check(key: &str, value: &str, source: Source<'_>) -> Checked;
 }
 
 /// A connection URL, a password, and the backend's own parameters as
@@ -353,18 +358,14 @@ impl<B: SqlBackend> SqlConfig<B> {
         self.password.as_ref()
     }
 
-    /// Gives each parameter, by its one name, in the order set, to `set`
-    /// (the builder's field table).
+    /// Sets each parameter on `builder`, in the order set.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] with the reason `set` gives.
-    pub(crate) fn apply(
-        &self,
-        mut set: impl FnMut(&str, &str, Source<'_>) -> std::result::Result<(), String>,
-    ) -> Result<()> {
+    /// [`Error::InvalidInput`] for a value the builder refuses.
+    pub(crate) fn apply(&self, builder: &mut B::Builder) -> Result<()> {
         for (key, value) in &self.settings {
-            set(key, value, Source::Field(key))
+            B::set(builder, key, value, Source::Field(key))
                 .map_err(|reason| Error::invalid("config", reason))?;
         }
         Ok(())
@@ -383,15 +384,31 @@ pub(crate) fn reason(error: Error) -> String {
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
 /// [`SqlBackend`] description of it (`PARAMETERS` is the invoking module's
-/// table; each value is checked as it is read by setting it on `scratch`,
-/// a builder with every default). The backend adds `builder()`.
+/// table; `builder` reads the shared options into its field `common` and
+/// its own with `set_own`, and `identifiers` are its server's rules for
+/// the fencing table's name; each value is checked as it is read by
+/// setting it on `scratch`,
+/// a builder with every default), and reads its `settings`' shared options
+/// through `Deref`. The backend adds `builder()`.
 macro_rules! sql_config {
     (
         $(#[$meta:meta])*
         backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
         unknown_parameters_go_to_the_driver: $passes_on:literal,
-        scratch: $scratch:expr $(,)?
+        builder: $builder:ty, identifiers: $identifiers:ty,
+        scratch: $scratch:expr,
+        settings: $settings:ty $(,)?
     ) => {
+        // The locker's settings read the shared options as their own
+        // fields (`settings.query_timeout`).
+        impl ::std::ops::Deref for $settings {
+            type Target = $crate::config::SqlOptions;
+
+            fn deref(&self) -> &$crate::config::SqlOptions {
+                &self.options
+            }
+        }
+
         /// The backend as the shared SQL configuration reader sees it.
         #[derive(Clone, PartialEq, Default)]
         pub(crate) struct $backend;
@@ -405,12 +422,26 @@ macro_rules! sql_config {
             const PARAMETERS: $crate::config::Table = PARAMETERS;
             const PASSES_ON_UNKNOWN: bool = $passes_on;
 
-            fn check(
-                key: &'static str,
+            type Builder = $builder;
+
+            fn set(
+                builder: &mut $builder,
+                key: &str,
                 value: &str,
                 source: $crate::config::Source<'_>,
-            ) -> ::std::result::Result<(), String> {
-                $scratch.set_param(key, value, source)
+            ) -> $crate::config::Checked {
+                if builder.common.set_param::<$identifiers>(key, value, source)? {
+                    return Ok(());
+                }
+                builder.set_own(key, value, source)
+            }
+
+            fn check(
+                key: &str,
+                value: &str,
+                source: $crate::config::Source<'_>,
+            ) -> $crate::config::Checked {
+                Self::set(&mut $scratch, key, value, source)
             }
         }
 

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use url::Url;
 
-use super::fencing::{FencingTable, MysqlIdentifiers};
+use super::fencing::FencingTable;
 use super::MysqlLocker;
 use crate::config::{
-    decode, display_url, format_address, parse, reason, redact, Param, Source, SqlOptions, Table,
-    SQL_PARAMETERS,
+    decode, display_url, format_address, parse, reason, redact, Checked, Param, Source, SqlOptions,
+    Table, SQL_PARAMETERS,
 };
 use crate::{Error, Result};
 
@@ -225,19 +225,9 @@ impl MysqlLockerBuilder {
         }
     }
 
-    /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
-    pub(super) fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
-        if self
-            .common
-            .set_param::<MysqlIdentifiers>(key, value, source)?
-        {
-            return Ok(());
-        }
+    /// The field table's MySQL part: sets `key` (a name of [`PARAMETERS`]
+    /// past [`SQL_PARAMETERS`]) from text.
+    fn set_own(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked {
         match key {
             // Empty is a namespace too: none, the bare lock name.
             "key_prefix" => self.namespace = Some(value.to_owned()),
@@ -380,14 +370,10 @@ impl MysqlLockerBuilder {
             with_tls,
             ssl_mode: self.ssl_mode,
             fencing,
-            holder_record: self.common.holder_record,
-            sessions: self.common.sessions,
-            idle_waiters: self.common.idle_waiters,
-            max_waiters: self.common.max_waiters,
-            query_timeout: self.common.query_timeout,
             connect_timeout: self.connect_timeout,
             ping_interval: self.ping_interval,
             wait_timeout: self.wait_timeout,
+            options: self.common,
         })
     }
 
@@ -467,12 +453,9 @@ pub(super) struct Settings {
     pub(super) with_tls: Option<mysql_async::Opts>,
     pub(super) ssl_mode: SslMode,
     pub(super) fencing: Option<FencingTable>,
-    /// Grants record their holder in the fencing row.
-    pub(super) holder_record: bool,
-    pub(super) sessions: usize,
-    pub(super) idle_waiters: usize,
-    pub(super) max_waiters: usize,
-    pub(super) query_timeout: Duration,
+    /// The options every SQL backend shares, read as fields of these
+    /// settings (`settings.query_timeout`) through `Deref`.
+    pub(super) options: SqlOptions,
     pub(super) connect_timeout: Duration,
     pub(super) ping_interval: Duration,
     pub(super) wait_timeout: Duration,
@@ -485,8 +468,7 @@ impl fmt::Debug for Settings {
             .field("namespace", &self.namespace)
             .field("ssl_mode", &self.ssl_mode)
             .field("fencing", &self.fencing)
-            .field("sessions", &self.sessions)
-            .field("max_waiters", &self.max_waiters)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }

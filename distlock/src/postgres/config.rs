@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use tokio_postgres::config::{Host, TargetSessionAttrs};
 
-use super::fencing::{FencingTable, PostgresIdentifiers};
+use super::fencing::FencingTable;
 use super::keys::validate_namespace;
 use super::tls::{RootCerts, SslMode, Tls};
 use super::PostgresLocker;
 use crate::config::{
-    display_url, parse, parse_duration_bare, reason, Param, Source, SqlOptions, Table,
+    display_url, parse, parse_duration_bare, reason, Checked, Param, Source, SqlOptions, Table,
     SQL_PARAMETERS,
 };
 use crate::{Error, Result};
@@ -163,19 +163,9 @@ impl PostgresLockerBuilder {
         }
     }
 
-    /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
-    pub(super) fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
-        if self
-            .common
-            .set_param::<PostgresIdentifiers>(key, value, source)?
-        {
-            return Ok(());
-        }
+    /// The field table's Postgres part: sets `key` (a name of
+    /// [`PARAMETERS`] past [`SQL_PARAMETERS`]) from text.
+    fn set_own(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked {
         match key {
             "key_prefix" => self.namespace = value.to_owned(),
             "ping_interval" => self.ping_interval = parse(source, value)?,
@@ -344,15 +334,11 @@ impl PostgresLockerBuilder {
             tls,
             namespace: self.namespace,
             fencing,
-            holder_record: self.common.holder_record,
-            sessions: self.common.sessions,
-            idle_waiters: self.common.idle_waiters,
-            max_waiters: self.common.max_waiters,
-            query_timeout: self.common.query_timeout,
             ping_interval: self.ping_interval,
             ping_timeout: self.ping_timeout,
             idle_session_timeout: self.idle_session_timeout,
             server_keepalive: self.server_keepalive,
+            options: self.common,
         })
     }
 
@@ -422,12 +408,9 @@ pub(super) struct Settings {
     pub(super) tls: Tls,
     pub(super) namespace: String,
     pub(super) fencing: Option<FencingTable>,
-    /// Grants record their holder in the fencing row.
-    pub(super) holder_record: bool,
-    pub(super) sessions: usize,
-    pub(super) idle_waiters: usize,
-    pub(super) max_waiters: usize,
-    pub(super) query_timeout: Duration,
+    /// The options every SQL backend shares, read as fields of these
+    /// settings (`settings.query_timeout`) through `Deref`.
+    pub(super) options: SqlOptions,
     /// A session silent this long is pinged.
     pub(super) ping_interval: Duration,
     /// A ping unanswered this long closes its session.

@@ -33,7 +33,9 @@ sql_config! {
     /// ```
     backend: Mysql("MySQL", "DISTLOCK_MYSQL_", ["mysql", "mariadb"]),
     unknown_parameters_go_to_the_driver: false,
+    builder: MysqlLockerBuilder, identifiers: super::super::fencing::MysqlIdentifiers,
     scratch: MysqlLockerBuilder::blank(String::new(), 0),
+    settings: super::Settings,
 }
 
 impl Config {
@@ -50,8 +52,7 @@ impl Config {
         if let Some(password) = self.0.password() {
             builder.password = Some(password.expose().to_owned());
         }
-        self.0
-            .apply(|key, value, source| builder.set_param(key, value, source))?;
+        self.0.apply(&mut builder)?;
         Ok(builder)
     }
 }

@@ -39,7 +39,9 @@ sql_config! {
     /// ```
     backend: Postgres("Postgres", "DISTLOCK_POSTGRES_", ["postgres", "postgresql"]),
     unknown_parameters_go_to_the_driver: true,
+    builder: PostgresLockerBuilder, identifiers: super::super::fencing::PostgresIdentifiers,
     scratch: PostgresLockerBuilder::from_config(tokio_postgres::Config::new()),
+    settings: super::Settings,
 }
 
 impl Config {
@@ -66,8 +68,7 @@ impl Config {
                 .any(|pair| pair.split('=').next() == Some("keepalives_retries")),
             ..UrlKeepalive::default()
         };
-        self.0
-            .apply(|key, value, source| builder.set_param(key, value, source))?;
+        self.0.apply(&mut builder)?;
         Ok(builder)
     }
 }
