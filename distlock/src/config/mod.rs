@@ -71,7 +71,9 @@ mod source;
 pub(crate) mod sql;
 mod text;
 
-pub(crate) use address::{display_url, format_address, host_of, parse_address, split_list};
+pub(crate) use address::{
+    display_url, format_address, host_of, parse_address, split_authority, split_list,
+};
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) use constructors::serde_config;
 pub(crate) use password::duration_text;

@@ -12,8 +12,8 @@ use url::form_urlencoded;
 pub use crate::config::Password;
 use crate::config::{
     check_positive, decoded_credentials, display_url, duration_text, format_address,
-    optional_password, optional_text, parse, parse_address, redact, set_url_query, split_list,
-    Param, Source, Table,
+    optional_password, optional_text, parse, parse_address, redact, set_url_query, split_authority,
+    split_list, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -189,20 +189,13 @@ impl Config {
                 )))
             }
         };
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
+        let (userinfo, hosts, tail) = split_authority(rest);
         let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
         if !path.is_empty() && path != "/" {
             return Err(bad(format!(
                 "the path {path:?} means nothing here; etcd has no databases"
             )));
         }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
         let mut config = Config {
             tls,
             ..Config::default()

@@ -86,7 +86,6 @@ struct UrlKeepalive {
     idle: bool,
     interval: bool,
     retries: bool,
-    user_timeout: bool,
 }
 
 impl fmt::Debug for PostgresLockerBuilder {
@@ -212,7 +211,6 @@ impl PostgresLockerBuilder {
             "tcp_user_timeout" => {
                 self.client_keepalive.user_timeout =
                     libpq_duration(source, value, Duration::from_millis, "milliseconds")?;
-                self.url_keepalive.user_timeout = true;
             }
             other => return Err(format!("{source}: {other:?} is not a Postgres parameter")),
         }

@@ -10,7 +10,8 @@ use url::Url;
 pub use crate::config::Password;
 use crate::config::{
     decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
-    optional_text, parse, parse_address, redact, set_url_query, split_list, Param, Table,
+    optional_text, parse, parse_address, redact, set_url_query, split_authority, split_list, Param,
+    Table,
 };
 use crate::{Error, Result};
 
@@ -330,12 +331,8 @@ impl Config {
         // Several hosts are comma-separated in the authority, which the url
         // crate does not parse: it reads the URL with the first host only
         // (user info, path and query included), the others are addresses.
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let (user_info, hosts) = match authority.rsplit_once('@') {
-            Some((user_info, hosts)) => (format!("{user_info}@"), hosts),
-            None => (String::new(), authority),
-        };
+        let (user_info, hosts, tail) = split_authority(rest);
+        let user_info = user_info.map(|u| format!("{u}@")).unwrap_or_default();
         if user_info.contains(',') {
             // `u:p@h1,u:p@h2`: the last `@` ends the user info, which then
             // spans hosts. Do not echo it.

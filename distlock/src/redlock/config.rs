@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::config::{camel_to_snake, check_positive, decode, env_vars, parse, redact, Source};
+use crate::config::{
+    camel_to_snake, check_positive, decode, env_vars, parse, redact, split_authority, Source,
+};
 use crate::redis;
 use crate::{Error, Result};
 
@@ -98,22 +100,12 @@ impl Config {
         let rest = url
             .strip_prefix("redlock://")
             .ok_or_else(|| bad("a Redlock URL starts with redlock://".into()))?;
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
+        let (userinfo, hosts, tail) = split_authority(rest);
         let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
         if hosts.iter().any(|h| h.is_empty()) {
             return Err(bad("list the nodes as host:port,host:port,...".into()));
         }
-        let (path, query) = match tail.split_once('?') {
-            Some((path, query)) => (path, query),
-            None => (tail, ""),
-        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
         let mut config = Config::default();
         let mut tls = false;
         let mut node_query = Vec::new();
