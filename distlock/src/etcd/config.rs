@@ -11,9 +11,8 @@ use url::form_urlencoded;
 
 pub use crate::config::Password;
 use crate::config::{
-    check_positive, decoded_credentials, display_url, duration_text, format_address,
-    optional_password, optional_text, parse, parse_address, redact, set_url_query, split_authority,
-    split_list, Param, Source, Table,
+    check_positive, decoded_credentials, display_url, duration_text, format_address, optional_text,
+    parse, parse_address, redact, set_url_query, split_authority, split_list, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -230,12 +229,7 @@ crate::config::serde_config! {
     "etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record,
     fn set_param(&mut self, key, value, source) {
         match key {
-            "username" => self.username = optional_text(value),
-            "password" => self.password = optional_password(value),
             "endpoints" => self.endpoints = split_list(value),
-            "tls" => self.tls = parse(source, value)?,
-            "key_prefix" => self.key_prefix = value.to_owned(),
-            "connect_timeout" => self.connect_timeout = parse(source, value)?,
             "request_timeout" => self.request_timeout = parse(source, value)?,
             "keepalive_timeout" => self.keepalive_timeout = parse(source, value)?,
             // A CA file means TLS, from whatever source it is named.
@@ -245,7 +239,6 @@ crate::config::serde_config! {
                     self.tls |= self.ca_file.is_some();
                 }
             }
-            "holder_record" => self.holder_record = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not an etcd parameter")),
         }
     }
