@@ -200,9 +200,8 @@ pub struct Config {
     /// and [`Locker::list`] report it. Default `true`; URL parameter
     /// `holder_record=false` turns it off: the lock's value is then the bare owner
     /// token, and grants are inspected as held by an unknown holder (see the [module
-    /// docs](super), "Inspection"). Named `holder_record` in every source
-    /// (URL, `DISTLOCK_REDIS_HOLDER_RECORD`, JSON `holderRecord`), as on
-    /// every backend; the older `holder` and `record_holder` are accepted.
+    /// docs](super), "Inspection"). Named `holder_record` in every source,
+    /// as on every backend (see [`crate::config`]).
     ///
     /// [`Locker::inspect`]: crate::Locker::inspect
     /// [`Locker::list`]: crate::Locker::list

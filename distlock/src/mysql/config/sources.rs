@@ -45,8 +45,8 @@ impl Config {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] without a URL, or for one that names no host
-    /// (never showing the password).
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) without a URL,
+    /// or for one that names no host (never showing the password).
     pub fn builder(&self) -> Result<MysqlLockerBuilder> {
         let mut builder = MysqlLockerBuilder::from_connection_url(self.0.url()?)?;
         if let Some(password) = self.0.password() {
