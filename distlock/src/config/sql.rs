@@ -27,9 +27,11 @@ const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
 /// How long opening a connection may take, by default.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The parameters every SQL backend takes (a backend's table lists them
-/// after its `key_prefix`): [`SqlOptions`] reads them.
+/// The parameters every SQL backend takes, first in its table:
+/// [`SqlOptions`] reads them, but for `key_prefix` (each backend has its
+/// own rules for a namespace).
 pub(crate) const SQL_PARAMETERS: &[Param] = &[
+    Param::url("key_prefix", &["prefix", "namespace"]),
     Param::url("fencing", &[]),
     Param::url("fencing_table", &[]),
     Param::url("holder_record", &["holder", "record_holder"]),
@@ -68,8 +70,8 @@ impl SqlOptions {
         }
     }
 
-    /// Sets `key` if it is one of [`SQL_PARAMETERS`]: `Ok(false)` for
-    /// another key, left to the backend. `I` is the server's identifier
+    /// Sets `key` if it is one of these options: `Ok(false)` for another
+    /// key, left to the backend. `I` is the server's identifier
     /// rules (the fencing table's name is only split here, checked at
     /// build time).
     pub(crate) fn set_param<I: Identifiers>(
@@ -385,7 +387,8 @@ pub(crate) fn reason(error: Error) -> String {
 /// constructors every backend shares, documented for the backend, and the
 /// [`SqlBackend`] description of it (`PARAMETERS` is the invoking module's
 /// table; `builder` reads the shared options into its field `common` and
-/// its own with `set_own`, and `identifiers` are its server's rules for
+/// its own with `set_own`, and its `Debug` shows them with its `target()`,
+/// `namespace` and `ssl_mode`; `identifiers` are its server's rules for
 /// the fencing table's name; each value is checked as it is read by
 /// setting it on `scratch`,
 /// a builder with every default), and reads its `settings`' shared options
@@ -399,6 +402,18 @@ macro_rules! sql_config {
         scratch: $scratch:expr,
         settings: $settings:ty $(,)?
     ) => {
+        // Never the password: the target is written without it.
+        impl ::std::fmt::Debug for $builder {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($builder))
+                    .field("target", &self.target())
+                    .field("namespace", &self.namespace)
+                    .field("ssl_mode", &self.ssl_mode)
+                    .field("options", &self.common)
+                    .finish_non_exhaustive()
+            }
+        }
+
         // The locker's settings read the shared options as their own
         // fields (`settings.query_timeout`).
         impl ::std::ops::Deref for $settings {

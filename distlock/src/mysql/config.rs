@@ -135,22 +135,10 @@ pub struct MysqlLockerBuilder {
     wait_timeout: Duration,
 }
 
-impl fmt::Debug for MysqlLockerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlLockerBuilder")
-            .field("target", &self.target())
-            .field("namespace", &self.namespace)
-            .field("ssl_mode", &self.ssl_mode)
-            .field("options", &self.common)
-            .finish_non_exhaustive()
-    }
-}
-
 /// distlock's MySQL parameters, by their one name and their older
 /// spellings: the field table URL parameters, `DISTLOCK_MYSQL_*` variables,
 /// JSON and YAML are read through (see [`crate::config`]).
 pub(crate) const PARAMETERS: Table = Table(&[
-    &[Param::url("key_prefix", &["prefix", "namespace"])],
     SQL_PARAMETERS,
     &[
         Param::url("connect_timeout", &[]),

@@ -1,7 +1,6 @@
 //! Settings of a [`PostgresLocker`](super::PostgresLocker): from a URL, then
 //! adjusted through [`PostgresLockerBuilder`].
 
-use std::fmt;
 use std::time::Duration;
 
 use tokio_postgres::config::{Host, TargetSessionAttrs};
@@ -88,17 +87,6 @@ struct UrlKeepalive {
     retries: bool,
 }
 
-impl fmt::Debug for PostgresLockerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresLockerBuilder")
-            .field("target", &describe_target(&self.pg))
-            .field("ssl_mode", &self.ssl_mode)
-            .field("namespace", &self.namespace)
-            .field("options", &self.common)
-            .finish_non_exhaustive()
-    }
-}
-
 /// distlock's own parameters, by their one name and their older spellings:
 /// the field table URL parameters, `DISTLOCK_POSTGRES_*` variables, JSON and
 /// YAML are read through (see [`crate::config`]); a URL's other parameters
@@ -106,7 +94,6 @@ impl fmt::Debug for PostgresLockerBuilder {
 /// `keepalives_interval` and `tcp_user_timeout` are libpq's, read here so
 /// that they accept units, with libpq's unit for a bare number.
 pub(crate) const PARAMETERS: Table = Table(&[
-    &[Param::url("key_prefix", &["namespace", "prefix"])],
     SQL_PARAMETERS,
     &[
         Param::url("ping_interval", &[]),
@@ -327,7 +314,7 @@ impl PostgresLockerBuilder {
         self.apply_connection_defaults();
         self.check_pings_fit_the_server_window()?;
         Ok(Settings {
-            target: describe_target(&self.pg),
+            target: self.target(),
             pg: self.pg,
             tls,
             namespace: self.namespace,
@@ -479,9 +466,16 @@ impl Settings {
     }
 }
 
-/// `postgres://user@host:port,host2:port/dbname`: where a config points,
-/// never with its password.
-pub(super) fn describe_target(pg: &tokio_postgres::Config) -> String {
+impl PostgresLockerBuilder {
+    /// `postgres://user@host:port,host2:port/dbname`: where it points,
+    /// never with its password.
+    fn target(&self) -> String {
+        describe_target(&self.pg)
+    }
+}
+
+/// See [`PostgresLockerBuilder::target`].
+fn describe_target(pg: &tokio_postgres::Config) -> String {
     let ports = pg.get_ports();
     let hosts: Vec<String> = pg
         .get_hosts()
