@@ -45,7 +45,7 @@ pub(crate) trait Parse: Sized {
 pub(crate) type Checked<T = ()> = std::result::Result<T, String>;
 
 /// Reads `text` as a `T`; the error names the source and what was expected.
-pub(crate) fn parse<T: Parse>(source: Source<'_>, text: &str) -> std::result::Result<T, String> {
+pub(crate) fn parse<T: Parse>(source: Source<'_>, text: &str) -> Checked<T> {
     T::parse_text(text.trim()).ok_or_else(|| expected(source, text, T::EXPECTED))
 }
 
@@ -80,7 +80,7 @@ pub(crate) fn parse_duration_bare(
     text: &str,
     bare: fn(u64) -> Duration,
     bare_unit: &str,
-) -> std::result::Result<Duration, String> {
+) -> Checked<Duration> {
     parse_duration_with(text.trim(), bare).ok_or_else(|| {
         let what = format!("a duration like 500ms or 5s (a bare number is {bare_unit} here)");
         expected(source, text, &what)
@@ -210,12 +210,7 @@ pub(crate) trait FieldTable: Default {
     const PARAMETERS: Table;
 
     /// Sets `key` (a name of [`PARAMETERS`](Self::PARAMETERS)) from text.
-    fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String>;
+    fn set_param(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked;
 }
 
 /// Sets each URL query parameter through `C`'s field table. A parameter
@@ -231,7 +226,7 @@ pub(crate) fn set_url_query<'q, C: FieldTable>(
     query: impl IntoIterator<Item = (Cow<'q, str>, Cow<'q, str>)>,
     allowed: impl Fn(&str) -> bool,
     note: &str,
-) -> std::result::Result<(), String> {
+) -> Checked {
     for (name, value) in query {
         let key = C::PARAMETERS
             .find_in_url(&name)
@@ -247,7 +242,7 @@ pub(crate) fn set_url_query<'q, C: FieldTable>(
 
 /// Fails naming the first of `durations` that is zero: timeouts and
 /// intervals must be positive.
-pub(crate) fn check_positive(durations: &[(&str, Duration)]) -> std::result::Result<(), String> {
+pub(crate) fn check_positive(durations: &[(&str, Duration)]) -> Checked {
     match durations.iter().find(|(_, value)| value.is_zero()) {
         Some((name, _)) => Err(format!("{name} is zero; it must be positive")),
         None => Ok(()),

@@ -79,7 +79,7 @@ impl SqlOptions {
         key: &str,
         value: &str,
         source: Source<'_>,
-    ) -> std::result::Result<bool, String> {
+    ) -> Checked<bool> {
         match key {
             "fencing" => self.fencing_enabled = parse(source, value)?,
             "fencing_table" => self.fencing_table = Some(FencingTable::<I>::split(value)),
@@ -330,12 +330,7 @@ impl<B: SqlBackend> SqlConfig<B> {
             .map_err(|reason| Error::invalid("config", reason))
     }
 
-    fn set_param(
-        &mut self,
-        key: &'static str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
+    fn set_param(&mut self, key: &'static str, value: &str, source: Source<'_>) -> Checked {
         B::check(key, value, source)?;
         self.settings.push((key, value.to_owned()));
         Ok(())

@@ -501,7 +501,7 @@ fn libpq_duration(
     value: &str,
     bare: fn(u64) -> Duration,
     unit: &str,
-) -> std::result::Result<Duration, String> {
+) -> Checked<Duration> {
     parse_duration_bare(source, value, bare, &format!("{unit}, as in libpq"))
 }
 

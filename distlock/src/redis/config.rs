@@ -10,8 +10,8 @@ use url::Url;
 pub use crate::config::Password;
 use crate::config::{
     decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
-    optional_text, parse, parse_address, redact, set_url_query, split_authority, split_list, Param,
-    Table,
+    optional_text, parse, parse_address, redact, set_url_query, split_authority, split_list,
+    Checked, Param, Table,
 };
 use crate::{Error, Result};
 
@@ -431,7 +431,7 @@ enum Kind {
 }
 
 /// The database a URL's path or `db` parameter names (0 if none).
-fn parse_db(path: &str) -> std::result::Result<i64, String> {
+fn parse_db(path: &str) -> Checked<i64> {
     match path.trim_start_matches('/') {
         "" => Ok(0),
         db => db

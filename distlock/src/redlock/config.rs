@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::config::{
-    camel_to_snake, check_positive, decode, env_vars, parse, redact, split_authority, Source,
+    camel_to_snake, check_positive, decode, env_vars, parse, redact, split_authority, Checked,
+    Source,
 };
 use crate::redis;
 use crate::{Error, Result};
@@ -258,10 +259,7 @@ impl Config {
     /// A JSON object or YAML mapping, read as one value: Redlock's own
     /// fields are taken out, the rest are the nodes' ([`redis::Config`]'s
     /// strict parser).
-    fn from_value(
-        value: std::result::Result<serde_json::Value, String>,
-        format: &str,
-    ) -> Result<Config> {
+    fn from_value(value: Checked<serde_json::Value>, format: &str) -> Result<Config> {
         let bad =
             |e: String| Error::invalid("config", format!("invalid Redlock config {format}: {e}"));
         let mut value = value.map_err(bad)?;
@@ -285,12 +283,7 @@ impl Config {
     /// Sets Redlock's own setting `key` (`node_timeout`, `drift_factor`,
     /// `min_validity`) from text; `Ok(false)` if `key` is none of them (it
     /// is the nodes').
-    fn set_own(
-        &mut self,
-        key: &str,
-        text: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<bool, String> {
+    fn set_own(&mut self, key: &str, text: &str, source: Source<'_>) -> Checked<bool> {
         match key {
             "node_timeout" => self.node_timeout = parse(source, text)?,
             "min_validity" => self.min_validity = parse(source, text)?,
@@ -360,7 +353,7 @@ fn own_fields<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
         .collect()
 }
 
-fn parse_factor(source: Source<'_>, value: &str) -> std::result::Result<f64, String> {
+fn parse_factor(source: Source<'_>, value: &str) -> Checked<f64> {
     match value.trim().parse::<f64>() {
         Ok(factor) if (0.0..=0.5).contains(&factor) => Ok(factor),
         _ => Err(format!(

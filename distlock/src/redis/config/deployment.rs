@@ -12,7 +12,7 @@ use redis::{
 };
 
 use super::{Config, DEFAULT_PORT, DEFAULT_SENTINEL_PORT, ENV_PREFIX};
-use crate::config::{check_positive, display_url, format_address, parse_address};
+use crate::config::{check_positive, display_url, format_address, parse_address, Checked};
 use crate::{Error, Result};
 
 impl Config {
@@ -225,7 +225,7 @@ impl Config {
     }
 
     /// TLS files only with TLS, and a client certificate only with its key.
-    fn check_tls_files(&self) -> std::result::Result<(), String> {
+    fn check_tls_files(&self) -> Checked {
         let any_file = self.tls_ca.is_some()
             || self.tls_client_cert.is_some()
             || self.tls_client_key.is_some();
