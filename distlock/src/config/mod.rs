@@ -92,6 +92,7 @@ pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 /// Builder methods that each set one field and return the builder, from
 /// their docs, names, argument types and fields (`common.sessions`): the
 /// plain options of the SQL builders, each written once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 macro_rules! setters {
     ($($(#[$attr:meta])* $name:ident($ty:ty) => $($field:ident).+;)*) => {$(
         $(#[$attr])*
@@ -101,6 +102,7 @@ macro_rules! setters {
         }
     )*};
 }
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use setters;
 
 /// Fails if the `Debug` text of any of `values` shows `secret`.
