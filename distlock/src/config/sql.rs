@@ -132,7 +132,8 @@ impl SqlOptions {
     }
 }
 
-/// What a SQL backend tells the shared reader about itself.
+/// What a SQL backend tells the shared reader about itself. (A unit
+/// struct: `Default` lets a [`SqlConfig`] of it derive its own.)
 pub(crate) trait SqlBackend: Default {
     /// The backend's name in messages (`Postgres`).
     const NAME: &'static str;
@@ -380,14 +381,18 @@ pub(crate) fn reason(error: Error) -> String {
 
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
-/// [`SqlBackend`] description of it (`PARAMETERS` is the invoking module's
-/// table; `builder` reads the shared options into its field `common` and
-/// its own with `set_own`, and its `Debug` shows them with its `target()`,
-/// `namespace` and `ssl_mode`; `identifiers` are its server's rules for
-/// the fencing table's name; each value is checked as it is read by
-/// setting it on `scratch`,
-/// a builder with every default), and reads its `settings`' shared options
-/// through `Deref`. The backend adds `builder()`.
+/// [`SqlBackend`] description of it. `PARAMETERS` is the invoking module's
+/// table. The builder (`builder`):
+///
+/// - holds the shared options in its field `common` and reads its own
+///   parameters with `set_own`;
+/// - gets a `Debug` showing its `target()`, `namespace`, `ssl_mode` and
+///   shared options;
+/// - names the fencing table by `identifiers`' rules;
+/// - checks each value as it is read, set on `scratch` (every default).
+///
+/// The locker's `settings` read the shared options through `Deref`. The
+/// backend adds `Config::builder()`.
 macro_rules! sql_config {
     (
         $(#[$meta:meta])*
