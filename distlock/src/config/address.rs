@@ -56,6 +56,26 @@ pub(crate) fn format_address(host: &str, port: u16) -> String {
     }
 }
 
+/// What follows `scheme://` in a URL that may list several hosts
+/// (`u:p@h1,h2/db?x=1`), which the url crate cannot parse: the user
+/// information before the authority's last `@`, the hosts, and the rest
+/// (path, query, fragment).
+pub(crate) fn split_authority(rest: &str) -> (Option<&str>, &str, &str) {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => (Some(user_info), hosts, tail),
+        None => (None, authority, tail),
+    }
+}
+
+/// `scheme://user@hosts<tail>`: where a config points, for messages and
+/// `Debug`, never with a password.
+pub(crate) fn display_url(scheme: &str, user: Option<&str>, hosts: &str, tail: &str) -> String {
+    let user = user.map(|u| format!("{u}@")).unwrap_or_default();
+    format!("{scheme}://{user}{hosts}{tail}")
+}
+
 /// A comma-separated list as a variable holds it (`" a:1 , b:2,"`): the
 /// items trimmed, empty ones dropped. Checked later, against the
 /// deployment's default port.

@@ -3,11 +3,6 @@
 
 use crate::{Error, Result};
 
-/// The constructors a serde-derived `Config` (Redis, etcd) shares, each
-/// reaching the one field table or the type's serde fields, and its
-/// [`FieldTable`] around the backend's `set_param` body (a `match` on the
-/// parameter's one name). `$module` is the public module, `$env` its
-/// `ENV_PREFIX`, `$holder` the field `holder_record` sets (for examples).
 /// A config read from JSON or YAML, or [`Error::InvalidInput`] naming the
 /// backend and the format with the parser's reason.
 pub(crate) fn or_invalid_config<T, E: std::fmt::Display>(
@@ -18,6 +13,11 @@ pub(crate) fn or_invalid_config<T, E: std::fmt::Display>(
     read.map_err(|e| Error::invalid("config", format!("invalid {backend} config {format}: {e}")))
 }
 
+/// The constructors a serde-derived `Config` (Redis, etcd) shares, each
+/// reaching the one field table or the type's serde fields, and its
+/// [`FieldTable`](super::FieldTable) around the backend's `set_param` body (a `match` on the
+/// parameter's one name). `$module` is the public module, `$env` its
+/// `ENV_PREFIX`, `$holder` the field `holder_record` sets.
 macro_rules! serde_config {
     (
         $name:literal, $module:literal, $env:literal, holder: $holder:ident,
@@ -28,14 +28,25 @@ macro_rules! serde_config {
             const PARAMETERS: $crate::config::Table = PARAMETERS;
 
             /// The field table: `key` is a name of [`PARAMETERS`]. Empty
-            /// text leaves an optional field unset.
+            /// text leaves an optional field unset. The parameters both
+            /// backends have, by the same field names, are read here; the
+            /// backend's `set_param` body reads the others.
             fn set_param(
                 &mut $self,
                 $key: &str,
                 $value: &str,
                 $source: $crate::config::Source<'_>,
-            ) -> ::std::result::Result<(), String> {
-                $body
+            ) -> $crate::config::Checked {
+                use $crate::config as c;
+                match $key {
+                    "username" => $self.username = c::optional_text($value),
+                    "password" => $self.password = c::optional_password($value),
+                    "tls" => $self.tls = c::parse($source, $value)?,
+                    "key_prefix" => $self.key_prefix = $value.to_owned(),
+                    "connect_timeout" => $self.connect_timeout = c::parse($source, $value)?,
+                    "holder_record" => $self.$holder = c::parse($source, $value)?,
+                    _ => $body,
+                }
                 Ok(())
             }
         }

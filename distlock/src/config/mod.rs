@@ -10,6 +10,15 @@
 //! (The shape follows object_store's `config.rs`: one parse trait, and
 //! builders that funnel every source into one `with_config(key, value)`.)
 //!
+//! # Sources
+//!
+//! Every backend's `Config` is read the same ways: `from_url`, `from_env`
+//! (or `from_env_vars` over given pairs), `from_json`, `from_yaml`, and
+//! `set(key, value)` for one parameter; Redis's and etcd's can also be
+//! written in code from `Config::default()`. JSON and YAML fields are
+//! camelCase or snake_case, with the older names listed below; unknown
+//! fields are rejected. `Debug` never shows a password.
+//!
 //! # Values
 //!
 //! - **Durations**: `500ms`, `5s`, `1m30s`, `2h` (humantime's syntax). A
@@ -59,22 +68,51 @@ mod password;
 mod serde_value;
 mod source;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-mod sql;
+pub(crate) mod sql;
 mod text;
 
-pub(crate) use address::{format_address, host_of, parse_address, split_list};
+pub(crate) use address::{
+    display_url, format_address, host_of, parse_address, split_authority, split_list,
+};
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) use constructors::serde_config;
 pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
 pub(crate) use source::{
-    env_vars, optional_password, optional_text, parse, parse_duration_bare, read_env, set_by_name,
-    set_url_query, FieldTable, Param, Parse, Source, Table,
+    check_positive, env_vars, optional_password, optional_text, parse, parse_duration_bare,
+    read_env, set_by_name, set_url_query, Checked, FieldTable, Param, Parse, Source, Table,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) use sql::{reason, sql_builder_options, sql_config, SqlBackend, SqlConfig};
+pub(crate) use sql::{
+    reason, sql_builder_options, sql_config, SqlBackend, SqlConfig, SqlOptions, SQL_PARAMETERS,
+};
 pub(crate) use text::{decode, decoded, decoded_credentials, redact};
+
+/// Builder methods that each set one field and return the builder, from
+/// their docs, names, argument types and fields (`common.sessions`): the
+/// plain options of the SQL builders, each written once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! setters {
+    ($($(#[$attr:meta])* $name:ident($ty:ty) => $($field:ident).+;)*) => {$(
+        $(#[$attr])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$($field).+ = value;
+            self
+        }
+    )*};
+}
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use setters;
+
+/// Fails if the `Debug` text of any of `values` shows `secret`.
+#[cfg(test)]
+pub(crate) fn assert_hidden(secret: &str, values: &[&dyn std::fmt::Debug]) {
+    for value in values {
+        let text = format!("{value:?}");
+        assert!(!text.contains(secret), "{text}");
+    }
+}
 
 /// Fails unless README.md's parameter table has a row
 /// `| <backend> | `name` | ...` for each URL parameter of `table`, naming
@@ -82,7 +120,7 @@ pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 /// one field table.
 #[cfg(test)]
 pub(crate) fn assert_in_readme(backend: &str, table: Table) {
-    let names = table.0.iter().filter(|p| p.in_url);
+    let names = table.params().filter(|p| p.in_url);
     for param in names {
         let row = readme_row(backend, param.name);
         for alias in param.aliases {

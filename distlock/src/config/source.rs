@@ -40,8 +40,12 @@ pub(crate) trait Parse: Sized {
     fn parse_text(text: &str) -> Option<Self>;
 }
 
+/// A value read from text, or why not (naming the parameter and its
+/// source): what the field tables return, made an [`Error`] by their caller.
+pub(crate) type Checked<T = ()> = std::result::Result<T, String>;
+
 /// Reads `text` as a `T`; the error names the source and what was expected.
-pub(crate) fn parse<T: Parse>(source: Source<'_>, text: &str) -> std::result::Result<T, String> {
+pub(crate) fn parse<T: Parse>(source: Source<'_>, text: &str) -> Checked<T> {
     T::parse_text(text.trim()).ok_or_else(|| expected(source, text, T::EXPECTED))
 }
 
@@ -76,7 +80,7 @@ pub(crate) fn parse_duration_bare(
     text: &str,
     bare: fn(u64) -> Duration,
     bare_unit: &str,
-) -> std::result::Result<Duration, String> {
+) -> Checked<Duration> {
     parse_duration_with(text.trim(), bare).ok_or_else(|| {
         let what = format!("a duration like 500ms or 5s (a bare number is {bare_unit} here)");
         expected(source, text, &what)
@@ -150,15 +154,20 @@ impl Param {
     }
 }
 
-/// A backend's field table: every parameter its sources may set.
+/// A backend's field table: every parameter its sources may set, in
+/// parts (the SQL backends share one part, [`SQL_PARAMETERS`](super::SQL_PARAMETERS)).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Table(pub(crate) &'static [Param]);
+pub(crate) struct Table(pub(crate) &'static [&'static [Param]]);
 
 impl Table {
+    /// Every parameter, part after part.
+    pub(crate) fn params(&self) -> impl Iterator<Item = &'static Param> {
+        self.0.iter().copied().flatten()
+    }
+
     /// The parameter `key` names (by its name or an alias), in any source.
     pub(crate) fn find(&self, key: &str) -> Option<&'static Param> {
-        self.0
-            .iter()
+        self.params()
             .find(|p| p.name == key || p.aliases.contains(&key))
     }
 
@@ -172,7 +181,7 @@ impl Table {
     /// errors.
     pub(crate) fn url_names(&self) -> String {
         let mut names = Vec::new();
-        for param in self.0.iter().filter(|p| p.in_url) {
+        for param in self.params().filter(|p| p.in_url) {
             if param.aliases.is_empty() {
                 names.push(param.name.to_owned());
             } else {
@@ -201,12 +210,7 @@ pub(crate) trait FieldTable: Default {
     const PARAMETERS: Table;
 
     /// Sets `key` (a name of [`PARAMETERS`](Self::PARAMETERS)) from text.
-    fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String>;
+    fn set_param(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked;
 }
 
 /// Sets each URL query parameter through `C`'s field table. A parameter
@@ -222,7 +226,7 @@ pub(crate) fn set_url_query<'q, C: FieldTable>(
     query: impl IntoIterator<Item = (Cow<'q, str>, Cow<'q, str>)>,
     allowed: impl Fn(&str) -> bool,
     note: &str,
-) -> std::result::Result<(), String> {
+) -> Checked {
     for (name, value) in query {
         let key = C::PARAMETERS
             .find_in_url(&name)
@@ -234,6 +238,15 @@ pub(crate) fn set_url_query<'q, C: FieldTable>(
         config.set_param(key, &value, Source::Url(&name))?;
     }
     Ok(())
+}
+
+/// Fails naming the first of `durations` that is zero: timeouts and
+/// intervals must be positive.
+pub(crate) fn check_positive(durations: &[(&str, Duration)]) -> Checked {
+    match durations.iter().find(|(_, value)| value.is_zero()) {
+        Some((name, _)) => Err(format!("{name} is zero; it must be positive")),
+        None => Ok(()),
+    }
 }
 
 /// Text for an optional field: trimmed, `None` if empty (a set but empty
@@ -359,10 +372,10 @@ mod tests {
 
     #[test]
     fn tables_resolve_aliases_and_env_names() {
-        const TABLE: Table = Table(&[
+        const TABLE: Table = Table(&[&[
             Param::url("holder_record", &["holder", "record_holder"]),
             Param::other("password", &[]),
-        ]);
+        ]]);
         assert_eq!(TABLE.find_in_url("holder"), Some("holder_record"));
         assert_eq!(TABLE.find_in_url("password"), None);
         assert_eq!(

@@ -6,15 +6,135 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use super::{
-    camel_to_snake, decode, optional_password, redact, Password, Settings, Source, Table,
-    YamlSettings,
+    camel_to_snake, decode, optional_password, parse, redact, Checked, Param, Password, Settings,
+    Source, Table, YamlSettings,
 };
+use crate::sql::fencing::{FencingTable, Identifiers};
 use crate::{Error, Result};
 
-/// What a SQL backend tells the shared reader about itself.
-pub(crate) trait SqlBackend {
+/// Shared sessions carrying locks taken without waiting, by default.
+pub const DEFAULT_SESSIONS: usize = 4;
+/// Idle connections kept for the next native wait, by default.
+pub const DEFAULT_IDLE_WAITERS: usize = 2;
+/// Waiter connections (for native waits and the locks they win, idle ones
+/// included) a locker may have open at once, by default.
+pub const DEFAULT_MAX_WAITERS: usize = 16;
+/// The largest `max_waiters` accepted: tokio's semaphore limit.
+const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
+/// How long opening a connection may take, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The parameters every SQL backend takes, first in its table:
+/// [`SqlOptions`] reads them, but for `key_prefix` (each backend has its
+/// own rules for a namespace).
+pub(crate) const SQL_PARAMETERS: &[Param] = &[
+    Param::url("key_prefix", &["prefix", "namespace"]),
+    Param::url("fencing", &[]),
+    Param::url("fencing_table", &[]),
+    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::url("sessions", &[]),
+    Param::url("idle_waiters", &[]),
+    Param::url("max_waiters", &[]),
+    Param::url("query_timeout", &[]),
+];
+
+/// The options both SQL lockers' builders take alike (fencing, holder
+/// records, the session pool, the query timeout), with their one parser
+/// and their one check; each builder holds one.
+#[derive(Debug, Clone)]
+pub(crate) struct SqlOptions {
+    pub(crate) fencing_enabled: bool,
+    /// `(schema, table)`, checked at build time; `None` for the default.
+    pub(crate) fencing_table: Option<(Option<String>, String)>,
+    pub(crate) holder_record: bool,
+    pub(crate) sessions: usize,
+    pub(crate) idle_waiters: usize,
+    pub(crate) max_waiters: usize,
+    pub(crate) query_timeout: Duration,
+}
+
+impl SqlOptions {
+    /// Every default, with the backend's own default query timeout.
+    pub(crate) fn new(query_timeout: Duration) -> Self {
+        SqlOptions {
+            fencing_enabled: true,
+            fencing_table: None,
+            holder_record: true,
+            sessions: DEFAULT_SESSIONS,
+            idle_waiters: DEFAULT_IDLE_WAITERS,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            query_timeout,
+        }
+    }
+
+    /// Sets `key` if it is one of these options: `Ok(false)` for another
+    /// key, left to the backend. `I` is the server's identifier
+    /// rules (the fencing table's name is only split here, checked at
+    /// build time).
+    pub(crate) fn set_param<I: Identifiers>(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: Source<'_>,
+    ) -> Checked<bool> {
+        match key {
+            "fencing" => self.fencing_enabled = parse(source, value)?,
+            "fencing_table" => self.fencing_table = Some(FencingTable::<I>::split(value)),
+            "holder_record" => self.holder_record = parse(source, value)?,
+            "sessions" => self.sessions = parse(source, value)?,
+            "idle_waiters" => self.idle_waiters = parse(source, value)?,
+            "max_waiters" => {
+                self.max_waiters = parse(source, value)
+                    .ok()
+                    .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "{source}: {value:?}: expected an integer from 1 to {MAX_MAX_WAITERS}"
+                        )
+                    })?;
+            }
+            "query_timeout" => self.query_timeout = parse(source, value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Checks the pool's sizes and the query timeout, and returns the
+    /// fencing table (`None` without fencing), checked by `I`'s rules.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the option that cannot be used.
+    pub(crate) fn check<I: Identifiers>(&self) -> Result<Option<FencingTable<I>>> {
+        if self.sessions == 0 {
+            return Err(Error::invalid("sessions", "at least one session is needed"));
+        }
+        if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
+            return Err(Error::invalid(
+                "max_waiters",
+                format!("max_waiters must be 1 to {MAX_MAX_WAITERS}"),
+            ));
+        }
+        if self.query_timeout.is_zero() {
+            return Err(Error::invalid(
+                "query_timeout",
+                "the query timeout must be positive",
+            ));
+        }
+        match (self.fencing_enabled, &self.fencing_table) {
+            (false, _) => Ok(None),
+            (true, Some((schema, table))) => FencingTable::new(schema.as_deref(), table).map(Some),
+            (true, None) => Ok(Some(FencingTable::default())),
+        }
+    }
+}
+
+/// What a SQL backend tells the shared reader about itself. (A unit
+/// struct: `Default` lets a [`SqlConfig`] of it derive its own.)
+pub(crate) trait SqlBackend: Default {
     /// The backend's name in messages (`Postgres`).
     const NAME: &'static str;
     /// The URL schemes it reads (`postgres`, `postgresql`).
@@ -27,37 +147,26 @@ pub(crate) trait SqlBackend {
     /// passes them to tokio-postgres) rather than mistakes.
     const PASSES_ON_UNKNOWN: bool;
 
-    /// Checks `value` for the parameter `key` (its one name) as the
-    /// builder will read it.
-    fn check(key: &'static str, value: &str, source: Source<'_>)
-        -> std::result::Result<(), String>;
+    /// Its locker builder, which reads the parameters.
+    type Builder;
+
+    /// Sets the parameter `key` (its one name) on `builder` from text: the
+    /// shared options, or the backend's own.
+    fn set(builder: &mut Self::Builder, key: &str, value: &str, source: Source<'_>) -> Checked;
+
+    /// Checks `value` for the parameter `key` as a builder reads it.
+    fn check(key: &str, value: &str, source: Source<'_>) -> Checked;
 }
 
 /// A connection URL, a password, and the backend's own parameters as
-/// checked text, in the order they were set (a later one wins).
+/// checked text, in the order they were set (a later one wins). (The
+/// derives ask `B`, a unit struct, for the same traits.)
+#[derive(Clone, PartialEq, Default)]
 pub(crate) struct SqlConfig<B> {
     url: Option<String>,
     password: Option<Password>,
     settings: Vec<(&'static str, String)>,
     backend: PhantomData<fn() -> B>,
-}
-
-impl<B> Clone for SqlConfig<B> {
-    fn clone(&self) -> Self {
-        SqlConfig {
-            url: self.url.clone(),
-            password: self.password.clone(),
-            settings: self.settings.clone(),
-            backend: PhantomData,
-        }
-    }
-}
-
-impl<B> PartialEq for SqlConfig<B> {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.url, &self.password, &self.settings)
-            == (&other.url, &other.password, &other.settings)
-    }
 }
 
 impl<B> fmt::Debug for SqlConfig<B> {
@@ -67,17 +176,6 @@ impl<B> fmt::Debug for SqlConfig<B> {
             .field("password", &self.password)
             .field("settings", &self.settings)
             .finish()
-    }
-}
-
-impl<B> Default for SqlConfig<B> {
-    fn default() -> Self {
-        SqlConfig {
-            url: None,
-            password: None,
-            settings: Vec::new(),
-            backend: PhantomData,
-        }
     }
 }
 
@@ -233,12 +331,7 @@ impl<B: SqlBackend> SqlConfig<B> {
             .map_err(|reason| Error::invalid("config", reason))
     }
 
-    fn set_param(
-        &mut self,
-        key: &'static str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
+    fn set_param(&mut self, key: &'static str, value: &str, source: Source<'_>) -> Checked {
         B::check(key, value, source)?;
         self.settings.push((key, value.to_owned()));
         Ok(())
@@ -263,11 +356,17 @@ impl<B: SqlBackend> SqlConfig<B> {
         self.password.as_ref()
     }
 
-    /// The parameters, by their one name, in the order set.
-    pub(crate) fn settings(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        self.settings
-            .iter()
-            .map(|(key, value)| (*key, value.as_str()))
+    /// Sets each parameter on `builder`, in the order set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a value the builder refuses.
+    pub(crate) fn apply(&self, builder: &mut B::Builder) -> Result<()> {
+        for (key, value) in &self.settings {
+            B::set(builder, key, value, Source::Field(key))
+                .map_err(|reason| Error::invalid("config", reason))?;
+        }
+        Ok(())
     }
 }
 
@@ -282,17 +381,51 @@ pub(crate) fn reason(error: Error) -> String {
 
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
-/// [`SqlBackend`] description of it (`PARAMETERS` is the invoking module's
-/// table; `check` reads one value as the builder will). The backend adds
-/// `builder()`.
+/// [`SqlBackend`] description of it. `PARAMETERS` is the invoking module's
+/// table. The builder (`builder`):
+///
+/// - holds the shared options in its field `common` and reads its own
+///   parameters with `set_own`;
+/// - gets a `Debug` showing its `target()`, `namespace`, `ssl_mode` and
+///   shared options;
+/// - names the fencing table by `identifiers`' rules;
+/// - checks each value as it is read, set on `scratch` (every default).
+///
+/// The locker's `settings` read the shared options through `Deref`. The
+/// backend adds `Config::builder()`.
 macro_rules! sql_config {
     (
         $(#[$meta:meta])*
         backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
         unknown_parameters_go_to_the_driver: $passes_on:literal,
-        check: $check:expr $(,)?
+        builder: $builder:ty, identifiers: $identifiers:ty,
+        scratch: $scratch:expr,
+        settings: $settings:ty $(,)?
     ) => {
+        // Never the password: the target is written without it.
+        impl ::std::fmt::Debug for $builder {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($builder))
+                    .field("target", &self.target())
+                    .field("namespace", &self.namespace)
+                    .field("ssl_mode", &self.ssl_mode)
+                    .field("options", &self.common)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        // The locker's settings read the shared options as their own
+        // fields (`settings.query_timeout`).
+        impl ::std::ops::Deref for $settings {
+            type Target = $crate::config::SqlOptions;
+
+            fn deref(&self) -> &$crate::config::SqlOptions {
+                &self.options
+            }
+        }
+
         /// The backend as the shared SQL configuration reader sees it.
+        #[derive(Clone, PartialEq, Default)]
         pub(crate) struct $backend;
 
         impl $crate::config::SqlBackend for $backend {
@@ -304,14 +437,26 @@ macro_rules! sql_config {
             const PARAMETERS: $crate::config::Table = PARAMETERS;
             const PASSES_ON_UNKNOWN: bool = $passes_on;
 
-            fn check(
-                key: &'static str,
+            type Builder = $builder;
+
+            fn set(
+                builder: &mut $builder,
+                key: &str,
                 value: &str,
                 source: $crate::config::Source<'_>,
-            ) -> ::std::result::Result<(), String> {
-                let check: fn(&'static str, &str, $crate::config::Source<'_>)
-                    -> ::std::result::Result<(), String> = $check;
-                check(key, value, source)
+            ) -> $crate::config::Checked {
+                if builder.common.set_param::<$identifiers>(key, value, source)? {
+                    return Ok(());
+                }
+                builder.set_own(key, value, source)
+            }
+
+            fn check(
+                key: &str,
+                value: &str,
+                source: $crate::config::Source<'_>,
+            ) -> $crate::config::Checked {
+                Self::set(&mut $scratch, key, value, source)
             }
         }
 
@@ -409,64 +554,51 @@ macro_rules! sql_builder_options {
         default_schema: $default_schema:literal,
         query_timeout_note: $query_timeout_note:literal $(,)?
     ) => {
-        #[doc = concat!("Turns fencing tokens on (the default) or off. Off, acquires are a bare `",
-            $bare_lock, "`, no table is created, and leases carry no fencing token.")]
-        pub fn fencing(mut self, enabled: bool) -> Self {
-            self.fencing_enabled = enabled;
-            self
-        }
-
-        /// Records each grant's [`Holder`](crate::inspect::Holder) (host,
-        /// pid, label) and ttl in the lock's fencing row (the default), for
-        /// [`Locker::inspect`](crate::Locker::inspect). Off (URL
-        /// `holder_record=off`, or the older `holder=off`), grants clear
-        /// those columns instead: inspection still reports the lock, its
-        /// session, grant time and token, with an unknown holder. Without
-        /// fencing there is no row and nothing is recorded either way.
-        pub fn holder_record(mut self, enabled: bool) -> Self {
-            self.holder_record = enabled;
-            self
-        }
-
         #[doc = concat!("Where fencing counters live: `table` in `schema`, or in ",
             $default_schema, " when `None`. Default: `distlock_fencing` there. Created if missing.")]
         pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
-            self.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
+            self.common.fencing_table = Some((schema.map(str::to_owned), table.to_owned()));
             self
         }
 
-        /// How many shared sessions carry locks taken without waiting
-        /// (default [`DEFAULT_SESSIONS`]). Each key always uses the same
-        /// one. At least 1.
-        pub fn sessions(mut self, sessions: usize) -> Self {
-            self.sessions = sessions;
-            self
-        }
+        $crate::config::setters! {
+            #[doc = concat!("Turns fencing tokens on (the default) or off. Off, acquires are a bare `",
+                $bare_lock, "`, no table is created, and leases carry no fencing token.")]
+            fencing(bool) => common.fencing_enabled;
 
-        /// How many idle connections are kept for the next native wait
-        /// (default [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
-        /// They count toward [`max_waiters`](Self::max_waiters).
-        pub fn idle_waiters(mut self, idle_waiters: usize) -> Self {
-            self.idle_waiters = idle_waiters;
-            self
-        }
+            /// Records each grant's [`Holder`](crate::inspect::Holder)
+            /// (host, pid, label) and ttl in the lock's fencing row (the
+            /// default), for [`Locker::inspect`](crate::Locker::inspect).
+            /// Off (URL `holder_record=off`, or the older `holder=off`),
+            /// grants clear those columns instead: inspection still reports
+            /// the lock, its session, grant time and token, with an unknown
+            /// holder. Without fencing there is no row and nothing is
+            /// recorded either way.
+            holder_record(bool) => common.holder_record;
 
-        /// How many waiter connections may be open at once (default
-        /// [`DEFAULT_MAX_WAITERS`]): each native wait of
-        /// [`Locker::lock`](crate::Locker::lock) needs one, and keeps it
-        /// while it holds the lock it won; idle ones count too. When all
-        /// are in use, `lock` polls the shared sessions instead. At least 1.
-        pub fn max_waiters(mut self, max_waiters: usize) -> Self {
-            self.max_waiters = max_waiters;
-            self
-        }
+            /// How many shared sessions carry locks taken without waiting
+            /// (default [`DEFAULT_SESSIONS`]). Each key always uses the
+            /// same one. At least 1.
+            sessions(usize) => common.sessions;
 
-        /// How long any one statement may go unanswered before the call
-        /// fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native wait gets
-        #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
-        pub fn query_timeout(mut self, timeout: Duration) -> Self {
-            self.query_timeout = timeout;
-            self
+            /// How many idle connections are kept for the next native wait
+            /// (default [`DEFAULT_IDLE_WAITERS`]); 0 closes each after use.
+            /// They count toward [`max_waiters`](Self::max_waiters).
+            idle_waiters(usize) => common.idle_waiters;
+
+            /// How many waiter connections may be open at once (default
+            /// [`DEFAULT_MAX_WAITERS`]): each native wait of
+            /// [`Locker::lock`](crate::Locker::lock) needs one, and keeps
+            /// it while it holds the lock it won; idle ones count too. When
+            /// all are in use, `lock` polls the shared sessions instead. At
+            /// least 1.
+            max_waiters(usize) => common.max_waiters;
+
+            /// How long any one statement may go unanswered before the
+            /// call fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native
+            /// wait gets
+            #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
+            query_timeout(Duration) => common.query_timeout;
         }
     };
 }

@@ -12,18 +12,16 @@ pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "…".to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, hosts)) => {
+    match super::split_authority(rest) {
+        (Some(user_info), hosts, tail) => {
             let user = match user_info.split_once(':') {
                 Some((user, _)) => format!("{user}:***"),
                 None => user_info.to_owned(),
             };
             format!("{scheme}://{user}@{hosts}{tail}")
         }
-        None if tail.contains('@') => format!("{scheme}://…"),
-        None => url.to_owned(),
+        (None, _, tail) if tail.contains('@') => format!("{scheme}://…"),
+        (None, ..) => url.to_owned(),
     }
 }
 

@@ -11,8 +11,8 @@ use url::form_urlencoded;
 
 pub use crate::config::Password;
 use crate::config::{
-    decoded_credentials, duration_text, format_address, optional_password, optional_text, parse,
-    parse_address, redact, set_url_query, split_list, Param, Source, Table,
+    check_positive, decoded_credentials, display_url, duration_text, format_address, optional_text,
+    parse, parse_address, redact, set_url_query, split_authority, split_list, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -38,7 +38,7 @@ pub const ENV_PREFIX: &str = "DISTLOCK_ETCD_";
 /// Every parameter of [`Config`], by its one name and its older spellings:
 /// the table URL parameters, `DISTLOCK_ETCD_*` variables and
 /// [`Config::set`] are read through (see [`crate::config`]).
-pub(crate) const PARAMETERS: Table = Table(&[
+pub(crate) const PARAMETERS: Table = Table(&[&[
     Param::other("username", &[]),
     Param::other("password", &[]),
     Param::other("endpoints", &[]),
@@ -49,17 +49,11 @@ pub(crate) const PARAMETERS: Table = Table(&[
     Param::url("keepalive_timeout", &[]),
     Param::url("ca_file", &["tls_ca", "ca"]),
     Param::url("holder_record", &["holder", "record_holder"]),
-]);
+]]);
 
 /// How to reach an etcd cluster and how to name locks in it.
 ///
-/// Build it from a URL ([`Config::from_url`]), the environment
-/// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
-/// YAML fields are camelCase or snake_case, with the older names
-/// [`crate::config`] lists; unknown fields are rejected.
-///
-/// `Debug` never shows the password (see [`Password`]).
+/// Read from every source as [`crate::config`] says.
 ///
 /// ```
 /// use std::time::Duration;
@@ -194,20 +188,13 @@ impl Config {
                 )))
             }
         };
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
+        let (userinfo, hosts, tail) = split_authority(rest);
         let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
         if !path.is_empty() && path != "/" {
             return Err(bad(format!(
                 "the path {path:?} means nothing here; etcd has no databases"
             )));
         }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
         let mut config = Config {
             tls,
             ..Config::default()
@@ -242,12 +229,7 @@ crate::config::serde_config! {
     "etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record,
     fn set_param(&mut self, key, value, source) {
         match key {
-            "username" => self.username = optional_text(value),
-            "password" => self.password = optional_password(value),
             "endpoints" => self.endpoints = split_list(value),
-            "tls" => self.tls = parse(source, value)?,
-            "key_prefix" => self.key_prefix = value.to_owned(),
-            "connect_timeout" => self.connect_timeout = parse(source, value)?,
             "request_timeout" => self.request_timeout = parse(source, value)?,
             "keepalive_timeout" => self.keepalive_timeout = parse(source, value)?,
             // A CA file means TLS, from whatever source it is named.
@@ -257,7 +239,6 @@ crate::config::serde_config! {
                     self.tls |= self.ca_file.is_some();
                 }
             }
-            "holder_record" => self.holder_record = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not an etcd parameter")),
         }
     }
@@ -273,15 +254,12 @@ impl Config {
                 "no etcd endpoint: set `endpoints` (or {ENV_PREFIX}ENDPOINTS), or use an etcd:// URL"
             )));
         }
-        for (name, value) in [
+        check_positive(&[
             ("connect_timeout", self.connect_timeout),
             ("request_timeout", self.request_timeout),
             ("keepalive_timeout", self.keepalive_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(bad(format!("{name} is zero; it must be positive")));
-            }
-        }
+        ])
+        .map_err(bad)?;
         if self.password.is_some() && self.username.is_none() {
             return Err(bad(
                 "a password without a user name; etcd authenticates a named user".into(),
@@ -309,11 +287,8 @@ impl Config {
         } else {
             "etcd"
         };
-        let user = match &self.username {
-            Some(name) => format!("{name}@"),
-            None => String::new(),
-        };
-        format!("{scheme}://{user}{}", self.endpoints.join(","))
+        let hosts = self.endpoints.join(",");
+        display_url(scheme, self.username.as_deref(), &hosts, "")
     }
 }
 
@@ -443,24 +418,13 @@ keepaliveTimeout: 1s
     fn configs_are_checked_before_connecting() {
         let none = Config::default().endpoint_urls().unwrap_err().to_string();
         assert!(none.contains("no etcd endpoint"), "{none}");
-        let base = Config {
-            endpoints: vec!["h".into()],
-            ..Config::default()
-        };
-        let zero = Config {
-            request_timeout: Duration::ZERO,
-            ..base.clone()
-        };
-        assert!(zero
-            .endpoint_urls()
-            .unwrap_err()
-            .to_string()
-            .contains("request_timeout"));
-        let anonymous = Config {
-            password: Some("pw".into()),
-            ..base
-        };
-        assert!(anonymous.endpoint_urls().is_err());
+        let zero = Config::from_url("etcd://h?request_timeout=0").unwrap();
+        let err = zero.endpoint_urls().unwrap_err().to_string();
+        assert!(err.contains("request_timeout is zero"), "{err}");
+        let anonymous = Config::from_url("etcd://:pw@h").unwrap();
+        assert!(anonymous.username.is_none() && anonymous.password.is_some());
+        let err = anonymous.endpoint_urls().unwrap_err().to_string();
+        assert!(err.contains("a password without a user name"), "{err}");
     }
 
     #[test]

@@ -9,26 +9,22 @@ use url::Url;
 
 use super::fencing::FencingTable;
 use super::MysqlLocker;
-use crate::config::{decode, parse, reason, redact, Param, Source, Table};
+use crate::config::{
+    decode, display_url, format_address, parse, reason, redact, Checked, Param, Source, SqlOptions,
+    Table, SQL_PARAMETERS,
+};
 use crate::{Error, Result};
 
 mod sources;
 
 pub use sources::Config;
 
-/// Shared sessions carrying locks taken without waiting, by default.
-pub const DEFAULT_SESSIONS: usize = 4;
-/// Idle connections kept for the next native wait, by default.
-pub const DEFAULT_IDLE_WAITERS: usize = 2;
-/// Waiter connections (for native waits and the locks they win, idle ones
-/// included) a locker may have open at once, by default.
-pub const DEFAULT_MAX_WAITERS: usize = 16;
-/// The largest `max_waiters` accepted: tokio's semaphore limit.
-const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
+pub use crate::config::sql::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_WAITERS, DEFAULT_MAX_WAITERS, DEFAULT_SESSIONS,
+};
+
 /// How long any one statement (or ping) may go unanswered, by default.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long opening a connection may take, by default.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an otherwise idle session is pinged, by default.
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// The `wait_timeout` every session sets for itself, by default: the server
@@ -133,48 +129,24 @@ pub struct MysqlLockerBuilder {
     namespace: Option<String>,
     ssl_mode: SslMode,
     ssl_ca: Option<PathBuf>,
-    fencing_enabled: bool,
-    fencing_table: Option<(Option<String>, String)>,
-    holder_record: bool,
-    sessions: usize,
-    idle_waiters: usize,
-    max_waiters: usize,
-    query_timeout: Duration,
+    common: SqlOptions,
     connect_timeout: Duration,
     ping_interval: Duration,
     wait_timeout: Duration,
-}
-
-impl fmt::Debug for MysqlLockerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlLockerBuilder")
-            .field("target", &self.target())
-            .field("namespace", &self.namespace)
-            .field("ssl_mode", &self.ssl_mode)
-            .field("fencing", &self.fencing_enabled)
-            .field("sessions", &self.sessions)
-            .field("max_waiters", &self.max_waiters)
-            .finish_non_exhaustive()
-    }
 }
 
 /// distlock's MySQL parameters, by their one name and their older
 /// spellings: the field table URL parameters, `DISTLOCK_MYSQL_*` variables,
 /// JSON and YAML are read through (see [`crate::config`]).
 pub(crate) const PARAMETERS: Table = Table(&[
-    Param::url("key_prefix", &["prefix", "namespace"]),
-    Param::url("fencing", &[]),
-    Param::url("fencing_table", &[]),
-    Param::url("holder_record", &["holder", "record_holder"]),
-    Param::url("sessions", &[]),
-    Param::url("idle_waiters", &[]),
-    Param::url("max_waiters", &[]),
-    Param::url("query_timeout", &[]),
-    Param::url("connect_timeout", &[]),
-    Param::url("wait_timeout", &[]),
-    Param::url("ping_interval", &[]),
-    Param::url("ssl-mode", &["ssl_mode"]),
-    Param::url("ssl-ca", &["ssl_ca"]),
+    SQL_PARAMETERS,
+    &[
+        Param::url("connect_timeout", &[]),
+        Param::url("wait_timeout", &[]),
+        Param::url("ping_interval", &[]),
+        Param::url("ssl-mode", &["ssl_mode"]),
+        Param::url("ssl-ca", &["ssl_ca"]),
+    ],
 ]);
 
 /// The smallest bare `ping_interval` refused: `ping_interval` was bare
@@ -234,46 +206,19 @@ impl MysqlLockerBuilder {
             namespace: None,
             ssl_mode: SslMode::default(),
             ssl_ca: None,
-            fencing_enabled: true,
-            fencing_table: None,
-            holder_record: true,
-            sessions: DEFAULT_SESSIONS,
-            idle_waiters: DEFAULT_IDLE_WAITERS,
-            max_waiters: DEFAULT_MAX_WAITERS,
-            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            common: SqlOptions::new(DEFAULT_QUERY_TIMEOUT),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             ping_interval: DEFAULT_PING_INTERVAL,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
         }
     }
 
-    /// Reads `value` for `key` as [`set_param`](Self::set_param) does, on
-    /// a scratch builder: how a [`Config`] checks each setting as it is read.
-    fn check_param(
-        key: &'static str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
-        Self::blank(String::new(), 0).set_param(key, value, source)
-    }
-
-    /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
-    pub(super) fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
+    /// The field table's MySQL part: sets `key` (a name of [`PARAMETERS`]
+    /// past [`SQL_PARAMETERS`]) from text.
+    fn set_own(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked {
         match key {
             // Empty is a namespace too: none, the bare lock name.
             "key_prefix" => self.namespace = Some(value.to_owned()),
-            "fencing" => self.fencing_enabled = parse(source, value)?,
-            "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
-            "holder_record" => self.holder_record = parse(source, value)?,
-            "sessions" => self.sessions = parse(source, value)?,
-            "idle_waiters" => self.idle_waiters = parse(source, value)?,
-            "max_waiters" => self.max_waiters = parse(source, value)?,
-            "query_timeout" => self.query_timeout = parse(source, value)?,
             "connect_timeout" => self.connect_timeout = parse(source, value)?,
             "wait_timeout" => self.wait_timeout = parse(source, value)?,
             "ping_interval" => {
@@ -315,38 +260,28 @@ impl MysqlLockerBuilder {
         query_timeout_note: "A ping has as long; a session whose statement or ping timed out is closed.",
     }
 
-    /// How long opening a connection may take (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
+    crate::config::setters! {
+        /// How long opening a connection may take (default
+        /// [`DEFAULT_CONNECT_TIMEOUT`]).
+        connect_timeout(Duration) => connect_timeout;
 
-    /// How often an idle session is pinged (default
-    /// [`DEFAULT_PING_INTERVAL`]): it keeps the session inside its
-    /// `wait_timeout`, and bounds how late a holder learns that its session
-    /// was killed.
-    pub fn ping_interval(mut self, interval: Duration) -> Self {
-        self.ping_interval = interval;
-        self
-    }
+        /// How often an idle session is pinged (default
+        /// [`DEFAULT_PING_INTERVAL`]): it keeps the session inside its
+        /// `wait_timeout`, and bounds how late a holder learns that its session
+        /// was killed.
+        ping_interval(Duration) => ping_interval;
 
-    /// The `wait_timeout` every session sets for itself (default
-    /// [`DEFAULT_WAIT_TIMEOUT`], whole seconds): how long the server keeps a
-    /// silent client's session, and its locks. It must be at least
-    /// `ping_interval + query_timeout + 1 s`, so that a holder cut off from
-    /// the server closes its session (and fires its lost signals) before the
-    /// server can free its locks: the difference is the partition grace.
-    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
-        self.wait_timeout = timeout;
-        self
-    }
+        /// The `wait_timeout` every session sets for itself (default
+        /// [`DEFAULT_WAIT_TIMEOUT`], whole seconds): how long the server keeps a
+        /// silent client's session, and its locks. It must be at least
+        /// `ping_interval + query_timeout + 1 s`, so that a holder cut off from
+        /// the server closes its session (and fires its lost signals) before the
+        /// server can free its locks: the difference is the partition grace.
+        wait_timeout(Duration) => wait_timeout;
 
-    /// Whether TLS is used and what is checked (default: the URL's
-    /// `ssl-mode`, else [`SslMode::Preferred`]).
-    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
-        self.ssl_mode = mode;
-        self
+        /// Whether TLS is used and what is checked (default: the URL's
+        /// `ssl-mode`, else [`SslMode::Preferred`]).
+        ssl_mode(SslMode) => ssl_mode;
     }
 
     /// A CA certificate file (PEM) trusted besides the Mozilla roots, for
@@ -371,35 +306,14 @@ impl MysqlLockerBuilder {
 
     /// `mysql://user@host:port/db`: never the password.
     fn target(&self) -> String {
-        let user = self
-            .user
-            .as_deref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        format!(
-            "mysql://{user}{host}:{}/{}",
-            self.port,
-            self.database.as_deref().unwrap_or_default()
-        )
+        let address = format_address(&self.host, self.port);
+        let db = format!("/{}", self.database.as_deref().unwrap_or_default());
+        display_url("mysql", self.user.as_deref(), &address, &db)
     }
 
     pub(super) fn into_settings(self) -> Result<Settings> {
-        if self.sessions == 0 {
-            return Err(Error::invalid("sessions", "at least one session is needed"));
-        }
-        if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
-            return Err(Error::invalid(
-                "max_waiters",
-                format!("max_waiters must be 1 to {MAX_MAX_WAITERS}"),
-            ));
-        }
+        let fencing = self.common.check()?;
         for (what, value) in [
-            ("query_timeout", self.query_timeout),
             ("connect_timeout", self.connect_timeout),
             ("ping_interval", self.ping_interval),
         ] {
@@ -409,7 +323,7 @@ impl MysqlLockerBuilder {
         }
         let least_wait = self
             .ping_interval
-            .saturating_add(self.query_timeout)
+            .saturating_add(self.common.query_timeout)
             .saturating_add(GRACE_MARGIN);
         if self.wait_timeout < least_wait || self.wait_timeout.as_secs() > 31_536_000 {
             return Err(Error::invalid(
@@ -421,11 +335,6 @@ impl MysqlLockerBuilder {
                 ),
             ));
         }
-        let fencing = match (self.fencing_enabled, &self.fencing_table) {
-            (false, _) => None,
-            (true, Some((schema, table))) => Some(FencingTable::new(schema.as_deref(), table)?),
-            (true, None) => Some(FencingTable::default()),
-        };
         if let Some(path) = &self.ssl_ca {
             if !path.is_file() {
                 return Err(Error::invalid(
@@ -449,14 +358,10 @@ impl MysqlLockerBuilder {
             with_tls,
             ssl_mode: self.ssl_mode,
             fencing,
-            holder_record: self.holder_record,
-            sessions: self.sessions,
-            idle_waiters: self.idle_waiters,
-            max_waiters: self.max_waiters,
-            query_timeout: self.query_timeout,
             connect_timeout: self.connect_timeout,
             ping_interval: self.ping_interval,
             wait_timeout: self.wait_timeout,
+            options: self.common,
         })
     }
 
@@ -496,7 +401,10 @@ impl MysqlLockerBuilder {
             .wait_timeout(Some(self.wait_timeout.as_secs() as usize))
             .max_allowed_packet(Some(4 << 20))
             .ssl_opts(tls)
-            .init(vec![setup_sql(self.wait_timeout, self.query_timeout)])
+            .init(vec![setup_sql(
+                self.wait_timeout,
+                self.common.query_timeout,
+            )])
             .into()
     }
 }
@@ -533,12 +441,9 @@ pub(super) struct Settings {
     pub(super) with_tls: Option<mysql_async::Opts>,
     pub(super) ssl_mode: SslMode,
     pub(super) fencing: Option<FencingTable>,
-    /// Grants record their holder in the fencing row.
-    pub(super) holder_record: bool,
-    pub(super) sessions: usize,
-    pub(super) idle_waiters: usize,
-    pub(super) max_waiters: usize,
-    pub(super) query_timeout: Duration,
+    /// The options every SQL backend shares, read as fields of these
+    /// settings (`settings.query_timeout`) through `Deref`.
+    pub(super) options: SqlOptions,
     pub(super) connect_timeout: Duration,
     pub(super) ping_interval: Duration,
     pub(super) wait_timeout: Duration,
@@ -551,8 +456,7 @@ impl fmt::Debug for Settings {
             .field("namespace", &self.namespace)
             .field("ssl_mode", &self.ssl_mode)
             .field("fencing", &self.fencing)
-            .field("sessions", &self.sessions)
-            .field("max_waiters", &self.max_waiters)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }

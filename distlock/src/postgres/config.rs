@@ -1,7 +1,6 @@
 //! Settings of a [`PostgresLocker`](super::PostgresLocker): from a URL, then
 //! adjusted through [`PostgresLockerBuilder`].
 
-use std::fmt;
 use std::time::Duration;
 
 use tokio_postgres::config::{Host, TargetSessionAttrs};
@@ -10,7 +9,10 @@ use super::fencing::FencingTable;
 use super::keys::validate_namespace;
 use super::tls::{RootCerts, SslMode, Tls};
 use super::PostgresLocker;
-use crate::config::{parse, parse_duration_bare, reason, Param, Source, Table};
+use crate::config::{
+    display_url, parse, parse_duration_bare, reason, Checked, Param, Source, SqlOptions, Table,
+    SQL_PARAMETERS,
+};
 use crate::{Error, Result};
 
 mod keepalive;
@@ -20,19 +22,12 @@ use keepalive::server_window;
 pub use keepalive::TcpKeepalive;
 pub use sources::Config;
 
-/// Shared sessions carrying locks taken without waiting, by default.
-pub const DEFAULT_SESSIONS: usize = 4;
-/// Idle connections kept for the next native wait, by default.
-pub const DEFAULT_IDLE_WAITERS: usize = 2;
-/// Waiter connections (for native waits and the locks they win, idle ones
-/// included) a locker may have open at once, by default.
-pub const DEFAULT_MAX_WAITERS: usize = 16;
-/// The largest `max_waiters` accepted: tokio's semaphore limit.
-const MAX_MAX_WAITERS: usize = tokio::sync::Semaphore::MAX_PERMITS;
+pub use crate::config::sql::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_WAITERS, DEFAULT_MAX_WAITERS, DEFAULT_SESSIONS,
+};
+
 /// How long any one statement may go unanswered, by default.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long opening a connection may take, by default.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a session may go without an answer before it is pinged, by
 /// default.
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -75,14 +70,7 @@ pub struct PostgresLockerBuilder {
     ssl_mode: SslMode,
     root_certs: RootCerts,
     namespace: String,
-    fencing_enabled: bool,
-    /// `(schema, table)`, checked at build time; `None` for the default.
-    fencing_table: Option<(Option<String>, String)>,
-    holder_record: bool,
-    sessions: usize,
-    idle_waiters: usize,
-    max_waiters: usize,
-    query_timeout: Duration,
+    common: SqlOptions,
     ping_interval: Duration,
     ping_timeout: Duration,
     idle_session_timeout: Option<Duration>,
@@ -97,20 +85,6 @@ struct UrlKeepalive {
     idle: bool,
     interval: bool,
     retries: bool,
-    user_timeout: bool,
-}
-
-impl fmt::Debug for PostgresLockerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresLockerBuilder")
-            .field("target", &describe_target(&self.pg))
-            .field("ssl_mode", &self.ssl_mode)
-            .field("namespace", &self.namespace)
-            .field("fencing", &self.fencing_enabled)
-            .field("sessions", &self.sessions)
-            .field("max_waiters", &self.max_waiters)
-            .finish_non_exhaustive()
-    }
 }
 
 /// distlock's own parameters, by their one name and their older spellings:
@@ -120,26 +94,21 @@ impl fmt::Debug for PostgresLockerBuilder {
 /// `keepalives_interval` and `tcp_user_timeout` are libpq's, read here so
 /// that they accept units, with libpq's unit for a bare number.
 pub(crate) const PARAMETERS: Table = Table(&[
-    Param::url("key_prefix", &["namespace", "prefix"]),
-    Param::url("fencing", &[]),
-    Param::url("fencing_table", &[]),
-    Param::url("holder_record", &["holder", "record_holder"]),
-    Param::url("sessions", &[]),
-    Param::url("idle_waiters", &[]),
-    Param::url("max_waiters", &[]),
-    Param::url("query_timeout", &[]),
-    Param::url("ping_interval", &[]),
-    Param::url("ping_timeout", &[]),
-    Param::url("idle_session_timeout", &[]),
-    Param::url("server_keepalives", &[]),
-    Param::url("sslmode", &[]),
-    Param::url("sslrootcert", &[]),
-    Param::url("sslcert", &[]),
-    Param::url("sslkey", &[]),
-    Param::url("connect_timeout", &[]),
-    Param::url("keepalives_idle", &[]),
-    Param::url("keepalives_interval", &[]),
-    Param::url("tcp_user_timeout", &[]),
+    SQL_PARAMETERS,
+    &[
+        Param::url("ping_interval", &[]),
+        Param::url("ping_timeout", &[]),
+        Param::url("idle_session_timeout", &[]),
+        Param::url("server_keepalives", &[]),
+        Param::url("sslmode", &[]),
+        Param::url("sslrootcert", &[]),
+        Param::url("sslcert", &[]),
+        Param::url("sslkey", &[]),
+        Param::url("connect_timeout", &[]),
+        Param::url("keepalives_idle", &[]),
+        Param::url("keepalives_interval", &[]),
+        Param::url("tcp_user_timeout", &[]),
+    ],
 ]);
 
 impl PostgresLockerBuilder {
@@ -170,13 +139,7 @@ impl PostgresLockerBuilder {
             ssl_mode,
             root_certs: RootCerts::default(),
             namespace: String::new(),
-            fencing_enabled: true,
-            fencing_table: None,
-            holder_record: true,
-            sessions: DEFAULT_SESSIONS,
-            idle_waiters: DEFAULT_IDLE_WAITERS,
-            max_waiters: DEFAULT_MAX_WAITERS,
-            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            common: SqlOptions::new(DEFAULT_QUERY_TIMEOUT),
             ping_interval: DEFAULT_PING_INTERVAL,
             ping_timeout: DEFAULT_PING_TIMEOUT,
             idle_session_timeout: Some(DEFAULT_IDLE_SESSION_TIMEOUT),
@@ -186,41 +149,11 @@ impl PostgresLockerBuilder {
         }
     }
 
-    /// Reads `value` for `key` as [`set_param`](Self::set_param) does, on
-    /// a scratch builder: how a [`Config`] checks each setting as it is read.
-    fn check_param(
-        key: &'static str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
-        Self::from_config(tokio_postgres::Config::new()).set_param(key, value, source)
-    }
-
-    /// The field table: sets `key` (a name of [`PARAMETERS`]) from text.
-    pub(super) fn set_param(
-        &mut self,
-        key: &str,
-        value: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<(), String> {
+    /// The field table's Postgres part: sets `key` (a name of
+    /// [`PARAMETERS`] past [`SQL_PARAMETERS`]) from text.
+    fn set_own(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked {
         match key {
             "key_prefix" => self.namespace = value.to_owned(),
-            "fencing" => self.fencing_enabled = parse(source, value)?,
-            "fencing_table" => self.fencing_table = Some(FencingTable::split(value)),
-            "holder_record" => self.holder_record = parse(source, value)?,
-            "sessions" => self.sessions = parse(source, value)?,
-            "idle_waiters" => self.idle_waiters = parse(source, value)?,
-            "max_waiters" => {
-                self.max_waiters = parse(source, value)
-                    .ok()
-                    .filter(|n| (1..=MAX_MAX_WAITERS).contains(n))
-                    .ok_or_else(|| {
-                        format!(
-                            "{source}: {value:?}: expected an integer from 1 to {MAX_MAX_WAITERS}"
-                        )
-                    })?;
-            }
-            "query_timeout" => self.query_timeout = parse(source, value)?,
             "ping_interval" => self.ping_interval = parse(source, value)?,
             "ping_timeout" => self.ping_timeout = parse(source, value)?,
             "idle_session_timeout" => {
@@ -265,7 +198,6 @@ impl PostgresLockerBuilder {
             "tcp_user_timeout" => {
                 self.client_keepalive.user_timeout =
                     libpq_duration(source, value, Duration::from_millis, "milliseconds")?;
-                self.url_keepalive.user_timeout = true;
             }
             other => return Err(format!("{source}: {other:?} is not a Postgres parameter")),
         }
@@ -287,42 +219,50 @@ impl PostgresLockerBuilder {
         query_timeout_note: "",
     }
 
-    /// How long a session may go without an answer from the server before
-    /// it is pinged (default [`DEFAULT_PING_INTERVAL`]; URL
-    /// `ping_interval`). Every session, idle or holding, is kept talking at
-    /// this pace, so that a silent server is noticed by an answer that does
-    /// not come, whatever sits between (see
-    /// [Lost locks](super#semantics)).
-    pub fn ping_interval(mut self, interval: Duration) -> Self {
-        self.ping_interval = interval;
-        self
-    }
+    crate::config::setters! {
+        /// How long a session may go without an answer from the server before
+        /// it is pinged (default [`DEFAULT_PING_INTERVAL`]; URL
+        /// `ping_interval`). Every session, idle or holding, is kept talking at
+        /// this pace, so that a silent server is noticed by an answer that does
+        /// not come, whatever sits between (see
+        /// [Lost locks](super#semantics)).
+        ping_interval(Duration) => ping_interval;
 
-    /// How long a ping may go unanswered (default [`DEFAULT_PING_TIMEOUT`];
-    /// URL `ping_timeout`): a session that has answered nothing for
-    /// `ping_interval + ping_timeout` is given up: its leases fire their
-    /// lost signal at once, and its connection is closed once their grace
-    /// has passed (closing it sooner would free their locks at once on a
-    /// server that was alive after all). A ping judged late because this
-    /// process itself stalled is sent again rather than judged. Any statement on a shared session must be answered
-    /// within that too, so the sessions' `lock_timeout` is at most half the
-    /// ping timeout.
-    pub fn ping_timeout(mut self, timeout: Duration) -> Self {
-        self.ping_timeout = timeout;
-        self
-    }
+        /// How long a ping may go unanswered (default [`DEFAULT_PING_TIMEOUT`];
+        /// URL `ping_timeout`): a session that has answered nothing for
+        /// `ping_interval + ping_timeout` is given up: its leases fire their
+        /// lost signal at once, and its connection is closed once their grace
+        /// has passed (closing it sooner would free their locks at once on a
+        /// server that was alive after all). A ping judged late because this
+        /// process itself stalled is sent again rather than judged. Any statement on a shared session must be answered
+        /// within that too, so the sessions' `lock_timeout` is at most half the
+        /// ping timeout.
+        ping_timeout(Duration) => ping_timeout;
 
-    /// The server's `idle_session_timeout` for this locker's sessions
-    /// (default [`DEFAULT_IDLE_SESSION_TIMEOUT`]; URL
-    /// `idle_session_timeout`, `off` for none; Postgres 14 and later): the
-    /// server ends a session it has heard nothing from for this long, and
-    /// frees its locks, whatever sits between it and the holder (a pooler
-    /// that keeps the server session open for a vanished client, a proxy
-    /// that answers the server's keepalive). The pings keep a live holder's
-    /// sessions well inside it. `None` leaves it off.
-    pub fn idle_session_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.idle_session_timeout = timeout;
-        self
+        /// The server's `idle_session_timeout` for this locker's sessions
+        /// (default [`DEFAULT_IDLE_SESSION_TIMEOUT`]; URL
+        /// `idle_session_timeout`, `off` for none; Postgres 14 and later): the
+        /// server ends a session it has heard nothing from for this long, and
+        /// frees its locks, whatever sits between it and the holder (a pooler
+        /// that keeps the server session open for a vanished client, a proxy
+        /// that answers the server's keepalive). The pings keep a live holder's
+        /// sessions well inside it. `None` leaves it off.
+        idle_session_timeout(Option<Duration>) => idle_session_timeout;
+
+        /// Whether TLS is used and what is checked (default: the URL's
+        /// `sslmode`, else [`SslMode::Prefer`]).
+        ssl_mode(SslMode) => ssl_mode;
+
+        /// The trusted roots for [`SslMode::VerifyCa`] and
+        /// [`SslMode::VerifyFull`] (default: the URL's `sslrootcert`, else the
+        /// system store).
+        root_certs(RootCerts) => root_certs;
+
+        /// The server's TCP keepalive for this client's sessions (default
+        /// [`TcpKeepalive::SERVER`]): how fast the server frees the locks
+        /// of a holder that vanished. Set with `SET` when a session opens;
+        /// `None` leaves the server's configuration alone.
+        server_keepalive(Option<TcpKeepalive>) => server_keepalive;
     }
 
     /// How long opening a connection may take (default
@@ -332,35 +272,11 @@ impl PostgresLockerBuilder {
         self
     }
 
-    /// Whether TLS is used and what is checked (default: the URL's
-    /// `sslmode`, else [`SslMode::Prefer`]).
-    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
-        self.ssl_mode = mode;
-        self
-    }
-
-    /// The trusted roots for [`SslMode::VerifyCa`] and
-    /// [`SslMode::VerifyFull`] (default: the URL's `sslrootcert`, else the
-    /// system store).
-    pub fn root_certs(mut self, roots: RootCerts) -> Self {
-        self.root_certs = roots;
-        self
-    }
-
     /// This client's TCP keepalive (default [`TcpKeepalive::CLIENT`]): how
     /// fast a holder learns its session died.
     pub fn client_keepalive(mut self, keepalive: TcpKeepalive) -> Self {
         self.client_keepalive = keepalive;
         self.url_keepalive = UrlKeepalive::default();
-        self
-    }
-
-    /// The server's TCP keepalive for this client's sessions (default
-    /// [`TcpKeepalive::SERVER`]): how fast the server frees the locks of a
-    /// holder that vanished. Set with `SET` when a session opens; `None`
-    /// leaves the server's configuration alone.
-    pub fn server_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
-        self.server_keepalive = keepalive;
         self
     }
 
@@ -373,21 +289,7 @@ impl PostgresLockerBuilder {
 
     fn into_settings(mut self) -> Result<Settings> {
         validate_namespace(&self.namespace)?;
-        if self.sessions == 0 {
-            return Err(Error::invalid("sessions", "at least one session is needed"));
-        }
-        if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
-            return Err(Error::invalid(
-                "max_waiters",
-                format!("max_waiters must be 1 to {MAX_MAX_WAITERS}"),
-            ));
-        }
-        if self.query_timeout.is_zero() {
-            return Err(Error::invalid(
-                "query_timeout",
-                "the query timeout must be positive",
-            ));
-        }
+        let fencing = self.common.check()?;
         if self.ping_interval.is_zero() || self.ping_timeout.is_zero() {
             return Err(Error::invalid(
                 "ping_interval",
@@ -408,29 +310,20 @@ impl PostgresLockerBuilder {
                 ));
             }
         }
-        let fencing = match (self.fencing_enabled, &self.fencing_table) {
-            (false, _) => None,
-            (true, Some((schema, table))) => Some(FencingTable::new(schema.as_deref(), table)?),
-            (true, None) => Some(FencingTable::default()),
-        };
         let tls = Tls::new(self.ssl_mode, &self.root_certs)?;
         self.apply_connection_defaults();
         self.check_pings_fit_the_server_window()?;
         Ok(Settings {
-            target: describe_target(&self.pg),
+            target: self.target(),
             pg: self.pg,
             tls,
             namespace: self.namespace,
             fencing,
-            holder_record: self.holder_record,
-            sessions: self.sessions,
-            idle_waiters: self.idle_waiters,
-            max_waiters: self.max_waiters,
-            query_timeout: self.query_timeout,
             ping_interval: self.ping_interval,
             ping_timeout: self.ping_timeout,
             idle_session_timeout: self.idle_session_timeout,
             server_keepalive: self.server_keepalive,
+            options: self.common,
         })
     }
 
@@ -500,12 +393,9 @@ pub(super) struct Settings {
     pub(super) tls: Tls,
     pub(super) namespace: String,
     pub(super) fencing: Option<FencingTable>,
-    /// Grants record their holder in the fencing row.
-    pub(super) holder_record: bool,
-    pub(super) sessions: usize,
-    pub(super) idle_waiters: usize,
-    pub(super) max_waiters: usize,
-    pub(super) query_timeout: Duration,
+    /// The options every SQL backend shares, read as fields of these
+    /// settings (`settings.query_timeout`) through `Deref`.
+    pub(super) options: SqlOptions,
     /// A session silent this long is pinged.
     pub(super) ping_interval: Duration,
     /// A ping unanswered this long closes its session.
@@ -576,10 +466,16 @@ impl Settings {
     }
 }
 
-/// `postgres://user@host:port,host2:port/dbname`: where a config points,
-/// never with its password.
-pub(super) fn describe_target(pg: &tokio_postgres::Config) -> String {
-    let user = pg.get_user().map(|u| format!("{u}@")).unwrap_or_default();
+impl PostgresLockerBuilder {
+    /// `postgres://user@host:port,host2:port/dbname`: where it points,
+    /// never with its password.
+    fn target(&self) -> String {
+        describe_target(&self.pg)
+    }
+}
+
+/// See [`PostgresLockerBuilder::target`].
+fn describe_target(pg: &tokio_postgres::Config) -> String {
     let ports = pg.get_ports();
     let hosts: Vec<String> = pg
         .get_hosts()
@@ -594,8 +490,8 @@ pub(super) fn describe_target(pg: &tokio_postgres::Config) -> String {
             format!("{name}:{port}")
         })
         .collect();
-    let db = pg.get_dbname().unwrap_or_default();
-    format!("postgres://{user}{}/{db}", hosts.join(","))
+    let db = format!("/{}", pg.get_dbname().unwrap_or_default());
+    display_url("postgres", pg.get_user(), &hosts.join(","), &db)
 }
 
 /// A libpq duration parameter: units accepted, a bare number in `unit`
@@ -605,7 +501,7 @@ fn libpq_duration(
     value: &str,
     bare: fn(u64) -> Duration,
     unit: &str,
-) -> std::result::Result<Duration, String> {
+) -> Checked<Duration> {
     parse_duration_bare(source, value, bare, &format!("{unit}, as in libpq"))
 }
 

@@ -10,7 +10,8 @@ use url::Url;
 pub use crate::config::Password;
 use crate::config::{
     decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
-    optional_text, parse, parse_address, redact, set_url_query, split_list, Param, Table,
+    optional_text, parse, parse_address, redact, set_url_query, split_authority, split_list,
+    Checked, Param, Table,
 };
 use crate::{Error, Result};
 
@@ -40,7 +41,7 @@ pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 /// (`DISTLOCK_REDIS_HOLDER_RECORD` is `holder_record`) and
 /// [`Config::set`] are read through (see [`crate::config`]). A URL's query
 /// sets `db` for Sentinel only: elsewhere the path names the database.
-pub(crate) const PARAMETERS: Table = Table(&[
+pub(crate) const PARAMETERS: Table = Table(&[&[
     Param::other("username", &[]),
     Param::other("password", &[]),
     Param::other("addresses", &[]),
@@ -61,7 +62,7 @@ pub(crate) const PARAMETERS: Table = Table(&[
     Param::url("holder_record", &["holder", "record_holder"]),
     Param::url("allow_eviction", &[]),
     Param::url("require_appendonly", &[]),
-]);
+]]);
 
 /// The URL schemes [`Config::from_url`] reads.
 const SCHEMES: &str =
@@ -78,14 +79,8 @@ const SCHEMES: &str =
 /// | `true` | `None` | seed nodes of a Redis Cluster (any of them will do) | `redis+cluster://`, `rediss+cluster://` |
 /// | `false` | `Some(name)` | sentinels monitoring master `name` (port 26379 by default) | `redis+sentinel://`, `rediss+sentinel://` |
 ///
-/// Build it from a URL ([`Config::from_url`]), the environment
-/// ([`Config::from_env`]), JSON ([`Config::from_json`]), YAML
-/// ([`Config::from_yaml`]), or in code from [`Config::default`]. JSON and
-/// YAML fields are camelCase (those of the Go seed this backend descends
-/// from) or snake_case, with the older names [`crate::config`] lists;
-/// unknown fields are rejected.
-///
-/// `Debug` never shows the password (see [`Password`]).
+/// Read from every source as [`crate::config`] says (the camelCase names
+/// are those of the Go seed this backend descends from).
 ///
 /// ```
 /// use std::time::Duration;
@@ -205,9 +200,8 @@ pub struct Config {
     /// and [`Locker::list`] report it. Default `true`; URL parameter
     /// `holder_record=false` turns it off: the lock's value is then the bare owner
     /// token, and grants are inspected as held by an unknown holder (see the [module
-    /// docs](super), "Inspection"). Named `holder_record` in every source
-    /// (URL, `DISTLOCK_REDIS_HOLDER_RECORD`, JSON `holderRecord`), as on
-    /// every backend; the older `holder` and `record_holder` are accepted.
+    /// docs](super), "Inspection"). Named `holder_record` in every source,
+    /// as on every backend (see [`crate::config`]).
     ///
     /// [`Locker::inspect`]: crate::Locker::inspect
     /// [`Locker::list`]: crate::Locker::list
@@ -336,12 +330,8 @@ impl Config {
         // Several hosts are comma-separated in the authority, which the url
         // crate does not parse: it reads the URL with the first host only
         // (user info, path and query included), the others are addresses.
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let (user_info, hosts) = match authority.rsplit_once('@') {
-            Some((user_info, hosts)) => (format!("{user_info}@"), hosts),
-            None => (String::new(), authority),
-        };
+        let (user_info, hosts, tail) = split_authority(rest);
+        let user_info = user_info.map(|u| format!("{u}@")).unwrap_or_default();
         if user_info.contains(',') {
             // `u:p@h1,u:p@h2`: the last `@` ends the user info, which then
             // spans hosts. Do not echo it.
@@ -413,24 +403,18 @@ crate::config::serde_config! {
     "Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder,
     fn set_param(&mut self, key, value, source) {
         match key {
-            "username" => self.username = optional_text(value),
-            "password" => self.password = optional_password(value),
             "addresses" => self.addresses = split_list(value),
-            "tls" => self.tls = parse(source, value)?,
             "cluster" => self.cluster = parse(source, value)?,
             "sentinel_master" => self.sentinel_master = optional_text(value),
             "sentinel_username" => self.sentinel_username = optional_text(value),
             "sentinel_password" => self.sentinel_password = optional_password(value),
             "db" => self.db = parse(source, value)?,
-            "key_prefix" => self.key_prefix = value.to_owned(),
-            "connect_timeout" => self.connect_timeout = parse(source, value)?,
             "response_timeout" => self.response_timeout = parse(source, value)?,
             "min_replicas" => self.min_replicas = parse(source, value)?,
             "replica_timeout" => self.replica_timeout = parse(source, value)?,
             "tls_ca" => self.tls_ca = optional_text(value).map(PathBuf::from),
             "tls_client_cert" => self.tls_client_cert = optional_text(value).map(PathBuf::from),
             "tls_client_key" => self.tls_client_key = optional_text(value).map(PathBuf::from),
-            "holder_record" => self.record_holder = parse(source, value)?,
             "allow_eviction" => self.allow_eviction = parse(source, value)?,
             "require_appendonly" => self.require_appendonly = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not a Redis parameter")),
@@ -447,7 +431,7 @@ enum Kind {
 }
 
 /// The database a URL's path or `db` parameter names (0 if none).
-fn parse_db(path: &str) -> std::result::Result<i64, String> {
+fn parse_db(path: &str) -> Checked<i64> {
     match path.trim_start_matches('/') {
         "" => Ok(0),
         db => db

@@ -5,7 +5,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::config::{camel_to_snake, decode, env_vars, parse, redact, Source};
+use crate::config::{
+    camel_to_snake, check_positive, decode, env_vars, parse, redact, split_authority, Checked,
+    Source,
+};
 use crate::redis;
 use crate::{Error, Result};
 
@@ -98,22 +101,12 @@ impl Config {
         let rest = url
             .strip_prefix("redlock://")
             .ok_or_else(|| bad("a Redlock URL starts with redlock://".into()))?;
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
+        let (userinfo, hosts, tail) = split_authority(rest);
         let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
         if hosts.iter().any(|h| h.is_empty()) {
             return Err(bad("list the nodes as host:port,host:port,...".into()));
         }
-        let (path, query) = match tail.split_once('?') {
-            Some((path, query)) => (path, query),
-            None => (tail, ""),
-        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
         let mut config = Config::default();
         let mut tls = false;
         let mut node_query = Vec::new();
@@ -233,21 +226,10 @@ impl Config {
     /// [`Error::InvalidInput`] for malformed JSON, an unknown field or a
     /// malformed value.
     pub fn from_json(text: &str) -> Result<Config> {
-        let bad = |e: String| Error::invalid("config", format!("invalid Redlock config JSON: {e}"));
-        let mut value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        let mut config = Config::default();
-        if let Some(object) = value.as_object_mut() {
-            for name in own_fields(object.keys().map(String::as_str)) {
-                let text = match object.remove(&name) {
-                    Some(serde_json::Value::String(text)) => text,
-                    other => other.map(|v| v.to_string()).unwrap_or_default(),
-                };
-                config.set_field(&name, &text).map_err(bad)?;
-            }
-        }
-        config.nodes = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
-        Ok(config)
+        Config::from_value(
+            serde_json::from_str(text).map_err(|e| e.to_string()),
+            "JSON",
+        )
     }
 
     /// Reads a YAML mapping with the fields [`from_json`](Config::from_json)
@@ -268,33 +250,40 @@ impl Config {
     ///
     /// As [`from_json`](Config::from_json), for YAML.
     pub fn from_yaml(text: &str) -> Result<Config> {
-        use serde_yaml_ng::Value;
-        let bad = |e: String| Error::invalid("config", format!("invalid Redlock config YAML: {e}"));
-        let mut value: Value = serde_yaml_ng::from_str(text).map_err(|e| bad(e.to_string()))?;
+        Config::from_value(
+            serde_yaml_ng::from_str(text).map_err(|e| e.to_string()),
+            "YAML",
+        )
+    }
+
+    /// A JSON object or YAML mapping, read as one value: Redlock's own
+    /// fields are taken out, the rest are the nodes' ([`redis::Config`]'s
+    /// strict parser).
+    fn from_value(value: Checked<serde_json::Value>, format: &str) -> Result<Config> {
+        let bad =
+            |e: String| Error::invalid("config", format!("invalid Redlock config {format}: {e}"));
+        let mut value = value.map_err(bad)?;
         let mut config = Config::default();
-        if let Some(mapping) = value.as_mapping_mut() {
-            for name in own_fields(mapping.keys().filter_map(Value::as_str)) {
-                let text = match mapping.remove(name.as_str()) {
-                    Some(Value::String(text)) => text,
-                    Some(Value::Number(number)) => number.to_string(),
-                    _ => return Err(bad(format!("{name} must be a string or a number"))),
+        if let Some(object) = value.as_object_mut() {
+            for name in own_fields(object.keys().map(String::as_str)) {
+                let text = match object.remove(&name) {
+                    Some(serde_json::Value::String(text)) => text,
+                    other => other.map(|v| v.to_string()).unwrap_or_default(),
                 };
-                config.set_field(&name, &text).map_err(bad)?;
+                let key = camel_to_snake(&name);
+                config
+                    .set_own(&key, &text, Source::Field(&name))
+                    .map_err(bad)?;
             }
         }
-        config.nodes = serde_yaml_ng::from_value(value).map_err(|e| bad(e.to_string()))?;
+        config.nodes = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
         Ok(config)
     }
 
     /// Sets Redlock's own setting `key` (`node_timeout`, `drift_factor`,
     /// `min_validity`) from text; `Ok(false)` if `key` is none of them (it
     /// is the nodes').
-    fn set_own(
-        &mut self,
-        key: &str,
-        text: &str,
-        source: Source<'_>,
-    ) -> std::result::Result<bool, String> {
+    fn set_own(&mut self, key: &str, text: &str, source: Source<'_>) -> Checked<bool> {
         match key {
             "node_timeout" => self.node_timeout = parse(source, text)?,
             "min_validity" => self.min_validity = parse(source, text)?,
@@ -302,12 +291,6 @@ impl Config {
             _ => return Ok(false),
         }
         Ok(true)
-    }
-
-    /// [`set_own`](Self::set_own) for a JSON or YAML field `name` (camelCase
-    /// or snake_case).
-    fn set_field(&mut self, name: &str, text: &str) -> std::result::Result<bool, String> {
-        self.set_own(&camel_to_snake(name), text, Source::Field(name))
     }
 
     /// Checks the settings: at least one node, none named twice, a positive
@@ -333,9 +316,7 @@ impl Config {
                 )));
             }
         }
-        if self.node_timeout.is_zero() {
-            return Err(bad("node_timeout is zero; it must be positive".into()));
-        }
+        check_positive(&[("node_timeout", self.node_timeout)]).map_err(bad)?;
         parse_factor(
             Source::Field("drift_factor"),
             &self.drift_factor.to_string(),
@@ -372,7 +353,7 @@ fn own_fields<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
         .collect()
 }
 
-fn parse_factor(source: Source<'_>, value: &str) -> std::result::Result<f64, String> {
+fn parse_factor(source: Source<'_>, value: &str) -> Checked<f64> {
     match value.trim().parse::<f64>() {
         Ok(factor) if (0.0..=0.5).contains(&factor) => Ok(factor),
         _ => Err(format!(

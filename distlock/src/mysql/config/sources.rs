@@ -3,22 +3,17 @@
 //! builder's one field table ([`PARAMETERS`](super::PARAMETERS)).
 
 use super::{MysqlLockerBuilder, PARAMETERS};
-use crate::config::{sql_config, Source};
-use crate::{Error, Result};
+use crate::config::sql_config;
+use crate::Result;
 
 sql_config! {
     /// Where a [`MysqlLocker`](crate::mysql::MysqlLocker) connects and how,
-    /// read from a URL ([`Config::from_url`]), `DISTLOCK_MYSQL_*` variables
-    /// ([`Config::from_env`]), JSON ([`Config::from_json`]) or YAML
-    /// ([`Config::from_yaml`]). Every source reaches the same table of
-    /// parameters (those of the [module docs](crate::mysql#url), by the
-    /// same names: `key_prefix`, `holder_record`, `query_timeout`, ...;
-    /// durations as [`crate::config`] says); [`Config::builder`] makes the
-    /// [`MysqlLockerBuilder`] for adjustments in code, and
+    /// read from every source as [`crate::config`] says, each reaching the
+    /// parameters of the [module docs](crate::mysql#url);
+    /// [`Config::builder`] makes the [`MysqlLockerBuilder`] for adjustments
+    /// in code, and
     /// [`MysqlLocker::from_config`](crate::mysql::MysqlLocker::from_config)
     /// connects with it.
-    ///
-    /// `Debug` never shows the password.
     ///
     /// ```
     /// use distlock::mysql::Config;
@@ -38,7 +33,9 @@ sql_config! {
     /// ```
     backend: Mysql("MySQL", "DISTLOCK_MYSQL_", ["mysql", "mariadb"]),
     unknown_parameters_go_to_the_driver: false,
-    check: MysqlLockerBuilder::check_param,
+    builder: MysqlLockerBuilder, identifiers: super::super::fencing::MysqlIdentifiers,
+    scratch: MysqlLockerBuilder::blank(String::new(), 0),
+    settings: super::Settings,
 }
 
 impl Config {
@@ -48,18 +45,14 @@ impl Config {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] without a URL, or for one that names no host
-    /// (never showing the password).
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) without a URL,
+    /// or for one that names no host (never showing the password).
     pub fn builder(&self) -> Result<MysqlLockerBuilder> {
         let mut builder = MysqlLockerBuilder::from_connection_url(self.0.url()?)?;
         if let Some(password) = self.0.password() {
             builder.password = Some(password.expose().to_owned());
         }
-        for (key, value) in self.0.settings() {
-            builder
-                .set_param(key, value, Source::Field(key))
-                .map_err(|reason| Error::invalid("config", reason))?;
-        }
+        self.0.apply(&mut builder)?;
         Ok(builder)
     }
 }

@@ -5,22 +5,17 @@
 use std::str::FromStr;
 
 use super::{PostgresLockerBuilder, UrlKeepalive, PARAMETERS};
-use crate::config::{sql_config, Source};
+use crate::config::sql_config;
 use crate::{Error, Result};
 
 sql_config! {
     /// Where a [`PostgresLocker`](crate::postgres::PostgresLocker) connects
-    /// and how, read from a URL ([`Config::from_url`]), `DISTLOCK_POSTGRES_*`
-    /// variables ([`Config::from_env`]), JSON ([`Config::from_json`]) or YAML
-    /// ([`Config::from_yaml`]). Every source reaches the same table of
-    /// parameters (those of the [module docs](crate::postgres#url), by the
-    /// same names: `key_prefix`, `holder_record`, `query_timeout`, ...;
-    /// durations as [`crate::config`] says); [`Config::builder`] makes the
-    /// [`PostgresLockerBuilder`] for adjustments in code, and
+    /// and how, read from every source as [`crate::config`] says, each
+    /// reaching the parameters of the [module docs](crate::postgres#url);
+    /// [`Config::builder`] makes the [`PostgresLockerBuilder`] for
+    /// adjustments in code, and
     /// [`PostgresLocker::from_config`](crate::postgres::PostgresLocker::from_config)
     /// connects with it.
-    ///
-    /// `Debug` never shows the password.
     ///
     /// ```
     /// use distlock::postgres::Config;
@@ -44,7 +39,9 @@ sql_config! {
     /// ```
     backend: Postgres("Postgres", "DISTLOCK_POSTGRES_", ["postgres", "postgresql"]),
     unknown_parameters_go_to_the_driver: true,
-    check: PostgresLockerBuilder::check_param,
+    builder: PostgresLockerBuilder, identifiers: super::super::fencing::PostgresIdentifiers,
+    scratch: PostgresLockerBuilder::from_config(tokio_postgres::Config::new()),
+    settings: super::Settings,
 }
 
 impl Config {
@@ -71,11 +68,7 @@ impl Config {
                 .any(|pair| pair.split('=').next() == Some("keepalives_retries")),
             ..UrlKeepalive::default()
         };
-        for (key, value) in self.0.settings() {
-            builder
-                .set_param(key, value, Source::Field(key))
-                .map_err(|reason| Error::invalid("config", reason))?;
-        }
+        self.0.apply(&mut builder)?;
         Ok(builder)
     }
 }

@@ -12,7 +12,7 @@ use redis::{
 };
 
 use super::{Config, DEFAULT_PORT, DEFAULT_SENTINEL_PORT, ENV_PREFIX};
-use crate::config::{format_address, parse_address};
+use crate::config::{check_positive, display_url, format_address, parse_address, Checked};
 use crate::{Error, Result};
 
 impl Config {
@@ -35,14 +35,11 @@ impl Config {
             return Err(bad(format!("db is {}; it must be 0 or more", self.db)));
         }
         self.check_tls_files().map_err(bad)?;
-        for (name, value) in [
+        check_positive(&[
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(bad(format!("{name} is zero; it must be positive")));
-            }
-        }
+        ])
+        .map_err(bad)?;
         if self.min_replicas > 0
             && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
         {
@@ -228,7 +225,7 @@ impl Config {
     }
 
     /// TLS files only with TLS, and a client certificate only with its key.
-    fn check_tls_files(&self) -> std::result::Result<(), String> {
+    fn check_tls_files(&self) -> Checked {
         let any_file = self.tls_ca.is_some()
             || self.tls_client_cert.is_some()
             || self.tls_client_key.is_some();
@@ -278,11 +275,8 @@ impl fmt::Display for Deployment {
                 } else {
                     "redis+cluster"
                 };
-                let user = match seeds.first().and_then(|e| e.username.as_deref()) {
-                    Some(name) => format!("{name}@"),
-                    None => String::new(),
-                };
-                write!(f, "{scheme}://{user}{}", list(seeds))
+                let user = seeds.first().and_then(|e| e.username.as_deref());
+                f.write_str(&display_url(scheme, user, &list(seeds), ""))
             }
             Deployment::Sentinel { sentinels, master } => {
                 let scheme = if sentinels.first().is_some_and(|e| e.tls) {
@@ -311,12 +305,14 @@ pub(crate) struct Endpoint {
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scheme = if self.tls { "rediss" } else { "redis" };
-        let user = match &self.username {
-            Some(name) => format!("{name}@"),
-            None => String::new(),
-        };
         let address = format_address(&self.host, self.port);
-        write!(f, "{scheme}://{user}{address}/{}", self.db)
+        let db = format!("/{}", self.db);
+        f.write_str(&display_url(
+            scheme,
+            self.username.as_deref(),
+            &address,
+            &db,
+        ))
     }
 }
 
@@ -486,20 +482,13 @@ cluster: true
 
     #[test]
     fn zero_timeouts_and_negative_dbs_are_rejected() {
-        let base = Config {
-            addresses: vec!["h".into()],
-            ..Config::default()
+        let zero = Config::from_url("redis://h?response_timeout=0").unwrap();
+        let err = zero.endpoint().unwrap_err().to_string();
+        assert!(err.contains("response_timeout is zero"), "{err}");
+        let negative = Config {
+            db: -1,
+            ..Config::from_url("redis://h").unwrap()
         };
-        let zero = Config {
-            response_timeout: Duration::ZERO,
-            ..base.clone()
-        };
-        assert!(zero
-            .endpoint()
-            .unwrap_err()
-            .to_string()
-            .contains("response_timeout"));
-        let negative = Config { db: -1, ..base };
         assert!(negative.endpoint().is_err());
     }
 
