@@ -26,6 +26,7 @@ use crate::deadline::bounded;
 use crate::inspect::GrantRecord;
 use crate::session_registry::Busy;
 use crate::sql::core::{AbandonWait, Reserved, Tried, WaitGuard, WaitOn};
+use crate::sql::dialect::Context;
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// What `GET_LOCK` answered.
@@ -43,7 +44,7 @@ impl Inner {
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Tried> {
-        let ticket = match self.core.registry.reserve(name.server.clone()) {
+        let ticket = match self.core.registry.reserve(name.id.clone()) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Ok(Tried::Contended),
             Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
@@ -56,7 +57,7 @@ impl Inner {
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let session = self.core.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.id).await?;
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let limit = self.settings.query_timeout;
@@ -68,20 +69,16 @@ impl Inner {
             close_if_abandoned: false,
         };
         let context = || format!("try {:?} on {}", name.key, self.settings.target);
-        let answer = bounded(BACKEND, "acquire", limit, async {
-            session
-                .run(request)
-                .await
-                .map_err(|e| errors::backend("acquire", context(), e))
-        })
-        .await
-        // The statement was sent: it may have taken the lock.
-        .map_err(Error::with_outcome_unknown)?;
+        let answer = session
+            .ask(request, "acquire", &context)
+            .await
+            // The statement was sent: it may have taken the lock.
+            .map_err(Error::with_outcome_unknown)?;
         attempt.answered = true;
         match self.got(&answer, &context)? {
             Got::Granted(token) => {
                 let lease = self.core.grant(
-                    name.server.clone(),
+                    name.id.clone(),
                     name.key,
                     ttl,
                     owner,
@@ -101,8 +98,8 @@ impl Inner {
 
     /// Reads `GET_LOCK`'s answer. An error leaves `answer` unsettled: its
     /// undo then releases whatever the statement took.
-    fn got(&self, answer: &Answer, context: &dyn Fn() -> String) -> Result<Got> {
-        let bad = |why: String| Error::backend(BACKEND, "acquire", format!("{}: {why}", context()));
+    fn got(&self, answer: &Answer, context: Context<'_>) -> Result<Got> {
+        let bad = |why: String| errors::malformed("acquire", context, why);
         match answer.int(0).map_err(bad)? {
             Some(1) => {
                 let token = answer.int(1).map_err(bad)?;
@@ -177,7 +174,7 @@ impl Inner {
                         lease_locker,
                         ..
                     } = on;
-                    let id = name.server.clone();
+                    let id = name.id.clone();
                     let lease =
                         self.core
                             .grant(id, name.key, ttl, owner, token, session, lease_locker)?;

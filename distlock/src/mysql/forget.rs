@@ -1,6 +1,6 @@
 //! Forgetting a key: deleting its fencing row while nobody holds it.
 
-use super::errors::{self, BACKEND};
+use super::errors;
 use super::fencing::Sql;
 use super::names::LockName;
 use super::session::Request;
@@ -14,8 +14,8 @@ impl Inner {
     /// statement (and, had it failed halfway, the release of its lock) has
     /// run.
     pub(super) async fn forget(&self, name: LockName<'_>) -> Result<()> {
-        let reserved = self.core.reserve_to_forget(name.server.clone(), name.key)?;
-        let session = self.core.pool.shared(&name.server).await?;
+        let reserved = self.core.reserve_to_forget(name.id.clone(), name.key)?;
+        let session = self.core.pool.shared(&name.id).await?;
         let limit = self.settings.query_timeout;
         let request = Request {
             sql: self.sql.forget(&name),
@@ -25,27 +25,16 @@ impl Inner {
             close_if_abandoned: false,
         };
         let context = || format!("forget {:?} on {}", name.key, self.settings.target);
-        let answer = crate::deadline::bounded(BACKEND, "forget", limit, async {
-            session
-                .run(request)
-                .await
-                .map_err(|e| errors::backend("forget", context(), e))
-        })
-        .await?;
-        let free = answer
-            .int(0)
-            .map_err(|why| Error::backend(BACKEND, "forget", format!("{}: {why}", context())))?;
+        let answer = session.ask(request, "forget", &context).await?;
+        let free = answer.int_in(0, "forget", &context)?;
         answer.settle();
         match free {
             Some(1) => Ok(()),
             Some(_) => Err(held(&name)),
-            None => Err(Error::backend(
-                BACKEND,
+            None => Err(errors::malformed(
                 "forget",
-                format!(
-                    "{}: GET_LOCK returned NULL (the statement was killed, or the server failed)",
-                    context()
-                ),
+                context,
+                "GET_LOCK returned NULL (the statement was killed, or the server failed)",
             )),
         }
     }

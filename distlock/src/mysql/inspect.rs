@@ -16,9 +16,8 @@ use super::fencing::Sql;
 use super::names::LockName;
 use super::session::Request;
 use super::Inner;
-use crate::deadline::bounded;
 use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
-use crate::sql::core::Termination;
+use crate::sql::dialect::{Context, Dialect};
 use crate::{Error, Result};
 
 /// How long a force release waits for the killed connection's locks to be
@@ -82,17 +81,13 @@ impl Inner {
         session_key: &str,
         sql: String,
         operation: &'static str,
-        context: &(dyn Fn() -> String + Sync),
+        context: Context<'_>,
     ) -> Result<Vec<Row>> {
         let session = self.core.pool.shared(session_key).await?;
         let limit = self.settings.query_timeout;
-        let mut answer = bounded(BACKEND, operation, limit, async {
-            session
-                .run(Request::new(sql, limit))
-                .await
-                .map_err(|e| errors::backend(operation, context(), e))
-        })
-        .await?;
+        let mut answer = session
+            .ask(Request::new(sql, limit), operation, context)
+            .await?;
         let rows = std::mem::take(&mut answer.rows);
         answer.settle();
         Ok(rows)
@@ -110,9 +105,9 @@ impl Inner {
     ) -> Result<Option<(u64, HeldLock)>> {
         let context = || format!("inspect {:?} on {}", name.key, self.settings.target);
         let rows = self
-            .read(&name.server, self.sql.inspect(name), operation, &context)
+            .read(&name.id, self.sql.inspect(name), operation, &context)
             .await?;
-        let bad = |why: String| Error::backend(BACKEND, operation, format!("{}: {why}", context()));
+        let bad = |why| errors::malformed(operation, context, why);
         let row = rows
             .first()
             .ok_or_else(|| bad("the server returned no row".into()))?;
@@ -132,7 +127,7 @@ impl Inner {
         let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
         let rows = self.read("", sql, "list", &context).await?;
         let mut listed = Vec::with_capacity(rows.len());
-        let bad = |why: String| Error::backend(BACKEND, "list", format!("{}: {why}", context()));
+        let bad = |why| errors::malformed("list", context, why);
         for row in &rows {
             let hold = read_hold(row, None).map_err(bad)?;
             // Released between the scan's IS_USED_LOCK and here: not listed.
@@ -140,7 +135,7 @@ impl Inner {
             // A table shared by several namespaces (fencing_table=schema.table)
             // has rows of other namespaces' locks of the same key.
             let name: Option<String> = column(row, LIST_NAME_COLUMN).map_err(bad)?;
-            if name.as_deref() == Some(self.name(&held.key).server.as_str()) {
+            if name.as_deref() == Some(self.name(&held.key).id.as_str()) {
                 listed.push(held);
             }
         }
@@ -155,22 +150,18 @@ impl Inner {
         name: &LockName<'_>,
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
-        let words = Termination {
-            lock: "a GET_LOCK lock",
-            holder: "connection",
-            command: "KILL",
-        };
         let find = || self.find_hold(name, "force_release");
         let end = |connection| self.kill(name, connection);
         let core = &self.core;
-        core.force_release(name.key, how, words, find, end).await
+        core.force_release(name.key, how, Self::TERMINATION, find, end)
+            .await
     }
 
     /// `KILL`s `connection` if it still holds `name`, then waits until the
     /// server has freed the lock: true if it did, false if the connection no
     /// longer held it.
     async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
-        let session = self.core.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.id).await?;
         if u64::from(session.connection_id) == connection {
             return Err(Error::unsupported(
                 BACKEND,
@@ -191,14 +182,13 @@ impl Inner {
         };
         let rows = self
             .read(
-                &name.server,
+                &name.id,
                 Sql::kill_holder(name, connection),
                 "force_release",
                 &context,
             )
             .await?;
-        let bad =
-            |why: String| Error::backend(BACKEND, "force_release", format!("{}: {why}", context()));
+        let bad = |why| errors::malformed("force_release", context, why);
         let killed = rows
             .first()
             .ok_or_else(|| bad("the server returned no row".into()))
@@ -211,7 +201,7 @@ impl Inner {
         loop {
             let rows = self
                 .read(
-                    &name.server,
+                    &name.id,
                     Sql::held_by(name, connection),
                     "force_release",
                     &context,

@@ -4,20 +4,11 @@
 
 use std::sync::atomic::Ordering;
 
-use super::errors::{self, BACKEND};
 use super::fencing::FencingTable;
 use super::names::{hex_literal, LockName};
 use super::session::Request;
 use super::Inner;
 use crate::{Error, MarkAdvance, Result};
-
-/// The marks table's name, in the fencing table's schema (or the URL's
-/// database when fencing is off).
-pub(super) const MARKS_TABLE: &str = "distlock_marks";
-
-pub(super) fn table(fencing: Option<&FencingTable>) -> FencingTable {
-    fencing.cloned().unwrap_or_default().sibling(MARKS_TABLE)
-}
 
 pub(super) fn create_table(table: &FencingTable) -> String {
     format!(
@@ -57,7 +48,7 @@ impl Inner {
             super::pool::ensure_marks_table(&self.core.pool).await?;
             self.marks_ready.store(true, Ordering::Release);
         }
-        let session = self.core.pool.shared(&name.server).await?;
+        let session = self.core.pool.shared(&name.id).await?;
         let timeout = self.settings.query_timeout;
         let context = || {
             format!(
@@ -65,20 +56,14 @@ impl Inner {
                 name.key, self.settings.target
             )
         };
-        let table = table(self.settings.fencing.as_ref());
-        let request = Request::new(advance_sql(&table, &name, value), timeout);
-        let answer = crate::deadline::bounded(BACKEND, "advance_mark", timeout, async {
-            session
-                .run(request)
-                .await
-                .map_err(|e| errors::backend("advance_mark", context(), e))
-        })
-        .await
-        // The statement may have committed before its answer was lost.
-        .map_err(Error::with_outcome_unknown)?;
-        let previous = answer.int(0).map_err(|why| {
-            Error::backend(BACKEND, "advance_mark", format!("{}: {why}", context()))
-        })?;
+        let table = FencingTable::marks_beside(self.settings.fencing.as_ref());
+        let sql = advance_sql(&table, &name, value);
+        let answer = session
+            .ask(Request::new(sql, timeout), "advance_mark", &context)
+            .await
+            // The statement may have committed before its answer was lost.
+            .map_err(Error::with_outcome_unknown)?;
+        let previous = answer.int_in(0, "advance_mark", &context)?;
         answer.settle();
         Ok(match previous {
             None => MarkAdvance::Advanced { previous: None },

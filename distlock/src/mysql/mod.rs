@@ -359,6 +359,7 @@ use self::fencing::Sql;
 use self::names::LockName;
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::sql::core::Core;
+use crate::sql::dialect::Dialect;
 use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 // Named by the docs above.
 #[cfg(doc)]
@@ -515,12 +516,13 @@ impl Locker for MysqlLocker {
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        self.inner.release(self.inner.name(key), owner).await
+        let server = self.backend_key(key);
+        self.inner.release(&server, key, owner).await
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        self.inner.verify(self.inner.name(key), owner).await
+        self.inner.verify(&self.backend_key(key), key, owner).await
     }
 
     /// One statement per 256 locks on each session that holds some of
@@ -529,7 +531,12 @@ impl Locker for MysqlLocker {
     /// keepalive round. Each lease answers as [`refresh`](Locker::refresh)
     /// would; a failed statement fails the leases it carried.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        self.inner.refresh_many(requests).await
+        self.inner
+            .refresh_many(requests, |request| {
+                validate::acquire(request.key, request.ttl)?;
+                Ok(self.backend_key(request.key))
+            })
+            .await
     }
 
     /// Deletes `key`'s fencing row in one round trip, under a `GET_LOCK`

@@ -42,12 +42,12 @@ impl Inner {
     /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
     pub(super) async fn try_acquire(
         &self,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Option<Lease>> {
-        let tried = self.try_once(key, ttl, lease_locker).await?;
-        self.core.try_answer(tried, key.name)
+        let tried = self.try_once(lock, ttl, lease_locker).await?;
+        self.core.try_answer(tried, lock.key)
     }
 
     /// `lock` for string and raw keys alike: one attempt for a zero
@@ -56,29 +56,29 @@ impl Inner {
     /// [`Core::lock`](crate::sql::core::Core::lock)).
     ///
     /// `lease_locker` must be the locker (string or raw keys) whose
-    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
+    /// `try_lock(lock.key)` is [`try_acquire`](Self::try_acquire) of `key`:
     /// polling goes through it.
     pub(super) async fn lock_within(
         &self,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         ttl: Duration,
         timeout: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let try_once = |lease_locker| self.try_once(key, ttl, lease_locker);
-        let wait_on = |on| self.wait_on(key, ttl, on);
+        let try_once = |lease_locker| self.try_once(lock, ttl, lease_locker);
+        let wait_on = |on| self.wait_on(lock, ttl, on);
         let core = &self.core;
-        core.lock(key.name, ttl, timeout, lease_locker, try_once, wait_on)
+        core.lock(lock.key, ttl, timeout, lease_locker, try_once, wait_on)
             .await
     }
 
     async fn try_once(
         &self,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         ttl: Duration,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Tried> {
-        let ticket = match self.core.registry.reserve(key.id) {
+        let ticket = match self.core.registry.reserve(lock.id) {
             Ok(ticket) => ticket,
             Err(Busy::Contended) => return Ok(Tried::Contended),
             Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
@@ -90,8 +90,8 @@ impl Inner {
             query_timeout: self.settings.query_timeout,
         };
         // Read on the caller's task, where its label scope is.
-        let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let session = self.core.pool.shared(&key.id).await?;
+        let record = GrantRecord::new(lock.key, ttl, self.settings.holder_record);
+        let session = self.core.pool.shared(&lock.id).await?;
         let owner = new_owner_token();
         // Only the fencing table records the owner.
         let digest = if self.fencing() {
@@ -101,19 +101,19 @@ impl Inner {
         };
         attempt.sent_on = Some(session.clone());
         // On an error or no answer, `attempt` cleans up as it drops.
-        let context = || format!("try {:?} on {}", key.name, self.settings.target);
+        let context = || format!("try {:?} on {}", lock.key, self.settings.target);
         let answer = errors::within(
             "acquire",
             self.settings.query_timeout,
             context,
-            session.try_lock(key.id, &digest, &record, self.fencing()),
+            session.try_lock(lock.id, &digest, &record, self.fencing()),
         )
         .await
         // The statement was sent: it may have taken the lock.
         .map_err(Error::with_outcome_unknown)?;
         let tried = match answer {
             Some(token) => {
-                Tried::Granted(self.record_grant(key, ttl, owner, token, session, lease_locker)?)
+                Tried::Granted(self.record_grant(lock, ttl, owner, token, session, lease_locker)?)
             }
             None => Tried::Contended,
         };
@@ -123,10 +123,15 @@ impl Inner {
 
     /// The wait on the server (`pg_advisory_lock` under `lock_timeout`),
     /// after the first attempt found the key held.
-    async fn wait_on(&self, key: LockKey<'_>, ttl: Duration, on: WaitOn<Session>) -> Result<Lease> {
+    async fn wait_on(
+        &self,
+        lock: LockKey<'_>,
+        ttl: Duration,
+        on: WaitOn<Session>,
+    ) -> Result<Lease> {
         let session = &on.session;
         let digest = owner_digest(&on.owner);
-        let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
+        let record = GrantRecord::new(lock.key, ttl, self.settings.holder_record);
         let cancel = CancelWait {
             tls: self.settings.tls.clone(),
         };
@@ -134,7 +139,7 @@ impl Inner {
         let token = loop {
             let lock_timeout_ms = lock_timeout_ms(on.remaining());
             let sql = self.sql.wait(
-                key.id,
+                lock.id,
                 lock_timeout_ms,
                 self.settings.session_lock_timeout_ms(),
                 &digest,
@@ -144,7 +149,7 @@ impl Inner {
             // server that stopped answering.
             let bound =
                 Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
-            let context = || format!("wait for {:?} on {}", key.name, self.settings.target);
+            let context = || format!("wait for {:?} on {}", lock.key, self.settings.target);
             let waited = bounded(BACKEND, "acquire", bound, async {
                 Ok(session.wait(&sql, self.fencing()).await)
             })
@@ -152,14 +157,15 @@ impl Inner {
             match waited {
                 Ok(token) => break token,
                 Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
-                    if let Some(token) = self.granted_anyway(session, key, &digest, &record).await?
+                    if let Some(token) =
+                        self.granted_anyway(session, lock, &digest, &record).await?
                     {
                         break token;
                     }
                     if on.remaining().is_zero() {
                         wait.disarm();
                         self.core.pool.recycle(on.session.clone());
-                        return Err(on.timed_out(key.name));
+                        return Err(on.timed_out(lock.key));
                     }
                     // A wait longer than Postgres' largest lock_timeout: go on.
                 }
@@ -169,7 +175,7 @@ impl Inner {
             }
         };
         wait.disarm();
-        self.record_grant(key, ttl, on.owner, token, on.session, on.lease_locker)
+        self.record_grant(lock, ttl, on.owner, token, on.session, on.lease_locker)
     }
 
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
@@ -182,7 +188,7 @@ impl Inner {
     async fn granted_anyway(
         &self,
         session: &Session,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         digest: &str,
         record: &GrantRecord<'_>,
     ) -> Result<Option<Option<i64>>> {
@@ -190,19 +196,19 @@ impl Inner {
         let context = || {
             format!(
                 "check {:?} after its lock timeout on {}",
-                key.name, self.settings.target
+                lock.key, self.settings.target
             )
         };
-        if !errors::within("acquire", query_timeout, context, session.holds(key.id)).await? {
+        if !errors::within("acquire", query_timeout, context, session.holds(lock.id)).await? {
             return Ok(None);
         }
         tracing::debug!(
             component = "distlock",
             backend = BACKEND,
-            key = key.name,
+            key = lock.key,
             "lock granted as its lock timeout fired; keeping it"
         );
-        let token = session.grant_token(key.id, digest, record);
+        let token = session.grant_token(lock.id, digest, record);
         errors::within("acquire", query_timeout, context, token)
             .await
             .map(Some)
@@ -211,7 +217,7 @@ impl Inner {
     /// Turns a grant on `session` into a lease and records it.
     fn record_grant(
         &self,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         ttl: Duration,
         owner: String,
         token: Option<i64>,
@@ -226,7 +232,7 @@ impl Inner {
                         "acquire",
                         format!(
                             "the fencing counter of {:?} is negative ({t}); was the table edited?",
-                            key.name
+                            lock.key
                         ),
                     )
                 })
@@ -234,8 +240,8 @@ impl Inner {
             .transpose()?;
         let core = &self.core;
         core.grant(
-            key.id,
-            key.name,
+            lock.id,
+            lock.key,
             ttl,
             owner,
             fencing_token,
@@ -526,12 +532,12 @@ mod tests {
         let server = test_servers::PostgresServer::start();
         let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
-        let key = LockKey {
+        let lock = LockKey {
             id: -4242,
-            name: "-4242",
+            key: "-4242",
         };
         let digest = owner_digest("owner");
-        let record = GrantRecord::new(key.name, TTL, true);
+        let record = GrantRecord::new(lock.key, TTL, true);
         let (raced, bystander) = (
             inner
                 .core
@@ -555,14 +561,14 @@ mod tests {
 
         assert_eq!(
             inner
-                .granted_anyway(&bystander, key, &digest, &record)
+                .granted_anyway(&bystander, lock, &digest, &record)
                 .await
                 .unwrap(),
             None
         );
         assert_eq!(
             inner
-                .granted_anyway(&raced, key, &digest, &record)
+                .granted_anyway(&raced, lock, &digest, &record)
                 .await
                 .unwrap(),
             Some(Some(1))

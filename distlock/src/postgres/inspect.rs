@@ -15,7 +15,7 @@ use super::errors::{self, BACKEND};
 use super::keys::LockKey;
 use super::Inner;
 use crate::inspect::{Clock, ForceRelease, GrantTime, HeldLock, Holder};
-use crate::sql::core::Termination;
+use crate::sql::dialect::Dialect;
 use crate::{Error, Result};
 
 /// How long `pg_terminate_backend` waits for the terminated backend to exit
@@ -76,24 +76,24 @@ impl Hold {
 
 impl Inner {
     /// [`crate::Locker::inspect`] for string and raw keys alike.
-    pub(super) async fn inspect(&self, key: LockKey<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(key, "inspect").await?.map(|hold| hold.held))
+    pub(super) async fn inspect(&self, lock: LockKey<'_>) -> Result<Option<HeldLock>> {
+        Ok(self.find_hold(lock, "inspect").await?.map(|hold| hold.held))
     }
 
-    async fn find_hold(&self, key: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
-        let session = self.core.pool.shared(&key.id).await?;
-        let context = || format!("inspect {:?} on {}", key.name, self.settings.target);
+    async fn find_hold(&self, lock: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
+        let session = self.core.pool.shared(&lock.id).await?;
+        let context = || format!("inspect {:?} on {}", lock.key, self.settings.target);
         let rows = errors::within(
             operation,
             self.settings.query_timeout,
             context,
-            session.query(&self.sql.inspect, &[&key.id]),
+            session.query(&self.sql.inspect, &[&lock.id]),
         )
         .await?;
         // Several rows only for a key held in shared mode
         // (`pg_advisory_lock_shared`, never distlock): report the first.
         rows.first()
-            .map(|row| Hold::from_row(row, Some(key.name)))
+            .map(|row| Hold::from_row(row, Some(lock.key)))
             .transpose()
             .map_err(|e| errors::backend(operation, context(), e))
     }
@@ -151,40 +151,36 @@ impl Inner {
     /// [`crate::Locker::force_release`]: only by ending the holding session.
     pub(super) async fn force_release(
         &self,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
-        let words = Termination {
-            lock: "a session advisory lock",
-            holder: "session",
-            command: "pg_terminate_backend",
-        };
         let find = || async {
-            let hold = self.find_hold(key, "force_release").await?;
+            let hold = self.find_hold(lock, "force_release").await?;
             Ok(hold.map(|hold| (hold.pid, hold.held)))
         };
-        let end = |pid| self.terminate(key, pid);
+        let end = |pid| self.terminate(lock, pid);
         let core = &self.core;
-        core.force_release(key.name, how, words, find, end).await
+        core.force_release(lock.key, how, Self::TERMINATION, find, end)
+            .await
     }
 
     /// Ends server process `pid` if it still holds `key`, waiting for it to
     /// exit: true if it did, false if it no longer held the key.
-    async fn terminate(&self, key: LockKey<'_>, pid: i32) -> Result<bool> {
-        let session = self.core.pool.shared(&key.id).await?;
+    async fn terminate(&self, lock: LockKey<'_>, pid: i32) -> Result<bool> {
+        let session = self.core.pool.shared(&lock.id).await?;
         let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
         let context = || {
             format!(
                 "end server process {pid}, which holds {:?}, on {} (pg_terminate_backend needs the \
                  holder's role, membership in pg_signal_backend, or superuser; and Postgres 14+)",
-                key.name, self.settings.target
+                lock.key, self.settings.target
             )
         };
         let rows = errors::within(
             "force_release",
             self.settings.query_timeout.saturating_add(TERMINATE_WAIT),
             context,
-            session.query(&self.sql.terminate, &[&key.id, &pid, &wait_ms]),
+            session.query(&self.sql.terminate, &[&lock.id, &pid, &wait_ms]),
         )
         .await?;
         let Some(row) = rows.first() else {
@@ -196,7 +192,7 @@ impl Inner {
             (true, _) => Err(Error::unsupported(BACKEND, "force_release", format!(
                     "{:?} is held by this locker's own session (server process {pid}); release its \
                      lease, or force-release it from another client",
-                    key.name
+                    lock.key
                 ))),
             (false, Some(true)) => Ok(true),
             (false, _) => Err(Error::backend(
@@ -205,7 +201,7 @@ impl Inner {
                 format!(
                     "server process {pid} holding {:?} was told to exit but had not within {TERMINATE_WAIT:?}; \
                      the lock may still be held (inspect it)",
-                    key.name
+                    lock.key
                 ),
             )),
         }

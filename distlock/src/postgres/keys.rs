@@ -101,12 +101,8 @@ pub(super) fn validate_namespace(namespace: &str) -> Result<()> {
 }
 
 /// A lock as the backend handles it: the advisory key taken on the server,
-/// and the name the caller used (for errors and the lease).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct LockKey<'a> {
-    pub(super) id: i64,
-    pub(super) name: &'a str,
-}
+/// and the key the caller named it by.
+pub(super) type LockKey<'a> = crate::sql::dialect::Lock<'a, i64>;
 
 /// Parses the key of a raw-key lock: a decimal `i64`.
 pub(super) fn parse_raw(name: &str) -> Result<LockKey<'_>> {
@@ -117,7 +113,7 @@ pub(super) fn parse_raw(name: &str) -> Result<LockKey<'_>> {
             format!("{name:?} is not a raw advisory key (a decimal 64-bit integer)"),
         )
     })?;
-    Ok(LockKey { id, name })
+    Ok(LockKey { id, key: name })
 }
 
 /// Hex of the first 128 bits of SHA-256 of an owner token: what the fencing

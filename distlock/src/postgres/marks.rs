@@ -10,10 +10,6 @@ use super::Inner;
 use crate::deadline::bounded;
 use crate::{Error, MarkAdvance, Result};
 
-/// The marks table's name, in the fencing table's schema (or the current
-/// schema when fencing is off).
-pub(super) const MARKS_TABLE: &str = "distlock_marks";
-
 /// The statements on the marks table, built once per locker.
 #[derive(Debug, Clone)]
 pub(super) struct MarksSql {
@@ -37,11 +33,7 @@ pub(super) struct MarksSql {
 
 impl MarksSql {
     pub(super) fn new(fencing: Option<&FencingTable>) -> Self {
-        let table = fencing
-            .cloned()
-            .unwrap_or_default()
-            .sibling(MARKS_TABLE)
-            .quoted();
+        let table = FencingTable::marks_beside(fencing).quoted();
         MarksSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (\
@@ -68,13 +60,13 @@ impl Inner {
     /// [`crate::Locker::advance_mark`] for string and raw keys alike: one
     /// statement on the key's shared session, after creating the table on
     /// this locker's first call.
-    pub(super) async fn advance_mark(&self, key: LockKey<'_>, value: i64) -> Result<MarkAdvance> {
-        let session = self.core.pool.shared(&key.id).await?;
+    pub(super) async fn advance_mark(&self, lock: LockKey<'_>, value: i64) -> Result<MarkAdvance> {
+        let session = self.core.pool.shared(&lock.id).await?;
         let timeout = self.settings.query_timeout;
         let context = || {
             format!(
                 "advance the mark {:?} on {}",
-                key.name, self.settings.target
+                lock.key, self.settings.target
             )
         };
         if !self.marks_ready.load(Ordering::Acquire) {
@@ -92,7 +84,7 @@ impl Inner {
             "advance_mark",
             timeout,
             context,
-            session.query(&self.marks.advance, &[&key.id, &value, &key.name]),
+            session.query(&self.marks.advance, &[&lock.id, &value, &lock.key]),
         )
         .await
         // The statement may have committed before its answer was lost.
@@ -107,7 +99,7 @@ impl Inner {
             "advance_mark",
             timeout,
             context,
-            session.query(&self.marks.current, &[&key.id]),
+            session.query(&self.marks.current, &[&lock.id]),
         )
         .await?;
         let current = rows

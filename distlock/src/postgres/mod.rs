@@ -380,6 +380,7 @@ use self::keys::LockKey;
 use self::marks::MarksSql;
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::sql::core::Core;
+use crate::sql::dialect::Dialect;
 use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 // Named by the docs above.
 #[cfg(doc)]
@@ -495,10 +496,10 @@ impl PostgresLocker {
         self.inner.core.registry.held_count()
     }
 
-    fn lock_key<'a>(&self, name: &'a str) -> LockKey<'a> {
+    fn lock_key<'a>(&self, key: &'a str) -> LockKey<'a> {
         LockKey {
-            id: self.advisory_key(name),
-            name,
+            id: self.advisory_key(key),
+            key,
         }
     }
 
@@ -549,12 +550,13 @@ impl Locker for PostgresLocker {
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        self.inner.release(self.lock_key(key), owner).await
+        let id = self.advisory_key(key);
+        self.inner.release(&id, key, owner).await
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        self.inner.verify(self.lock_key(key), owner).await
+        self.inner.verify(&self.advisory_key(key), key, owner).await
     }
 
     /// One statement per session holding some of the keys, confirming
@@ -563,7 +565,7 @@ impl Locker for PostgresLocker {
         self.inner
             .refresh_many(requests, |request| {
                 validate::acquire(request.key, request.ttl)?;
-                Ok(self.lock_key(request.key))
+                Ok(self.advisory_key(request.key))
             })
             .await
     }
@@ -680,25 +682,23 @@ impl Locker for RawKeys {
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-        self.locker
-            .inner
-            .release(keys::parse_raw(key)?, owner)
-            .await
+        let id = keys::parse_raw(key)?.id;
+        self.locker.inner.release(&id, key, owner).await
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let key = keys::parse_raw(key)?;
+        let id = keys::parse_raw(key)?.id;
         validate::ttl(ttl)?;
-        self.locker.inner.verify(key, owner).await
+        self.locker.inner.verify(&id, key, owner).await
     }
 
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
         self.locker
             .inner
             .refresh_many(requests, |request| {
-                let key = keys::parse_raw(request.key)?;
+                let id = keys::parse_raw(request.key)?.id;
                 validate::ttl(request.ttl)?;
-                Ok(key)
+                Ok(id)
             })
             .await
     }

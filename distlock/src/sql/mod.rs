@@ -27,5 +27,6 @@
 //! identifier rules, and reuse the pool and the fencing-table handling.
 
 pub(crate) mod core;
+pub(crate) mod dialect;
 pub(crate) mod fencing;
 pub(crate) mod pool;
