@@ -16,8 +16,8 @@ use super::fencing::Sql;
 use super::names::LockName;
 use super::session::Request;
 use super::Inner;
-use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
-use crate::sql::dialect::{Context, Dialect};
+use crate::inspect::{self, Clock, GrantTime, HeldLock, Holder};
+use crate::sql::dialect::Context;
 use crate::{Error, Result};
 
 /// How long a force release waits for the killed connection's locks to be
@@ -25,10 +25,10 @@ use crate::{Error, Result};
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// The column of [`Sql::list`]'s answer that names the lock.
-const LIST_NAME_COLUMN: usize = 9;
+pub(super) const LIST_NAME_COLUMN: usize = 9;
 
 /// A column as `T`, `None` for NULL.
-fn column<T: mysql_async::prelude::FromValue>(
+pub(super) fn column<T: mysql_async::prelude::FromValue>(
     row: &Row,
     index: usize,
 ) -> Result<Option<T>, String> {
@@ -42,7 +42,7 @@ fn column<T: mysql_async::prelude::FromValue>(
 /// Reads a row of [`Sql::inspect`] or [`Sql::list`]: the holding connection
 /// (`None`: free) and what is known of the hold. `key` names the lock in the
 /// report (the recorded name for a listing).
-fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, String> {
+pub(super) fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, String> {
     let Some(connection) = column::<u64>(row, 0)? else {
         return Ok(None);
     };
@@ -76,7 +76,7 @@ fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, St
 
 impl Inner {
     /// Runs one read-only statement on `name`'s shared session.
-    async fn read(
+    pub(super) async fn read(
         &self,
         session_key: &str,
         sql: String,
@@ -93,12 +93,7 @@ impl Inner {
         Ok(rows)
     }
 
-    /// [`crate::Locker::inspect`].
-    pub(super) async fn inspect(&self, name: &LockName<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(name, "inspect").await?.map(|(_, held)| held))
-    }
-
-    async fn find_hold(
+    pub(super) async fn find_hold(
         &self,
         name: &LockName<'_>,
         operation: &'static str,
@@ -114,53 +109,10 @@ impl Inner {
         read_hold(row, Some(name.key)).map_err(bad)
     }
 
-    /// [`crate::Locker::list`].
-    pub(super) async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let Some(sql) = self.sql.list(prefix) else {
-            return Err(Error::unsupported(
-                BACKEND,
-                "list",
-                "without the fencing table (fencing=off) no lock records its key, so held \
-                         locks cannot be listed; inspect a key instead",
-            ));
-        };
-        let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
-        let rows = self.read("", sql, "list", &context).await?;
-        let mut listed = Vec::with_capacity(rows.len());
-        let bad = |why| errors::malformed("list", context, why);
-        for row in &rows {
-            let hold = read_hold(row, None).map_err(bad)?;
-            // Released between the scan's IS_USED_LOCK and here: not listed.
-            let Some((_, held)) = hold else { continue };
-            // A table shared by several namespaces (fencing_table=schema.table)
-            // has rows of other namespaces' locks of the same key.
-            let name: Option<String> = column(row, LIST_NAME_COLUMN).map_err(bad)?;
-            if name.as_deref() == Some(self.name(&held.key).id.as_str()) {
-                listed.push(held);
-            }
-        }
-        listed.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(listed)
-    }
-
-    /// [`crate::Locker::force_release`]: only by `KILL` of the holding
-    /// connection.
-    pub(super) async fn force_release(
-        &self,
-        name: &LockName<'_>,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        let find = || self.find_hold(name, "force_release");
-        let end = |connection| self.kill(name, connection);
-        let core = &self.core;
-        core.force_release(name.key, how, Self::TERMINATION, find, end)
-            .await
-    }
-
     /// `KILL`s `connection` if it still holds `name`, then waits until the
     /// server has freed the lock: true if it did, false if the connection no
     /// longer held it.
-    async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
+    pub(super) async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
         let session = self.core.pool.shared(&name.id).await?;
         if u64::from(session.connection_id) == connection {
             return Err(Error::unsupported(

@@ -2,13 +2,9 @@
 //! table beside the fencing table, raised by one upsert that reports the
 //! value it replaced.
 
-use std::sync::atomic::Ordering;
-
 use super::fencing::FencingTable;
 use super::names::{hex_literal, LockName};
-use super::session::Request;
 use super::Inner;
-use crate::{Error, MarkAdvance, Result};
 
 pub(super) fn create_table(table: &FencingTable) -> String {
     format!(
@@ -27,7 +23,7 @@ pub(super) fn create_table(table: &FencingTable) -> String {
 /// even when a concurrent upsert committed just before (and NULL when it
 /// inserted the row). Assignments in `ON DUPLICATE KEY UPDATE` run left to
 /// right, so `updated_at` sees the variable already set.
-fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64) -> String {
+pub(super) fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64) -> String {
     let table = table.quoted();
     let lit = name.literal();
     let raw = hex_literal(name.key.as_bytes());
@@ -40,37 +36,4 @@ fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64) -> String 
     )
 }
 
-impl Inner {
-    /// [`crate::Locker::advance_mark`]: one statement on the name's shared
-    /// session, after creating the table on this locker's first call.
-    pub(super) async fn advance_mark(&self, name: LockName<'_>, value: i64) -> Result<MarkAdvance> {
-        if !self.marks_ready.load(Ordering::Acquire) {
-            super::pool::ensure_marks_table(&self.core.pool).await?;
-            self.marks_ready.store(true, Ordering::Release);
-        }
-        let session = self.core.pool.shared(&name.id).await?;
-        let timeout = self.settings.query_timeout;
-        let context = || {
-            format!(
-                "advance the mark {:?} on {}",
-                name.key, self.settings.target
-            )
-        };
-        let table = FencingTable::marks_beside(self.settings.fencing.as_ref());
-        let sql = advance_sql(&table, &name, value);
-        let answer = session
-            .ask(Request::new(sql, timeout), "advance_mark", &context)
-            .await
-            // The statement may have committed before its answer was lost.
-            .map_err(Error::with_outcome_unknown)?;
-        let previous = answer.int_in(0, "advance_mark", &context)?;
-        answer.settle();
-        Ok(match previous {
-            None => MarkAdvance::Advanced { previous: None },
-            Some(previous) if previous < value => MarkAdvance::Advanced {
-                previous: Some(previous),
-            },
-            Some(current) => MarkAdvance::AlreadyAt { current },
-        })
-    }
-}
+impl Inner {}

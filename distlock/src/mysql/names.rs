@@ -153,6 +153,7 @@ pub(super) type LockName<'a> = crate::sql::dialect::Lock<'a, String>;
 
 impl<'a> LockName<'a> {
     /// `key`'s lock in `namespace` (see [`lock_name_in`]).
+    #[cfg(test)]
     pub(super) fn new(namespace: &str, key: &'a str) -> Self {
         LockName {
             id: lock_name_in(namespace, key),

@@ -24,7 +24,7 @@ pub(super) type Registry = crate::session_registry::Registry<String, Session>;
 pub(super) type Ticket = crate::session_registry::Ticket<String>;
 
 /// Opens MySQL sessions with the locker's settings.
-pub(super) struct Connect {
+pub(crate) struct Connect {
     settings: Arc<Settings>,
     on_closed: OnClosed,
 }

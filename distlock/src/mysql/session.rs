@@ -37,7 +37,7 @@ pub(super) use crate::sql::pool::{OnClosed, Role};
 /// an attempt took, released only after its undo (if any) has run.
 pub(super) type Keep = Box<dyn Send>;
 
-pub(super) struct Session {
+pub(crate) struct Session {
     pub(super) id: u64,
     pub(super) role: Role,
     /// The server's id of this connection (`CONNECTION_ID()`), for `KILL`.

@@ -20,164 +20,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::errors::{self, is_lock_timeout, BACKEND};
+use super::errors::{self, BACKEND};
 use super::fencing::GrantRecord;
-use super::keys::{owner_digest, LockKey};
+use super::keys::LockKey;
 use super::pool::{Registry, Ticket};
-use super::session::{Session, WaitError};
+use super::session::Session;
 use super::Inner;
-use crate::deadline::bounded;
-use crate::session_registry::Busy;
-use crate::sql::core::{AbandonWait, Tried, WaitGuard, WaitOn};
-use crate::{new_owner_token, Error, Lease, Locker, Result};
+use crate::sql::core::AbandonWait;
+use crate::{Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
 impl Inner {
-    /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
-    /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up (see
-    /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
-    pub(super) async fn try_acquire(
-        &self,
-        lock: LockKey<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Option<Lease>> {
-        let tried = self.try_once(lock, ttl, lease_locker).await?;
-        self.core.try_answer(tried, lock.key)
-    }
-
-    /// `lock` for string and raw keys alike: one attempt for a zero
-    /// `timeout`, else a wait on the server, or polling if no waiter
-    /// connection is free (see
-    /// [`Core::lock`](crate::sql::core::Core::lock)).
-    ///
-    /// `lease_locker` must be the locker (string or raw keys) whose
-    /// `try_lock(lock.key)` is [`try_acquire`](Self::try_acquire) of `key`:
-    /// polling goes through it.
-    pub(super) async fn lock_within(
-        &self,
-        lock: LockKey<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let try_once = |lease_locker| self.try_once(lock, ttl, lease_locker);
-        let wait_on = |on| self.wait_on(lock, ttl, on);
-        let core = &self.core;
-        core.lock(lock.key, ttl, timeout, lease_locker, try_once, wait_on)
-            .await
-    }
-
-    async fn try_once(
-        &self,
-        lock: LockKey<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Tried> {
-        let ticket = match self.core.registry.reserve(lock.id) {
-            Ok(ticket) => ticket,
-            Err(Busy::Contended) => return Ok(Tried::Contended),
-            Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
-        };
-        let mut attempt = Attempt {
-            registry: self.core.registry.clone(),
-            ticket,
-            sent_on: None,
-            query_timeout: self.settings.query_timeout,
-        };
-        // Read on the caller's task, where its label scope is.
-        let record = GrantRecord::new(lock.key, ttl, self.settings.holder_record);
-        let session = self.core.pool.shared(&lock.id).await?;
-        let owner = new_owner_token();
-        // Only the fencing table records the owner.
-        let digest = if self.fencing() {
-            owner_digest(&owner)
-        } else {
-            String::new()
-        };
-        attempt.sent_on = Some(session.clone());
-        // On an error or no answer, `attempt` cleans up as it drops.
-        let context = || format!("try {:?} on {}", lock.key, self.settings.target);
-        let answer = errors::within(
-            "acquire",
-            self.settings.query_timeout,
-            context,
-            session.try_lock(lock.id, &digest, &record, self.fencing()),
-        )
-        .await
-        // The statement was sent: it may have taken the lock.
-        .map_err(Error::with_outcome_unknown)?;
-        let tried = match answer {
-            Some(token) => {
-                Tried::Granted(self.record_grant(lock, ttl, owner, token, session, lease_locker)?)
-            }
-            None => Tried::Contended,
-        };
-        attempt.finish();
-        Ok(tried)
-    }
-
-    /// The wait on the server (`pg_advisory_lock` under `lock_timeout`),
-    /// after the first attempt found the key held.
-    async fn wait_on(
-        &self,
-        lock: LockKey<'_>,
-        ttl: Duration,
-        on: WaitOn<Session>,
-    ) -> Result<Lease> {
-        let session = &on.session;
-        let digest = owner_digest(&on.owner);
-        let record = GrantRecord::new(lock.key, ttl, self.settings.holder_record);
-        let cancel = CancelWait {
-            tls: self.settings.tls.clone(),
-        };
-        let mut wait = WaitGuard::new(session.clone(), cancel);
-        let token = loop {
-            let lock_timeout_ms = lock_timeout_ms(on.remaining());
-            let sql = self.sql.wait(
-                lock.id,
-                lock_timeout_ms,
-                self.settings.session_lock_timeout_ms(),
-                &digest,
-                &record,
-            );
-            // The server ends the wait itself; this bound only catches a
-            // server that stopped answering.
-            let bound =
-                Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
-            let context = || format!("wait for {:?} on {}", lock.key, self.settings.target);
-            let waited = bounded(BACKEND, "acquire", bound, async {
-                Ok(session.wait(&sql, self.fencing()).await)
-            })
-            .await?;
-            match waited {
-                Ok(token) => break token,
-                Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
-                    if let Some(token) =
-                        self.granted_anyway(session, lock, &digest, &record).await?
-                    {
-                        break token;
-                    }
-                    if on.remaining().is_zero() {
-                        wait.disarm();
-                        self.core.pool.recycle(on.session.clone());
-                        return Err(on.timed_out(lock.key));
-                    }
-                    // A wait longer than Postgres' largest lock_timeout: go on.
-                }
-                // `wait` closes the connection as it drops: whatever the
-                // failed statement left behind goes with it.
-                Err(e) => return Err(e.into_error(context())),
-            }
-        };
-        wait.disarm();
-        self.record_grant(lock, ttl, on.owner, token, on.session, on.lease_locker)
-    }
-
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
     /// grant it as the timeout fires, and then reports the timeout with the
     /// lock held (checked here; the wait and the timeout race in
@@ -185,7 +41,7 @@ impl Inner {
     /// granted that way is kept: its counter is bumped now (the statement
     /// that would have done it was aborted) and the caller gets it, a hair
     /// late, rather than a `Timeout` that leaves it stranded.
-    async fn granted_anyway(
+    pub(super) async fn granted_anyway(
         &self,
         session: &Session,
         lock: LockKey<'_>,
@@ -215,7 +71,7 @@ impl Inner {
     }
 
     /// Turns a grant on `session` into a lease and records it.
-    fn record_grant(
+    pub(super) fn record_grant(
         &self,
         lock: LockKey<'_>,
         ttl: Duration,
@@ -254,7 +110,7 @@ impl Inner {
 /// The `lock_timeout` for a wait with `remaining` left: rounded up (a wait
 /// must not end before the caller's deadline), at least 1 ms (0 would mean
 /// "no timeout"), at most Postgres' maximum.
-fn lock_timeout_ms(remaining: Duration) -> u64 {
+pub(super) fn lock_timeout_ms(remaining: Duration) -> u64 {
     let ms = remaining
         .as_nanos()
         .div_ceil(1_000_000)
@@ -263,18 +119,18 @@ fn lock_timeout_ms(remaining: Duration) -> u64 {
 }
 
 /// An attempt on a shared session whose outcome is not yet recorded.
-struct Attempt {
-    registry: Arc<Registry>,
-    ticket: Ticket,
+pub(super) struct Attempt {
+    pub(super) registry: Arc<Registry>,
+    pub(super) ticket: Ticket,
     /// Set once the statement may have reached the server.
-    sent_on: Option<Arc<Session>>,
-    query_timeout: Duration,
+    pub(super) sent_on: Option<Arc<Session>>,
+    pub(super) query_timeout: Duration,
 }
 
 impl Attempt {
     /// The outcome is recorded: only the reservation is left to end, which
     /// dropping does.
-    fn finish(mut self) {
+    pub(super) fn finish(mut self) {
         self.sent_on = None;
     }
 }
@@ -327,8 +183,8 @@ impl Drop for Attempt {
 /// How an abandoned native wait ends: the statement is cancelled on the
 /// server and the connection closed, so whether or not the lock was granted
 /// in the meantime, the server ends the session and nothing stays held.
-struct CancelWait {
-    tls: super::tls::Tls,
+pub(super) struct CancelWait {
+    pub(super) tls: super::tls::Tls,
 }
 
 impl AbandonWait<Session> for CancelWait {
@@ -354,6 +210,9 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::postgres::errors::is_lock_timeout;
+    use crate::postgres::keys::owner_digest;
+    use crate::postgres::session::WaitError;
     use crate::postgres::PostgresLocker;
 
     #[test]

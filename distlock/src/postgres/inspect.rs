@@ -14,8 +14,7 @@ use tokio_postgres::Row;
 use super::errors::{self, BACKEND};
 use super::keys::LockKey;
 use super::Inner;
-use crate::inspect::{Clock, ForceRelease, GrantTime, HeldLock, Holder};
-use crate::sql::dialect::Dialect;
+use crate::inspect::{Clock, GrantTime, HeldLock, Holder};
 use crate::{Error, Result};
 
 /// How long `pg_terminate_backend` waits for the terminated backend to exit
@@ -24,18 +23,18 @@ const TERMINATE_WAIT: Duration = Duration::from_secs(5);
 
 /// One hold found in `pg_locks`, with its fencing row (see
 /// [`Sql::inspect`](super::fencing::Sql)).
-struct Hold {
-    pid: i32,
-    lock_key: Option<i64>,
-    key_name: Option<String>,
-    held: HeldLock,
+pub(super) struct Hold {
+    pub(super) pid: i32,
+    pub(super) lock_key: Option<i64>,
+    pub(super) key_name: Option<String>,
+    pub(super) held: HeldLock,
 }
 
 impl Hold {
     /// Reads a row of [`Sql::inspect`](super::fencing::Sql) or
     /// [`Sql::list`](super::fencing::Sql); `key` names the lock in the
     /// report (the recorded name for a listing).
-    fn from_row(row: &Row, key: Option<&str>) -> Result<Hold, tokio_postgres::Error> {
+    pub(super) fn from_row(row: &Row, key: Option<&str>) -> Result<Hold, tokio_postgres::Error> {
         let pid: i32 = row.try_get(0)?;
         let session_pid: Option<i32> = row.try_get(1)?;
         let key_name: Option<String> = row.try_get(8)?;
@@ -75,12 +74,11 @@ impl Hold {
 }
 
 impl Inner {
-    /// [`crate::Locker::inspect`] for string and raw keys alike.
-    pub(super) async fn inspect(&self, lock: LockKey<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(lock, "inspect").await?.map(|hold| hold.held))
-    }
-
-    async fn find_hold(&self, lock: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
+    pub(super) async fn find_hold(
+        &self,
+        lock: LockKey<'_>,
+        operation: &'static str,
+    ) -> Result<Option<Hold>> {
         let session = self.core.pool.shared(&lock.id).await?;
         let context = || format!("inspect {:?} on {}", lock.key, self.settings.target);
         let rows = errors::within(
@@ -98,75 +96,9 @@ impl Inner {
             .map_err(|e| errors::backend(operation, context(), e))
     }
 
-    /// [`crate::Locker::list`]: the held keys whose recorded name starts with
-    /// `prefix` and that `ours` says this locker would lock under that name
-    /// (string keys in its namespace, or raw keys), sorted by name.
-    pub(super) async fn list(
-        &self,
-        prefix: &str,
-        ours: impl Fn(&str, i64) -> bool,
-    ) -> Result<Vec<HeldLock>> {
-        if !self.fencing() {
-            return Err(Error::unsupported(
-                BACKEND,
-                "list",
-                "without the fencing table (fencing=off) no lock records its key's name, \
-                         so held advisory locks cannot be listed by name; inspect a key instead",
-            ));
-        }
-        // A listing reads the whole fencing table and `pg_locks`, which may
-        // take seconds: on a waiter connection, which holds no lock, not on
-        // a shared session, whose silence meanwhile would be taken for the
-        // server's and give its locks up. (All waiter connections in use:
-        // the shared one it is.)
-        let (session, waiter) = match self.core.pool.waiter().await? {
-            Some(waiter) => (waiter, true),
-            None => (self.core.pool.shared(&0_i64).await?, false),
-        };
-        let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
-        let rows = errors::within(
-            "list",
-            self.settings.query_timeout,
-            context,
-            session.query(&self.sql.list, &[&prefix]),
-        )
-        .await?;
-        if waiter {
-            self.core.pool.recycle(session);
-        }
-        let mut listed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let hold =
-                Hold::from_row(row, None).map_err(|e| errors::backend("list", context(), e))?;
-            if let (Some(name), Some(lock_key)) = (&hold.key_name, hold.lock_key) {
-                if ours(name, lock_key) {
-                    listed.push(hold.held);
-                }
-            }
-        }
-        listed.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(listed)
-    }
-
-    /// [`crate::Locker::force_release`]: only by ending the holding session.
-    pub(super) async fn force_release(
-        &self,
-        lock: LockKey<'_>,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        let find = || async {
-            let hold = self.find_hold(lock, "force_release").await?;
-            Ok(hold.map(|hold| (hold.pid, hold.held)))
-        };
-        let end = |pid| self.terminate(lock, pid);
-        let core = &self.core;
-        core.force_release(lock.key, how, Self::TERMINATION, find, end)
-            .await
-    }
-
     /// Ends server process `pid` if it still holds `key`, waiting for it to
     /// exit: true if it did, false if it no longer held the key.
-    async fn terminate(&self, lock: LockKey<'_>, pid: i32) -> Result<bool> {
+    pub(super) async fn terminate(&self, lock: LockKey<'_>, pid: i32) -> Result<bool> {
         let session = self.core.pool.shared(&lock.id).await?;
         let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
         let context = || {

@@ -21,7 +21,7 @@ pub(super) type Registry = crate::session_registry::Registry<i64, Session>;
 pub(super) type Ticket = crate::session_registry::Ticket<i64>;
 
 /// Opens Postgres sessions with the locker's settings.
-pub(super) struct Connect {
+pub(crate) struct Connect {
     settings: Arc<Settings>,
     sql: Arc<Sql>,
     on_closed: OnClosed,

@@ -34,7 +34,7 @@ use crate::{Error, Result};
 
 pub(super) use crate::sql::pool::{OnClosed, Opening, Role};
 
-pub(super) struct Session {
+pub(crate) struct Session {
     pub(super) id: u64,
     pub(super) role: Role,
     client: Client,

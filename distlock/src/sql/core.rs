@@ -21,9 +21,7 @@ use super::pool::{Connector, OnClosed, Pool, PoolSize};
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
-use crate::{
-    new_owner_token, Capabilities, Error, Lease, LeaseParts, Locker, LostReason, Result, WaitPolicy,
-};
+use crate::{new_owner_token, Capabilities, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
 
 /// What one attempt on a shared session found.
 pub(crate) enum Tried {
@@ -431,36 +429,6 @@ where
         }
     }
 
-    /// The first step of a release: `owner`'s hold of `id` through this
-    /// locker, taken out of the registry, or `None` when the server must be
-    /// asked who holds it (nothing here holds or takes it).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if this locker holds (or is taking) it under
-    /// another owner; [`Error::Backend`] while an abandoned attempt on it
-    /// is still being cleaned up (the server cannot be asked until then).
-    pub(crate) fn take_for_release(
-        &self,
-        id: &K,
-        key: &str,
-        owner: &str,
-    ) -> Result<Option<Held<C::Session>>> {
-        // The entry is gone before the unlock is queued, with no await in
-        // between: an attempt on this key that now reserves it and reaches
-        // the same session is ordered after the unlock by the server.
-        if let Some(held) = self.registry.take(id, owner) {
-            return Ok(Some(held));
-        }
-        match self.registry.state(id) {
-            Some(Busy::Contended) => Err(Error::NotHeld {
-                key: key.to_owned(),
-            }),
-            Some(Busy::CleaningUp) => Err(self.cleanup_pending(key, "release")),
-            None => Ok(None),
-        }
-    }
-
     /// The answer to a release of a lock this locker does not hold (it
     /// cannot release it: only the session holding a session lock can),
     /// given what the server said: `holder` describes the holding session
@@ -496,109 +464,6 @@ where
             ),
         };
         Error::unsupported(self.backend, "release", reason)
-    }
-
-    /// Runs a release statement that also clears the holder record; if it
-    /// fails, runs `bare` (the unlock alone) instead. The record is cleared
-    /// before the unlock in the same statement, so when clearing failed
-    /// (its row locked by another client past the session's lock timeout)
-    /// the unlock never ran, and the lock would stay on a live session for
-    /// good.
-    ///
-    /// # Errors
-    ///
-    /// The first statement's error, when the bare unlock failed too.
-    ///
-    /// # Cancel safety
-    ///
-    /// As the statements: dropping it leaves the lock to its session.
-    pub(crate) async fn unlock_or_bare<T, Bare>(
-        &self,
-        key: &str,
-        first: impl Future<Output = Result<T>>,
-        bare: impl FnOnce() -> Bare,
-    ) -> Result<T>
-    where
-        Bare: Future<Output = Result<T>>,
-    {
-        let error = match first.await {
-            Ok(answer) => return Ok(answer),
-            Err(error) => error,
-        };
-        match bare().await {
-            Ok(answer) => {
-                tracing::warn!(
-                    component = "distlock",
-                    backend = self.backend,
-                    key,
-                    %error,
-                    "released the lock without clearing its holder record in the fencing row"
-                );
-                Ok(answer)
-            }
-            Err(_) => Err(error),
-        }
-    }
-
-    /// The last step of a release: a waiter connection that carried the
-    /// lock goes back to the pool; a lock the session no longer held (the
-    /// server freed it: something released it by hand on the session)
-    /// fires the lease's lost signal.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] when `released` is false.
-    pub(crate) fn finish_release(
-        &self,
-        held: Held<C::Session>,
-        key: &str,
-        released: bool,
-    ) -> Result<()> {
-        if released {
-            self.pool.recycle(held.session);
-            return Ok(());
-        }
-        held.lost.notify(LostReason::NotHeld);
-        Err(Error::NotHeld {
-            key: key.to_owned(),
-        })
-    }
-
-    /// Confirms `owner` still holds `id` on a live session: `holds` asks
-    /// the holding session; a lock it no longer holds fires the lease's
-    /// lost signal.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if this locker does not hold it under `owner`,
-    /// or the session says it does not; `holds`'s error otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: the question changes nothing on the server.
-    pub(crate) async fn verify<Holds>(
-        &self,
-        id: &K,
-        key: &str,
-        owner: &str,
-        holds: impl FnOnce(Arc<C::Session>) -> Holds,
-    ) -> Result<()>
-    where
-        Holds: Future<Output = Result<bool>>,
-    {
-        let not_held = || Error::NotHeld {
-            key: key.to_owned(),
-        };
-        let Some(session) = self.registry.session_of(id, owner) else {
-            return Err(not_held());
-        };
-        if holds(session).await? {
-            return Ok(());
-        }
-        if let Some(held) = self.registry.take(id, owner) {
-            held.lost.notify(LostReason::NotHeld);
-        }
-        Err(not_held())
     }
 }
 

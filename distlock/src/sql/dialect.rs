@@ -13,11 +13,18 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::core::{Core, Termination};
+use async_trait::async_trait;
+
+use super::core::{Core, Termination, Tried, WaitOn};
 use super::pool::{Connector, SlotKey};
-use crate::session_registry::Claim;
-use crate::{RefreshRequest, Result};
+use crate::inspect::{ForceRelease, HeldLock};
+use crate::session_registry::{Busy, Claim};
+use crate::{
+    validate, Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, Result,
+    SharedLocker,
+};
 
 /// A lock as a dialect handles it: the server's identity of it, and the
 /// key the caller named it by (for errors, records and the lease).
@@ -34,6 +41,10 @@ pub(crate) type SessionOf<D> = <<D as Dialect>::Connect as Connector>::Session;
 
 /// Builds, when asked, the context of an error ("release \"k\" on db:5432").
 pub(crate) type Context<'a> = &'a (dyn Fn() -> String + Send + Sync);
+
+/// Says whether a listed lock, recorded under a key, is one this locker
+/// would take for that key (its namespace, its kind of key).
+pub(crate) type Ours<'a, Id> = &'a (dyn Fn(&str, &Id) -> bool + Send + Sync);
 
 /// A server's answer to "who holds this lock?": the holding session
 /// described ("server process 42") with how to end it
@@ -60,6 +71,60 @@ pub(crate) trait Dialect: Send + Sync + Sized {
 
     /// The locker's pool, registry and shared steps.
     fn core(&self) -> &Core<Self::Connect, Self::Id>;
+
+    /// True when leases get fencing tokens (the fencing table is in use).
+    fn fencing(&self) -> bool;
+
+    /// One attempt on the lock's shared session, cancel-safe: a grant is
+    /// recorded through [`Core::grant`] for `lease_locker`, and whatever
+    /// an attempt abandoned took is released.
+    fn try_once(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> impl Future<Output = Result<Tried>> + Send;
+
+    /// The native wait [`Core::lock`] hands over once the first attempt
+    /// found the lock held, cancel-safe (a [`WaitGuard`](super::core::WaitGuard)
+    /// abandons it on the server).
+    fn wait_on(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+        ttl: Duration,
+        on: WaitOn<SessionOf<Self>>,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// [`Locker::forget`].
+    fn forget(&self, lock: &Lock<'_, Self::Id>) -> impl Future<Output = Result<()>> + Send;
+
+    /// [`Locker::advance_mark`].
+    fn advance_mark(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+        value: i64,
+    ) -> impl Future<Output = Result<MarkAdvance>> + Send;
+
+    /// [`Locker::inspect`].
+    fn inspect(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+    ) -> impl Future<Output = Result<Option<HeldLock>>> + Send;
+
+    /// [`Locker::list`], keeping the locks `ours` says are this locker's.
+    fn list(
+        &self,
+        prefix: &str,
+        ours: Ours<'_, Self::Id>,
+    ) -> impl Future<Output = Result<Vec<HeldLock>>> + Send;
+
+    /// [`Locker::force_release`], by ending the holding session (see
+    /// [`Core::force_release`]).
+    fn force_release(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+        how: ForceRelease,
+    ) -> impl Future<Output = Result<Option<HeldLock>>> + Send;
 
     /// Releases `id` on `session`, which holds it: with `clear_record`, by
     /// the statement that also clears the holder record of its fencing row
@@ -99,24 +164,124 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         session: Arc<SessionOf<Self>>,
         ids: &[&Self::Id],
     ) -> impl Future<Output = Result<Vec<bool>>> + Send + use<'s, Self>;
+}
 
-    /// Releases `id` (the caller's `key`) if `owner` holds it through this
-    /// locker; otherwise says whether somebody else holds it under that
-    /// owner: [`Error::Unsupported`](crate::Error::Unsupported) if another
-    /// client may (only the session holding a session lock can release
-    /// it), [`Error::NotHeld`](crate::Error::NotHeld) if nobody does.
+/// A SQL locker as its callers see it: a dialect, and how their keys name
+/// its locks (Postgres has two views: string keys and raw advisory keys).
+/// Every such view is a [`Locker`], through the one implementation below.
+pub(crate) trait SqlKeys: Clone + fmt::Debug + Send + Sync + 'static {
+    /// The backend's locker state.
+    type Dialect: Dialect;
+
+    /// The locker state every view of one locker shares, and the slot of
+    /// the [`Locker`] this view's leases hold (this view, shared by all of
+    /// them: polling goes through its `try_lock`).
+    fn parts(&self) -> (&Self::Dialect, &SharedLocker);
+
+    /// The lock `key` names, once `key` is checked.
     ///
-    /// # Cancel safety
+    /// # Errors
     ///
-    /// As the statements: dropping it leaves the lock to its session.
-    async fn release(&self, id: &Self::Id, key: &str, owner: &str) -> Result<()> {
-        let core = self.core();
-        let Some(held) = core.take_for_release(id, key, owner)? else {
-            let context = || format!("look up the holder of {key:?} on {}", core.target);
-            let session = core.pool.shared(id).await?;
-            let (holder, same_owner) = self.holder(&session, id, owner, &context).await?;
-            let lock = Self::TERMINATION.lock;
-            return Err(core.held_elsewhere(key, lock, holder, same_owner));
+    /// [`Error::InvalidInput`] for a key this view does not take.
+    fn id(&self, key: &str) -> Result<<Self::Dialect as Dialect>::Id>;
+
+    /// [`Locker::backend_key`]: the key itself unless the lock has a name
+    /// of its own on the server.
+    fn name_on_server(&self, key: &str) -> String {
+        key.to_owned()
+    }
+}
+
+/// The dialect of `keys`.
+fn dialect<T: SqlKeys>(keys: &T) -> &T::Dialect {
+    keys.parts().0
+}
+
+/// The locker `keys`' leases hold.
+fn lease_locker<T: SqlKeys>(keys: &T) -> Arc<dyn Locker> {
+    keys.parts().1.get_or_init(|| Arc::new(keys.clone()))
+}
+
+/// The lock `key` names, with the key (see [`SqlKeys::id`]).
+fn lock_of<'a, T: SqlKeys>(
+    keys: &T,
+    key: &'a str,
+) -> Result<Lock<'a, <T::Dialect as Dialect>::Id>> {
+    Ok(Lock {
+        id: keys.id(key)?,
+        key,
+    })
+}
+
+/// Every SQL locker, written once over its dialect: what an answer means
+/// for the caller and for the registry is decided here and in [`Core`].
+#[async_trait]
+impl<T: SqlKeys> Locker for T {
+    fn backend(&self) -> &'static str {
+        dialect(self).core().backend
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        super::core::capabilities(dialect(self).fencing())
+    }
+
+    fn backend_key(&self, key: &str) -> String {
+        self.name_on_server(key)
+    }
+
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let lock = lock_of(self, key)?;
+        validate::ttl(ttl)?;
+        let dialect = dialect(self);
+        let tried = dialect.try_once(&lock, ttl, lease_locker(self)).await?;
+        dialect.core().try_answer(tried, key)
+    }
+
+    /// Waits on the server, not by polling, unless `max_waiters` waiter
+    /// connections are in use (see [`Core::lock`]).
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let lock = lock_of(self, key)?;
+        validate::ttl(ttl)?;
+        let dialect = dialect(self);
+        let try_once = |lease_locker| dialect.try_once(&lock, ttl, lease_locker);
+        let wait_on = |on| dialect.wait_on(&lock, ttl, on);
+        let core = dialect.core();
+        core.lock(key, ttl, timeout, lease_locker(self), try_once, wait_on)
+            .await
+    }
+
+    /// Releases the lock if `owner` holds it through this locker; otherwise
+    /// says whether somebody else holds it under that owner (see
+    /// [`Core::held_elsewhere`]). A lock the session no longer held
+    /// (something released it by hand on the session) fires the lease's
+    /// lost signal. An abandoned attempt on the key still being cleaned up
+    /// is [`Error::Backend`]: the server cannot be asked until then.
+    ///
+    /// Cancel safety: as the statements; dropping it leaves the lock to its
+    /// session.
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        let id = self.id(key)?;
+        let dialect = dialect(self);
+        let core = dialect.core();
+        let not_held = || Error::NotHeld {
+            key: key.to_owned(),
+        };
+        // The entry is gone before the unlock is queued, with no await in
+        // between: an attempt on this key that now reserves it and reaches
+        // the same session is ordered after the unlock by the server.
+        let Some(held) = core.registry.take(&id, owner) else {
+            return Err(match core.registry.state(&id) {
+                Some(Busy::Contended) => not_held(),
+                Some(Busy::CleaningUp) => core.cleanup_pending(key, "release"),
+                None => {
+                    let context = || format!("look up the holder of {key:?} on {}", core.target);
+                    let session = core.pool.shared(&id).await?;
+                    let (holder, same_owner) =
+                        dialect.holder(&session, &id, owner, &context).await?;
+                    let lock = T::Dialect::TERMINATION.lock;
+                    core.held_elsewhere(key, lock, holder, same_owner)
+                }
+            });
         };
         let context = || {
             format!(
@@ -125,49 +290,107 @@ pub(crate) trait Dialect: Send + Sync + Sized {
             )
         };
         let session = &held.session;
-        let unlock = self.unlock(session, id, true, &context);
-        let bare = || self.unlock(session, id, false, &context);
-        let released = core.unlock_or_bare(key, unlock, bare).await?;
-        // Only the session itself can release its lock; if it did not,
-        // something released it by hand on the session.
-        core.finish_release(held, key, released)
+        // The record is cleared before the unlock in the same statement, so
+        // when clearing failed (its row locked by another client past the
+        // session's lock timeout) the unlock never ran, and the lock would
+        // stay on a live session for good: then the unlock alone.
+        let released = match dialect.unlock(session, &id, true, &context).await {
+            Ok(released) => released,
+            Err(error) => match dialect.unlock(session, &id, false, &context).await {
+                Ok(released) => {
+                    tracing::warn!(
+                        component = "distlock",
+                        backend = core.backend,
+                        key,
+                        %error,
+                        "released the lock without clearing its holder record in the fencing row"
+                    );
+                    released
+                }
+                // The first statement's error, when the bare unlock failed
+                // too.
+                Err(_) => return Err(error),
+            },
+        };
+        if !released {
+            held.lost.notify(LostReason::NotHeld);
+            return Err(not_held());
+        }
+        // A waiter connection that carried the lock goes back to the pool.
+        core.pool.recycle(held.session);
+        Ok(())
     }
 
-    /// Confirms `owner` still holds `id` on a live session: a round trip on
-    /// the holding session, asking the server (see [`Core::verify`]).
-    async fn verify(&self, id: &Self::Id, key: &str, owner: &str) -> Result<()> {
-        let core = self.core();
+    /// Confirms `owner` still holds the lock on a live session: a round
+    /// trip on the holding session, asking the server (cancel-safe: the
+    /// question changes nothing there). A lock it no longer holds fires
+    /// the lease's lost signal.
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let id = self.id(key)?;
+        validate::ttl(ttl)?;
+        let dialect = dialect(self);
+        let core = dialect.core();
+        let not_held = || Error::NotHeld {
+            key: key.to_owned(),
+        };
+        let Some(session) = core.registry.session_of(&id, owner) else {
+            return Err(not_held());
+        };
         let context = || format!("verify {key:?} is held on {}", core.target);
-        let holds =
-            |session: Arc<SessionOf<Self>>| async move { self.holds(&session, id, &context).await };
-        core.verify(id, key, owner, holds).await
+        if dialect.holds(&session, &id, &context).await? {
+            return Ok(());
+        }
+        if let Some(held) = core.registry.take(&id, owner) {
+            held.lost.notify(LostReason::NotHeld);
+        }
+        Err(not_held())
     }
 
-    /// [`Locker::refresh_many`](crate::Locker::refresh_many): `id_of` maps
-    /// a request to its lock (or the error that request gets); the valid
-    /// ones are confirmed with one statement per
-    /// [`HOLDS_PER_STATEMENT`](Self::HOLDS_PER_STATEMENT) locks on each
-    /// session that holds some of them, all sent at once (see
+    /// One statement per [`Dialect::HOLDS_PER_STATEMENT`] locks on each
+    /// session holding some of them (all sent at once), confirming which
+    /// it still holds, instead of a round trip per lock (see
     /// [`Registry::confirm_many`](crate::session_registry::Registry::confirm_many)).
-    async fn refresh_many<'a>(
-        &self,
-        requests: &[RefreshRequest<'a>],
-        id_of: impl Fn(&RefreshRequest<'a>) -> Result<Self::Id> + Send,
-    ) -> Vec<Result<()>> {
+    /// Each lease answers as [`refresh`](Locker::refresh) would; a failed
+    /// statement fails the leases it carried.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
         let claims = requests
             .iter()
             .map(|request| {
-                id_of(request).map(|id| Claim {
+                let id = self.id(request.key)?;
+                validate::ttl(request.ttl)?;
+                Ok(Claim {
                     id,
                     owner: request.owner,
                     key: request.key,
                 })
             })
             .collect();
-        let registry = &self.core().registry;
-        let confirm = |session, ids: &[&Self::Id]| self.held_among(session, ids);
-        registry
-            .confirm_many(claims, Self::HOLDS_PER_STATEMENT, confirm)
-            .await
+        let dialect = dialect(self);
+        let confirm = |session, ids: &[&_]| dialect.held_among(session, ids);
+        let per_call = T::Dialect::HOLDS_PER_STATEMENT;
+        let registry = &dialect.core().registry;
+        registry.confirm_many(claims, per_call, confirm).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<()> {
+        dialect(self).forget(&lock_of(self, key)?).await
+    }
+
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        let lock = lock_of(self, name)?;
+        dialect(self).advance_mark(&lock, value).await
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        dialect(self).inspect(&lock_of(self, key)?).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let ours = |key: &str, id: &_| self.id(key).is_ok_and(|own| own == *id);
+        dialect(self).list(prefix, &ours).await
+    }
+
+    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
+        dialect(self).force_release(&lock_of(self, key)?, how).await
     }
 }
