@@ -40,10 +40,6 @@ impl Dialect for Inner {
         &self.core
     }
 
-    fn fencing(&self) -> bool {
-        self.sql.fencing()
-    }
-
     /// One attempt on the name's shared session; a grant is recorded.
     async fn try_once(
         &self,

@@ -132,38 +132,22 @@ impl Inner {
                 name.key, self.settings.target
             )
         };
-        let rows = self
-            .read(
-                &name.id,
-                Sql::kill_holder(name, connection),
-                "force_release",
-                &context,
-            )
-            .await?;
-        let bad = |why| errors::malformed("force_release", context, why);
-        let killed = rows
-            .first()
-            .ok_or_else(|| bad("the server returned no row".into()))
-            .and_then(|row| column::<i64>(row, 0).map_err(bad))?;
-        if killed != Some(1) {
+        // One integer answer of a statement on the name's shared session.
+        let ask = |sql| async {
+            let rows = self.read(&name.id, sql, "force_release", &context).await?;
+            let bad = |why| errors::malformed("force_release", context, why);
+            let row = rows
+                .first()
+                .ok_or_else(|| bad("the server returned no row".into()))?;
+            column::<i64>(row, 0).map_err(bad)
+        };
+        if ask(Sql::kill_holder(name, connection)).await? != Some(1) {
             return Ok(false);
         }
         // The killed thread frees its locks as it ends, a moment later.
         let started = Instant::now();
         loop {
-            let rows = self
-                .read(
-                    &name.id,
-                    Sql::held_by(name, connection),
-                    "force_release",
-                    &context,
-                )
-                .await?;
-            let still = rows
-                .first()
-                .ok_or_else(|| bad("the server returned no row".into()))
-                .and_then(|row| column::<i64>(row, 0).map_err(bad))?;
-            if still != Some(1) {
+            if ask(Sql::held_by(name, connection)).await? != Some(1) {
                 return Ok(true);
             }
             if started.elapsed() >= KILL_WAIT {

@@ -448,15 +448,8 @@ impl MysqlLocker {
 
 impl fmt::Debug for MysqlLocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let settings = &self.inner.settings;
-        f.debug_struct("MysqlLocker")
-            .field("target", &settings.target)
-            .field("namespace", &settings.namespace)
-            .field("fencing", &self.inner.sql.fencing())
-            .field("sessions", &settings.sessions)
-            .field("max_waiters", &settings.max_waiters)
-            .field("held", &self.held_count())
-            .finish_non_exhaustive()
+        let namespace = &self.inner.settings.namespace;
+        self.inner.core.debug_locker(f, "MysqlLocker", namespace)
     }
 }
 

@@ -238,6 +238,12 @@ mod tests {
         }
     }
 
+    /// A waiter connection of `locker`'s pool.
+    async fn waiter(locker: &PostgresLocker) -> Arc<Session> {
+        let pool = &locker.inner.core.pool;
+        pool.waiter().await.unwrap().expect("a free permit")
+    }
+
     /// Waits on the server (ungranted advisory locks) for advisory key `id`.
     fn server_waits(server: &test_servers::PostgresServer, id: i64) -> usize {
         server
@@ -397,22 +403,16 @@ mod tests {
         };
         let digest = owner_digest("owner");
         let record = GrantRecord::new(lock.key, TTL, true);
-        let (raced, bystander) = (
+        let waiter = || async {
             inner
                 .core
                 .pool
                 .waiter()
                 .await
                 .unwrap()
-                .expect("a free permit"),
-            inner
-                .core
-                .pool
-                .waiter()
-                .await
-                .unwrap()
-                .expect("a free permit"),
-        );
+                .expect("a free permit")
+        };
+        let (raced, bystander) = (waiter().await, waiter().await);
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])
             .await
@@ -455,13 +455,7 @@ mod tests {
         server.psql("ALTER ROLE postgres SET statement_timeout = '100ms'");
         let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
-        let session = inner
-            .core
-            .pool
-            .waiter()
-            .await
-            .unwrap()
-            .expect("a free permit");
+        let session = waiter(&locker).await;
         let show = |name: &'static str| {
             let session = session.clone();
             async move {
@@ -480,13 +474,7 @@ mod tests {
         assert_eq!(session.wait(&won, true).await.unwrap(), Some(1));
         assert_eq!(show("lock_timeout").await, "1500ms", "after a won wait");
 
-        let other = inner
-            .core
-            .pool
-            .waiter()
-            .await
-            .unwrap()
-            .expect("a free permit");
+        let other = waiter(&locker).await;
         other
             .query("SELECT pg_advisory_lock(-78)", &[])
             .await

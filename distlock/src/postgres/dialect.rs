@@ -40,10 +40,6 @@ impl Dialect for Inner {
         &self.core
     }
 
-    fn fencing(&self) -> bool {
-        self.sql.fencing()
-    }
-
     /// One attempt on the key's shared session; a grant is recorded. A
     /// guard releases whatever an attempt left behind if its answer never
     /// arrives (see [`Attempt`]).
@@ -69,7 +65,7 @@ impl Dialect for Inner {
         let session = self.core.pool.shared(&lock.id).await?;
         let owner = new_owner_token();
         // Only the fencing table records the owner.
-        let digest = if self.fencing() {
+        let digest = if self.sql.fencing() {
             owner_digest(&owner)
         } else {
             String::new()
@@ -81,7 +77,7 @@ impl Dialect for Inner {
             "acquire",
             self.settings.query_timeout,
             context,
-            session.try_lock(lock.id, &digest, &record, self.fencing()),
+            session.try_lock(lock.id, &digest, &record, self.sql.fencing()),
         )
         .await
         // The statement was sent: it may have taken the lock.
@@ -126,7 +122,7 @@ impl Dialect for Inner {
                 Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
             let context = || format!("wait for {:?} on {}", lock.key, self.settings.target);
             let waited = bounded(BACKEND, "acquire", bound, async {
-                Ok(session.wait(&sql, self.fencing()).await)
+                Ok(session.wait(&sql, self.sql.fencing()).await)
             })
             .await?;
             match waited {
@@ -263,7 +259,7 @@ impl Dialect for Inner {
     /// (taken with plain SQL, or by a distlock without fencing) have no
     /// name and are not listed. [`Error::Unsupported`] without fencing.
     async fn list(&self, prefix: &str, ours: Ours<'_, i64>) -> Result<Vec<HeldLock>> {
-        if !self.fencing() {
+        if !self.sql.fencing() {
             return Err(Error::unsupported(
                 BACKEND,
                 "list",
@@ -347,7 +343,7 @@ impl Dialect for Inner {
     ) -> Result<HolderAnswer> {
         let digest = owner_digest(owner);
         let lookup = async {
-            if self.fencing() {
+            if self.sql.fencing() {
                 session.query(&self.sql.holder, &[id, &digest]).await
             } else {
                 session.query(&self.sql.holder, &[id]).await

@@ -490,15 +490,8 @@ impl PostgresLocker {
 
 impl fmt::Debug for PostgresLocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let settings = &self.inner.settings;
-        f.debug_struct("PostgresLocker")
-            .field("target", &settings.target)
-            .field("namespace", &settings.namespace)
-            .field("fencing", &self.inner.sql.fencing())
-            .field("sessions", &settings.sessions)
-            .field("max_waiters", &settings.max_waiters)
-            .field("held", &self.held_count())
-            .finish_non_exhaustive()
+        let namespace = &self.inner.settings.namespace;
+        self.inner.core.debug_locker(f, "PostgresLocker", namespace)
     }
 }
 

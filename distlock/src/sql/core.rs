@@ -163,8 +163,8 @@ pub(crate) struct Core<C: Connector, K> {
     pub(crate) target: String,
     /// The bound on one statement.
     pub(crate) query_timeout: Duration,
-    /// Waiter connections at most (for the log line when polling).
-    pub(crate) max_waiters: usize,
+    /// The pool's bounds, and whether the fencing table is in use.
+    size: PoolSize,
     /// The locker's connections.
     pub(crate) pool: Arc<Pool<C>>,
     /// Which locks this locker holds, on which session, for which owner.
@@ -199,7 +199,7 @@ where
             backend,
             target,
             query_timeout,
-            max_waiters: size.max_waiters,
+            size,
             pool: Arc::new(Pool::new(connect(on_closed), size)),
             registry,
             wording,
@@ -350,7 +350,7 @@ where
             component = "distlock",
             backend = self.backend,
             key,
-            max_waiters = self.max_waiters,
+            max_waiters = self.size.max_waiters,
             "every waiter connection is in use; polling"
         );
         let policy = WaitPolicy::default();
@@ -552,18 +552,36 @@ where
             ),
         ))
     }
-}
 
-/// What a SQL session-lock backend can do; `fencing` says whether its
-/// fencing table is in use (only that table names the locks, for `list`).
-pub(crate) fn capabilities(fencing: bool) -> Capabilities {
-    Capabilities {
-        expires: false,
-        unlock_by_owner: false,
-        // The server-side wait wakes waiters; nothing announces releases.
-        release_notifications: false,
-        fencing,
-        list: fencing,
-        ..Capabilities::ALL
+    /// What a SQL session-lock backend can do: fencing tokens and `list`
+    /// only with the fencing table (only that table names the locks).
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: false,
+            unlock_by_owner: false,
+            // The server-side wait wakes waiters; nothing announces releases.
+            release_notifications: false,
+            fencing: self.size.fencing,
+            list: self.size.fencing,
+            ..Capabilities::ALL
+        }
+    }
+
+    /// The `Debug` of the locker `name` in `namespace`: its server (never
+    /// with a password), its connection bounds and how many locks it holds.
+    pub(crate) fn debug_locker(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        namespace: &str,
+    ) -> fmt::Result {
+        f.debug_struct(name)
+            .field("target", &self.target)
+            .field("namespace", &namespace)
+            .field("fencing", &self.size.fencing)
+            .field("sessions", &self.size.sessions)
+            .field("max_waiters", &self.size.max_waiters)
+            .field("held", &self.registry.held_count())
+            .finish_non_exhaustive()
     }
 }

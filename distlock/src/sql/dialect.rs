@@ -72,9 +72,6 @@ pub(crate) trait Dialect: Send + Sync + Sized {
     /// The locker's pool, registry and shared steps.
     fn core(&self) -> &Core<Self::Connect, Self::Id>;
 
-    /// True when leases get fencing tokens (the fencing table is in use).
-    fn fencing(&self) -> bool;
-
     /// One attempt on the lock's shared session, cancel-safe: a grant is
     /// recorded through [`Core::grant`] for `lease_locker`, and whatever
     /// an attempt abandoned took is released.
@@ -222,7 +219,7 @@ impl<T: SqlKeys> Locker for T {
     }
 
     fn capabilities(&self) -> Capabilities {
-        super::core::capabilities(dialect(self).fencing())
+        dialect(self).core().capabilities()
     }
 
     fn backend_key(&self, key: &str) -> String {
