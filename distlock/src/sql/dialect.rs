@@ -1,13 +1,13 @@
-//! What a SQL backend says differently, and the flows written once over
-//! it: releasing a lock (here, or telling who holds it elsewhere),
-//! confirming one lock or many.
+//! What a SQL backend says differently (its [`Dialect`]), and the one
+//! [`Locker`] implementation every SQL backend shares over it.
 //!
-//! A dialect (a backend's locker state) answers a handful of questions,
-//! each one statement on a session it is given: release this lock, who
-//! holds it, does this session still hold it (or which of these). How the
-//! statement is sent, bounded and read is the dialect's; what the answer
-//! means for the caller and for the registry is decided here and in
-//! [`Core`], once.
+//! A dialect (a backend's locker state) sends the statements: one attempt,
+//! a native wait, a release, "who holds this lock?", "does this session
+//! still hold it (or which of these)?", forget, mark, inspect, list, force
+//! release. How a statement is sent, bounded and read is the dialect's;
+//! what an answer means for the caller and for the registry is decided
+//! here and in [`Core`], once. How a caller's keys name the dialect's locks
+//! is a [`SqlKeys`] view; every view is a [`Locker`].
 
 use std::fmt;
 use std::future::Future;
@@ -65,8 +65,8 @@ pub(crate) trait Dialect: Send + Sync + Sized {
     /// How the dialect words its lock and the one force release it
     /// supports; [`Termination::lock`] also names the lock in releases.
     const TERMINATION: Termination;
-    /// The most locks one statement of [`refresh_many`](Self::refresh_many)
-    /// asks about.
+    /// The most locks one statement of [`Locker::refresh_many`] asks
+    /// about.
     const HOLDS_PER_STATEMENT: usize;
 
     /// The locker's pool, registry and shared steps.
