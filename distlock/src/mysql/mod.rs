@@ -357,7 +357,7 @@ use crate::sql::dialect::SqlKeys;
 use crate::{validate, Result};
 // Named by the docs above.
 #[cfg(doc)]
-use crate::{Error, Locker};
+use crate::{inspect::ForceRelease, Error, Locker};
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
 /// held locks. See the [module docs](self) for what it guarantees.

@@ -379,7 +379,7 @@ use crate::sql::dialect::SqlKeys;
 use crate::{validate, Lease, Locker, Result};
 // Named by the docs above.
 #[cfg(doc)]
-use crate::Error;
+use crate::{inspect::ForceRelease, Error};
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
 /// locks. See the [module docs](self) for what it guarantees.

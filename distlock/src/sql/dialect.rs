@@ -211,7 +211,7 @@ fn lock_of<'a, T: SqlKeys>(
 }
 
 /// Every SQL locker, written once over its dialect: what an answer means
-/// for the caller and for the registry is decided here and in [`Core`].
+/// for the caller and for the registry is decided here and in `Core`.
 #[async_trait]
 impl<T: SqlKeys> Locker for T {
     fn backend(&self) -> &'static str {
@@ -235,7 +235,7 @@ impl<T: SqlKeys> Locker for T {
     }
 
     /// Waits on the server, not by polling, unless `max_waiters` waiter
-    /// connections are in use (see [`Core::lock`]).
+    /// connections are in use (see the backend's docs).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         let lock = lock_of(self, key)?;
         validate::ttl(ttl)?;
@@ -248,8 +248,10 @@ impl<T: SqlKeys> Locker for T {
     }
 
     /// Releases the lock if `owner` holds it through this locker; otherwise
-    /// says whether somebody else holds it under that owner (see
-    /// [`Core::held_elsewhere`]). A lock the session no longer held
+    /// says whether somebody else holds it under that owner:
+    /// [`Error::Unsupported`] if another client may hold it under `owner`
+    /// (only the session holding a session lock can release it),
+    /// [`Error::NotHeld`] if nobody does. A lock the session no longer held
     /// (something released it by hand on the session) fires the lease's
     /// lost signal. An abandoned attempt on the key still being cleaned up
     /// is [`Error::Backend`]: the server cannot be asked until then.
@@ -343,10 +345,9 @@ impl<T: SqlKeys> Locker for T {
         Err(not_held())
     }
 
-    /// One statement per [`Dialect::HOLDS_PER_STATEMENT`] locks on each
-    /// session holding some of them (all sent at once), confirming which
-    /// it still holds, instead of a round trip per lock (see
-    /// [`Registry::confirm_many`](crate::session_registry::Registry::confirm_many)).
+    /// One statement per batch of locks (any number on Postgres, 256 on
+    /// MySQL) on each session holding some of them (all sent at once),
+    /// confirming which it still holds, instead of a round trip per lock.
     /// Each lease answers as [`refresh`](Locker::refresh) would; a failed
     /// statement fails the leases it carried.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
