@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::acquire::{Attempt, Got, KillQuery};
 use super::errors::{self, BACKEND};
 use super::fencing::{FencingTable, Sql, MAX_WAIT};
@@ -17,14 +19,19 @@ use super::names::{owner_digest, LockName};
 use super::pool::Connect;
 use super::session::{Request, Session};
 use super::Inner;
-use crate::inspect::{ForceRelease, GrantRecord, HeldLock};
+use crate::inspect::{GrantRecord, HeldLock};
 use crate::session_registry::Busy;
 use crate::sql::core::{Core, Reserved, Termination, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Context, Dialect, HolderAnswer, Ours};
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
+/// How long a force release waits for the killed connection's locks to be
+/// freed (the server ends the killed thread asynchronously).
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
 impl Dialect for Inner {
     type Connect = Connect;
+    type Holder = u64;
     type Id = String;
 
     const TERMINATION: Termination = Termination {
@@ -240,12 +247,6 @@ impl Dialect for Inner {
         })
     }
 
-    /// One statement: `IS_USED_LOCK` of the key's name joined with its
-    /// fencing row (see the [module docs](super#inspection)).
-    async fn inspect(&self, name: &LockName<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(name, "inspect").await?.map(|(_, held)| held))
-    }
-
     /// The fencing rows whose key starts with `prefix` and whose name is
     /// held (`IS_USED_LOCK`): one scan of the table. Locks without a row
     /// (plain `GET_LOCK`, or no fencing) are not listed; without fencing
@@ -278,19 +279,78 @@ impl Dialect for Inner {
         Ok(listed)
     }
 
-    /// [`ForceRelease::TerminateSession`] only: `KILL` of the holding
-    /// connection, which frees **every** lock it holds (see the
-    /// [module docs](super#inspection)).
-    async fn force_release(
+    /// One statement: `IS_USED_LOCK` of the key's name joined with its
+    /// fencing row (see the [module docs](super#inspection)).
+    async fn find_hold(
         &self,
         name: &LockName<'_>,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        let find = || self.find_hold(name, "force_release");
-        let end = |connection| self.kill(name, connection);
-        let core = &self.core;
-        core.force_release(name.key, how, Self::TERMINATION, find, end)
-            .await
+        operation: &'static str,
+    ) -> Result<Option<(u64, HeldLock)>> {
+        let context = || format!("inspect {:?} on {}", name.key, self.settings.target);
+        let rows = self
+            .read(&name.id, self.sql.inspect(name), operation, &context)
+            .await?;
+        let bad = |why| errors::malformed(operation, context, why);
+        let row = rows
+            .first()
+            .ok_or_else(|| bad("the server returned no row".into()))?;
+        read_hold(row, Some(name.key)).map_err(bad)
+    }
+
+    /// `KILL`s `connection` if it still holds `name`, which frees **every**
+    /// lock it holds, then waits until the server has freed the lock: true
+    /// if it did, false if the connection no longer held it.
+    async fn end_holder(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
+        let session = self.core.pool.shared(&name.id).await?;
+        if u64::from(session.connection_id) == connection {
+            return Err(Error::unsupported(
+                BACKEND,
+                "force_release",
+                format!(
+                    "{:?} is held by this locker's own connection {connection}; release its lease, \
+                     or force-release it from another client",
+                    name.key
+                ),
+            ));
+        }
+        let context = || {
+            format!(
+                "KILL connection {connection}, which holds {:?}, on {} (killing another user's \
+                 connection needs the CONNECTION_ADMIN or SUPER privilege)",
+                name.key, self.settings.target
+            )
+        };
+        // One integer answer of a statement on the name's shared session.
+        let ask = |sql| async {
+            let rows = self.read(&name.id, sql, "force_release", &context).await?;
+            let bad = |why| errors::malformed("force_release", context, why);
+            let row = rows
+                .first()
+                .ok_or_else(|| bad("the server returned no row".into()))?;
+            column::<i64>(row, 0).map_err(bad)
+        };
+        if ask(Sql::kill_holder(name, connection)).await? != Some(1) {
+            return Ok(false);
+        }
+        // The killed thread frees its locks as it ends, a moment later.
+        let started = Instant::now();
+        loop {
+            if ask(Sql::held_by(name, connection)).await? != Some(1) {
+                return Ok(true);
+            }
+            if started.elapsed() >= KILL_WAIT {
+                return Err(Error::backend(
+                    BACKEND,
+                    "force_release",
+                    format!(
+                        "connection {connection} holding {:?} was killed but still held it after \
+                         {KILL_WAIT:?}; inspect it again",
+                        name.key
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     async fn unlock(

@@ -9,20 +9,12 @@
 use std::time::Duration;
 
 use mysql_async::Row;
-use tokio::time::Instant;
 
-use super::errors::{self, BACKEND};
-use super::fencing::Sql;
-use super::names::LockName;
 use super::session::Request;
 use super::Inner;
 use crate::inspect::{self, Clock, GrantTime, HeldLock, Holder};
 use crate::sql::dialect::Context;
-use crate::{Error, Result};
-
-/// How long a force release waits for the killed connection's locks to be
-/// freed (the server ends the killed thread asynchronously).
-const KILL_WAIT: Duration = Duration::from_secs(5);
+use crate::Result;
 
 /// The column of [`Sql::list`]'s answer that names the lock.
 pub(super) const LIST_NAME_COLUMN: usize = 9;
@@ -91,77 +83,5 @@ impl Inner {
         let rows = std::mem::take(&mut answer.rows);
         answer.settle();
         Ok(rows)
-    }
-
-    pub(super) async fn find_hold(
-        &self,
-        name: &LockName<'_>,
-        operation: &'static str,
-    ) -> Result<Option<(u64, HeldLock)>> {
-        let context = || format!("inspect {:?} on {}", name.key, self.settings.target);
-        let rows = self
-            .read(&name.id, self.sql.inspect(name), operation, &context)
-            .await?;
-        let bad = |why| errors::malformed(operation, context, why);
-        let row = rows
-            .first()
-            .ok_or_else(|| bad("the server returned no row".into()))?;
-        read_hold(row, Some(name.key)).map_err(bad)
-    }
-
-    /// `KILL`s `connection` if it still holds `name`, then waits until the
-    /// server has freed the lock: true if it did, false if the connection no
-    /// longer held it.
-    pub(super) async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
-        let session = self.core.pool.shared(&name.id).await?;
-        if u64::from(session.connection_id) == connection {
-            return Err(Error::unsupported(
-                BACKEND,
-                "force_release",
-                format!(
-                    "{:?} is held by this locker's own connection {connection}; release its lease, \
-                     or force-release it from another client",
-                    name.key
-                ),
-            ));
-        }
-        let context = || {
-            format!(
-                "KILL connection {connection}, which holds {:?}, on {} (killing another user's \
-                 connection needs the CONNECTION_ADMIN or SUPER privilege)",
-                name.key, self.settings.target
-            )
-        };
-        // One integer answer of a statement on the name's shared session.
-        let ask = |sql| async {
-            let rows = self.read(&name.id, sql, "force_release", &context).await?;
-            let bad = |why| errors::malformed("force_release", context, why);
-            let row = rows
-                .first()
-                .ok_or_else(|| bad("the server returned no row".into()))?;
-            column::<i64>(row, 0).map_err(bad)
-        };
-        if ask(Sql::kill_holder(name, connection)).await? != Some(1) {
-            return Ok(false);
-        }
-        // The killed thread frees its locks as it ends, a moment later.
-        let started = Instant::now();
-        loop {
-            if ask(Sql::held_by(name, connection)).await? != Some(1) {
-                return Ok(true);
-            }
-            if started.elapsed() >= KILL_WAIT {
-                return Err(Error::backend(
-                    BACKEND,
-                    "force_release",
-                    format!(
-                        "connection {connection} holding {:?} was killed but still held it after \
-                         {KILL_WAIT:?}; inspect it again",
-                        name.key
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
     }
 }

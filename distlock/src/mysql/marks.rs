@@ -4,7 +4,6 @@
 
 use super::fencing::FencingTable;
 use super::names::{hex_literal, LockName};
-use super::Inner;
 
 pub(super) fn create_table(table: &FencingTable) -> String {
     format!(
@@ -35,5 +34,3 @@ pub(super) fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64)
          SELECT @distlock_prev"
     )
 }
-
-impl Inner {}

@@ -18,14 +18,19 @@ use super::pool::Connect;
 use super::session::{Session, WaitError};
 use super::Inner;
 use crate::deadline::bounded;
-use crate::inspect::{ForceRelease, HeldLock};
+use crate::inspect::HeldLock;
 use crate::session_registry::Busy;
 use crate::sql::core::{Core, Termination, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Context, Dialect, HolderAnswer, Ours};
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
+/// How long `pg_terminate_backend` waits for the terminated backend to exit
+/// (and so free its locks) before it reports failure (Postgres 14+).
+const TERMINATE_WAIT: Duration = Duration::from_secs(5);
+
 impl Dialect for Inner {
     type Connect = Connect;
+    type Holder = i32;
     type Id = i64;
 
     const TERMINATION: Termination = Termination {
@@ -246,12 +251,6 @@ impl Dialect for Inner {
         }
     }
 
-    /// One statement: the key's hold in `pg_locks` joined with its fencing
-    /// row (see the [module docs](super#inspection)).
-    async fn inspect(&self, &lock: &LockKey<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(lock, "inspect").await?.map(|hold| hold.held))
-    }
-
     /// The held advisory locks of this database joined with their fencing
     /// rows, whose recorded name starts with `prefix` and that `ours` says
     /// this locker would lock under that name (string keys in its
@@ -301,22 +300,72 @@ impl Dialect for Inner {
         Ok(listed)
     }
 
-    /// [`ForceRelease::TerminateSession`] only: `pg_terminate_backend` of
-    /// the holding session, which frees **every** lock it holds (see the
-    /// [module docs](super#inspection)).
-    async fn force_release(
+    /// One statement: the key's hold in `pg_locks` joined with its fencing
+    /// row (see the [module docs](super#inspection)).
+    async fn find_hold(
         &self,
         &lock: &LockKey<'_>,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        let find = || async {
-            let hold = self.find_hold(lock, "force_release").await?;
-            Ok(hold.map(|hold| (hold.pid, hold.held)))
+        operation: &'static str,
+    ) -> Result<Option<(i32, HeldLock)>> {
+        let session = self.core.pool.shared(&lock.id).await?;
+        let context = || format!("inspect {:?} on {}", lock.key, self.settings.target);
+        let rows = errors::within(
+            operation,
+            self.settings.query_timeout,
+            context,
+            session.query(&self.sql.inspect, &[&lock.id]),
+        )
+        .await?;
+        // Several rows only for a key held in shared mode
+        // (`pg_advisory_lock_shared`, never distlock): report the first.
+        let hold = rows.first().map(|row| Hold::from_row(row, Some(lock.key)));
+        let hold = hold.transpose();
+        let hold = hold.map_err(|e| errors::backend(operation, context(), e))?;
+        Ok(hold.map(|hold| (hold.pid, hold.held)))
+    }
+
+    /// `pg_terminate_backend` of server process `pid` if it still holds
+    /// the key, waiting for it to exit: true if it did, false if it no
+    /// longer held the key. It frees **every** lock that session holds.
+    async fn end_holder(&self, &lock: &LockKey<'_>, pid: i32) -> Result<bool> {
+        let session = self.core.pool.shared(&lock.id).await?;
+        let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
+        let context = || {
+            format!(
+                "end server process {pid}, which holds {:?}, on {} (pg_terminate_backend needs the \
+                 holder's role, membership in pg_signal_backend, or superuser; and Postgres 14+)",
+                lock.key, self.settings.target
+            )
         };
-        let end = |pid| self.terminate(lock, pid);
-        let core = &self.core;
-        core.force_release(lock.key, how, Self::TERMINATION, find, end)
-            .await
+        let rows = errors::within(
+            "force_release",
+            self.settings.query_timeout.saturating_add(TERMINATE_WAIT),
+            context,
+            session.query(&self.sql.terminate, &[&lock.id, &pid, &wait_ms]),
+        )
+        .await?;
+        let Some(row) = rows.first() else {
+            return Ok(false);
+        };
+        let (own, terminated): (bool, Option<bool>) = (|| Ok((row.try_get(0)?, row.try_get(1)?)))()
+            .map_err(|e: tokio_postgres::Error| errors::backend("force_release", context(), e))?;
+        match (own, terminated) {
+            (true, _) => Err(Error::unsupported(BACKEND, "force_release", format!(
+                    "{:?} is held by this locker's own session (server process {pid}); release its \
+                     lease, or force-release it from another client",
+                    lock.key
+                ))),
+            (false, Some(true)) => Ok(true),
+            (false, _) => Err(Error::backend(
+                BACKEND,
+                "force_release",
+                format!(
+                    "server process {pid} holding {:?} was told to exit but had not within {TERMINATE_WAIT:?}; \
+                     the lock may still be held (inspect it)",
+                    lock.key
+                ),
+            )),
+        }
     }
 
     async fn unlock(

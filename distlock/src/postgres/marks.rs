@@ -2,7 +2,6 @@
 //! table beside the fencing table, raised by one upsert.
 
 use super::fencing::FencingTable;
-use super::Inner;
 
 /// The statements on the marks table, built once per locker.
 #[derive(Debug, Clone)]
@@ -49,5 +48,3 @@ impl MarksSql {
         }
     }
 }
-
-impl Inner {}

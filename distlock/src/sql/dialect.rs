@@ -59,6 +59,9 @@ pub(crate) type HolderAnswer = (Option<(String, String)>, Option<bool>);
 pub(crate) trait Dialect: Send + Sync + Sized {
     /// How the dialect opens its sessions.
     type Connect: Connector;
+    /// The server's identity of a session holding a lock (a server
+    /// process id, a connection id).
+    type Holder: Send;
     /// The server's identity of a lock (an advisory key, a lock name).
     type Id: Clone + Eq + Hash + fmt::Debug + Send + Sync + SlotKey + 'static;
 
@@ -102,11 +105,13 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         value: i64,
     ) -> impl Future<Output = Result<MarkAdvance>> + Send;
 
-    /// [`Locker::inspect`].
-    fn inspect(
+    /// Who holds the lock, and what inspection says of the hold (`None`:
+    /// free); `operation` names the caller in errors.
+    fn find_hold(
         &self,
         lock: &Lock<'_, Self::Id>,
-    ) -> impl Future<Output = Result<Option<HeldLock>>> + Send;
+        operation: &'static str,
+    ) -> impl Future<Output = Result<Option<(Self::Holder, HeldLock)>>> + Send;
 
     /// [`Locker::list`], keeping the locks `ours` says are this locker's.
     fn list(
@@ -115,13 +120,13 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         ours: Ours<'_, Self::Id>,
     ) -> impl Future<Output = Result<Vec<HeldLock>>> + Send;
 
-    /// [`Locker::force_release`], by ending the holding session (see
-    /// [`Core::force_release`]).
-    fn force_release(
+    /// Ends the session `holder` if it still holds the lock: true if it
+    /// did, false if it no longer held it (see [`Core::force_release`]).
+    fn end_holder(
         &self,
         lock: &Lock<'_, Self::Id>,
-        how: ForceRelease,
-    ) -> impl Future<Output = Result<Option<HeldLock>>> + Send;
+        holder: Self::Holder,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Releases `id` on `session`, which holds it: with `clear_record`, by
     /// the statement that also clears the holder record of its fencing row
@@ -380,7 +385,9 @@ impl<T: SqlKeys> Locker for T {
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        dialect(self).inspect(&lock_of(self, key)?).await
+        let lock = lock_of(self, key)?;
+        let hold = dialect(self).find_hold(&lock, "inspect").await?;
+        Ok(hold.map(|(_, held)| held))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
@@ -388,7 +395,17 @@ impl<T: SqlKeys> Locker for T {
         dialect(self).list(prefix, &ours).await
     }
 
+    /// [`ForceRelease::TerminateSession`] only: ending the holding
+    /// session, which frees **every** lock it holds (see the backend's
+    /// docs on inspection).
     async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        dialect(self).force_release(&lock_of(self, key)?, how).await
+        let (lock, dialect) = (lock_of(self, key)?, dialect(self));
+        let find = || dialect.find_hold(&lock, "force_release");
+        let end = |holder| dialect.end_holder(&lock, holder);
+        let words = T::Dialect::TERMINATION;
+        dialect
+            .core()
+            .force_release(key, how, words, find, end)
+            .await
     }
 }
