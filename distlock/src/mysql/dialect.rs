@@ -21,7 +21,7 @@ use super::session::{Request, Session};
 use super::Inner;
 use crate::inspect::{GrantRecord, HeldLock};
 use crate::session_registry::Busy;
-use crate::sql::core::{Core, Reserved, Termination, Tried, WaitGuard, WaitOn};
+use crate::sql::core::{Core, Reserved, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Context, Dialect, HolderAnswer, Ours};
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
@@ -34,11 +34,6 @@ impl Dialect for Inner {
     type Holder = u64;
     type Id = String;
 
-    const TERMINATION: Termination = Termination {
-        lock: "a GET_LOCK lock",
-        holder: "connection",
-        command: "KILL",
-    };
     /// A column each: a statement of about 30 KB, far under the default
     /// `max_allowed_packet` (16 MB on MariaDB 10.11, 64 MB on MySQL 8).
     const HOLDS_PER_STATEMENT: usize = 256;

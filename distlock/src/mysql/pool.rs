@@ -52,6 +52,9 @@ const WORDING: Wording = Wording {
     lost_after_grant: |target, key| {
         format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
     },
+    lock: "a GET_LOCK lock",
+    holder: "connection",
+    command: "KILL",
 };
 
 #[async_trait]

@@ -20,7 +20,7 @@ use super::Inner;
 use crate::deadline::bounded;
 use crate::inspect::HeldLock;
 use crate::session_registry::Busy;
-use crate::sql::core::{Core, Termination, Tried, WaitGuard, WaitOn};
+use crate::sql::core::{Core, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Context, Dialect, HolderAnswer, Ours};
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
@@ -33,11 +33,6 @@ impl Dialect for Inner {
     type Holder = i32;
     type Id = i64;
 
-    const TERMINATION: Termination = Termination {
-        lock: "a session advisory lock",
-        holder: "session",
-        command: "pg_terminate_backend",
-    };
     // One scan of `pg_locks` answers for any number of keys.
     const HOLDS_PER_STATEMENT: usize = usize::MAX;
 

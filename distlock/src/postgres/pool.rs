@@ -53,6 +53,9 @@ const WORDING: Wording = Wording {
              the server releases it when the session ends"
         )
     },
+    lock: "a session advisory lock",
+    holder: "session",
+    command: "pg_terminate_backend",
 };
 
 #[async_trait]

@@ -151,6 +151,13 @@ pub(crate) struct Wording {
     /// What happened to a session that closed right after a grant, given
     /// the target and the key.
     pub(crate) lost_after_grant: fn(target: &str, key: &str) -> String,
+    /// The kind of lock ("a GET_LOCK lock"), in releases and force releases.
+    pub(crate) lock: &'static str,
+    /// What holds it ("connection"), for refusing the force releases but
+    /// the one supported (ending the holder's session).
+    pub(crate) holder: &'static str,
+    /// How the holder is ended ("KILL").
+    pub(crate) command: &'static str,
 }
 
 /// The parts of a SQL locker every dialect shares (see the
@@ -441,7 +448,6 @@ where
     pub(crate) fn held_elsewhere(
         &self,
         key: &str,
-        lock: &str,
         holder: Option<(String, String)>,
         same_owner: Option<bool>,
     ) -> Error {
@@ -451,6 +457,7 @@ where
         let Some((who, end)) = holder else {
             return not_held();
         };
+        let lock = self.wording.lock;
         let reason = match same_owner {
             Some(false) => return not_held(),
             Some(true) => format!(
@@ -470,18 +477,6 @@ where
 /// How often a force release looks again when the lock changed hands
 /// between its inspection and the end of its holder's session.
 const FORCE_RELEASE_ATTEMPTS: usize = 3;
-
-/// How a dialect words the one force release it supports (ending the
-/// holder's session), for refusing the others.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Termination {
-    /// The kind of lock ("a GET_LOCK lock").
-    pub(crate) lock: &'static str,
-    /// What holds it ("connection").
-    pub(crate) holder: &'static str,
-    /// How the holder is ended ("KILL").
-    pub(crate) command: &'static str,
-}
 
 impl<C, K> Core<C, K>
 where
@@ -509,7 +504,6 @@ where
         &self,
         key: &str,
         how: ForceRelease,
-        words: Termination,
         mut find: impl FnMut() -> Found,
         mut end: impl FnMut(Holder) -> Ended,
     ) -> Result<Option<HeldLock>>
@@ -518,11 +512,12 @@ where
         Ended: Future<Output = Result<bool>>,
     {
         if how != ForceRelease::TerminateSession {
-            let Termination {
+            let Wording {
                 lock,
                 holder,
                 command,
-            } = words;
+                ..
+            } = self.wording;
             return Err(Error::unsupported(
                 self.backend,
                 "force_release",

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::core::{Core, Termination, Tried, WaitOn};
+use super::core::{Core, Tried, WaitOn};
 use super::pool::{Connector, SlotKey};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::session_registry::{Busy, Claim};
@@ -65,9 +65,6 @@ pub(crate) trait Dialect: Send + Sync + Sized {
     /// The server's identity of a lock (an advisory key, a lock name).
     type Id: Clone + Eq + Hash + fmt::Debug + Send + Sync + SlotKey + 'static;
 
-    /// How the dialect words its lock and the one force release it
-    /// supports; [`Termination::lock`] also names the lock in releases.
-    const TERMINATION: Termination;
     /// The most locks one statement of [`Locker::refresh_many`] asks
     /// about.
     const HOLDS_PER_STATEMENT: usize;
@@ -282,8 +279,7 @@ impl<T: SqlKeys> Locker for T {
                     let session = core.pool.shared(&id).await?;
                     let (holder, same_owner) =
                         dialect.holder(&session, &id, owner, &context).await?;
-                    let lock = T::Dialect::TERMINATION.lock;
-                    core.held_elsewhere(key, lock, holder, same_owner)
+                    core.held_elsewhere(key, holder, same_owner)
                 }
             });
         };
@@ -402,10 +398,6 @@ impl<T: SqlKeys> Locker for T {
         let (lock, dialect) = (lock_of(self, key)?, dialect(self));
         let find = || dialect.find_hold(&lock, "force_release");
         let end = |holder| dialect.end_holder(&lock, holder);
-        let words = T::Dialect::TERMINATION;
-        dialect
-            .core()
-            .force_release(key, how, words, find, end)
-            .await
+        dialect.core().force_release(key, how, find, end).await
     }
 }
