@@ -218,12 +218,7 @@ impl Dialect for Inner {
         }
         let session = self.core.pool.shared(&name.id).await?;
         let timeout = self.settings.query_timeout;
-        let context = || {
-            format!(
-                "advance the mark {:?} on {}",
-                name.key, self.settings.target
-            )
-        };
+        let context = || format!("advance the mark {:?} on {}", name.key, self.core.target);
         let table = FencingTable::marks_beside(self.settings.fencing.as_ref());
         let sql = advance_sql(&table, name, value);
         let answer = session

@@ -192,12 +192,7 @@ impl Dialect for Inner {
     async fn advance_mark(&self, &lock: &LockKey<'_>, value: i64) -> Result<MarkAdvance> {
         let session = self.core.pool.shared(&lock.id).await?;
         let timeout = self.settings.query_timeout;
-        let context = || {
-            format!(
-                "advance the mark {:?} on {}",
-                lock.key, self.settings.target
-            )
-        };
+        let context = || format!("advance the mark {:?} on {}", lock.key, self.core.target);
         if !self.marks_ready.load(Ordering::Acquire) {
             let create = async { Ok(session.query(&self.marks.create, &[]).await) };
             let created = bounded(errors::BACKEND, "advance_mark", timeout, create).await?;
