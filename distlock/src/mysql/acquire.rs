@@ -16,93 +16,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::errors::{self, BACKEND};
-use super::fencing::{Sql, MAX_WAIT};
-use super::names::{owner_digest, LockName};
 use super::pool::Pool;
 use super::pool::{Registry, Ticket};
 use super::session::{Answer, Request, Session};
 use super::Inner;
 use crate::deadline::bounded;
-use crate::inspect::GrantRecord;
-use crate::session_registry::Busy;
-use crate::sql::core::{AbandonWait, Reserved, Tried, WaitGuard, WaitOn};
-use crate::{new_owner_token, Error, Lease, Locker, Result};
+use crate::sql::core::{AbandonWait, Reserved};
+use crate::sql::dialect::Context;
+use crate::Result;
 
 /// What `GET_LOCK` answered.
-enum Got {
+pub(super) enum Got {
     Granted(Option<u64>),
     /// 0: held elsewhere (or, for a wait, still held when it timed out).
     Refused,
 }
 
 impl Inner {
-    /// One attempt on the name's shared session; a grant is recorded.
-    pub(super) async fn try_once(
-        &self,
-        name: &LockName<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Tried> {
-        let ticket = match self.core.registry.reserve(name.server.clone()) {
-            Ok(ticket) => ticket,
-            Err(Busy::Contended) => return Ok(Tried::Contended),
-            Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
-        };
-        let mut attempt = Attempt {
-            registry: self.core.registry.clone(),
-            ticket: ticket.clone(),
-            reserved: Some(Reserved::new(self.core.registry.clone(), ticket)),
-            answered: false,
-        };
-        // Read on the caller's task, where its label scope is.
-        let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let session = self.core.pool.shared(&name.server).await?;
-        let owner = new_owner_token();
-        let digest = owner_digest(&owner);
-        let limit = self.settings.query_timeout;
-        let request = Request {
-            sql: self.sql.acquire(name, &digest, Duration::ZERO, &record),
-            limit,
-            undo: Some(Sql::undo(name)),
-            keep: attempt.reserved.take().map(|r| Box::new(r) as _),
-            close_if_abandoned: false,
-        };
-        let context = || format!("try {:?} on {}", name.key, self.settings.target);
-        let answer = bounded(BACKEND, "acquire", limit, async {
-            session
-                .run(request)
-                .await
-                .map_err(|e| errors::backend("acquire", context(), e))
-        })
-        .await
-        // The statement was sent: it may have taken the lock.
-        .map_err(Error::with_outcome_unknown)?;
-        attempt.answered = true;
-        match self.got(&answer, &context)? {
-            Got::Granted(token) => {
-                let lease = self.core.grant(
-                    name.server.clone(),
-                    name.key,
-                    ttl,
-                    owner,
-                    token,
-                    session,
-                    lease_locker,
-                )?;
-                answer.settle();
-                Ok(Tried::Granted(lease))
-            }
-            Got::Refused => {
-                answer.settle();
-                Ok(Tried::Contended)
-            }
-        }
-    }
-
     /// Reads `GET_LOCK`'s answer. An error leaves `answer` unsettled: its
     /// undo then releases whatever the statement took.
-    fn got(&self, answer: &Answer, context: &dyn Fn() -> String) -> Result<Got> {
-        let bad = |why: String| Error::backend(BACKEND, "acquire", format!("{}: {why}", context()));
+    pub(super) fn got(&self, answer: &Answer, context: Context<'_>) -> Result<Got> {
+        let bad = |why: String| errors::malformed("acquire", context, why);
         match answer.int(0).map_err(bad)? {
             Some(1) => {
                 let token = answer.int(1).map_err(bad)?;
@@ -126,88 +60,17 @@ impl Inner {
             )),
         }
     }
-
-    /// The wait on the server (`GET_LOCK(name, seconds)`), after the first
-    /// attempt found the name held.
-    pub(super) async fn wait_on(
-        &self,
-        name: &LockName<'_>,
-        ttl: Duration,
-        on: WaitOn<Session>,
-    ) -> Result<Lease> {
-        let session = on.session.clone();
-        let digest = owner_digest(&on.owner);
-        let record = GrantRecord::new(name.key, ttl, self.settings.holder_record);
-        let kill = KillQuery {
-            pool: self.core.pool.clone(),
-            query_timeout: self.settings.query_timeout,
-        };
-        let mut wait = WaitGuard::new(session.clone(), kill);
-        let context = || format!("wait for {:?} on {}", name.key, self.settings.target);
-        loop {
-            let wait_for = on.remaining().min(MAX_WAIT);
-            // The server ends the wait itself; this bound only catches a
-            // server that stopped answering.
-            let request = Request {
-                sql: self.sql.acquire(name, &digest, wait_for, &record),
-                limit: wait_for.saturating_add(self.settings.query_timeout),
-                undo: Some(Sql::undo(name)),
-                keep: None,
-                close_if_abandoned: true,
-            };
-            let answer = session
-                .run(request)
-                .await
-                .map_err(|e| errors::backend("acquire", context(), e));
-            let answer = match answer {
-                Ok(answer) => answer,
-                // The session closed itself (it failed or went silent).
-                Err(e) => {
-                    wait.disarm();
-                    return Err(e);
-                }
-            };
-            // Answered: the server is no longer waiting.
-            let got = self.got(&answer, &context);
-            wait.disarm();
-            match got? {
-                Got::Granted(token) => {
-                    let WaitOn {
-                        owner,
-                        lease_locker,
-                        ..
-                    } = on;
-                    let id = name.server.clone();
-                    let lease =
-                        self.core
-                            .grant(id, name.key, ttl, owner, token, session, lease_locker)?;
-                    answer.settle();
-                    return Ok(lease);
-                }
-                Got::Refused if on.remaining().is_zero() => {
-                    answer.settle();
-                    self.core.pool.recycle(session);
-                    return Err(on.timed_out(name.key));
-                }
-                // A wait longer than a year: go on.
-                Got::Refused => {
-                    answer.settle();
-                    wait.rearm(session.clone());
-                }
-            }
-        }
-    }
 }
 
 /// The caller's side of an attempt: dropped after the request was queued
 /// but before its answer arrived, it marks the reservation as cleaning up,
 /// so callers meanwhile are told the truth (unknown), not "contention".
-struct Attempt {
-    registry: Arc<Registry>,
-    ticket: Ticket,
+pub(super) struct Attempt {
+    pub(super) registry: Arc<Registry>,
+    pub(super) ticket: Ticket,
     /// Until the request is queued.
-    reserved: Option<Reserved<String, Session>>,
-    answered: bool,
+    pub(super) reserved: Option<Reserved<String, Session>>,
+    pub(super) answered: bool,
 }
 
 impl Drop for Attempt {
@@ -222,9 +85,9 @@ impl Drop for Attempt {
 /// shared session; the waiter's actor closes its connection as soon as
 /// nobody waits for the answer (and releases the lock had it been granted
 /// first), so nothing stays granted to a waiter that is gone.
-struct KillQuery {
-    pool: Arc<Pool>,
-    query_timeout: Duration,
+pub(super) struct KillQuery {
+    pub(super) pool: Arc<Pool>,
+    pub(super) query_timeout: Duration,
 }
 
 impl AbandonWait<Session> for KillQuery {

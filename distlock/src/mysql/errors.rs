@@ -83,6 +83,16 @@ pub(super) fn driver(
     backend(operation, context, ExecError::Mysql(source))
 }
 
+/// An answer that is not what the statement returns (`why`), as an error
+/// of `operation` in `context`.
+pub(super) fn malformed(
+    operation: &'static str,
+    context: impl FnOnce() -> String,
+    why: impl fmt::Display,
+) -> Error {
+    Error::backend(BACKEND, operation, format!("{}: {why}", context()))
+}
+
 /// Server errors after which the connection is gone: shutdown (1053),
 /// MariaDB's `ER_CONNECTION_KILLED` (1927), MySQL 8's
 /// `ER_CLIENT_INTERACTION_TIMEOUT` (4031, `wait_timeout` expired).

@@ -324,8 +324,8 @@ impl Sql {
     /// a next holder's record is never touched. (A session that dies holding
     /// the lock frees it without a statement: its record stays until the
     /// next grant overwrites it.)
-    pub(super) fn release(&self, name: &LockName<'_>) -> String {
-        let lit = name.literal();
+    pub(super) fn release(&self, server: &str) -> String {
+        let lit = name_literal(server);
         match &self.table {
             Some(table) => format!(
                 "UPDATE {table} SET holder_host = NULL, holder_pid = NULL, holder_label = NULL \
@@ -342,15 +342,15 @@ impl Sql {
     /// release falls back to when the clearing `UPDATE` failed (and so the
     /// `RELEASE_LOCK` after it never ran). 1 released, 0 held by another
     /// session, NULL no such lock.
-    pub(super) fn release_only(name: &LockName<'_>) -> String {
-        format!("SELECT RELEASE_LOCK({})", name.literal())
+    pub(super) fn release_only(server: &str) -> String {
+        format!("SELECT RELEASE_LOCK({})", name_literal(server))
     }
 
     /// 1 if this session holds the lock (and so, that it is alive).
-    pub(super) fn holds(name: &LockName<'_>) -> String {
+    pub(super) fn holds(server: &str) -> String {
         format!(
             "SELECT COALESCE(IS_USED_LOCK({}) = CONNECTION_ID(), 0)",
-            name.literal()
+            name_literal(server)
         )
     }
 
@@ -372,8 +372,8 @@ impl Sql {
 
     /// The connection holding the lock (NULL if free) and, with fencing,
     /// whether its last grant was to `owner_digest` (NULL without a row).
-    pub(super) fn holder(&self, name: &LockName<'_>, owner_digest: &str) -> String {
-        let lit = name.literal();
+    pub(super) fn holder(&self, server: &str, owner_digest: &str) -> String {
+        let lit = name_literal(server);
         match &self.table {
             Some(table) => format!(
                 "SELECT IS_USED_LOCK({lit}), \

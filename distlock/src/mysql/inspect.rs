@@ -9,27 +9,18 @@
 use std::time::Duration;
 
 use mysql_async::Row;
-use tokio::time::Instant;
 
-use super::errors::{self, BACKEND};
-use super::fencing::Sql;
-use super::names::LockName;
 use super::session::Request;
 use super::Inner;
-use crate::deadline::bounded;
-use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, Holder};
-use crate::sql::core::Termination;
-use crate::{Error, Result};
-
-/// How long a force release waits for the killed connection's locks to be
-/// freed (the server ends the killed thread asynchronously).
-const KILL_WAIT: Duration = Duration::from_secs(5);
+use crate::inspect::{self, Clock, GrantTime, HeldLock, Holder};
+use crate::sql::dialect::Context;
+use crate::Result;
 
 /// The column of [`Sql::list`]'s answer that names the lock.
-const LIST_NAME_COLUMN: usize = 9;
+pub(super) const LIST_NAME_COLUMN: usize = 9;
 
 /// A column as `T`, `None` for NULL.
-fn column<T: mysql_async::prelude::FromValue>(
+pub(super) fn column<T: mysql_async::prelude::FromValue>(
     row: &Row,
     index: usize,
 ) -> Result<Option<T>, String> {
@@ -43,7 +34,7 @@ fn column<T: mysql_async::prelude::FromValue>(
 /// Reads a row of [`Sql::inspect`] or [`Sql::list`]: the holding connection
 /// (`None`: free) and what is known of the hold. `key` names the lock in the
 /// report (the recorded name for a listing).
-fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, String> {
+pub(super) fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, String> {
     let Some(connection) = column::<u64>(row, 0)? else {
         return Ok(None);
     };
@@ -77,165 +68,20 @@ fn read_hold(row: &Row, key: Option<&str>) -> Result<Option<(u64, HeldLock)>, St
 
 impl Inner {
     /// Runs one read-only statement on `name`'s shared session.
-    async fn read(
+    pub(super) async fn read(
         &self,
         session_key: &str,
         sql: String,
         operation: &'static str,
-        context: &(dyn Fn() -> String + Sync),
+        context: Context<'_>,
     ) -> Result<Vec<Row>> {
         let session = self.core.pool.shared(session_key).await?;
         let limit = self.settings.query_timeout;
-        let mut answer = bounded(BACKEND, operation, limit, async {
-            session
-                .run(Request::new(sql, limit))
-                .await
-                .map_err(|e| errors::backend(operation, context(), e))
-        })
-        .await?;
+        let mut answer = session
+            .ask(Request::new(sql, limit), operation, context)
+            .await?;
         let rows = std::mem::take(&mut answer.rows);
         answer.settle();
         Ok(rows)
-    }
-
-    /// [`crate::Locker::inspect`].
-    pub(super) async fn inspect(&self, name: &LockName<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(name, "inspect").await?.map(|(_, held)| held))
-    }
-
-    async fn find_hold(
-        &self,
-        name: &LockName<'_>,
-        operation: &'static str,
-    ) -> Result<Option<(u64, HeldLock)>> {
-        let context = || format!("inspect {:?} on {}", name.key, self.settings.target);
-        let rows = self
-            .read(&name.server, self.sql.inspect(name), operation, &context)
-            .await?;
-        let bad = |why: String| Error::backend(BACKEND, operation, format!("{}: {why}", context()));
-        let row = rows
-            .first()
-            .ok_or_else(|| bad("the server returned no row".into()))?;
-        read_hold(row, Some(name.key)).map_err(bad)
-    }
-
-    /// [`crate::Locker::list`].
-    pub(super) async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let Some(sql) = self.sql.list(prefix) else {
-            return Err(Error::unsupported(
-                BACKEND,
-                "list",
-                "without the fencing table (fencing=off) no lock records its key, so held \
-                         locks cannot be listed; inspect a key instead",
-            ));
-        };
-        let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
-        let rows = self.read("", sql, "list", &context).await?;
-        let mut listed = Vec::with_capacity(rows.len());
-        let bad = |why: String| Error::backend(BACKEND, "list", format!("{}: {why}", context()));
-        for row in &rows {
-            let hold = read_hold(row, None).map_err(bad)?;
-            // Released between the scan's IS_USED_LOCK and here: not listed.
-            let Some((_, held)) = hold else { continue };
-            // A table shared by several namespaces (fencing_table=schema.table)
-            // has rows of other namespaces' locks of the same key.
-            let name: Option<String> = column(row, LIST_NAME_COLUMN).map_err(bad)?;
-            if name.as_deref() == Some(self.name(&held.key).server.as_str()) {
-                listed.push(held);
-            }
-        }
-        listed.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(listed)
-    }
-
-    /// [`crate::Locker::force_release`]: only by `KILL` of the holding
-    /// connection.
-    pub(super) async fn force_release(
-        &self,
-        name: &LockName<'_>,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        let words = Termination {
-            lock: "a GET_LOCK lock",
-            holder: "connection",
-            command: "KILL",
-        };
-        let find = || self.find_hold(name, "force_release");
-        let end = |connection| self.kill(name, connection);
-        let core = &self.core;
-        core.force_release(name.key, how, words, find, end).await
-    }
-
-    /// `KILL`s `connection` if it still holds `name`, then waits until the
-    /// server has freed the lock: true if it did, false if the connection no
-    /// longer held it.
-    async fn kill(&self, name: &LockName<'_>, connection: u64) -> Result<bool> {
-        let session = self.core.pool.shared(&name.server).await?;
-        if u64::from(session.connection_id) == connection {
-            return Err(Error::unsupported(
-                BACKEND,
-                "force_release",
-                format!(
-                    "{:?} is held by this locker's own connection {connection}; release its lease, \
-                     or force-release it from another client",
-                    name.key
-                ),
-            ));
-        }
-        let context = || {
-            format!(
-                "KILL connection {connection}, which holds {:?}, on {} (killing another user's \
-                 connection needs the CONNECTION_ADMIN or SUPER privilege)",
-                name.key, self.settings.target
-            )
-        };
-        let rows = self
-            .read(
-                &name.server,
-                Sql::kill_holder(name, connection),
-                "force_release",
-                &context,
-            )
-            .await?;
-        let bad =
-            |why: String| Error::backend(BACKEND, "force_release", format!("{}: {why}", context()));
-        let killed = rows
-            .first()
-            .ok_or_else(|| bad("the server returned no row".into()))
-            .and_then(|row| column::<i64>(row, 0).map_err(bad))?;
-        if killed != Some(1) {
-            return Ok(false);
-        }
-        // The killed thread frees its locks as it ends, a moment later.
-        let started = Instant::now();
-        loop {
-            let rows = self
-                .read(
-                    &name.server,
-                    Sql::held_by(name, connection),
-                    "force_release",
-                    &context,
-                )
-                .await?;
-            let still = rows
-                .first()
-                .ok_or_else(|| bad("the server returned no row".into()))
-                .and_then(|row| column::<i64>(row, 0).map_err(bad))?;
-            if still != Some(1) {
-                return Ok(true);
-            }
-            if started.elapsed() >= KILL_WAIT {
-                return Err(Error::backend(
-                    BACKEND,
-                    "force_release",
-                    format!(
-                        "connection {connection} holding {:?} was killed but still held it after \
-                         {KILL_WAIT:?}; inspect it again",
-                        name.key
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
     }
 }

@@ -2,22 +2,8 @@
 //! table beside the fencing table, raised by one upsert that reports the
 //! value it replaced.
 
-use std::sync::atomic::Ordering;
-
-use super::errors::{self, BACKEND};
 use super::fencing::FencingTable;
 use super::names::{hex_literal, LockName};
-use super::session::Request;
-use super::Inner;
-use crate::{Error, MarkAdvance, Result};
-
-/// The marks table's name, in the fencing table's schema (or the URL's
-/// database when fencing is off).
-pub(super) const MARKS_TABLE: &str = "distlock_marks";
-
-pub(super) fn table(fencing: Option<&FencingTable>) -> FencingTable {
-    fencing.cloned().unwrap_or_default().sibling(MARKS_TABLE)
-}
 
 pub(super) fn create_table(table: &FencingTable) -> String {
     format!(
@@ -36,7 +22,7 @@ pub(super) fn create_table(table: &FencingTable) -> String {
 /// even when a concurrent upsert committed just before (and NULL when it
 /// inserted the row). Assignments in `ON DUPLICATE KEY UPDATE` run left to
 /// right, so `updated_at` sees the variable already set.
-fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64) -> String {
+pub(super) fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64) -> String {
     let table = table.quoted();
     let lit = name.literal();
     let raw = hex_literal(name.key.as_bytes());
@@ -47,45 +33,4 @@ fn advance_sql(table: &FencingTable, name: &LockName<'_>, value: i64) -> String 
          updated_at = IF(VALUES(mark) > @distlock_prev, CURRENT_TIMESTAMP(6), updated_at); \
          SELECT @distlock_prev"
     )
-}
-
-impl Inner {
-    /// [`crate::Locker::advance_mark`]: one statement on the name's shared
-    /// session, after creating the table on this locker's first call.
-    pub(super) async fn advance_mark(&self, name: LockName<'_>, value: i64) -> Result<MarkAdvance> {
-        if !self.marks_ready.load(Ordering::Acquire) {
-            super::pool::ensure_marks_table(&self.core.pool).await?;
-            self.marks_ready.store(true, Ordering::Release);
-        }
-        let session = self.core.pool.shared(&name.server).await?;
-        let timeout = self.settings.query_timeout;
-        let context = || {
-            format!(
-                "advance the mark {:?} on {}",
-                name.key, self.settings.target
-            )
-        };
-        let table = table(self.settings.fencing.as_ref());
-        let request = Request::new(advance_sql(&table, &name, value), timeout);
-        let answer = crate::deadline::bounded(BACKEND, "advance_mark", timeout, async {
-            session
-                .run(request)
-                .await
-                .map_err(|e| errors::backend("advance_mark", context(), e))
-        })
-        .await
-        // The statement may have committed before its answer was lost.
-        .map_err(Error::with_outcome_unknown)?;
-        let previous = answer.int(0).map_err(|why| {
-            Error::backend(BACKEND, "advance_mark", format!("{}: {why}", context()))
-        })?;
-        answer.settle();
-        Ok(match previous {
-            None => MarkAdvance::Advanced { previous: None },
-            Some(previous) if previous < value => MarkAdvance::Advanced {
-                previous: Some(previous),
-            },
-            Some(current) => MarkAdvance::AlreadyAt { current },
-        })
-    }
 }

@@ -330,20 +330,16 @@
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
-
-use async_trait::async_trait;
 
 mod acquire;
 mod config;
+mod dialect;
 mod errors;
 mod fencing;
-mod forget;
 mod inspect;
 mod marks;
 mod names;
 mod pool;
-mod release;
 mod session;
 
 pub use config::{
@@ -356,13 +352,12 @@ pub use names::{lock_name, lock_name_in, MAX_NAME_LEN};
 
 use self::config::Settings;
 use self::fencing::Sql;
-use self::names::LockName;
-use crate::inspect::{ForceRelease, HeldLock};
 use crate::sql::core::Core;
-use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+use crate::sql::dialect::SqlKeys;
+use crate::{validate, Result};
 // Named by the docs above.
 #[cfg(doc)]
-use crate::Error;
+use crate::{inspect::ForceRelease, Error, Locker};
 
 /// The MySQL / MariaDB backend. Cheap to clone; clones share sessions and
 /// held locks. See the [module docs](self) for what it guarantees.
@@ -371,7 +366,9 @@ pub struct MysqlLocker {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+/// The locker's state, shared by its clones and views: the SQL dialect
+/// the shared flows run over.
+pub(crate) struct Inner {
     /// The `Arc` every lease of this locker and its clones shares.
     leases: crate::SharedLocker,
     settings: Arc<Settings>,
@@ -380,15 +377,6 @@ struct Inner {
     core: Core<pool::Connect, String>,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
-}
-
-impl Inner {
-    /// `key`'s lock in this locker's namespace: the one place names are made,
-    /// so that acquires, keepalives, releases, fencing rows, marks and
-    /// inspection all agree.
-    fn name<'a>(&self, key: &'a str) -> LockName<'a> {
-        LockName::new(&self.settings.namespace, key)
-    }
 }
 
 impl MysqlLocker {
@@ -456,119 +444,33 @@ impl MysqlLocker {
     pub fn held_count(&self) -> usize {
         self.inner.core.registry.held_count()
     }
-
-    fn lease_locker(&self) -> Arc<dyn Locker> {
-        self.inner.leases.get_or_init(|| Arc::new(self.clone()))
-    }
 }
 
 impl fmt::Debug for MysqlLocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let settings = &self.inner.settings;
-        f.debug_struct("MysqlLocker")
-            .field("target", &settings.target)
-            .field("namespace", &settings.namespace)
-            .field("fencing", &self.inner.sql.fencing())
-            .field("sessions", &settings.sessions)
-            .field("max_waiters", &settings.max_waiters)
-            .field("held", &self.held_count())
-            .finish_non_exhaustive()
+        let namespace = &self.inner.settings.namespace;
+        self.inner.core.debug_locker(f, "MysqlLocker", namespace)
     }
 }
 
-#[async_trait]
-impl Locker for MysqlLocker {
-    fn backend(&self) -> &'static str {
-        errors::BACKEND
+impl SqlKeys for MysqlLocker {
+    type Dialect = Inner;
+
+    fn parts(&self) -> (&Inner, &crate::SharedLocker) {
+        (&self.inner, &self.inner.leases)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        crate::sql::core::capabilities(self.inner.sql.fencing())
+    /// `key`'s lock in this locker's namespace: the one place names are
+    /// made, so that acquires, keepalives, releases, fencing rows, marks
+    /// and inspection all agree.
+    fn id(&self, key: &str) -> Result<String> {
+        validate::key(key)?;
+        Ok(self.name_on_server(key))
     }
 
     /// The `GET_LOCK` name of `key` in this locker's namespace
     /// ([`lock_name_in`]).
-    fn backend_key(&self, key: &str) -> String {
+    fn name_on_server(&self, key: &str) -> String {
         lock_name_in(&self.inner.settings.namespace, key)
-    }
-
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        let name = self.inner.name(key);
-        let tried = self.inner.try_once(&name, ttl, self.lease_locker()).await?;
-        self.inner.core.try_answer(tried, key)
-    }
-
-    /// Waits on the server, not by polling, unless `max_waiters` waiter
-    /// connections are in use (see the [module docs](self#connections)).
-    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        let (inner, name) = (&self.inner, &self.inner.name(key));
-        // One attempt, then a wait on the server (see `Core::lock`).
-        let try_once = |lease_locker| inner.try_once(name, ttl, lease_locker);
-        let wait_on = |on| inner.wait_on(name, ttl, on);
-        let lease_locker = self.lease_locker();
-        let core = &inner.core;
-        core.lock(key, ttl, timeout, lease_locker, try_once, wait_on)
-            .await
-    }
-
-    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-        validate::key(key)?;
-        self.inner.release(self.inner.name(key), owner).await
-    }
-
-    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        validate::acquire(key, ttl)?;
-        self.inner.verify(self.inner.name(key), owner).await
-    }
-
-    /// One statement per 256 locks on each session that holds some of
-    /// them (`IS_USED_LOCK` of each), instead of a round trip per lock:
-    /// 100,000 held leases on 4 sessions cost about 400 statements per
-    /// keepalive round. Each lease answers as [`refresh`](Locker::refresh)
-    /// would; a failed statement fails the leases it carried.
-    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        self.inner.refresh_many(requests).await
-    }
-
-    /// Deletes `key`'s fencing row in one round trip, under a `GET_LOCK`
-    /// that only a free name grants. A key any session holds, or that this
-    /// locker is taking, is [`Error::NotAcquired`].
-    async fn forget(&self, key: &str) -> Result<()> {
-        validate::key(key)?;
-        self.inner.forget(self.inner.name(key)).await
-    }
-
-    /// One upsert on the marks table (`distlock_marks`, beside the fencing
-    /// table), created on the locker's first mark; the mark's row is keyed
-    /// by the name's [`lock_name`]. A lost answer leaves the outcome
-    /// unknown.
-    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        validate::key(name)?;
-        self.inner.advance_mark(self.inner.name(name), value).await
-    }
-
-    /// One statement: `IS_USED_LOCK` of the key's name joined with its
-    /// fencing row (see the [module docs](self#inspection)).
-    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        self.inner.inspect(&self.inner.name(key)).await
-    }
-
-    /// The fencing rows whose key starts with `prefix` and whose name is
-    /// held (`IS_USED_LOCK`): one scan of the table. Locks without a row
-    /// (plain `GET_LOCK`, or no fencing) are not listed; without fencing
-    /// this is [`Error::Unsupported`].
-    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        self.inner.list(prefix).await
-    }
-
-    /// [`ForceRelease::TerminateSession`] only: `KILL` of the holding
-    /// connection, which frees **every** lock it holds (see the
-    /// [module docs](self#inspection)).
-    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        self.inner.force_release(&self.inner.name(key), how).await
     }
 }

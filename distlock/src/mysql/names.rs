@@ -148,25 +148,22 @@ fn readable(text: &str, chars: usize) -> String {
 }
 
 /// A lock as the backend handles it: the name taken on the server, and the
-/// key the caller used (for errors and the lease).
-#[derive(Debug, Clone)]
-pub(super) struct LockName<'a> {
-    pub(super) server: String,
-    pub(super) key: &'a str,
-}
+/// key the caller named it by.
+pub(super) type LockName<'a> = crate::sql::dialect::Lock<'a, String>;
 
 impl<'a> LockName<'a> {
     /// `key`'s lock in `namespace` (see [`lock_name_in`]).
+    #[cfg(test)]
     pub(super) fn new(namespace: &str, key: &'a str) -> Self {
         LockName {
-            server: lock_name_in(namespace, key),
+            id: lock_name_in(namespace, key),
             key,
         }
     }
 
     /// The name as a SQL string literal (see [`name_literal`]).
     pub(super) fn literal(&self) -> String {
-        name_literal(&self.server)
+        name_literal(&self.id)
     }
 }
 

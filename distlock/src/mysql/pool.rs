@@ -6,15 +6,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::Settings;
 use super::errors::BACKEND;
-use super::fencing::{ensure_table, Sql, RECORD_COLUMNS};
+use super::fencing::{ensure_table, FencingTable, Sql, RECORD_COLUMNS};
 use super::marks;
 use super::session::{OnClosed, Session};
 use crate::sql::core::{Core, Wording};
-use crate::sql::pool::{Connector, PoolSize, Role};
+use crate::sql::pool::{Connector, Opening, PoolSize, Role};
 use crate::Result;
 
 /// The locker's connections.
@@ -25,7 +24,7 @@ pub(super) type Registry = crate::session_registry::Registry<String, Session>;
 pub(super) type Ticket = crate::session_registry::Ticket<String>;
 
 /// Opens MySQL sessions with the locker's settings.
-pub(super) struct Connect {
+pub(crate) struct Connect {
     settings: Arc<Settings>,
     on_closed: OnClosed,
 }
@@ -53,22 +52,20 @@ const WORDING: Wording = Wording {
     lost_after_grant: |target, key| {
         format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
     },
+    lock: "a GET_LOCK lock",
+    holder: "connection",
+    command: "KILL",
 };
 
 #[async_trait]
 impl Connector for Connect {
     type Session = Session;
 
-    async fn open(
-        &self,
-        id: u64,
-        role: Role,
-        waiter_permit: Option<OwnedSemaphorePermit>,
-        create_table: bool,
-    ) -> Result<Arc<Session>> {
+    async fn open(&self, opening: Opening) -> Result<Arc<Session>> {
         let settings = &self.settings;
-        let (session, mut conn, incoming) = Session::open(settings, id, role).await?;
-        if let Some(table) = settings.fencing.as_ref().filter(|_| create_table) {
+        let (session, mut conn, incoming) =
+            Session::open(settings, opening.id, opening.role).await?;
+        if let Some(table) = settings.fencing.as_ref().filter(|_| opening.ensure_table) {
             let create = Sql::create_table(table);
             ensure_table(
                 &mut conn,
@@ -83,7 +80,7 @@ impl Connector for Connect {
             conn,
             incoming,
             settings.clone(),
-            waiter_permit,
+            opening.waiter_permit,
             self.on_closed.clone(),
         );
         Ok(session)
@@ -98,7 +95,7 @@ pub(super) async fn ensure_marks_table(pool: &Pool) -> Result<()> {
     let settings = &pool.connector().settings;
     let (session, mut conn, incoming) =
         Session::open(settings, pool.next_id(), Role::Waiter).await?;
-    let table = marks::table(settings.fencing.as_ref());
+    let table = FencingTable::marks_beside(settings.fencing.as_ref());
     let created = ensure_table(
         &mut conn,
         &table,

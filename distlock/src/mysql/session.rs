@@ -16,7 +16,6 @@
 //! the connection. When the connection is gone, the actor reports it once,
 //! so every lease held on it fires its lost signal.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +27,8 @@ use tokio::time::Instant;
 
 use super::config::{Settings, SslMode};
 use super::errors::{self, is_fatal, ExecError};
+use crate::deadline::bounded;
+use crate::sql::dialect::Context;
 use crate::Result;
 
 pub(super) use crate::sql::pool::{OnClosed, Role};
@@ -36,24 +37,13 @@ pub(super) use crate::sql::pool::{OnClosed, Role};
 /// an attempt took, released only after its undo (if any) has run.
 pub(super) type Keep = Box<dyn Send>;
 
-pub(super) struct Session {
+pub(crate) struct Session {
     pub(super) id: u64,
     pub(super) role: Role,
     /// The server's id of this connection (`CONNECTION_ID()`), for `KILL`.
     pub(super) connection_id: u32,
     requests: mpsc::UnboundedSender<Queued>,
     closed: Arc<AtomicBool>,
-}
-
-impl fmt::Debug for Session {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Session")
-            .field("id", &self.id)
-            .field("role", &self.role)
-            .field("connection_id", &self.connection_id)
-            .field("closed", &self.is_closed())
-            .finish()
-    }
 }
 
 /// A statement for the actor.
@@ -115,6 +105,17 @@ impl Answer {
             Some(Err(e)) => Err(format!("column {column} is not an integer: {e}")),
             None => Err(format!("the answer has no column {column}")),
         }
+    }
+
+    /// [`int`](Self::int), a problem being an error of `operation`.
+    pub(super) fn int_in(
+        &self,
+        column: usize,
+        operation: &'static str,
+        context: Context<'_>,
+    ) -> Result<Option<i64>> {
+        self.int(column)
+            .map_err(|why| errors::malformed(operation, context, why))
     }
 }
 
@@ -242,6 +243,22 @@ impl Session {
         answer
             .await
             .unwrap_or_else(|_| Err(ExecError::Closed("the connection ended first".into())))
+    }
+
+    /// [`run`](Self::run)s `request` for `operation`: bounded by its
+    /// `limit`, a failure described with `context`.
+    pub(super) async fn ask(
+        &self,
+        request: Request,
+        operation: &'static str,
+        context: Context<'_>,
+    ) -> Result<Answer> {
+        bounded(errors::BACKEND, operation, request.limit, async {
+            self.run(request)
+                .await
+                .map_err(|e| errors::backend(operation, context(), e))
+        })
+        .await
     }
 }
 

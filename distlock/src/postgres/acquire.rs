@@ -20,158 +20,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::errors::{self, is_lock_timeout, BACKEND};
+use super::errors::{self, BACKEND};
 use super::fencing::GrantRecord;
-use super::keys::{owner_digest, LockKey};
+use super::keys::LockKey;
 use super::pool::{Registry, Ticket};
-use super::session::{Session, WaitError};
+use super::session::Session;
 use super::Inner;
-use crate::deadline::bounded;
-use crate::session_registry::Busy;
-use crate::sql::core::{AbandonWait, Tried, WaitGuard, WaitOn};
-use crate::{new_owner_token, Error, Lease, Locker, Result};
+use crate::sql::core::AbandonWait;
+use crate::{Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
 const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
 impl Inner {
-    /// One attempt: `Ok(None)` if the key is held elsewhere (or by another
-    /// caller of this locker), an error while an abandoned attempt on the
-    /// key is still being cleaned up (see
-    /// [`Core::try_answer`](crate::sql::core::Core::try_answer)).
-    pub(super) async fn try_acquire(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Option<Lease>> {
-        let tried = self.try_once(key, ttl, lease_locker).await?;
-        self.core.try_answer(tried, key.name)
-    }
-
-    /// `lock` for string and raw keys alike: one attempt for a zero
-    /// `timeout`, else a wait on the server, or polling if no waiter
-    /// connection is free (see
-    /// [`Core::lock`](crate::sql::core::Core::lock)).
-    ///
-    /// `lease_locker` must be the locker (string or raw keys) whose
-    /// `try_lock(key.name)` is [`try_acquire`](Self::try_acquire) of `key`:
-    /// polling goes through it.
-    pub(super) async fn lock_within(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        timeout: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let try_once = |lease_locker| self.try_once(key, ttl, lease_locker);
-        let wait_on = |on| self.wait_on(key, ttl, on);
-        let core = &self.core;
-        core.lock(key.name, ttl, timeout, lease_locker, try_once, wait_on)
-            .await
-    }
-
-    async fn try_once(
-        &self,
-        key: LockKey<'_>,
-        ttl: Duration,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Tried> {
-        let ticket = match self.core.registry.reserve(key.id) {
-            Ok(ticket) => ticket,
-            Err(Busy::Contended) => return Ok(Tried::Contended),
-            Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
-        };
-        let mut attempt = Attempt {
-            registry: self.core.registry.clone(),
-            ticket,
-            sent_on: None,
-            query_timeout: self.settings.query_timeout,
-        };
-        // Read on the caller's task, where its label scope is.
-        let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let session = self.core.pool.shared(&key.id).await?;
-        let owner = new_owner_token();
-        // Only the fencing table records the owner.
-        let digest = if self.fencing() {
-            owner_digest(&owner)
-        } else {
-            String::new()
-        };
-        attempt.sent_on = Some(session.clone());
-        // On an error or no answer, `attempt` cleans up as it drops.
-        let context = || format!("try {:?} on {}", key.name, self.settings.target);
-        let answer = errors::within(
-            "acquire",
-            self.settings.query_timeout,
-            context,
-            session.try_lock(key.id, &digest, &record, self.fencing()),
-        )
-        .await
-        // The statement was sent: it may have taken the lock.
-        .map_err(Error::with_outcome_unknown)?;
-        let tried = match answer {
-            Some(token) => {
-                Tried::Granted(self.record_grant(key, ttl, owner, token, session, lease_locker)?)
-            }
-            None => Tried::Contended,
-        };
-        attempt.finish();
-        Ok(tried)
-    }
-
-    /// The wait on the server (`pg_advisory_lock` under `lock_timeout`),
-    /// after the first attempt found the key held.
-    async fn wait_on(&self, key: LockKey<'_>, ttl: Duration, on: WaitOn<Session>) -> Result<Lease> {
-        let session = &on.session;
-        let digest = owner_digest(&on.owner);
-        let record = GrantRecord::new(key.name, ttl, self.settings.holder_record);
-        let cancel = CancelWait {
-            tls: self.settings.tls.clone(),
-        };
-        let mut wait = WaitGuard::new(session.clone(), cancel);
-        let token = loop {
-            let lock_timeout_ms = lock_timeout_ms(on.remaining());
-            let sql = self.sql.wait(
-                key.id,
-                lock_timeout_ms,
-                self.settings.session_lock_timeout_ms(),
-                &digest,
-                &record,
-            );
-            // The server ends the wait itself; this bound only catches a
-            // server that stopped answering.
-            let bound =
-                Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
-            let context = || format!("wait for {:?} on {}", key.name, self.settings.target);
-            let waited = bounded(BACKEND, "acquire", bound, async {
-                Ok(session.wait(&sql, self.fencing()).await)
-            })
-            .await?;
-            match waited {
-                Ok(token) => break token,
-                Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
-                    if let Some(token) = self.granted_anyway(session, key, &digest, &record).await?
-                    {
-                        break token;
-                    }
-                    if on.remaining().is_zero() {
-                        wait.disarm();
-                        self.core.pool.recycle(on.session.clone());
-                        return Err(on.timed_out(key.name));
-                    }
-                    // A wait longer than Postgres' largest lock_timeout: go on.
-                }
-                // `wait` closes the connection as it drops: whatever the
-                // failed statement left behind goes with it.
-                Err(e) => return Err(e.into_error(context())),
-            }
-        };
-        wait.disarm();
-        self.record_grant(key, ttl, on.owner, token, on.session, on.lease_locker)
-    }
-
     /// After `lock_timeout` fired: was the lock granted anyway? Postgres can
     /// grant it as the timeout fires, and then reports the timeout with the
     /// lock held (checked here; the wait and the timeout race in
@@ -179,10 +41,10 @@ impl Inner {
     /// granted that way is kept: its counter is bumped now (the statement
     /// that would have done it was aborted) and the caller gets it, a hair
     /// late, rather than a `Timeout` that leaves it stranded.
-    async fn granted_anyway(
+    pub(super) async fn granted_anyway(
         &self,
         session: &Session,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         digest: &str,
         record: &GrantRecord<'_>,
     ) -> Result<Option<Option<i64>>> {
@@ -190,28 +52,28 @@ impl Inner {
         let context = || {
             format!(
                 "check {:?} after its lock timeout on {}",
-                key.name, self.settings.target
+                lock.key, self.settings.target
             )
         };
-        if !errors::within("acquire", query_timeout, context, session.holds(key.id)).await? {
+        if !errors::within("acquire", query_timeout, context, session.holds(lock.id)).await? {
             return Ok(None);
         }
         tracing::debug!(
             component = "distlock",
             backend = BACKEND,
-            key = key.name,
+            key = lock.key,
             "lock granted as its lock timeout fired; keeping it"
         );
-        let token = session.grant_token(key.id, digest, record);
+        let token = session.grant_token(lock.id, digest, record);
         errors::within("acquire", query_timeout, context, token)
             .await
             .map(Some)
     }
 
     /// Turns a grant on `session` into a lease and records it.
-    fn record_grant(
+    pub(super) fn record_grant(
         &self,
-        key: LockKey<'_>,
+        lock: LockKey<'_>,
         ttl: Duration,
         owner: String,
         token: Option<i64>,
@@ -226,7 +88,7 @@ impl Inner {
                         "acquire",
                         format!(
                             "the fencing counter of {:?} is negative ({t}); was the table edited?",
-                            key.name
+                            lock.key
                         ),
                     )
                 })
@@ -234,8 +96,8 @@ impl Inner {
             .transpose()?;
         let core = &self.core;
         core.grant(
-            key.id,
-            key.name,
+            lock.id,
+            lock.key,
             ttl,
             owner,
             fencing_token,
@@ -248,7 +110,7 @@ impl Inner {
 /// The `lock_timeout` for a wait with `remaining` left: rounded up (a wait
 /// must not end before the caller's deadline), at least 1 ms (0 would mean
 /// "no timeout"), at most Postgres' maximum.
-fn lock_timeout_ms(remaining: Duration) -> u64 {
+pub(super) fn lock_timeout_ms(remaining: Duration) -> u64 {
     let ms = remaining
         .as_nanos()
         .div_ceil(1_000_000)
@@ -257,18 +119,18 @@ fn lock_timeout_ms(remaining: Duration) -> u64 {
 }
 
 /// An attempt on a shared session whose outcome is not yet recorded.
-struct Attempt {
-    registry: Arc<Registry>,
-    ticket: Ticket,
+pub(super) struct Attempt {
+    pub(super) registry: Arc<Registry>,
+    pub(super) ticket: Ticket,
     /// Set once the statement may have reached the server.
-    sent_on: Option<Arc<Session>>,
-    query_timeout: Duration,
+    pub(super) sent_on: Option<Arc<Session>>,
+    pub(super) query_timeout: Duration,
 }
 
 impl Attempt {
     /// The outcome is recorded: only the reservation is left to end, which
     /// dropping does.
-    fn finish(mut self) {
+    pub(super) fn finish(mut self) {
         self.sent_on = None;
     }
 }
@@ -321,8 +183,8 @@ impl Drop for Attempt {
 /// How an abandoned native wait ends: the statement is cancelled on the
 /// server and the connection closed, so whether or not the lock was granted
 /// in the meantime, the server ends the session and nothing stays held.
-struct CancelWait {
-    tls: super::tls::Tls,
+pub(super) struct CancelWait {
+    pub(super) tls: super::tls::Tls,
 }
 
 impl AbandonWait<Session> for CancelWait {
@@ -348,6 +210,9 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::postgres::errors::is_lock_timeout;
+    use crate::postgres::keys::owner_digest;
+    use crate::postgres::session::WaitError;
     use crate::postgres::PostgresLocker;
 
     #[test]
@@ -384,6 +249,7 @@ mod tests {
         }
     }
 
+    /// A waiter connection of `locker`'s pool.
     /// Waits on the server (ungranted advisory locks) for advisory key `id`.
     fn server_waits(server: &test_servers::PostgresServer, id: i64) -> usize {
         server
@@ -537,12 +403,12 @@ mod tests {
         let server = test_servers::PostgresServer::start();
         let locker = PostgresLocker::from_url(&server.url()).await.unwrap();
         let inner = &locker.inner;
-        let key = LockKey {
+        let lock = LockKey {
             id: -4242,
-            name: "-4242",
+            key: "-4242",
         };
         let digest = owner_digest("owner");
-        let record = GrantRecord::new(key.name, TTL, true);
+        let record = GrantRecord::new(lock.key, TTL, true);
         let (raced, bystander) = (wait_session(inner).await, wait_session(inner).await);
         raced
             .query("SELECT pg_advisory_lock(-4242)", &[])
@@ -551,14 +417,14 @@ mod tests {
 
         assert_eq!(
             inner
-                .granted_anyway(&bystander, key, &digest, &record)
+                .granted_anyway(&bystander, lock, &digest, &record)
                 .await
                 .unwrap(),
             None
         );
         assert_eq!(
             inner
-                .granted_anyway(&raced, key, &digest, &record)
+                .granted_anyway(&raced, lock, &digest, &record)
                 .await
                 .unwrap(),
             Some(Some(1))

@@ -11,31 +11,23 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::Row;
 
-use super::errors::{self, BACKEND};
-use super::keys::LockKey;
-use super::Inner;
-use crate::inspect::{Clock, ForceRelease, GrantTime, HeldLock, Holder};
-use crate::sql::core::Termination;
-use crate::{Error, Result};
-
-/// How long `pg_terminate_backend` waits for the terminated backend to exit
-/// (and so free its locks) before it reports failure (Postgres 14+).
-const TERMINATE_WAIT: Duration = Duration::from_secs(5);
+use crate::inspect::{Clock, GrantTime, HeldLock, Holder};
+use crate::Result;
 
 /// One hold found in `pg_locks`, with its fencing row (see
 /// [`Sql::inspect`](super::fencing::Sql)).
-struct Hold {
-    pid: i32,
-    lock_key: Option<i64>,
-    key_name: Option<String>,
-    held: HeldLock,
+pub(super) struct Hold {
+    pub(super) pid: i32,
+    pub(super) lock_key: Option<i64>,
+    pub(super) key_name: Option<String>,
+    pub(super) held: HeldLock,
 }
 
 impl Hold {
     /// Reads a row of [`Sql::inspect`](super::fencing::Sql) or
     /// [`Sql::list`](super::fencing::Sql); `key` names the lock in the
     /// report (the recorded name for a listing).
-    fn from_row(row: &Row, key: Option<&str>) -> Result<Hold, tokio_postgres::Error> {
+    pub(super) fn from_row(row: &Row, key: Option<&str>) -> Result<Hold, tokio_postgres::Error> {
         let pid: i32 = row.try_get(0)?;
         let session_pid: Option<i32> = row.try_get(1)?;
         let key_name: Option<String> = row.try_get(8)?;
@@ -71,143 +63,5 @@ impl Hold {
             key_name,
             held,
         })
-    }
-}
-
-impl Inner {
-    /// [`crate::Locker::inspect`] for string and raw keys alike.
-    pub(super) async fn inspect(&self, key: LockKey<'_>) -> Result<Option<HeldLock>> {
-        Ok(self.find_hold(key, "inspect").await?.map(|hold| hold.held))
-    }
-
-    async fn find_hold(&self, key: LockKey<'_>, operation: &'static str) -> Result<Option<Hold>> {
-        let session = self.core.pool.shared(&key.id).await?;
-        let context = || format!("inspect {:?} on {}", key.name, self.settings.target);
-        let rows = errors::within(
-            operation,
-            self.settings.query_timeout,
-            context,
-            session.query(&self.sql.inspect, &[&key.id]),
-        )
-        .await?;
-        // Several rows only for a key held in shared mode
-        // (`pg_advisory_lock_shared`, never distlock): report the first.
-        rows.first()
-            .map(|row| Hold::from_row(row, Some(key.name)))
-            .transpose()
-            .map_err(|e| errors::backend(operation, context(), e))
-    }
-
-    /// [`crate::Locker::list`]: the held keys whose recorded name starts with
-    /// `prefix` and that `ours` says this locker would lock under that name
-    /// (string keys in its namespace, or raw keys), sorted by name.
-    pub(super) async fn list(
-        &self,
-        prefix: &str,
-        ours: impl Fn(&str, i64) -> bool,
-    ) -> Result<Vec<HeldLock>> {
-        if !self.fencing() {
-            return Err(Error::unsupported(
-                BACKEND,
-                "list",
-                "without the fencing table (fencing=off) no lock records its key's name, \
-                         so held advisory locks cannot be listed by name; inspect a key instead",
-            ));
-        }
-        // A listing reads the whole fencing table and `pg_locks`, which may
-        // take seconds: on a waiter connection, which holds no lock, not on
-        // a shared session, whose silence meanwhile would be taken for the
-        // server's and give its locks up. (All waiter connections in use:
-        // the shared one it is.)
-        let (session, waiter) = match self.core.pool.waiter().await? {
-            Some(waiter) => (waiter, true),
-            None => (self.core.pool.shared(&0_i64).await?, false),
-        };
-        let context = || format!("list locks under {prefix:?} on {}", self.settings.target);
-        let rows = errors::within(
-            "list",
-            self.settings.query_timeout,
-            context,
-            session.query(&self.sql.list, &[&prefix]),
-        )
-        .await?;
-        if waiter {
-            self.core.pool.recycle(session);
-        }
-        let mut listed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let hold =
-                Hold::from_row(row, None).map_err(|e| errors::backend("list", context(), e))?;
-            if let (Some(name), Some(lock_key)) = (&hold.key_name, hold.lock_key) {
-                if ours(name, lock_key) {
-                    listed.push(hold.held);
-                }
-            }
-        }
-        listed.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(listed)
-    }
-
-    /// [`crate::Locker::force_release`]: only by ending the holding session.
-    pub(super) async fn force_release(
-        &self,
-        key: LockKey<'_>,
-        how: ForceRelease,
-    ) -> Result<Option<HeldLock>> {
-        let words = Termination {
-            lock: "a session advisory lock",
-            holder: "session",
-            command: "pg_terminate_backend",
-        };
-        let find = || async {
-            let hold = self.find_hold(key, "force_release").await?;
-            Ok(hold.map(|hold| (hold.pid, hold.held)))
-        };
-        let end = |pid| self.terminate(key, pid);
-        let core = &self.core;
-        core.force_release(key.name, how, words, find, end).await
-    }
-
-    /// Ends server process `pid` if it still holds `key`, waiting for it to
-    /// exit: true if it did, false if it no longer held the key.
-    async fn terminate(&self, key: LockKey<'_>, pid: i32) -> Result<bool> {
-        let session = self.core.pool.shared(&key.id).await?;
-        let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
-        let context = || {
-            format!(
-                "end server process {pid}, which holds {:?}, on {} (pg_terminate_backend needs the \
-                 holder's role, membership in pg_signal_backend, or superuser; and Postgres 14+)",
-                key.name, self.settings.target
-            )
-        };
-        let rows = errors::within(
-            "force_release",
-            self.settings.query_timeout.saturating_add(TERMINATE_WAIT),
-            context,
-            session.query(&self.sql.terminate, &[&key.id, &pid, &wait_ms]),
-        )
-        .await?;
-        let Some(row) = rows.first() else {
-            return Ok(false);
-        };
-        let (own, terminated): (bool, Option<bool>) = (|| Ok((row.try_get(0)?, row.try_get(1)?)))()
-            .map_err(|e: tokio_postgres::Error| errors::backend("force_release", context(), e))?;
-        match (own, terminated) {
-            (true, _) => Err(Error::unsupported(BACKEND, "force_release", format!(
-                    "{:?} is held by this locker's own session (server process {pid}); release its \
-                     lease, or force-release it from another client",
-                    key.name
-                ))),
-            (false, Some(true)) => Ok(true),
-            (false, _) => Err(Error::backend(
-                BACKEND,
-                "force_release",
-                format!(
-                    "server process {pid} holding {:?} was told to exit but had not within {TERMINATE_WAIT:?}; \
-                     the lock may still be held (inspect it)",
-                    key.name
-                ),
-            )),
-        }
     }
 }

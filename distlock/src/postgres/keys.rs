@@ -101,23 +101,18 @@ pub(super) fn validate_namespace(namespace: &str) -> Result<()> {
 }
 
 /// A lock as the backend handles it: the advisory key taken on the server,
-/// and the name the caller used (for errors and the lease).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct LockKey<'a> {
-    pub(super) id: i64,
-    pub(super) name: &'a str,
-}
+/// and the key the caller named it by.
+pub(super) type LockKey<'a> = crate::sql::dialect::Lock<'a, i64>;
 
 /// Parses the key of a raw-key lock: a decimal `i64`.
-pub(super) fn parse_raw(name: &str) -> Result<LockKey<'_>> {
+pub(super) fn parse_raw(name: &str) -> Result<i64> {
     validate::key(name)?;
-    let id = name.parse().map_err(|_| {
+    name.parse().map_err(|_| {
         Error::invalid(
             "key",
             format!("{name:?} is not a raw advisory key (a decimal 64-bit integer)"),
         )
-    })?;
-    Ok(LockKey { id, name })
+    })
 }
 
 /// Hex of the first 128 bits of SHA-256 of an owner token: what the fencing
@@ -175,8 +170,8 @@ mod tests {
 
     #[test]
     fn raw_keys_are_decimal_integers() {
-        assert_eq!(parse_raw("-42").unwrap().id, -42);
-        assert_eq!(parse_raw(&i64::MAX.to_string()).unwrap().id, i64::MAX);
+        assert_eq!(parse_raw("-42").unwrap(), -42);
+        assert_eq!(parse_raw(&i64::MAX.to_string()).unwrap(), i64::MAX);
         for bad in ["", "0x10", "12a", "99999999999999999999"] {
             assert!(parse_raw(bad).is_err(), "{bad:?}");
         }

@@ -348,18 +348,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 mod acquire;
 mod config;
+mod dialect;
 mod errors;
 mod fencing;
-mod forget;
 mod inspect;
 mod keys;
 mod marks;
 mod pool;
-mod release;
 mod session;
 mod tls;
 mod xact;
@@ -376,14 +373,13 @@ pub use xact::{lock_xact, try_lock_xact};
 
 use self::config::Settings;
 use self::fencing::Sql;
-use self::keys::LockKey;
 use self::marks::MarksSql;
-use crate::inspect::{ForceRelease, HeldLock};
 use crate::sql::core::Core;
-use crate::{validate, Capabilities, Lease, Locker, MarkAdvance, RefreshRequest, Result};
+use crate::sql::dialect::SqlKeys;
+use crate::{validate, Lease, Locker, Result};
 // Named by the docs above.
 #[cfg(doc)]
-use crate::Error;
+use crate::{inspect::ForceRelease, Error};
 
 /// The Postgres backend. Cheap to clone; clones share sessions and held
 /// locks. See the [module docs](self) for what it guarantees.
@@ -392,7 +388,9 @@ pub struct PostgresLocker {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+/// The locker's state, shared by its clones and views: the SQL dialect
+/// the shared flows run over.
+pub(crate) struct Inner {
     /// The `Arc` every lease of this locker and its clones shares.
     leases: crate::SharedLocker,
     /// The same for the leases of [`PostgresLocker::raw_keys`].
@@ -404,12 +402,6 @@ struct Inner {
     marks: MarksSql,
     /// The marks table is known to exist (created on the first mark).
     marks_ready: AtomicBool,
-}
-
-impl Inner {
-    fn fencing(&self) -> bool {
-        self.sql.fencing()
-    }
 }
 
 impl PostgresLocker {
@@ -494,125 +486,25 @@ impl PostgresLocker {
     pub fn held_count(&self) -> usize {
         self.inner.core.registry.held_count()
     }
-
-    fn lock_key<'a>(&self, name: &'a str) -> LockKey<'a> {
-        LockKey {
-            id: self.advisory_key(name),
-            name,
-        }
-    }
-
-    fn lease_locker(&self) -> Arc<dyn Locker> {
-        self.inner.leases.get_or_init(|| Arc::new(self.clone()))
-    }
 }
 
 impl fmt::Debug for PostgresLocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let settings = &self.inner.settings;
-        f.debug_struct("PostgresLocker")
-            .field("target", &settings.target)
-            .field("namespace", &settings.namespace)
-            .field("fencing", &self.inner.fencing())
-            .field("sessions", &settings.sessions)
-            .field("max_waiters", &settings.max_waiters)
-            .field("held", &self.held_count())
-            .finish_non_exhaustive()
+        let namespace = &self.inner.settings.namespace;
+        self.inner.core.debug_locker(f, "PostgresLocker", namespace)
     }
 }
 
-#[async_trait]
-impl Locker for PostgresLocker {
-    fn backend(&self) -> &'static str {
-        errors::BACKEND
+impl SqlKeys for PostgresLocker {
+    type Dialect = Inner;
+
+    fn parts(&self) -> (&Inner, &crate::SharedLocker) {
+        (&self.inner, &self.inner.leases)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        crate::sql::core::capabilities(self.inner.fencing())
-    }
-
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        self.inner
-            .try_acquire(self.lock_key(key), ttl, self.lease_locker())
-            .await
-    }
-
-    /// Waits on the server, not by polling, unless `max_waiters` waiter
-    /// connections are in use (see the [module docs](self#connections)).
-    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        self.inner
-            .lock_within(self.lock_key(key), ttl, timeout, self.lease_locker())
-            .await
-    }
-
-    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+    fn id(&self, key: &str) -> Result<i64> {
         validate::key(key)?;
-        self.inner.release(self.lock_key(key), owner).await
-    }
-
-    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        validate::acquire(key, ttl)?;
-        self.inner.verify(self.lock_key(key), owner).await
-    }
-
-    /// One statement per session holding some of the keys, confirming
-    /// which it still holds (see [`refresh`](Locker::refresh)).
-    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        self.inner
-            .refresh_many(requests, |request| {
-                validate::acquire(request.key, request.ttl)?;
-                Ok(self.lock_key(request.key))
-            })
-            .await
-    }
-
-    /// Deletes `key`'s fencing row in one statement, under a transaction
-    /// lock on the key that only a free key grants (nothing to delete
-    /// without fencing). A key any session holds, or that this locker is
-    /// taking, is [`Error::NotAcquired`].
-    async fn forget(&self, key: &str) -> Result<()> {
-        validate::key(key)?;
-        self.inner.forget(self.lock_key(key)).await
-    }
-
-    /// One upsert on the marks table (`distlock_marks`, in the fencing
-    /// table's schema), created on the locker's first mark; the mark's row is
-    /// keyed by the name hashed like a lock key (in this locker's
-    /// namespace). A lost answer leaves the outcome unknown.
-    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        validate::key(name)?;
-        self.inner.advance_mark(self.lock_key(name), value).await
-    }
-
-    /// One statement: the key's hold in `pg_locks` joined with its fencing
-    /// row (see the [module docs](self#inspection)).
-    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        self.inner.inspect(self.lock_key(key)).await
-    }
-
-    /// The held advisory locks of this database joined with their fencing
-    /// rows, keeping the keys of this locker's namespace. Locks without a
-    /// fencing row (taken with plain SQL, or by a distlock without fencing)
-    /// have no name and are not listed. [`Error::Unsupported`] without
-    /// fencing.
-    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let namespace = &self.inner.settings.namespace;
-        self.inner
-            .list(prefix, |name, lock_key| {
-                advisory_key(namespace, name) == lock_key
-            })
-            .await
-    }
-
-    /// [`ForceRelease::TerminateSession`] only: `pg_terminate_backend` of the
-    /// holding session, which frees **every** lock it holds (see the
-    /// [module docs](self#inspection)).
-    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        validate::key(key)?;
-        self.inner.force_release(self.lock_key(key), how).await
+        Ok(self.advisory_key(key))
     }
 }
 
@@ -642,92 +534,14 @@ impl fmt::Debug for RawKeys {
     }
 }
 
-impl RawKeys {
-    fn lease_locker(&self) -> Arc<dyn Locker> {
-        self.locker
-            .inner
-            .raw_leases
-            .get_or_init(|| Arc::new(self.clone()))
-    }
-}
+impl SqlKeys for RawKeys {
+    type Dialect = Inner;
 
-#[async_trait]
-impl Locker for RawKeys {
-    fn backend(&self) -> &'static str {
-        errors::BACKEND
+    fn parts(&self) -> (&Inner, &crate::SharedLocker) {
+        (&self.locker.inner, &self.locker.inner.raw_leases)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.locker.capabilities()
-    }
-
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        let key = keys::parse_raw(key)?;
-        validate::ttl(ttl)?;
-        self.locker
-            .inner
-            .try_acquire(key, ttl, self.lease_locker())
-            .await
-    }
-
-    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let key = keys::parse_raw(key)?;
-        validate::ttl(ttl)?;
-        self.locker
-            .inner
-            .lock_within(key, ttl, timeout, self.lease_locker())
-            .await
-    }
-
-    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-        self.locker
-            .inner
-            .release(keys::parse_raw(key)?, owner)
-            .await
-    }
-
-    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let key = keys::parse_raw(key)?;
-        validate::ttl(ttl)?;
-        self.locker.inner.verify(key, owner).await
-    }
-
-    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        self.locker
-            .inner
-            .refresh_many(requests, |request| {
-                let key = keys::parse_raw(request.key)?;
-                validate::ttl(request.ttl)?;
-                Ok(key)
-            })
-            .await
-    }
-
-    async fn forget(&self, key: &str) -> Result<()> {
-        self.locker.inner.forget(keys::parse_raw(key)?).await
-    }
-
-    /// Marks keyed by the raw advisory key, in the same table.
-    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        let key = keys::parse_raw(name)?;
-        self.locker.inner.advance_mark(key, value).await
-    }
-
-    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        self.locker.inner.inspect(keys::parse_raw(key)?).await
-    }
-
-    /// The raw keys held with a fencing row written through [`RawKeys`]
-    /// (whose recorded name is the key in decimal).
-    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        self.locker
-            .inner
-            .list(prefix, |name, lock_key| name.parse() == Ok(lock_key))
-            .await
-    }
-
-    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        let key = keys::parse_raw(key)?;
-        self.locker.inner.force_release(key, how).await
+    fn id(&self, key: &str) -> Result<i64> {
+        keys::parse_raw(key)
     }
 }

@@ -6,14 +6,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::Settings;
 use super::errors::BACKEND;
 use super::fencing::Sql;
 use super::session::{OnClosed, Session};
 use crate::sql::core::{Core, Wording};
-use crate::sql::pool::{Connector, PoolSize, Role};
+use crate::sql::pool::{Connector, Opening, PoolSize};
 use crate::Result;
 
 /// Which locks this locker holds, on which session, for which owner.
@@ -22,7 +21,7 @@ pub(super) type Registry = crate::session_registry::Registry<i64, Session>;
 pub(super) type Ticket = crate::session_registry::Ticket<i64>;
 
 /// Opens Postgres sessions with the locker's settings.
-pub(super) struct Connect {
+pub(crate) struct Connect {
     settings: Arc<Settings>,
     sql: Arc<Sql>,
     on_closed: OnClosed,
@@ -54,30 +53,18 @@ const WORDING: Wording = Wording {
              the server releases it when the session ends"
         )
     },
+    lock: "a session advisory lock",
+    holder: "session",
+    command: "pg_terminate_backend",
 };
 
 #[async_trait]
 impl Connector for Connect {
     type Session = Session;
 
-    async fn open(
-        &self,
-        id: u64,
-        role: Role,
-        waiter_permit: Option<OwnedSemaphorePermit>,
-        ensure_table: bool,
-    ) -> Result<Arc<Session>> {
-        let table = self.settings.fencing.as_ref().filter(|_| ensure_table);
-        Session::open(
-            &self.settings,
-            &self.sql,
-            table,
-            id,
-            role,
-            waiter_permit,
-            self.on_closed.clone(),
-        )
-        .await
+    async fn open(&self, opening: Opening) -> Result<Arc<Session>> {
+        let on_closed = self.on_closed.clone();
+        Session::open(&self.settings, &self.sql, opening, on_closed).await
     }
 }
 

@@ -17,7 +17,6 @@
 //! [`Settings::server_window`] after the last answered statement was sent,
 //! so that is how long its leases stay valid.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -29,13 +28,13 @@ use tokio_postgres::{CancelToken, Client, SimpleQueryMessage, Statement};
 
 use super::config::Settings;
 use super::errors::{self, BACKEND};
-use super::fencing::{self, FencingTable, GrantRecord, Sql};
+use super::fencing::{self, GrantRecord, Sql};
 use crate::deadline::bounded;
 use crate::{Error, Result};
 
-pub(super) use crate::sql::pool::{OnClosed, Role};
+pub(super) use crate::sql::pool::{OnClosed, Opening, Role};
 
-pub(super) struct Session {
+pub(crate) struct Session {
     pub(super) id: u64,
     pub(super) role: Role,
     client: Client,
@@ -49,16 +48,6 @@ pub(super) struct Session {
     /// than to each way a wait or a hold can end (timeout, cancellation,
     /// release, dropped lease, dead session) means no path can leak it.
     _waiter_permit: Option<OwnedSemaphorePermit>,
-}
-
-impl fmt::Debug for Session {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Session")
-            .field("id", &self.id)
-            .field("role", &self.role)
-            .field("closed", &self.is_closed())
-            .finish()
-    }
 }
 
 /// Shared by a session, its driver task and its watch.
@@ -170,17 +159,22 @@ impl Session {
     /// Connects, starts the driver task, creates the fencing table if asked
     /// to (`ensure_table`: the statements name it, so it must exist before
     /// they are prepared), then sets the server-side keepalive and prepares
-    /// the statements (pipelined: about one round trip). `waiter_permit` is
-    /// held for the session's lifetime (returned at once if opening fails).
+    /// the statements (pipelined: about one round trip). The waiter permit
+    /// is held for the session's lifetime (returned at once if opening
+    /// fails).
     pub(super) async fn open(
         settings: &Settings,
         sql: &Sql,
-        ensure_table: Option<&FencingTable>,
-        id: u64,
-        role: Role,
-        waiter_permit: Option<OwnedSemaphorePermit>,
+        opening: Opening,
         on_closed: OnClosed,
     ) -> Result<Arc<Session>> {
+        let Opening {
+            id,
+            role,
+            waiter_permit,
+            ensure_table,
+        } = opening;
+        let ensure_table = settings.fencing.as_ref().filter(|_| ensure_table);
         let connect_within = settings
             .pg
             .get_connect_timeout()

@@ -21,9 +21,7 @@ use super::pool::{Connector, OnClosed, Pool, PoolSize};
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
-use crate::{
-    new_owner_token, Capabilities, Error, Lease, LeaseParts, Locker, LostReason, Result, WaitPolicy,
-};
+use crate::{new_owner_token, Capabilities, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
 
 /// What one attempt on a shared session found.
 pub(crate) enum Tried {
@@ -153,6 +151,13 @@ pub(crate) struct Wording {
     /// What happened to a session that closed right after a grant, given
     /// the target and the key.
     pub(crate) lost_after_grant: fn(target: &str, key: &str) -> String,
+    /// The kind of lock ("a GET_LOCK lock"), in releases and force releases.
+    pub(crate) lock: &'static str,
+    /// What holds it ("connection"), for refusing the force releases but
+    /// the one supported (ending the holder's session).
+    pub(crate) holder: &'static str,
+    /// How the holder is ended ("KILL").
+    pub(crate) command: &'static str,
 }
 
 /// The parts of a SQL locker every dialect shares (see the
@@ -165,8 +170,8 @@ pub(crate) struct Core<C: Connector, K> {
     pub(crate) target: String,
     /// The bound on one statement.
     pub(crate) query_timeout: Duration,
-    /// Waiter connections at most (for the log line when polling).
-    pub(crate) max_waiters: usize,
+    /// The pool's bounds, and whether the fencing table is in use.
+    size: PoolSize,
     /// The locker's connections.
     pub(crate) pool: Arc<Pool<C>>,
     /// Which locks this locker holds, on which session, for which owner.
@@ -201,7 +206,7 @@ where
             backend,
             target,
             query_timeout,
-            max_waiters: size.max_waiters,
+            size,
             pool: Arc::new(Pool::new(connect(on_closed), size)),
             registry,
             wording,
@@ -352,7 +357,7 @@ where
             component = "distlock",
             backend = self.backend,
             key,
-            max_waiters = self.max_waiters,
+            max_waiters = self.size.max_waiters,
             "every waiter connection is in use; polling"
         );
         let policy = WaitPolicy::default();
@@ -431,36 +436,6 @@ where
         }
     }
 
-    /// The first step of a release: `owner`'s hold of `id` through this
-    /// locker, taken out of the registry, or `None` when the server must be
-    /// asked who holds it (nothing here holds or takes it).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if this locker holds (or is taking) it under
-    /// another owner; [`Error::Backend`] while an abandoned attempt on it
-    /// is still being cleaned up (the server cannot be asked until then).
-    pub(crate) fn take_for_release(
-        &self,
-        id: &K,
-        key: &str,
-        owner: &str,
-    ) -> Result<Option<Held<C::Session>>> {
-        // The entry is gone before the unlock is queued, with no await in
-        // between: an attempt on this key that now reserves it and reaches
-        // the same session is ordered after the unlock by the server.
-        if let Some(held) = self.registry.take(id, owner) {
-            return Ok(Some(held));
-        }
-        match self.registry.state(id) {
-            Some(Busy::Contended) => Err(Error::NotHeld {
-                key: key.to_owned(),
-            }),
-            Some(Busy::CleaningUp) => Err(self.cleanup_pending(key, "release")),
-            None => Ok(None),
-        }
-    }
-
     /// The answer to a release of a lock this locker does not hold (it
     /// cannot release it: only the session holding a session lock can),
     /// given what the server said: `holder` describes the holding session
@@ -473,7 +448,6 @@ where
     pub(crate) fn held_elsewhere(
         &self,
         key: &str,
-        lock: &str,
         holder: Option<(String, String)>,
         same_owner: Option<bool>,
     ) -> Error {
@@ -483,6 +457,7 @@ where
         let Some((who, end)) = holder else {
             return not_held();
         };
+        let lock = self.wording.lock;
         let reason = match same_owner {
             Some(false) => return not_held(),
             Some(true) => format!(
@@ -497,126 +472,11 @@ where
         };
         Error::unsupported(self.backend, "release", reason)
     }
-
-    /// Runs a release statement that also clears the holder record; if it
-    /// fails, runs `bare` (the unlock alone) instead. The record is cleared
-    /// before the unlock in the same statement, so when clearing failed
-    /// (its row locked by another client past the session's lock timeout)
-    /// the unlock never ran, and the lock would stay on a live session for
-    /// good.
-    ///
-    /// # Errors
-    ///
-    /// The first statement's error, when the bare unlock failed too.
-    ///
-    /// # Cancel safety
-    ///
-    /// As the statements: dropping it leaves the lock to its session.
-    pub(crate) async fn unlock_or_bare<T, Bare>(
-        &self,
-        key: &str,
-        first: impl Future<Output = Result<T>>,
-        bare: impl FnOnce() -> Bare,
-    ) -> Result<T>
-    where
-        Bare: Future<Output = Result<T>>,
-    {
-        let error = match first.await {
-            Ok(answer) => return Ok(answer),
-            Err(error) => error,
-        };
-        match bare().await {
-            Ok(answer) => {
-                tracing::warn!(
-                    component = "distlock",
-                    backend = self.backend,
-                    key,
-                    %error,
-                    "released the lock without clearing its holder record in the fencing row"
-                );
-                Ok(answer)
-            }
-            Err(_) => Err(error),
-        }
-    }
-
-    /// The last step of a release: a waiter connection that carried the
-    /// lock goes back to the pool; a lock the session no longer held (the
-    /// server freed it: something released it by hand on the session)
-    /// fires the lease's lost signal.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] when `released` is false.
-    pub(crate) fn finish_release(
-        &self,
-        held: Held<C::Session>,
-        key: &str,
-        released: bool,
-    ) -> Result<()> {
-        if released {
-            self.pool.recycle(held.session);
-            return Ok(());
-        }
-        held.lost.notify(LostReason::NotHeld);
-        Err(Error::NotHeld {
-            key: key.to_owned(),
-        })
-    }
-
-    /// Confirms `owner` still holds `id` on a live session: `holds` asks
-    /// the holding session; a lock it no longer holds fires the lease's
-    /// lost signal.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if this locker does not hold it under `owner`,
-    /// or the session says it does not; `holds`'s error otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: the question changes nothing on the server.
-    pub(crate) async fn verify<Holds>(
-        &self,
-        id: &K,
-        key: &str,
-        owner: &str,
-        holds: impl FnOnce(Arc<C::Session>) -> Holds,
-    ) -> Result<()>
-    where
-        Holds: Future<Output = Result<bool>>,
-    {
-        let not_held = || Error::NotHeld {
-            key: key.to_owned(),
-        };
-        let Some(session) = self.registry.session_of(id, owner) else {
-            return Err(not_held());
-        };
-        if holds(session).await? {
-            return Ok(());
-        }
-        if let Some(held) = self.registry.take(id, owner) {
-            held.lost.notify(LostReason::NotHeld);
-        }
-        Err(not_held())
-    }
 }
 
 /// How often a force release looks again when the lock changed hands
 /// between its inspection and the end of its holder's session.
 const FORCE_RELEASE_ATTEMPTS: usize = 3;
-
-/// How a dialect words the one force release it supports (ending the
-/// holder's session), for refusing the others.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Termination {
-    /// The kind of lock ("a GET_LOCK lock").
-    pub(crate) lock: &'static str,
-    /// What holds it ("connection").
-    pub(crate) holder: &'static str,
-    /// How the holder is ended ("KILL").
-    pub(crate) command: &'static str,
-}
 
 impl<C, K> Core<C, K>
 where
@@ -644,7 +504,6 @@ where
         &self,
         key: &str,
         how: ForceRelease,
-        words: Termination,
         mut find: impl FnMut() -> Found,
         mut end: impl FnMut(Holder) -> Ended,
     ) -> Result<Option<HeldLock>>
@@ -653,11 +512,12 @@ where
         Ended: Future<Output = Result<bool>>,
     {
         if how != ForceRelease::TerminateSession {
-            let Termination {
+            let Wording {
                 lock,
                 holder,
                 command,
-            } = words;
+                ..
+            } = self.wording;
             return Err(Error::unsupported(
                 self.backend,
                 "force_release",
@@ -687,18 +547,36 @@ where
             ),
         ))
     }
-}
 
-/// What a SQL session-lock backend can do; `fencing` says whether its
-/// fencing table is in use (only that table names the locks, for `list`).
-pub(crate) fn capabilities(fencing: bool) -> Capabilities {
-    Capabilities {
-        expires: false,
-        unlock_by_owner: false,
-        // The server-side wait wakes waiters; nothing announces releases.
-        release_notifications: false,
-        fencing,
-        list: fencing,
-        ..Capabilities::ALL
+    /// What a SQL session-lock backend can do: fencing tokens and `list`
+    /// only with the fencing table (only that table names the locks).
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: false,
+            unlock_by_owner: false,
+            // The server-side wait wakes waiters; nothing announces releases.
+            release_notifications: false,
+            fencing: self.size.fencing,
+            list: self.size.fencing,
+            ..Capabilities::ALL
+        }
+    }
+
+    /// The `Debug` of the locker `name` in `namespace`: its server (never
+    /// with a password), its connection bounds and how many locks it holds.
+    pub(crate) fn debug_locker(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        namespace: &str,
+    ) -> fmt::Result {
+        f.debug_struct(name)
+            .field("target", &self.target)
+            .field("namespace", &namespace)
+            .field("fencing", &self.size.fencing)
+            .field("sessions", &self.size.sessions)
+            .field("max_waiters", &self.size.max_waiters)
+            .field("held", &self.registry.held_count())
+            .finish_non_exhaustive()
     }
 }

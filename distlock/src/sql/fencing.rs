@@ -4,7 +4,7 @@
 //! a table the user may name as `table` or `schema.table`. What an
 //! identifier may be and how it is quoted differ per server; what is done
 //! with the name (split the URL form, check each part, quote each part,
-//! derive a sibling table in the same schema) does not, and lives here.
+//! derive the marks table in the same schema) does not, and lives here.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -15,6 +15,10 @@ use crate::{Error, Result};
 /// The default fencing table name, in the connection's current schema or
 /// database.
 pub(crate) const DEFAULT_TABLE: &str = "distlock_fencing";
+
+/// The table of durable marks ([`crate::Locker::advance_mark`]), one row a
+/// mark, beside the fencing table.
+pub(crate) const MARKS_TABLE: &str = "distlock_marks";
 
 /// A server's rules for identifiers: its length limit and its quoting.
 pub(crate) trait Identifiers {
@@ -115,11 +119,12 @@ impl<I: Identifiers> FencingTable<I> {
         Self::new(schema.as_deref(), &table)
     }
 
-    /// The table `table` in this table's schema.
-    pub(crate) fn sibling(&self, table: &str) -> Self {
+    /// The marks table ([`MARKS_TABLE`]) in `fencing`'s schema, or in the
+    /// current one when fencing is off.
+    pub(crate) fn marks_beside(fencing: Option<&Self>) -> Self {
         FencingTable {
-            schema: self.schema.clone(),
-            table: table.to_owned(),
+            schema: fencing.and_then(|table| table.schema.clone()),
+            table: MARKS_TABLE.to_owned(),
             rules: PhantomData,
         }
     }

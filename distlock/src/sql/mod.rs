@@ -11,6 +11,9 @@
 //!   a dialect's [`Connector`](pool::Connector);
 //! - [`core`](self::core): the pool and the registry of held locks, and
 //!   the acquire, release and verify steps that do not depend on the SQL;
+//! - [`dialect`]: what a backend must say ([`Dialect`](dialect::Dialect)),
+//!   and the one [`Locker`](crate::Locker) implementation over it, for
+//!   every view of a locker's keys ([`SqlKeys`](dialect::SqlKeys));
 //! - [`fencing`]: the fencing table's name, checked and quoted by the
 //!   dialect's [`Identifiers`](fencing::Identifiers).
 //!
@@ -23,9 +26,12 @@
 //! folder like `postgres/` or `mysql/` holding only its driver session, its
 //! SQL text, its key mapping, TLS and error mapping: implement
 //! [`Connector`](pool::Connector) and [`PooledSession`](pool::PooledSession)
-//! for its session and [`Identifiers`](fencing::Identifiers) for its
-//! identifier rules, and reuse the pool and the fencing-table handling.
+//! for its session, [`Identifiers`](fencing::Identifiers) for its
+//! identifier rules, [`Dialect`](dialect::Dialect) for its locker state
+//! and [`SqlKeys`](dialect::SqlKeys) for its locker type, which is then a
+//! [`Locker`](crate::Locker).
 
 pub(crate) mod core;
+pub(crate) mod dialect;
 pub(crate) mod fencing;
 pub(crate) mod pool;

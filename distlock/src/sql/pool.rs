@@ -60,12 +60,22 @@ pub(crate) trait PooledSession: HoldingSession + 'static {
     fn role(&self) -> Role;
 }
 
-/// Implements [`PooledSession`] and [`HoldingSession`] for a dialect's
-/// session type, which has `id: u64` and `role: Role` fields and an
-/// `is_closed(&self) -> bool` method: every dialect's session answers the
-/// pool and the registry the same way.
+/// Implements [`PooledSession`], [`HoldingSession`] and `Debug` for a
+/// dialect's session type, which has `id: u64` and `role: Role` fields and
+/// an `is_closed(&self) -> bool` method: every dialect's session answers
+/// the pool and the registry the same way.
 macro_rules! pooled_session {
     ($session:ty) => {
+        impl std::fmt::Debug for $session {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct("Session")
+                    .field("id", &self.id)
+                    .field("role", &self.role)
+                    .field("closed", &self.is_closed())
+                    .finish()
+            }
+        }
+
         impl $crate::sql::pool::PooledSession for $session {
             fn role(&self) -> $crate::sql::pool::Role {
                 self.role
@@ -84,28 +94,33 @@ macro_rules! pooled_session {
 }
 pub(crate) use pooled_session;
 
+/// What a session is opened as, and with.
+pub(crate) struct Opening {
+    /// The session's number, unique in its locker.
+    pub(crate) id: u64,
+    /// What it is for.
+    pub(crate) role: Role,
+    /// A waiter's place under `max_waiters`, held for as long as the
+    /// session is open (dropping the session returns it, so no path can
+    /// leak it).
+    pub(crate) waiter_permit: Option<OwnedSemaphorePermit>,
+    /// The fencing table must be created (or upgraded) on the new
+    /// connection before it is used.
+    pub(crate) ensure_table: bool,
+}
+
 /// How a dialect opens a session.
 #[async_trait]
 pub(crate) trait Connector: Send + Sync + 'static {
     /// The dialect's session.
     type Session: PooledSession;
 
-    /// Opens a session numbered `id` for `role`. A waiter holds
-    /// `waiter_permit` for as long as it is open (dropping the session
-    /// returns it, so no path can leak it). With `ensure_table`, the
-    /// fencing table is created (or upgraded) on the new connection before
-    /// it is used.
+    /// Opens a session as `opening` says.
     ///
     /// # Errors
     ///
     /// The server's refusal or silence, as the dialect reports it.
-    async fn open(
-        &self,
-        id: u64,
-        role: Role,
-        waiter_permit: Option<OwnedSemaphorePermit>,
-        ensure_table: bool,
-    ) -> Result<Arc<Self::Session>>;
+    async fn open(&self, opening: Opening) -> Result<Arc<Self::Session>>;
 }
 
 /// A lock's identity as the pool spreads it over the shared sessions.
@@ -300,10 +315,13 @@ impl<C: Connector> Pool<C> {
         waiter_permit: Option<OwnedSemaphorePermit>,
     ) -> Result<Arc<C::Session>> {
         let ensure_table = self.size.fencing && !self.table_ready.load(Ordering::Acquire);
-        let session = self
-            .connector
-            .open(self.next_id(), role, waiter_permit, ensure_table)
-            .await?;
+        let opening = Opening {
+            id: self.next_id(),
+            role,
+            waiter_permit,
+            ensure_table,
+        };
+        let session = self.connector.open(opening).await?;
         self.table_ready.store(true, Ordering::Release);
         Ok(session)
     }
