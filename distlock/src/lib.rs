@@ -79,7 +79,10 @@
 //!   (`testkit`). A SQL server whose locks live on sessions (SQL Server's
 //!   `sp_getapplock`, Oracle's `DBMS_LOCK`) is a dialect over the shared core
 //!   in `src/sql/` (the session pool, the registry of held locks, the lock
-//!   flow, the fencing table's name), not a copy of `postgres/` or `mysql/`.
+//!   flow, the fencing table's name, and the one [`Locker`] impl over the
+//!   `Dialect` trait in `sql/dialect.rs`), not a copy of `postgres/` or
+//!   `mysql/`: its folder holds its driver session, SQL text, key mapping,
+//!   TLS and errors.
 //! - **A coordination primitive** (election, semaphore, shared lock): a
 //!   module written once over [`Locker`] and [`Lease`], so every backend and
 //!   every wrapper serves it, with its checks in the conformance suite; a
