@@ -10,35 +10,22 @@ use test_servers::{MariaDbOptions, MariaDbServer};
 use crate::cron::{now_secs, rfc3339};
 use crate::support::{alive, stderr, wait_for_exit, wait_until, BIN};
 
+/// `distlock run --key KEY -- COMMAND` against the shared server.
+fn distlock_run(key: &str, command: &[&str]) -> Command {
+    let url = MariaDbServer::shared().url();
+    let mut run = Command::new(BIN);
+    run.args(["run", "--url", &url, "--key", key, "--"])
+        .args(command);
+    run
+}
+
 fn run(key: &str, command: &[&str]) -> Child {
-    Command::new(BIN)
-        .args([
-            "run",
-            "--url",
-            &MariaDbServer::shared().url(),
-            "--key",
-            key,
-            "--",
-        ])
-        .args(command)
-        .spawn()
-        .expect("spawn distlock")
+    distlock_run(key, command).spawn().expect("spawn distlock")
 }
 
 /// `distlock run --key KEY -- true`, waited for.
 fn try_once(key: &str) -> Output {
-    Command::new(BIN)
-        .args([
-            "run",
-            "--url",
-            &MariaDbServer::shared().url(),
-            "--key",
-            key,
-            "--",
-            "true",
-        ])
-        .output()
-        .expect("run distlock")
+    distlock_run(key, &["true"]).output().expect("run distlock")
 }
 
 /// The connection holding `key`'s lock (named in the namespace of the URL's
