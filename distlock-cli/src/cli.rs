@@ -36,6 +36,9 @@ pub(crate) enum Command {
     /// Release a lock by its owner token (printed to the holder as
     /// $DISTLOCK_OWNER), or whoever holds it with --force.
     Release(ReleaseArgs),
+    /// Lead the election KEY: campaign, run CMD while leader (supervised as
+    /// by `run`), campaign again; or watch the leader with --observe.
+    Elect(ElectArgs),
     /// Who holds the lock KEY: exit 0 when held, 1 when free.
     Status(StatusArgs),
     /// The locks held now (under --prefix), as a table or JSON.
@@ -161,6 +164,73 @@ pub(crate) struct RunArgs {
     /// of its own process group: signals and stops go to the whole group, and
     /// the lock is released only once every process of the group has exited.
     #[arg(required = true, value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// `distlock elect`.
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true, after_help = "\
+A replica campaigns, runs CMD while it leads, and campaigns again when CMD \
+exits or the term is lost (--once: exits instead); standbys wait their turn. \
+CMD runs exactly as under `distlock run`: its own process group, a watchdog, \
+stopped (SIGTERM, SIGKILL after --kill-after) before the term can lapse, and \
+the election is released only once the group has exited. CMD gets \
+DISTLOCK_TERM (the term's fencing token: pass it with every write), \
+DISTLOCK_LEADER (the proclaimed value, else HOST:PID), DISTLOCK_KEY, \
+DISTLOCK_OWNER and DISTLOCK_FENCING_TOKEN. SIGINT or SIGTERM is forwarded to \
+CMD; distlock then exits with CMD's status instead of campaigning again (0 \
+if it was standing by). `distlock elect --observe` prints one line per leader \
+change (`no leader`, or the term, host, pid, proclaimed value and since) \
+until interrupted; `distlock status --key NAME` shows the leader once.")]
+pub(crate) struct ElectArgs {
+    /// The election's name (the key of its lock).
+    #[arg(long, short)]
+    pub(crate) key: String,
+
+    #[command(flatten)]
+    pub(crate) backend: Backend,
+
+    /// How long a leader that stops refreshing (paused, cut off, killed)
+    /// blocks the election on backends whose locks expire; the term is
+    /// refreshed every ttl/3.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) ttl: Duration,
+
+    /// What the leader publishes to observers (its address, for example),
+    /// recorded beside the election's lock; at most 256 bytes, not secret.
+    #[arg(long, value_name = "VALUE")]
+    pub(crate) proclaim: Option<String>,
+
+    /// Watch the election instead of campaigning: one line per change.
+    #[arg(long, conflicts_with_all = ["command", "proclaim", "once", "wait"])]
+    pub(crate) observe: bool,
+
+    /// With --observe: print each change as one JSON object per line.
+    #[arg(long, requires = "observe")]
+    pub(crate) json: bool,
+
+    /// Lead once: exit with CMD's status (76 if the term was lost) instead
+    /// of campaigning again.
+    #[arg(long)]
+    pub(crate) once: bool,
+
+    /// Give up campaigning after this long [default: wait as long as it
+    /// takes] and exit with --conflict-exit-code.
+    #[arg(long, short, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) wait: Option<Duration>,
+
+    /// Exit code when --wait passes without leading.
+    #[arg(long, default_value_t = crate::exit::CONFLICT, value_name = "N")]
+    pub(crate) conflict_exit_code: u8,
+
+    /// How long CMD's process group gets between SIGTERM and SIGKILL
+    /// (capped as for `distlock run`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) kill_after: Duration,
+
+    /// The command and its arguments, run directly (no shell) while this
+    /// replica leads.
+    #[arg(value_name = "CMD", required_unless_present = "observe")]
     pub(crate) command: Vec<OsString>,
 }
 

@@ -38,6 +38,10 @@ Exit status of `distlock run`:
   69              the backend is unreachable or failed
   70              distlock could not set up (signal handlers, watchdog)
   126 / 127       CMD could not be executed / was not found
+`distlock elect` exits as `distlock run` with --once; without it, it campaigns
+again after each term and exits only on SIGINT/SIGTERM (CMD's status if it
+was running, else 0), on --wait passing without leading (75), or on an error
+that retrying cannot fix (64); an unreachable backend is retried.
 `distlock release` exits 0 when released, 1 when the owner does not hold the
 lock, 77 when only the holding process or session can release it (file,
 Postgres and MySQL backends: the message names the holder).

@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod cron;
 mod cron_config;
+mod elect;
 mod exit;
 mod inspect;
 mod process_group;
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
             }
             Command::Release(args) if args.force => inspect::force_release(args).await,
             Command::Release(args) => run::release(args).await,
+            Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::List(args) => inspect::list(args).await,
             Command::Cron(args) => cron::cron(args).await,

@@ -106,6 +106,7 @@ pub mod config;
 #[cfg(feature = "cron")]
 pub mod cron;
 mod deadline;
+pub mod elect;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;

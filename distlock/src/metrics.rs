@@ -352,6 +352,27 @@ pub fn describe_metrics() {
         "Time from grant to release, drop or loss."
     );
     describe_counter!(
+        "distlock_election_campaigns_total",
+        "Campaigns, by election and outcome (elected, timeout, error kind)."
+    );
+    describe_gauge!(
+        "distlock_election_leader",
+        "1 while this process leads the election, else 0."
+    );
+    describe_counter!(
+        "distlock_election_terms_ended_total",
+        "Terms this process led that ended, by election and reason (resigned, not_held, expired, max_hold_exceeded, connection_lost)."
+    );
+    describe_histogram!(
+        "distlock_election_term_duration_seconds",
+        Unit::Seconds,
+        "How long each term this process led lasted, by election."
+    );
+    describe_counter!(
+        "distlock_election_leader_changes_total",
+        "Leader changes seen by this process's observers, by election."
+    );
+    describe_counter!(
         "distlock_cron_ticks_total",
         "Cron ticks seen by this replica, by job and outcome (ran, failed, lost, stopped, held_elsewhere, previous_running, already_ran, missed, claim_failed)."
     );

@@ -111,27 +111,38 @@ impl WithLock {
         if let Some(keepalive) = &self.keepalive {
             lease.keep_alive(keepalive.clone())?;
         }
-        let outcome = lease.run_while_held(work(lease.info())).await;
-        let release = lease.release().await;
-        match (&outcome, &release) {
-            // A lost lock is usually no longer ours to release.
-            (Err(_), Err(Error::NotHeld { .. })) | (_, Ok(())) => {}
-            (_, Err(error)) => tracing::warn!(
-                component = "distlock",
-                key,
-                %error,
-                "release after guarded work failed; the backend's safety net frees the lock"
-            ),
-        }
-        match outcome {
-            Ok(value) => Ok(Completed { value, release }),
-            Err(reason) => {
-                tracing::warn!(component = "distlock", key, %reason, "lock lost while the guarded work ran; the work was stopped");
-                Err(Error::Lost {
-                    key: key.to_owned(),
-                    reason,
-                })
-            }
+        let work = work(lease.info());
+        hold_then_release(lease, work).await
+    }
+}
+
+/// Runs `work` while `lease` is held, then releases it (bounded by the
+/// lease's release timeout): the second half of [`WithLock::run`], shared
+/// with the election's [`lead`](crate::elect::Election::lead). `work` is
+/// dropped first if the lease is lost, and the lock is released only once it
+/// has stopped.
+pub(crate) async fn hold_then_release<W: Future>(
+    lease: crate::Lease,
+    work: W,
+) -> Result<Completed<W::Output>> {
+    let key = lease.key().to_owned();
+    let outcome = lease.run_while_held(work).await;
+    let release = lease.release().await;
+    match (&outcome, &release) {
+        // A lost lock is usually no longer ours to release.
+        (Err(_), Err(Error::NotHeld { .. })) | (_, Ok(())) => {}
+        (_, Err(error)) => tracing::warn!(
+            component = "distlock",
+            key = key.as_str(),
+            %error,
+            "release after guarded work failed; the backend's safety net frees the lock"
+        ),
+    }
+    match outcome {
+        Ok(value) => Ok(Completed { value, release }),
+        Err(reason) => {
+            tracing::warn!(component = "distlock", key = key.as_str(), %reason, "lock lost while the guarded work ran; the work was stopped");
+            Err(Error::Lost { key, reason })
         }
     }
 }

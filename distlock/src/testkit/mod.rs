@@ -47,6 +47,9 @@ use tokio::time::Instant;
 use crate::inspect::{with_label, ForceRelease, HeldLock};
 use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
 
+mod election;
+pub use election::*;
+
 type Factory = dyn Fn() -> BoxFuture<'static, Arc<dyn Locker>> + Send + Sync;
 
 /// Makes lockers and unique keys for the checks.
@@ -1510,6 +1513,10 @@ macro_rules! conformance_suite {
             list_reports_held_locks_under_a_prefix,
             force_release_evicts_the_holder,
             a_waiters_grant_records_its_holder_whatever_its_label,
+            election_has_one_leader_at_a_time,
+            election_resign_hands_over,
+            election_ended_term_stops_work_before_the_next_begins,
+            election_observer_sees_each_term_in_order,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {
