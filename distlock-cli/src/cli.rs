@@ -169,7 +169,9 @@ pub(crate) struct RunArgs {
 
 /// `distlock elect`.
 #[derive(Debug, Args)]
-#[command(trailing_var_arg = true, after_help = "\
+#[command(
+    trailing_var_arg = true,
+    after_help = "\
 A replica campaigns, runs CMD while it leads, and campaigns again when CMD \
 exits or the term is lost (--once: exits instead); standbys wait their turn. \
 CMD runs exactly as under `distlock run`: its own process group, a watchdog, \
@@ -181,7 +183,8 @@ DISTLOCK_OWNER and DISTLOCK_FENCING_TOKEN. SIGINT or SIGTERM is forwarded to \
 CMD; distlock then exits with CMD's status instead of campaigning again (0 \
 if it was standing by). `distlock elect --observe` prints one line per leader \
 change (`no leader`, or the term, host, pid, proclaimed value and since) \
-until interrupted; `distlock status --key NAME` shows the leader once.")]
+until interrupted; `distlock status --key NAME` shows the leader once."
+)]
 pub(crate) struct ElectArgs {
     /// The election's name (the key of its lock).
     #[arg(long, short)]
@@ -224,9 +227,10 @@ pub(crate) struct ElectArgs {
     pub(crate) conflict_exit_code: u8,
 
     /// How long CMD's process group gets between SIGTERM and SIGKILL
-    /// (capped as for `distlock run`).
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
-    pub(crate) kill_after: Duration,
+    /// [default: 10s, or ttl/2 - drift margin if that is shorter]; a longer
+    /// one is capped there with a warning, as for `distlock run`.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) kill_after: Option<Duration>,
 
     /// The command and its arguments, run directly (no shell) while this
     /// replica leads.

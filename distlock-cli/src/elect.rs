@@ -14,12 +14,16 @@ use tokio::sync::Notify;
 use crate::cli::ElectArgs;
 use crate::exit;
 use crate::run::{capped_kill_after, fail, open};
-use crate::supervise::{supervise, Command};
+use crate::supervise::{kill_after_cap, supervise, Command};
 
 /// How long a replica whose term just ended waits before campaigning again,
 /// so that a standby already waiting takes over rather than the replica
 /// whose command just exited or lost its term.
 const STAND_BACK: Duration = Duration::from_millis(500);
+
+/// SIGTERM to SIGKILL unless `--kill-after` says otherwise (`distlock
+/// run`'s default), capped for short ttls.
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
 
 /// After a failed campaign (the backend down), the first and the longest
 /// pause before the next.
@@ -49,7 +53,11 @@ pub(crate) async fn elect(args: ElectArgs) -> u8 {
     if let Some(value) = &args.proclaim {
         election = election.proclaim(value.clone());
     }
-    let kill_after = capped_kill_after(args.kill_after, args.ttl);
+    // Only a --kill-after the user chose is worth a warning when capped.
+    let kill_after = match args.kill_after {
+        Some(kill_after) => capped_kill_after(kill_after, args.ttl),
+        None => DEFAULT_KILL_AFTER.min(kill_after_cap(args.ttl)),
+    };
     let leader = args
         .proclaim
         .clone()
@@ -190,7 +198,10 @@ fn text_line(leader: Option<&Leader>) -> String {
         line.push_str(&format!(" proclaimed={value:?}"));
     }
     if let Some(since) = leader.since {
-        line.push_str(&format!(" since={}", humantime::format_rfc3339_millis(since)));
+        line.push_str(&format!(
+            " since={}",
+            humantime::format_rfc3339_millis(since)
+        ));
     }
     line
 }

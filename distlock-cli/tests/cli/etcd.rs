@@ -247,3 +247,15 @@ fn three_etcd_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
     let tally = crate::cron::three_replicas(&server.url(), "etcd");
     crate::cron::assert_exactly_once(&tally);
 }
+
+/// Three `distlock elect` replicas on etcd: the SIGKILLed leader's lease
+/// (2 s, whole seconds on etcd) lapses and another replica leads.
+#[test]
+fn elect_fails_over_after_kill_9_within_the_lease_without_overlap() {
+    let server = EtcdServer::start();
+    let took = crate::elect::failover_after_kill_9(&server.url(), "leader", "2s");
+    assert!(
+        took < Duration::from_secs(5),
+        "failover took {took:?}, past the 2 s lease and a leader change's second"
+    );
+}

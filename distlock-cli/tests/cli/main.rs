@@ -7,6 +7,7 @@ mod support;
 
 mod bench;
 mod cron;
+mod elect;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod file;

@@ -298,3 +298,15 @@ fn the_release_clears_the_holder_columns_of_the_fencing_row() {
     let row = MariaDbServer::shared().sql(&columns);
     assert!(row.ends_with("\t1\t1\tNULL"), "after release: {row:?}");
 }
+
+/// Three `distlock elect` replicas on MariaDB: the SIGKILLed leader's
+/// connection dies with it, so another replica leads at once.
+#[test]
+fn elect_fails_over_after_kill_9_at_once_without_overlap() {
+    let url = MariaDbServer::shared().url();
+    let took = crate::elect::failover_after_kill_9(&url, "elect-failover", "15s");
+    assert!(
+        took < Duration::from_secs(3),
+        "failover took {took:?}: a dead session frees the election at once"
+    );
+}

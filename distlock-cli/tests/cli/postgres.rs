@@ -500,3 +500,16 @@ fn run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait() {
     let _cut = netns::Partition::start(&[server.port()], netns::Direction::Both);
     crate::support::assert_outage_within_the_wait(&server.url(), server.port());
 }
+
+/// Three `distlock elect` replicas on Postgres: the SIGKILLed leader's
+/// session dies with it, so another replica leads at once, not after the
+/// ttl, and no write of the old term follows the new leader's.
+#[test]
+fn elect_fails_over_after_kill_9_at_once_without_overlap() {
+    let server = PostgresServer::start();
+    let took = crate::elect::failover_after_kill_9(&server.url(), "leader", "15s");
+    assert!(
+        took < Duration::from_secs(3),
+        "failover took {took:?}: a dead session frees the election at once"
+    );
+}

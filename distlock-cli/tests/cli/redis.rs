@@ -524,3 +524,25 @@ fn run_with_wait_against_a_cut_off_server_is_an_outage_within_the_wait() {
     );
     crate::support::assert_outage_within_the_wait(&server.url(), server.port());
 }
+
+/// Three `distlock elect` replicas on Redis: the SIGKILLed leader's term
+/// lapses at its ttl (2 s) and another replica leads, its writes never
+/// interleaved with the dead leader's.
+#[test]
+fn elect_fails_over_after_kill_9_within_the_ttl_without_overlap() {
+    let server = RedisServer::start();
+    let took = crate::elect::failover_after_kill_9(&server.url(), "leader", "2s");
+    assert!(
+        took < Duration::from_secs(4),
+        "failover took {took:?}, past the 2 s ttl plus a refresh-free margin"
+    );
+}
+
+/// A leader whose `distlock` is SIGSTOPped past its ttl cannot stop its
+/// command: the next leader's term number makes the resource reject the
+/// late writes.
+#[test]
+fn elect_a_paused_leaders_late_writes_are_rejected_by_the_next_term() {
+    let server = RedisServer::start();
+    crate::elect::a_paused_leaders_late_writes_are_fenced(&server.url(), "paused-leader");
+}

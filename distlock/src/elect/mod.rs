@@ -194,7 +194,11 @@ impl Election {
         let timeout = timeout.unwrap_or(Duration::MAX);
         let acquire = self.locker.lock(&self.name, self.ttl, timeout);
         let acquired = match &self.proclaim {
-            Some(value) => inspect::with_label(value.clone(), acquire).instrument(span).await,
+            Some(value) => {
+                inspect::with_label(value.clone(), acquire)
+                    .instrument(span)
+                    .await
+            }
             None => acquire.instrument(span).await,
         };
         let outcome = match &acquired {
@@ -435,7 +439,10 @@ mod tests {
     #[tokio::test]
     async fn a_term_reports_its_election_number_and_proclaimed_leader() {
         let election = election("jobs").proclaim("10.0.0.7:8080");
-        let term = election.campaign(Some(Duration::ZERO)).await.expect("elected");
+        let term = election
+            .campaign(Some(Duration::ZERO))
+            .await
+            .expect("elected");
         assert_eq!(term.election(), "jobs");
         assert!(term.fencing_token().is_some(), "memory has fencing");
         assert_eq!(term.leader().label, "10.0.0.7:8080");
@@ -456,7 +463,10 @@ mod tests {
             .expect_err("the first candidate leads");
         assert!(matches!(refused, Error::Timeout { .. }), "{refused:?}");
         term.resign().await.expect("resign");
-        let next = second.campaign(Some(Duration::ZERO)).await.expect("free now");
+        let next = second
+            .campaign(Some(Duration::ZERO))
+            .await
+            .expect("free now");
         next.resign().await.expect("resign");
     }
 
@@ -491,7 +501,13 @@ mod tests {
             .await
             .expect_err("the term was lost");
         assert!(
-            matches!(lost, Error::Lost { reason: LostReason::NotHeld, .. }),
+            matches!(
+                lost,
+                Error::Lost {
+                    reason: LostReason::NotHeld,
+                    ..
+                }
+            ),
             "{lost:?}"
         );
         let next = election.campaign(Some(Duration::ZERO)).await.expect("free");

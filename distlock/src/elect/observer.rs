@@ -20,6 +20,10 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// followed by the next leader's grant within a few round trips.
 const QUICK_LOOK: Duration = Duration::from_millis(10);
 
+/// How many more looks an observer takes at a leader it knows nothing of
+/// (no term, no holder) before reporting it: 10 + 20 + ... + 50 ms.
+const UNKNOWN_LOOKS: u32 = 5;
+
 /// The leader of an election as an observer sees it: what the lock's
 /// inspection reports ([`Locker::inspect`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +87,7 @@ const SAME_GRANT: Duration = Duration::from_secs(1);
 ///
 /// Changes are read from the election's lock with [`Locker::inspect`], so
 /// the backend must support inspection ([`crate::Capabilities::inspect`]:
-/// every backend but Redlock). The observer asks every
+/// every backend does, the file backend on Linux). The observer asks every
 /// [`poll_interval`](Self::poll_interval) and, on backends with release
 /// notifications, at once when the leader resigns. It reports every term it
 /// sees, in order, once each; a term that begins and ends between two looks
@@ -160,7 +164,8 @@ impl Observer {
     /// # Errors
     ///
     /// [`crate::Error::Unsupported`] on a backend that cannot inspect its
-    /// locks (Redlock); a backend error if it failed or did not answer.
+    /// locks (the file backend off Linux); a backend error if it failed or
+    /// did not answer.
     ///
     /// # Cancel safety
     ///
@@ -187,8 +192,22 @@ impl Observer {
     /// Cancel-safe: a dropped call reports nothing, and the next call
     /// reports the change it would have.
     pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        let mut unknown_looks = 0;
         loop {
             let now = self.leader().await?;
+            // A grant's record can trail its lock by a moment (Postgres:
+            // the lock shows in `pg_locks` before the statement recording
+            // its holder and token commits): look again before reporting a
+            // leader nothing is known of. One that stays unknown (recording
+            // off, no fencing, or a holder that is not distlock) is reported.
+            let known = now
+                .as_ref()
+                .is_none_or(|leader| leader.term.is_some() || leader.holder.is_some());
+            if !known && unknown_looks < UNKNOWN_LOOKS {
+                unknown_looks += 1;
+                tokio::time::sleep(QUICK_LOOK * unknown_looks).await;
+                continue;
+            }
             let is_new = match &self.reported {
                 None => true,
                 Some(None) => now.is_some(),
