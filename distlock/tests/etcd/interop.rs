@@ -78,3 +78,128 @@ async fn while_we_hold_the_lock_etcdctl_waits_until_we_release() {
     assert!(output.status.success());
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "got-it");
 }
+
+/// The election `E` is the etcd name `lock:E`, whose candidates' keys are
+/// `lock:E/<lease>`: the layout of Go's `concurrency.Election`, which is
+/// its `Mutex`'s.
+mod election {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Child, Stdio};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use distlock::elect::Election;
+    use distlock::Error;
+    use test_servers::EtcdServer;
+
+    const WAIT: Option<Duration> = Some(Duration::from_secs(10));
+
+    /// `etcdctl elect lock:E PROPOSAL`, with a channel that receives its
+    /// first line of output: it prints once elected.
+    fn etcdctl_elect(server: &EtcdServer, proposal: &str) -> (Child, mpsc::Receiver<String>) {
+        let mut child = server
+            .etcdctl_command(&["elect", "lock:E", proposal])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn etcdctl elect");
+        let stdout = child.stdout.take().expect("stdout");
+        let (lines, elected) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        (child, elected)
+    }
+
+    /// SIGINT: `etcdctl elect` resigns (deletes its key) and exits.
+    fn interrupt(child: &mut Child) {
+        let pid = i32::try_from(child.id()).expect("pid");
+        // SAFETY: kill(2) on a child this test started.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        child.wait().expect("etcdctl exits");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcdctl_elect_and_a_distlock_candidate_exclude_each_other() {
+        let server = EtcdServer::start();
+        let election = Election::new(distlock::connect(&server.url()).await.unwrap(), "E")
+            .proclaim("distlock-candidate");
+
+        // etcdctl leads: distlock waits, its observer sees a leader with
+        // no distlock record.
+        let (mut etcdctl, elected) = etcdctl_elect(&server, "etcdctl-candidate");
+        let first = elected
+            .recv_timeout(Duration::from_secs(10))
+            .expect("etcdctl is elected on a free election");
+        assert!(first.starts_with("lock:E/"), "{first}");
+        let refused = election
+            .campaign(Some(Duration::from_millis(300)))
+            .await
+            .expect_err("etcdctl leads");
+        assert!(matches!(refused, Error::Timeout { .. }), "{refused:?}");
+        let leader = election
+            .observe()
+            .leader()
+            .await
+            .expect("observe")
+            .expect("the distlock observer sees etcdctl's leadership");
+        assert_eq!(leader.holder, None, "etcdctl records no holder: {leader:?}");
+        interrupt(&mut etcdctl);
+        let term = election
+            .campaign(WAIT)
+            .await
+            .expect("elected once etcdctl resigned");
+
+        // distlock leads: etcdctl waits until it resigns.
+        let (mut etcdctl, elected) = etcdctl_elect(&server, "etcdctl-candidate");
+        assert!(
+            elected.recv_timeout(Duration::from_millis(1000)).is_err(),
+            "etcdctl must not be elected while distlock leads"
+        );
+        term.resign().await.expect("resign");
+        let line = elected
+            .recv_timeout(Duration::from_secs(10))
+            .expect("etcdctl is elected once distlock resigned");
+        assert!(line.starts_with("lock:E/"), "{line}");
+        interrupt(&mut etcdctl);
+    }
+
+    /// `etcdctl elect -l` observes a distlock leader: it prints the leader's
+    /// key and value, whose holder record carries the proclaimed value.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcdctl_elect_listen_observes_a_distlock_leader() {
+        let server = EtcdServer::start();
+        let election = Election::new(distlock::connect(&server.url()).await.unwrap(), "E")
+            .proclaim("10.0.0.7:8080");
+        let term = election.campaign(WAIT).await.expect("elected");
+        let mut listener = server
+            .etcdctl_command(&["elect", "-l", "lock:E"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn etcdctl elect -l");
+        let mut stdout = listener.stdout.take().expect("stdout");
+        let (sender, printed) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while let Ok(read) = stdout.read(&mut buffer) {
+                if read == 0 {
+                    break;
+                }
+                text.extend_from_slice(&buffer[..read]);
+                let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
+            }
+        });
+        let mut seen = String::new();
+        while !seen.contains("10.0.0.7:8080") {
+            seen = printed
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("etcdctl elect -l printed only {seen:?}"));
+        }
+        assert!(seen.starts_with("lock:E/"), "{seen}");
+        let _ = listener.kill();
+        let _ = listener.wait();
+        term.resign().await.expect("resign");
+    }
+}
