@@ -7,7 +7,8 @@
 //! behaviour is written once as wrappers around any `Locker` and composed with
 //! [`LockerExt`]: [`WaitLocker`] (wait policy), [`PrefixLocker`] (key namespaces),
 //! [`BreakerLocker`] (fail fast while a backend is down), [`MetricsLocker`] and
-//! [`TraceLocker`] (observability).
+//! [`TraceLocker`] (observability). Leader election ([`elect`]) is composed
+//! over the same contract, so it works on every backend too.
 //!
 //! ```
 //! use std::time::Duration;
