@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use futures_util::Stream;
 use metrics::counter;
 use tokio::time::Instant;
 
@@ -229,6 +230,16 @@ impl Observer {
         }
     }
 
+    /// The changes as a stream: each item is what
+    /// [`changed`](Self::changed) returns, for ever (errors included; the
+    /// stream goes on after one).
+    pub fn into_changes(self) -> impl Stream<Item = Result<Option<Leader>>> + Send {
+        futures_util::stream::unfold(self, |mut observer| async move {
+            let change = observer.changed().await;
+            Some((change, observer))
+        })
+    }
+
     /// Waits until the next look is due: the poll interval (or the quick
     /// look) passed, or the leader released the lock.
     async fn wait(&mut self) {
@@ -295,6 +306,18 @@ mod tests {
             assert_eq!(observer.changed().await.expect("look"), None);
         }
         assert!(terms.windows(2).all(|pair| pair[0] < pair[1]), "{terms:?}");
+    }
+
+    #[tokio::test]
+    async fn the_changes_stream_yields_what_changed_returns() {
+        use futures_util::StreamExt;
+        let election = Election::new(MemoryLocker::new().shared(), "jobs");
+        let mut changes = Box::pin(election.observe().into_changes());
+        assert_eq!(changes.next().await.expect("item").expect("look"), None);
+        let term = election.campaign(None).await.expect("elected");
+        let leader = changes.next().await.expect("item").expect("look");
+        assert_eq!(leader.expect("a leader").term, term.fencing_token());
+        term.resign().await.expect("resign");
     }
 
     #[tokio::test]
