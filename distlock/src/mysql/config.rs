@@ -432,7 +432,7 @@ fn setup_sql(wait_timeout: Duration, query_timeout: Duration) -> String {
 }
 
 /// Everything a running locker needs, fixed at build time.
-pub(super) struct Settings {
+pub(crate) struct Settings {
     /// `mysql://user@host:port/db`: for errors and `Debug`, no password.
     pub(super) target: String,
     /// Put into every lock name ([`super::lock_name_in`]).

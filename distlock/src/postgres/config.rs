@@ -386,7 +386,7 @@ pub const DEFAULT_APPLICATION_NAME: &str = "distlock";
 
 /// Everything a running locker needs, fixed at build time.
 #[derive(Debug)]
-pub(super) struct Settings {
+pub(crate) struct Settings {
     /// `postgres://user@host:port/db`: for errors and `Debug`, no password.
     pub(super) target: String,
     pub(super) pg: tokio_postgres::Config,
