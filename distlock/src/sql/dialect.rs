@@ -191,6 +191,86 @@ pub(crate) trait SqlKeys: Clone + fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// What a SQL locker type shares, written once: its public constructors
+/// (from a URL, its builder from a URL, from its `Config`) and
+/// `held_count`, its `Debug`, and the [`SqlKeys`] view of its own keys over
+/// `self.inner` (the dialect, whose `leases` its leases hold). `$builder`
+/// is its builder, `$env` the prefix of its variables, `$keys` the rest of
+/// its `SqlKeys` (`id`, any override). The backend adds its own `impl`,
+/// with `start`.
+macro_rules! sql_locker {
+    ($locker:ident, $builder:ident, $env:literal, keys: { $($keys:tt)* }) => {
+        impl $locker {
+            /// Connects with the defaults and the URL's parameters (see the
+            /// [module docs](self#url)).
+            ///
+            /// Opens one session now, so a wrong password, an unknown database
+            /// or an unreachable server is an error here, and creates the
+            /// fencing table if missing.
+            ///
+            /// # Errors
+            ///
+            /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a
+            /// malformed URL or option (never showing the password);
+            /// [`Error::Backend`](crate::Error::Backend) with the server's
+            /// message, or [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded),
+            /// if the server cannot be used.
+            pub async fn from_url(url: &str) -> $crate::Result<Self> {
+                Self::builder(url)?.build().await
+            }
+
+            #[doc = concat!("Options, starting from a URL (see [`", stringify!($builder), "`]).")]
+            ///
+            /// # Errors
+            ///
+            /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a
+            /// malformed URL.
+            pub fn builder(url: &str) -> $crate::Result<$builder> {
+                $builder::from_url(url)
+            }
+
+            #[doc = concat!("Connects with a [`Config`] read from a URL, `", $env, "*`")]
+            /// variables, JSON or YAML: the same as `config.builder()?.build()`.
+            ///
+            /// # Errors
+            ///
+            /// As [`from_url`](Self::from_url).
+            ///
+            /// # Cancel safety
+            ///
+            /// No lock is taken before it returns: dropping the future abandons
+            /// the start-up (a fencing table it was creating may or may not
+            /// exist afterwards).
+            pub async fn from_config(config: Config) -> $crate::Result<Self> {
+                config.builder()?.build().await
+            }
+
+            /// How many locks this locker (and its clones) holds right now.
+            pub fn held_count(&self) -> usize {
+                self.inner.core.registry.held_count()
+            }
+        }
+
+        impl ::std::fmt::Debug for $locker {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                let namespace = &self.inner.settings.namespace;
+                self.inner.core.debug_locker(f, stringify!($locker), namespace)
+            }
+        }
+
+        impl $crate::sql::dialect::SqlKeys for $locker {
+            type Dialect = Inner;
+
+            fn parts(&self) -> (&Inner, &$crate::SharedLocker) {
+                (&self.inner, &self.inner.leases)
+            }
+
+            $($keys)*
+        }
+    };
+}
+pub(crate) use sql_locker;
+
 /// The dialect of `keys`.
 fn dialect<T: SqlKeys>(keys: &T) -> &T::Dialect {
     keys.parts().0
