@@ -53,6 +53,27 @@ pub(crate) type Ours<'a, Id> = &'a (dyn Fn(&str, &Id) -> bool + Send + Sync);
 /// table).
 pub(crate) type HolderAnswer = (Option<(String, String)>, Option<bool>);
 
+/// Where one statement about a lock runs: the session, the server's
+/// identity of the lock, and the context of its errors (a release, "who
+/// holds it?", "is it still held?" all take these three alike).
+pub(crate) struct On<'a, D: Dialect> {
+    /// The session the statement runs on.
+    pub(crate) session: &'a SessionOf<D>,
+    /// The server's identity of the lock.
+    pub(crate) id: &'a D::Id,
+    /// Builds the context of the statement's errors.
+    pub(crate) context: Context<'a>,
+}
+
+// Not derived: that would ask `D` itself to be `Copy`.
+impl<D: Dialect> Clone for On<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Dialect> Copy for On<'_, D> {}
+
 /// What a SQL backend says differently (see the [module docs](self)).
 /// Every statement is bounded by the dialect's query timeout, and its
 /// failure described with `context`.
@@ -125,35 +146,26 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         holder: Self::Holder,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Releases `id` on `session`, which holds it: with `clear_record`, by
-    /// the statement that also clears the holder record of its fencing row
-    /// (the plain unlock without fencing), else by the unlock alone. True
-    /// if the session held it.
+    /// Releases the lock `on` its session, which holds it: with
+    /// `clear_record`, by the statement that also clears the holder record
+    /// of its fencing row (the plain unlock without fencing), else by the
+    /// unlock alone. True if the session held it.
     fn unlock(
         &self,
-        session: &SessionOf<Self>,
-        id: &Self::Id,
+        on: On<'_, Self>,
         clear_record: bool,
-        context: Context<'_>,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Who holds `id`, asked on `session` (a shared session), and whether
-    /// under `owner`.
+    /// Who holds the lock, asked `on` a shared session, and whether under
+    /// `owner`.
     fn holder(
         &self,
-        session: &SessionOf<Self>,
-        id: &Self::Id,
+        on: On<'_, Self>,
         owner: &str,
-        context: Context<'_>,
     ) -> impl Future<Output = Result<HolderAnswer>> + Send;
 
-    /// True if `session` holds `id` (and so, that it is alive).
-    fn holds(
-        &self,
-        session: &SessionOf<Self>,
-        id: &Self::Id,
-        context: Context<'_>,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    /// True if the session holds the lock (and so, that it is alive).
+    fn holds(&self, on: On<'_, Self>) -> impl Future<Output = Result<bool>> + Send;
 
     /// Whether `session` holds each of `ids`, in order: one statement (at
     /// most [`HOLDS_PER_STATEMENT`](Self::HOLDS_PER_STATEMENT) ids). The
@@ -357,8 +369,12 @@ impl<T: SqlKeys> Locker for T {
                 None => {
                     let context = || format!("look up the holder of {key:?} on {}", core.target);
                     let session = core.pool.shared(&id).await?;
-                    let (holder, same_owner) =
-                        dialect.holder(&session, &id, owner, &context).await?;
+                    let on = On::<T::Dialect> {
+                        session: &session,
+                        id: &id,
+                        context: &context,
+                    };
+                    let (holder, same_owner) = dialect.holder(on, owner).await?;
                     core.held_elsewhere(key, holder, same_owner)
                 }
             });
@@ -369,14 +385,18 @@ impl<T: SqlKeys> Locker for T {
                 core.target
             )
         };
-        let session = &held.session;
+        let on = On::<T::Dialect> {
+            session: &held.session,
+            id: &id,
+            context: &context,
+        };
         // The record is cleared before the unlock in the same statement, so
         // when clearing failed (its row locked by another client past the
         // session's lock timeout) the unlock never ran, and the lock would
         // stay on a live session for good: then the unlock alone.
-        let released = match dialect.unlock(session, &id, true, &context).await {
+        let released = match dialect.unlock(on, true).await {
             Ok(released) => released,
-            Err(error) => match dialect.unlock(session, &id, false, &context).await {
+            Err(error) => match dialect.unlock(on, false).await {
                 Ok(released) => {
                     tracing::warn!(
                         component = "distlock",
@@ -417,7 +437,12 @@ impl<T: SqlKeys> Locker for T {
             return Err(not_held());
         };
         let context = || format!("verify {key:?} is held on {}", core.target);
-        if dialect.holds(&session, &id, &context).await? {
+        let on = On::<T::Dialect> {
+            session: &session,
+            id: &id,
+            context: &context,
+        };
+        if dialect.holds(on).await? {
             return Ok(());
         }
         if let Some(held) = core.registry.take(&id, owner) {
