@@ -381,8 +381,9 @@ pub(crate) fn reason(error: Error) -> String {
 
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
-/// [`SqlBackend`] description of it. `PARAMETERS` is the invoking module's
-/// table. The builder (`builder`):
+/// [`SqlBackend`] description of it, with its field table `PARAMETERS`:
+/// [`SQL_PARAMETERS`], then the backend's own `parameters` (each a name,
+/// then any older spellings after `|`). The builder (`builder`):
 ///
 /// - holds the shared options in its field `common` and reads its own
 ///   parameters with `set_own`;
@@ -397,11 +398,19 @@ macro_rules! sql_config {
     (
         $(#[$meta:meta])*
         backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
+        $(#[$table_meta:meta])*
+        parameters: [$($param:literal $(| $alias:literal)*),+ $(,)?],
         unknown_parameters_go_to_the_driver: $passes_on:literal,
         builder: $builder:ty, identifiers: $identifiers:ty,
         scratch: $scratch:expr,
         settings: $settings:ty $(,)?
     ) => {
+        $(#[$table_meta])*
+        pub(crate) const PARAMETERS: $crate::config::Table = $crate::config::Table(&[
+            $crate::config::SQL_PARAMETERS,
+            &[$($crate::config::Param::url($param, &[$($alias),*])),+],
+        ]);
+
         // Never the password: the target is written without it.
         impl ::std::fmt::Debug for $builder {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
@@ -432,8 +441,6 @@ macro_rules! sql_config {
             const NAME: &'static str = $name;
             const SCHEMES: &'static [&'static str] = &[$($scheme),+];
             const ENV_PREFIX: &'static str = $env;
-            // The invoking module's table (macro_rules resolves item paths
-            // where it is invoked).
             const PARAMETERS: $crate::config::Table = PARAMETERS;
             const PASSES_ON_UNKNOWN: bool = $passes_on;
 

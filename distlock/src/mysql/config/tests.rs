@@ -168,5 +168,5 @@ fn a_bare_ping_interval_is_seconds_and_a_millisecond_count_is_refused() {
 
 #[test]
 fn every_url_parameter_is_in_the_readme() {
-    crate::config::assert_in_readme("MySQL", PARAMETERS);
+    crate::config::assert_in_readme("MySQL", sources::PARAMETERS);
 }

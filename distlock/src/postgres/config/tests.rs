@@ -317,7 +317,7 @@ fn units_and_older_spellings_are_accepted() {
 
 #[test]
 fn every_url_parameter_is_in_the_readme() {
-    crate::config::assert_in_readme("Postgres", PARAMETERS);
+    crate::config::assert_in_readme("Postgres", sources::PARAMETERS);
 }
 
 #[test]
