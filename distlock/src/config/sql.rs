@@ -553,13 +553,14 @@ pub(crate) use sql_config;
 /// The options a SQL backend's locker builder shares, documented once:
 /// fencing, holder records, the fencing table, the session pool and the
 /// query timeout. `$bare_lock` is what an acquire is without fencing,
-/// `$default_schema` where the fencing table lives without a schema,
-/// `$query_timeout_note` what else a timeout costs on that backend.
+/// `$default_schema` where the fencing table lives without a schema, and
+/// the optional `$query_timeout_note` what else a timeout costs on that
+/// backend.
 macro_rules! sql_builder_options {
     (
         bare_lock: $bare_lock:literal,
-        default_schema: $default_schema:literal,
-        query_timeout_note: $query_timeout_note:literal $(,)?
+        default_schema: $default_schema:literal
+        $(, query_timeout_note: $query_timeout_note:literal)? $(,)?
     ) => {
         #[doc = concat!("Where fencing counters live: `table` in `schema`, or in ",
             $default_schema, " when `None`. Default: `distlock_fencing` there. Created if missing.")]
@@ -604,7 +605,7 @@ macro_rules! sql_builder_options {
             /// How long any one statement may go unanswered before the
             /// call fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native
             /// wait gets
-            #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
+            #[doc = concat!("its own timeout plus this. ", $($query_timeout_note)?)]
             query_timeout(Duration) => common.query_timeout;
         }
     };

@@ -190,7 +190,6 @@ impl PostgresLockerBuilder {
     crate::config::sql_builder_options! {
         bare_lock: "pg_try_advisory_lock",
         default_schema: "the connection's current schema",
-        query_timeout_note: "",
     }
 
     crate::config::setters! {
