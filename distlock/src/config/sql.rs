@@ -379,6 +379,30 @@ pub(crate) fn reason(error: Error) -> String {
     }
 }
 
+/// Reads one backend's settings from each source (a URL, JSON, YAML,
+/// then variables) and asserts that `summary` of each is `want`: the
+/// sources name the same parameters their own ways. Returns them, in that
+/// order, for the test's own checks.
+#[cfg(test)]
+pub(crate) fn assert_every_source_reaches<B: SqlBackend, S: PartialEq + fmt::Debug>(
+    summary: impl Fn(&SqlConfig<B>) -> S,
+    want: S,
+    [url, json, yaml]: [&str; 3],
+    vars: &[(&str, &str)],
+) -> [SqlConfig<B>; 4] {
+    let read = [
+        SqlConfig::from_url(url),
+        SqlConfig::from_json(json),
+        SqlConfig::from_yaml(yaml),
+        SqlConfig::from_env_vars(vars.iter().copied()),
+    ];
+    let configs = read.map(|config| config.unwrap());
+    for config in &configs {
+        assert_eq!(summary(config), want, "{config:?}");
+    }
+    configs
+}
+
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
 /// [`SqlBackend`] description of it, with its field table `PARAMETERS`:
@@ -469,7 +493,7 @@ macro_rules! sql_config {
 
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq)]
-        pub struct Config($crate::config::SqlConfig<$backend>);
+        pub struct Config(pub(super) $crate::config::SqlConfig<$backend>);
 
         impl Config {
             #[doc = concat!("Reads a ", $("`", $scheme, "://` ",)+ "URL: distlock's")]
