@@ -15,7 +15,7 @@ use super::errors::{self, BACKEND};
 use super::fencing::{FencingTable, Sql, MAX_WAIT};
 use super::inspect::{column, read_hold, LIST_NAME_COLUMN};
 use super::marks::advance_sql;
-use super::names::{owner_digest, LockName};
+use super::names::LockName;
 use super::pool::Connect;
 use super::session::{Request, Session};
 use super::Inner;
@@ -23,6 +23,7 @@ use crate::inspect::{GrantRecord, HeldLock};
 use crate::session_registry::Busy;
 use crate::sql::core::{Core, Reserved, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Dialect, HolderAnswer, On, Ours};
+use crate::sql::fencing::owner_digest;
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
 /// How long a force release waits for the killed connection's locks to be

@@ -13,7 +13,7 @@ use super::acquire::{lock_timeout_ms, Attempt, CancelWait};
 use super::errors::{self, is_concurrent_create, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
 use super::inspect::Hold;
-use super::keys::{owner_digest, LockKey};
+use super::keys::LockKey;
 use super::pool::Connect;
 use super::session::{Session, WaitError};
 use super::Inner;
@@ -22,6 +22,7 @@ use crate::inspect::HeldLock;
 use crate::session_registry::Busy;
 use crate::sql::core::{Core, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Dialect, HolderAnswer, On, Ours};
+use crate::sql::fencing::owner_digest;
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
 /// How long `pg_terminate_backend` waits for the terminated backend to exit
