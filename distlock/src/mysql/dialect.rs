@@ -17,7 +17,7 @@ use super::inspect::{column, read_hold, LIST_NAME_COLUMN};
 use super::marks::advance_sql;
 use super::names::LockName;
 use super::pool::Connect;
-use super::session::{Request, Session};
+use super::session::{Answer, Request, Session};
 use super::Inner;
 use crate::inspect::{GrantRecord, HeldLock};
 use crate::session_registry::Busy;
@@ -350,11 +350,7 @@ impl Dialect for Inner {
         } else {
             Sql::release_only(on.id)
         };
-        let limit = self.settings.query_timeout;
-        let answer = on
-            .session
-            .ask(Request::new(sql, limit), "release", on.context)
-            .await?;
+        let answer = self.ask_on(on, sql, "release").await?;
         let released = answer.int_in(0, "release", on.context)?;
         answer.settle();
         // 0: another session holds it; NULL: nobody does. Either way this
@@ -365,11 +361,7 @@ impl Dialect for Inner {
 
     async fn holder(&self, on: On<'_, Self>, owner: &str) -> Result<HolderAnswer> {
         let sql = self.sql.holder(on.id, &owner_digest(owner));
-        let limit = self.settings.query_timeout;
-        let answer = on
-            .session
-            .ask(Request::new(sql, limit), "release", on.context)
-            .await?;
+        let answer = self.ask_on(on, sql, "release").await?;
         let holder = answer.int_in(0, "release", on.context)?;
         let same_owner = answer.int_in(1, "release", on.context)?;
         answer.settle();
@@ -379,15 +371,7 @@ impl Dialect for Inner {
     }
 
     async fn holds(&self, on: On<'_, Self>) -> Result<bool> {
-        let limit = self.settings.query_timeout;
-        let answer = on
-            .session
-            .ask(
-                Request::new(Sql::holds(on.id), limit),
-                "refresh",
-                on.context,
-            )
-            .await?;
+        let answer = self.ask_on(on, Sql::holds(on.id), "refresh").await?;
         let holds = answer.int_in(0, "refresh", on.context)?;
         answer.settle();
         Ok(holds == Some(1))
@@ -415,5 +399,19 @@ impl Dialect for Inner {
             answer.settle();
             Ok(held)
         }
+    }
+}
+
+impl Inner {
+    /// Sends `sql` on the session `on` names, bounded by the query timeout:
+    /// how the release and verify statements are all asked.
+    async fn ask_on(
+        &self,
+        on: On<'_, Self>,
+        sql: String,
+        operation: &'static str,
+    ) -> Result<Answer> {
+        let request = Request::new(sql, self.settings.query_timeout);
+        on.session.ask(request, operation, on.context).await
     }
 }
