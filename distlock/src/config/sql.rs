@@ -379,10 +379,35 @@ pub(crate) fn reason(error: Error) -> String {
     }
 }
 
+/// Reads one backend's settings from each source (a URL, JSON, YAML,
+/// then variables) and asserts that `summary` of each is `want`: the
+/// sources name the same parameters their own ways. Returns them, in that
+/// order, for the test's own checks.
+#[cfg(test)]
+pub(crate) fn assert_every_source_reaches<B: SqlBackend, S: PartialEq + fmt::Debug>(
+    summary: impl Fn(&SqlConfig<B>) -> S,
+    want: S,
+    [url, json, yaml]: [&str; 3],
+    vars: &[(&str, &str)],
+) -> [SqlConfig<B>; 4] {
+    let read = [
+        SqlConfig::from_url(url),
+        SqlConfig::from_json(json),
+        SqlConfig::from_yaml(yaml),
+        SqlConfig::from_env_vars(vars.iter().copied()),
+    ];
+    let configs = read.map(|config| config.unwrap());
+    for config in &configs {
+        assert_eq!(summary(config), want, "{config:?}");
+    }
+    configs
+}
+
 /// A SQL backend's public `Config`: a newtype over [`SqlConfig`] with the
 /// constructors every backend shares, documented for the backend, and the
-/// [`SqlBackend`] description of it. `PARAMETERS` is the invoking module's
-/// table. The builder (`builder`):
+/// [`SqlBackend`] description of it, with its field table `PARAMETERS`:
+/// [`SQL_PARAMETERS`], then the backend's own `parameters` (each a name,
+/// then any older spellings after `|`). The builder (`builder`):
 ///
 /// - holds the shared options in its field `common` and reads its own
 ///   parameters with `set_own`;
@@ -397,11 +422,19 @@ macro_rules! sql_config {
     (
         $(#[$meta:meta])*
         backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
+        $(#[$table_meta:meta])*
+        parameters: [$($param:literal $(| $alias:literal)*),+ $(,)?],
         unknown_parameters_go_to_the_driver: $passes_on:literal,
         builder: $builder:ty, identifiers: $identifiers:ty,
         scratch: $scratch:expr,
         settings: $settings:ty $(,)?
     ) => {
+        $(#[$table_meta])*
+        pub(crate) const PARAMETERS: $crate::config::Table = $crate::config::Table(&[
+            $crate::config::SQL_PARAMETERS,
+            &[$($crate::config::Param::url($param, &[$($alias),*])),+],
+        ]);
+
         // Never the password: the target is written without it.
         impl ::std::fmt::Debug for $builder {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
@@ -432,8 +465,6 @@ macro_rules! sql_config {
             const NAME: &'static str = $name;
             const SCHEMES: &'static [&'static str] = &[$($scheme),+];
             const ENV_PREFIX: &'static str = $env;
-            // The invoking module's table (macro_rules resolves item paths
-            // where it is invoked).
             const PARAMETERS: $crate::config::Table = PARAMETERS;
             const PASSES_ON_UNKNOWN: bool = $passes_on;
 
@@ -462,7 +493,7 @@ macro_rules! sql_config {
 
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq)]
-        pub struct Config($crate::config::SqlConfig<$backend>);
+        pub struct Config(pub(super) $crate::config::SqlConfig<$backend>);
 
         impl Config {
             #[doc = concat!("Reads a ", $("`", $scheme, "://` ",)+ "URL: distlock's")]
@@ -546,13 +577,14 @@ pub(crate) use sql_config;
 /// The options a SQL backend's locker builder shares, documented once:
 /// fencing, holder records, the fencing table, the session pool and the
 /// query timeout. `$bare_lock` is what an acquire is without fencing,
-/// `$default_schema` where the fencing table lives without a schema,
-/// `$query_timeout_note` what else a timeout costs on that backend.
+/// `$default_schema` where the fencing table lives without a schema, and
+/// the optional `$query_timeout_note` what else a timeout costs on that
+/// backend.
 macro_rules! sql_builder_options {
     (
         bare_lock: $bare_lock:literal,
-        default_schema: $default_schema:literal,
-        query_timeout_note: $query_timeout_note:literal $(,)?
+        default_schema: $default_schema:literal
+        $(, query_timeout_note: $query_timeout_note:literal)? $(,)?
     ) => {
         #[doc = concat!("Where fencing counters live: `table` in `schema`, or in ",
             $default_schema, " when `None`. Default: `distlock_fencing` there. Created if missing.")]
@@ -597,7 +629,7 @@ macro_rules! sql_builder_options {
             /// How long any one statement may go unanswered before the
             /// call fails (default [`DEFAULT_QUERY_TIMEOUT`]). A native
             /// wait gets
-            #[doc = concat!("its own timeout plus this. ", $query_timeout_note)]
+            #[doc = concat!("its own timeout plus this. ", $($query_timeout_note)?)]
             query_timeout(Duration) => common.query_timeout;
         }
     };

@@ -10,8 +10,7 @@ use url::Url;
 use super::fencing::FencingTable;
 use super::MysqlLocker;
 use crate::config::{
-    decode, display_url, format_address, parse, reason, redact, Checked, Param, Source, SqlOptions,
-    Table, SQL_PARAMETERS,
+    decode, display_url, format_address, parse, reason, redact, Checked, Source, SqlOptions,
 };
 use crate::{Error, Result};
 
@@ -135,20 +134,6 @@ pub struct MysqlLockerBuilder {
     wait_timeout: Duration,
 }
 
-/// distlock's MySQL parameters, by their one name and their older
-/// spellings: the field table URL parameters, `DISTLOCK_MYSQL_*` variables,
-/// JSON and YAML are read through (see [`crate::config`]).
-pub(crate) const PARAMETERS: Table = Table(&[
-    SQL_PARAMETERS,
-    &[
-        Param::url("connect_timeout", &[]),
-        Param::url("wait_timeout", &[]),
-        Param::url("ping_interval", &[]),
-        Param::url("ssl-mode", &["ssl_mode"]),
-        Param::url("ssl-ca", &["ssl_ca"]),
-    ],
-]);
-
 /// The smallest bare `ping_interval` refused: `ping_interval` was bare
 /// milliseconds before a bare number meant seconds everywhere, and a minute
 /// between pings is far past any `wait_timeout` a holder could keep, so a
@@ -213,8 +198,9 @@ impl MysqlLockerBuilder {
         }
     }
 
-    /// The field table's MySQL part: sets `key` (a name of [`PARAMETERS`]
-    /// past [`SQL_PARAMETERS`]) from text.
+    /// The field table's MySQL part: sets `key` (a name of
+    /// [`PARAMETERS`](sources::PARAMETERS) past
+    /// [`SQL_PARAMETERS`](crate::config::SQL_PARAMETERS)) from text.
     fn set_own(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked {
         match key {
             // Empty is a namespace too: none, the bare lock name.
@@ -432,7 +418,7 @@ fn setup_sql(wait_timeout: Duration, query_timeout: Duration) -> String {
 }
 
 /// Everything a running locker needs, fixed at build time.
-pub(super) struct Settings {
+pub(crate) struct Settings {
     /// `mysql://user@host:port/db`: for errors and `Debug`, no password.
     pub(super) target: String,
     /// Put into every lock name ([`super::lock_name_in`]).

@@ -15,14 +15,15 @@ use super::errors::{self, BACKEND};
 use super::fencing::{FencingTable, Sql, MAX_WAIT};
 use super::inspect::{column, read_hold, LIST_NAME_COLUMN};
 use super::marks::advance_sql;
-use super::names::{owner_digest, LockName};
+use super::names::LockName;
 use super::pool::Connect;
-use super::session::{Request, Session};
+use super::session::{Answer, Request, Session};
 use super::Inner;
 use crate::inspect::{GrantRecord, HeldLock};
 use crate::session_registry::Busy;
 use crate::sql::core::{Core, Reserved, Tried, WaitGuard, WaitOn};
-use crate::sql::dialect::{Context, Dialect, HolderAnswer, Ours};
+use crate::sql::dialect::{Dialect, HolderAnswer, On, Ours};
+use crate::sql::fencing::owner_digest;
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
 /// How long a force release waits for the killed connection's locks to be
@@ -343,23 +344,14 @@ impl Dialect for Inner {
         }
     }
 
-    async fn unlock(
-        &self,
-        session: &Session,
-        server: &String,
-        clear_record: bool,
-        context: Context<'_>,
-    ) -> Result<bool> {
+    async fn unlock(&self, on: On<'_, Self>, clear_record: bool) -> Result<bool> {
         let sql = if clear_record {
-            self.sql.release(server)
+            self.sql.release(on.id)
         } else {
-            Sql::release_only(server)
+            Sql::release_only(on.id)
         };
-        let limit = self.settings.query_timeout;
-        let answer = session
-            .ask(Request::new(sql, limit), "release", context)
-            .await?;
-        let released = answer.int_in(0, "release", context)?;
+        let answer = self.ask_on(on, sql, "release").await?;
+        let released = answer.int_in(0, "release", on.context)?;
         answer.settle();
         // 0: another session holds it; NULL: nobody does. Either way this
         // session lost it (a `RELEASE_LOCK` or `RELEASE_ALL_LOCKS()` run on
@@ -367,37 +359,20 @@ impl Dialect for Inner {
         Ok(released == Some(1))
     }
 
-    async fn holder(
-        &self,
-        session: &Session,
-        server: &String,
-        owner: &str,
-        context: Context<'_>,
-    ) -> Result<HolderAnswer> {
-        let sql = self.sql.holder(server, &owner_digest(owner));
-        let limit = self.settings.query_timeout;
-        let answer = session
-            .ask(Request::new(sql, limit), "release", context)
-            .await?;
-        let holder = answer.int_in(0, "release", context)?;
-        let same_owner = answer.int_in(1, "release", context)?;
+    async fn holder(&self, on: On<'_, Self>, owner: &str) -> Result<HolderAnswer> {
+        let sql = self.sql.holder(on.id, &owner_digest(owner));
+        let answer = self.ask_on(on, sql, "release").await?;
+        let holder = answer.int_in(0, "release", on.context)?;
+        let same_owner = answer.int_in(1, "release", on.context)?;
         answer.settle();
         let holder = holder.map(|id| (format!("connection {id}"), format!("KILL {id}")));
         // Without fencing the holder's row, if any, says nothing of its owner.
         Ok((holder, self.sql.fencing().then_some(same_owner == Some(1))))
     }
 
-    async fn holds(
-        &self,
-        session: &Session,
-        server: &String,
-        context: Context<'_>,
-    ) -> Result<bool> {
-        let limit = self.settings.query_timeout;
-        let answer = session
-            .ask(Request::new(Sql::holds(server), limit), "refresh", context)
-            .await?;
-        let holds = answer.int_in(0, "refresh", context)?;
+    async fn holds(&self, on: On<'_, Self>) -> Result<bool> {
+        let answer = self.ask_on(on, Sql::holds(on.id), "refresh").await?;
+        let holds = answer.int_in(0, "refresh", on.context)?;
         answer.settle();
         Ok(holds == Some(1))
     }
@@ -424,5 +399,19 @@ impl Dialect for Inner {
             answer.settle();
             Ok(held)
         }
+    }
+}
+
+impl Inner {
+    /// Sends `sql` on the session `on` names, bounded by the query timeout:
+    /// how the release and verify statements are all asked.
+    async fn ask_on(
+        &self,
+        on: On<'_, Self>,
+        sql: String,
+        operation: &'static str,
+    ) -> Result<Answer> {
+        let request = Request::new(sql, self.settings.query_timeout);
+        on.session.ask(request, operation, on.context).await
     }
 }

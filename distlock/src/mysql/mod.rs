@@ -327,7 +327,6 @@
 //! fail every connection. Client certificates are not supported. Passwords
 //! never appear in errors, logs or `Debug` output.
 
-use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -353,7 +352,6 @@ pub use names::{lock_name, lock_name_in, MAX_NAME_LEN};
 use self::config::Settings;
 use self::fencing::Sql;
 use crate::sql::core::Core;
-use crate::sql::dialect::SqlKeys;
 use crate::{validate, Result};
 // Named by the docs above.
 #[cfg(doc)]
@@ -379,48 +377,23 @@ pub(crate) struct Inner {
     marks_ready: AtomicBool,
 }
 
+crate::sql::dialect::sql_locker!(MysqlLocker, MysqlLockerBuilder, "DISTLOCK_MYSQL_", keys: {
+    /// `key`'s lock in this locker's namespace: the one place names are
+    /// made, so that acquires, keepalives, releases, fencing rows, marks
+    /// and inspection all agree.
+    fn id(&self, key: &str) -> Result<String> {
+        validate::key(key)?;
+        Ok(self.name_on_server(key))
+    }
+
+    /// The `GET_LOCK` name of `key` in this locker's namespace
+    /// ([`lock_name_in`]).
+    fn name_on_server(&self, key: &str) -> String {
+        lock_name_in(&self.inner.settings.namespace, key)
+    }
+});
+
 impl MysqlLocker {
-    /// Connects with the defaults and the URL's parameters (see the
-    /// [module docs](self#url)).
-    ///
-    /// Opens one session now, so a wrong password, an unknown database or
-    /// an unreachable server is an error here, and creates the fencing
-    /// table if missing.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a malformed URL or option (never showing
-    /// the password); [`Error::Backend`] with the server's message, or
-    /// [`Error::DeadlineExceeded`], if the server cannot be used.
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::builder(url)?.build().await
-    }
-
-    /// Options, starting from a URL (see [`MysqlLockerBuilder`]).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a malformed URL.
-    pub fn builder(url: &str) -> Result<MysqlLockerBuilder> {
-        MysqlLockerBuilder::from_url(url)
-    }
-
-    /// Connects with a [`Config`] read from a URL, `DISTLOCK_MYSQL_*`
-    /// variables, JSON or YAML: the same as `config.builder()?.build()`.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_url`](Self::from_url).
-    ///
-    /// # Cancel safety
-    ///
-    /// No lock is taken before it returns: dropping the future abandons the
-    /// start-up (a fencing table it was creating may or may not exist
-    /// afterwards).
-    pub async fn from_config(config: Config) -> Result<Self> {
-        config.builder()?.build().await
-    }
-
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
         let inner = Arc::new(Inner {
@@ -438,39 +411,5 @@ impl MysqlLocker {
     /// database (see the [module docs](self#namespaces)).
     pub fn namespace(&self) -> &str {
         &self.inner.settings.namespace
-    }
-
-    /// How many locks this locker (and its clones) holds right now.
-    pub fn held_count(&self) -> usize {
-        self.inner.core.registry.held_count()
-    }
-}
-
-impl fmt::Debug for MysqlLocker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let namespace = &self.inner.settings.namespace;
-        self.inner.core.debug_locker(f, "MysqlLocker", namespace)
-    }
-}
-
-impl SqlKeys for MysqlLocker {
-    type Dialect = Inner;
-
-    fn parts(&self) -> (&Inner, &crate::SharedLocker) {
-        (&self.inner, &self.inner.leases)
-    }
-
-    /// `key`'s lock in this locker's namespace: the one place names are
-    /// made, so that acquires, keepalives, releases, fencing rows, marks
-    /// and inspection all agree.
-    fn id(&self, key: &str) -> Result<String> {
-        validate::key(key)?;
-        Ok(self.name_on_server(key))
-    }
-
-    /// The `GET_LOCK` name of `key` in this locker's namespace
-    /// ([`lock_name_in`]).
-    fn name_on_server(&self, key: &str) -> String {
-        lock_name_in(&self.inner.settings.namespace, key)
     }
 }

@@ -174,12 +174,6 @@ pub(super) fn name_literal(server: &str) -> String {
     format!("'{server}'")
 }
 
-/// Hex of the first 128 bits of SHA-256 of an owner token: what the fencing
-/// table records about the holder, never the token itself.
-pub(super) fn owner_digest(owner: &str) -> String {
-    crate::util::sha256_hex128(owner.as_bytes())
-}
-
 /// A string as a SQL hex literal (`X'…'`, `X''` when empty): any bytes,
 /// nothing to escape, whatever the session's `sql_mode`.
 pub(super) fn hex_literal(bytes: &[u8]) -> String {

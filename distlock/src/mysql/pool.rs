@@ -5,15 +5,13 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
 use super::config::Settings;
 use super::errors::BACKEND;
 use super::fencing::{ensure_table, FencingTable, Sql, RECORD_COLUMNS};
 use super::marks;
-use super::session::{OnClosed, Session};
+use super::session::Session;
 use crate::sql::core::{Core, Wording};
-use crate::sql::pool::{Connector, Opening, PoolSize, Role};
+use crate::sql::pool::{Connector, Opening, Role};
 use crate::Result;
 
 /// The locker's connections.
@@ -24,45 +22,35 @@ pub(super) type Registry = crate::session_registry::Registry<String, Session>;
 pub(super) type Ticket = crate::session_registry::Ticket<String>;
 
 /// Opens MySQL sessions with the locker's settings.
-pub(crate) struct Connect {
-    settings: Arc<Settings>,
-    on_closed: OnClosed,
-}
+pub(crate) type Connect = crate::sql::pool::Connect<Arc<Settings>>;
 
 /// The locker's core: its pool (no connection opened yet) and registry.
 pub(super) fn core(settings: &Arc<Settings>) -> Core<Connect, String> {
-    let (sessions, fencing) = (settings.sessions, settings.fencing.is_some());
-    let size = PoolSize::new(
-        sessions,
-        settings.max_waiters,
-        settings.idle_waiters,
+    let fencing = settings.fencing.is_some();
+    Core::new(
+        BACKEND,
+        settings.target.clone(),
+        settings,
         fencing,
-    );
-    let server = (settings.target.clone(), settings.query_timeout);
-    let connect = |on_closed| Connect {
-        settings: settings.clone(),
-        on_closed,
-    };
-    Core::new(BACKEND, server, WORDING, size, connect)
+        settings.clone(),
+    )
 }
 
-/// How the shared core words this backend's messages.
-const WORDING: Wording = Wording {
-    unanswered: "was never taken",
-    lost_after_grant: |target, key| {
-        format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
-    },
-    lock: "a GET_LOCK lock",
-    holder: "connection",
-    command: "KILL",
-};
-
-#[async_trait]
 impl Connector for Connect {
     type Session = Session;
 
+    const WORDING: Wording = Wording {
+        unanswered: "was never taken",
+        lost_after_grant: |target, key| {
+            format!("the connection to {target} closed right after {key:?} was granted; the server has released it")
+        },
+        lock: "a GET_LOCK lock",
+        holder: "connection",
+        command: "KILL",
+    };
+
     async fn open(&self, opening: Opening) -> Result<Arc<Session>> {
-        let settings = &self.settings;
+        let settings = &self.with;
         let (session, mut conn, incoming) =
             Session::open(settings, opening.id, opening.role).await?;
         if let Some(table) = settings.fencing.as_ref().filter(|_| opening.ensure_table) {
@@ -92,7 +80,7 @@ crate::sql::pool::pooled_session!(Session);
 /// Creates the marks table on a fresh connection of its own, unless it
 /// exists (see [`marks`]).
 pub(super) async fn ensure_marks_table(pool: &Pool) -> Result<()> {
-    let settings = &pool.connector().settings;
+    let settings = &pool.connector().with;
     let (session, mut conn, incoming) =
         Session::open(settings, pool.next_id(), Role::Waiter).await?;
     let table = FencingTable::marks_beside(settings.fencing.as_ref());

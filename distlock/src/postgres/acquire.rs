@@ -211,9 +211,9 @@ mod tests {
 
     use super::*;
     use crate::postgres::errors::is_lock_timeout;
-    use crate::postgres::keys::owner_digest;
     use crate::postgres::session::WaitError;
     use crate::postgres::PostgresLocker;
+    use crate::sql::fencing::owner_digest;
 
     #[test]
     fn lock_timeouts_round_up_and_stay_in_range() {

@@ -9,10 +9,7 @@ use super::fencing::FencingTable;
 use super::keys::validate_namespace;
 use super::tls::{RootCerts, SslMode, Tls};
 use super::PostgresLocker;
-use crate::config::{
-    display_url, parse, parse_duration_bare, reason, Checked, Param, Source, SqlOptions, Table,
-    SQL_PARAMETERS,
-};
+use crate::config::{display_url, parse, parse_duration_bare, reason, Checked, Source, SqlOptions};
 use crate::{Error, Result};
 
 mod keepalive;
@@ -87,30 +84,6 @@ struct UrlKeepalive {
     retries: bool,
 }
 
-/// distlock's own parameters, by their one name and their older spellings:
-/// the field table URL parameters, `DISTLOCK_POSTGRES_*` variables, JSON and
-/// YAML are read through (see [`crate::config`]); a URL's other parameters
-/// go to tokio-postgres. `connect_timeout`, `keepalives_idle`,
-/// `keepalives_interval` and `tcp_user_timeout` are libpq's, read here so
-/// that they accept units, with libpq's unit for a bare number.
-pub(crate) const PARAMETERS: Table = Table(&[
-    SQL_PARAMETERS,
-    &[
-        Param::url("ping_interval", &[]),
-        Param::url("ping_timeout", &[]),
-        Param::url("idle_session_timeout", &[]),
-        Param::url("server_keepalives", &[]),
-        Param::url("sslmode", &[]),
-        Param::url("sslrootcert", &[]),
-        Param::url("sslcert", &[]),
-        Param::url("sslkey", &[]),
-        Param::url("connect_timeout", &[]),
-        Param::url("keepalives_idle", &[]),
-        Param::url("keepalives_interval", &[]),
-        Param::url("tcp_user_timeout", &[]),
-    ],
-]);
-
 impl PostgresLockerBuilder {
     /// Parses a `postgres://` or `postgresql://` URL (see the
     /// [module docs](super#url) for the parameters): the same as
@@ -150,7 +123,8 @@ impl PostgresLockerBuilder {
     }
 
     /// The field table's Postgres part: sets `key` (a name of
-    /// [`PARAMETERS`] past [`SQL_PARAMETERS`]) from text.
+    /// [`PARAMETERS`](sources::PARAMETERS) past
+    /// [`SQL_PARAMETERS`](crate::config::SQL_PARAMETERS)) from text.
     fn set_own(&mut self, key: &str, value: &str, source: Source<'_>) -> Checked {
         match key {
             "key_prefix" => self.namespace = value.to_owned(),
@@ -216,7 +190,6 @@ impl PostgresLockerBuilder {
     crate::config::sql_builder_options! {
         bare_lock: "pg_try_advisory_lock",
         default_schema: "the connection's current schema",
-        query_timeout_note: "",
     }
 
     crate::config::setters! {
@@ -386,7 +359,7 @@ pub const DEFAULT_APPLICATION_NAME: &str = "distlock";
 
 /// Everything a running locker needs, fixed at build time.
 #[derive(Debug)]
-pub(super) struct Settings {
+pub(crate) struct Settings {
     /// `postgres://user@host:port/db`: for errors and `Debug`, no password.
     pub(super) target: String,
     pub(super) pg: tokio_postgres::Config,

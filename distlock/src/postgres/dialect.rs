@@ -13,7 +13,7 @@ use super::acquire::{lock_timeout_ms, Attempt, CancelWait};
 use super::errors::{self, is_concurrent_create, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
 use super::inspect::Hold;
-use super::keys::{owner_digest, LockKey};
+use super::keys::LockKey;
 use super::pool::Connect;
 use super::session::{Session, WaitError};
 use super::Inner;
@@ -21,7 +21,8 @@ use crate::deadline::bounded;
 use crate::inspect::HeldLock;
 use crate::session_registry::Busy;
 use crate::sql::core::{Core, Tried, WaitGuard, WaitOn};
-use crate::sql::dialect::{Context, Dialect, HolderAnswer, Ours};
+use crate::sql::dialect::{Dialect, HolderAnswer, On, Ours};
+use crate::sql::fencing::owner_digest;
 use crate::{new_owner_token, Error, Lease, Locker, MarkAdvance, Result};
 
 /// How long `pg_terminate_backend` waits for the terminated backend to exit
@@ -358,45 +359,34 @@ impl Dialect for Inner {
         }
     }
 
-    async fn unlock(
-        &self,
-        session: &Session,
-        &id: &i64,
-        clear_record: bool,
-        context: Context<'_>,
-    ) -> Result<bool> {
-        let limit = self.settings.query_timeout;
+    async fn unlock(&self, on: On<'_, Self>, clear_record: bool) -> Result<bool> {
+        let (limit, id) = (self.settings.query_timeout, *on.id);
         if clear_record {
-            errors::within("release", limit, context, session.unlock(id)).await
+            errors::within("release", limit, on.context, on.session.unlock(id)).await
         } else {
-            errors::within("release", limit, context, session.unlock_if_held(id)).await
+            let unlock = on.session.unlock_if_held(id);
+            errors::within("release", limit, on.context, unlock).await
         }
     }
 
-    async fn holder(
-        &self,
-        session: &Session,
-        id: &i64,
-        owner: &str,
-        context: Context<'_>,
-    ) -> Result<HolderAnswer> {
+    async fn holder(&self, on: On<'_, Self>, owner: &str) -> Result<HolderAnswer> {
         let digest = owner_digest(owner);
         let lookup = async {
             if self.sql.fencing() {
-                session.query(&self.sql.holder, &[id, &digest]).await
+                on.session.query(&self.sql.holder, &[on.id, &digest]).await
             } else {
-                session.query(&self.sql.holder, &[id]).await
+                on.session.query(&self.sql.holder, &[on.id]).await
             }
         };
         let limit = self.settings.query_timeout;
-        let rows = errors::within("release", limit, context, lookup).await?;
+        let rows = errors::within("release", limit, on.context, lookup).await?;
         let Some(row) = rows.first() else {
             return Ok((None, None));
         };
         let columns =
             || Ok::<_, tokio_postgres::Error>((row.try_get::<_, i32>(0)?, row.try_get(1)?));
         let (pid, same_owner): (i32, Option<bool>) =
-            columns().map_err(|e| errors::backend("release", context(), e))?;
+            columns().map_err(|e| errors::backend("release", (on.context)(), e))?;
         let who = format!("server process {pid}");
         Ok((
             Some((who, format!("pg_terminate_backend({pid})"))),
@@ -404,9 +394,9 @@ impl Dialect for Inner {
         ))
     }
 
-    async fn holds(&self, session: &Session, &id: &i64, context: Context<'_>) -> Result<bool> {
-        let limit = self.settings.query_timeout;
-        errors::within("refresh", limit, context, session.holds(id)).await
+    async fn holds(&self, on: On<'_, Self>) -> Result<bool> {
+        let holds = on.session.holds(*on.id);
+        errors::within("refresh", self.settings.query_timeout, on.context, holds).await
     }
 
     fn held_among<'s>(

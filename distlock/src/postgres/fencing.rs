@@ -150,7 +150,7 @@ const GRANT_UPDATE: &str = "ON CONFLICT (lock_key) DO UPDATE SET token = f.token
 
 /// Every statement text, built once per locker from its fencing table.
 #[derive(Debug, Clone)]
-pub(super) struct Sql {
+pub(crate) struct Sql {
     table: Option<String>,
     /// Takes the lock if free and, when fencing, bumps the counter and
     /// writes the grant's record in the same statement. Returns one row (the

@@ -115,16 +115,10 @@ pub(super) fn parse_raw(name: &str) -> Result<i64> {
     })
 }
 
-/// Hex of the first 128 bits of SHA-256 of an owner token: what the fencing
-/// table records about the holder, so the token itself (a credential) is
-/// never stored.
-pub(super) fn owner_digest(owner: &str) -> String {
-    crate::util::sha256_hex128(owner.as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::fencing::owner_digest;
 
     #[test]
     fn the_derivation_is_pinned() {

@@ -404,39 +404,14 @@ pub(crate) struct Inner {
     marks_ready: AtomicBool,
 }
 
+crate::sql::dialect::sql_locker!(PostgresLocker, PostgresLockerBuilder, "DISTLOCK_POSTGRES_", keys: {
+    fn id(&self, key: &str) -> Result<i64> {
+        validate::key(key)?;
+        Ok(self.advisory_key(key))
+    }
+});
+
 impl PostgresLocker {
-    /// Connects with the defaults and the URL's parameters (see the
-    /// [module docs](self#url)).
-    ///
-    /// Opens one session now, so a wrong password, an unknown database or an
-    /// unreachable server is an error here ([`Error::Backend`] with the
-    /// server's message, never the password), and creates the fencing table
-    /// if missing. A malformed URL is [`Error::InvalidInput`].
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::builder(url)?.build().await
-    }
-
-    /// Options, starting from a URL (see [`PostgresLockerBuilder`]).
-    pub fn builder(url: &str) -> Result<PostgresLockerBuilder> {
-        PostgresLockerBuilder::from_url(url)
-    }
-
-    /// Connects with a [`Config`] read from a URL, `DISTLOCK_POSTGRES_*`
-    /// variables, JSON or YAML: the same as `config.builder()?.build()`.
-    ///
-    /// # Errors
-    ///
-    /// As [`from_url`](Self::from_url).
-    ///
-    /// # Cancel safety
-    ///
-    /// No lock is taken before it returns: dropping the future abandons the
-    /// start-up (a fencing table it was creating may or may not exist
-    /// afterwards).
-    pub async fn from_config(config: Config) -> Result<Self> {
-        config.builder()?.build().await
-    }
-
     async fn start(settings: Settings) -> Result<Self> {
         let settings = Arc::new(settings);
         let sql = Arc::new(Sql::new(settings.fencing.as_ref()));
@@ -480,31 +455,6 @@ impl PostgresLocker {
         RawKeys {
             locker: self.clone(),
         }
-    }
-
-    /// How many locks this locker (and its clones) holds right now.
-    pub fn held_count(&self) -> usize {
-        self.inner.core.registry.held_count()
-    }
-}
-
-impl fmt::Debug for PostgresLocker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let namespace = &self.inner.settings.namespace;
-        self.inner.core.debug_locker(f, "PostgresLocker", namespace)
-    }
-}
-
-impl SqlKeys for PostgresLocker {
-    type Dialect = Inner;
-
-    fn parts(&self) -> (&Inner, &crate::SharedLocker) {
-        (&self.inner, &self.inner.leases)
-    }
-
-    fn id(&self, key: &str) -> Result<i64> {
-        validate::key(key)?;
-        Ok(self.advisory_key(key))
     }
 }
 

@@ -5,14 +5,12 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
 use super::config::Settings;
 use super::errors::BACKEND;
 use super::fencing::Sql;
-use super::session::{OnClosed, Session};
+use super::session::Session;
 use crate::sql::core::{Core, Wording};
-use crate::sql::pool::{Connector, Opening, PoolSize};
+use crate::sql::pool::{Connector, Opening};
 use crate::Result;
 
 /// Which locks this locker holds, on which session, for which owner.
@@ -20,51 +18,40 @@ pub(super) type Registry = crate::session_registry::Registry<i64, Session>;
 /// A reservation of one lock.
 pub(super) type Ticket = crate::session_registry::Ticket<i64>;
 
-/// Opens Postgres sessions with the locker's settings.
-pub(crate) struct Connect {
-    settings: Arc<Settings>,
-    sql: Arc<Sql>,
-    on_closed: OnClosed,
-}
+/// Opens Postgres sessions with the locker's settings and statements.
+pub(crate) type Connect = crate::sql::pool::Connect<(Arc<Settings>, Arc<Sql>)>;
 
 /// The locker's core: its pool (no connection opened yet) and registry.
 pub(super) fn core(settings: &Arc<Settings>, sql: &Arc<Sql>) -> Core<Connect, i64> {
-    let fencing = settings.fencing.is_some();
-    let size = PoolSize::new(
-        settings.sessions,
-        settings.max_waiters,
-        settings.idle_waiters,
-        fencing,
-    );
-    let server = (settings.target.clone(), settings.query_timeout);
-    Core::new(BACKEND, server, WORDING, size, |on_closed| Connect {
-        settings: settings.clone(),
-        sql: sql.clone(),
-        on_closed,
-    })
+    let with = (settings.clone(), sql.clone());
+    Core::new(
+        BACKEND,
+        settings.target.clone(),
+        settings,
+        settings.fencing.is_some(),
+        with,
+    )
 }
 
-/// How the shared core words this backend's messages.
-const WORDING: Wording = Wording {
-    unanswered: "never arrived",
-    lost_after_grant: |target, key| {
-        format!(
-            "the session on {target} was lost right after {key:?} was granted (closed, or given up as silent); \
-             the server releases it when the session ends"
-        )
-    },
-    lock: "a session advisory lock",
-    holder: "session",
-    command: "pg_terminate_backend",
-};
-
-#[async_trait]
 impl Connector for Connect {
     type Session = Session;
 
+    const WORDING: Wording = Wording {
+        unanswered: "never arrived",
+        lost_after_grant: |target, key| {
+            format!(
+                "the session on {target} was lost right after {key:?} was granted (closed, or given up as silent); \
+                 the server releases it when the session ends"
+            )
+        },
+        lock: "a session advisory lock",
+        holder: "session",
+        command: "pg_terminate_backend",
+    };
+
     async fn open(&self, opening: Opening) -> Result<Arc<Session>> {
-        let on_closed = self.on_closed.clone();
-        Session::open(&self.settings, &self.sql, opening, on_closed).await
+        let (settings, sql) = &self.with;
+        Session::open(settings, sql, opening, self.on_closed.clone()).await
     }
 }
 

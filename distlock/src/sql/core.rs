@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::pool::{Connector, OnClosed, Pool, PoolSize};
+use super::pool::{Connect, Connector, OnClosed, Pool, PoolSize};
+use crate::config::SqlOptions;
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::{ForceRelease, HeldLock};
 use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
@@ -176,27 +177,34 @@ pub(crate) struct Core<C: Connector, K> {
     pub(crate) pool: Arc<Pool<C>>,
     /// Which locks this locker holds, on which session, for which owner.
     pub(crate) registry: Arc<Registry<K, C::Session>>,
-    wording: Wording,
 }
 
-impl<C, K> Core<C, K>
+impl<T, K> Core<Connect<T>, K>
 where
-    C: Connector,
+    Connect<T>: Connector,
     K: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static,
 {
-    /// A core with a pool of `size` (no connection opened yet) whose
-    /// sessions `connect` opens, given the hook every session calls once
-    /// when its connection is gone (it tells the registry, which fires the
-    /// lost signal of every lease on that session).
+    /// A core for the server `target`, with a pool sized by `options`
+    /// (no connection opened yet; `fencing`: the fencing table is used)
+    /// whose sessions are opened `with` the dialect's settings, and given
+    /// the hook every session calls once when its connection is gone (it
+    /// tells the registry, which fires the lost signal of every lease on
+    /// that session).
     pub(crate) fn new(
         backend: &'static str,
-        (target, query_timeout): (String, Duration),
-        wording: Wording,
-        size: PoolSize,
-        connect: impl FnOnce(OnClosed) -> C,
+        target: String,
+        options: &SqlOptions,
+        fencing: bool,
+        with: T,
     ) -> Self {
+        let size = PoolSize {
+            sessions: options.sessions,
+            max_waiters: options.max_waiters,
+            idle_waiters: options.idle_waiters,
+            fencing,
+        };
         let registry = Arc::new(Registry::new(backend));
-        let weak: Weak<Registry<K, C::Session>> = Arc::downgrade(&registry);
+        let weak: Weak<Registry<K, <Connect<T> as Connector>::Session>> = Arc::downgrade(&registry);
         let on_closed: OnClosed = Arc::new(move |session_id, why, grace| {
             if let Some(registry) = weak.upgrade() {
                 registry.session_closed(session_id, why, grace);
@@ -205,14 +213,19 @@ where
         Core {
             backend,
             target,
-            query_timeout,
+            query_timeout: options.query_timeout,
             size,
-            pool: Arc::new(Pool::new(connect(on_closed), size)),
+            pool: Arc::new(Pool::new(Connect { with, on_closed }, size)),
             registry,
-            wording,
         }
     }
+}
 
+impl<C, K> Core<C, K>
+where
+    C: Connector,
+    K: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static,
+{
     /// The answer while an abandoned attempt's cleanup holds the key's
     /// reservation: the server may hold the lock for nobody (the attempt
     /// took it, its answer was lost) until the cleanup releases it, so
@@ -224,7 +237,9 @@ where
             format!(
                 "an earlier attempt on {key:?} is still being cleaned up (its answer from {} {}, \
                  so it may hold the lock for nobody); retry once the cleanup ends, within {:?}",
-                self.target, self.wording.unanswered, self.query_timeout
+                self.target,
+                C::WORDING.unanswered,
+                self.query_timeout
             ),
         )
     }
@@ -389,7 +404,7 @@ where
             Error::backend(
                 self.backend,
                 "acquire",
-                (self.wording.lost_after_grant)(&self.target, key),
+                (C::WORDING.lost_after_grant)(&self.target, key),
             )
         };
         if HoldingSession::is_closed(&*session) {
@@ -457,7 +472,7 @@ where
         let Some((who, end)) = holder else {
             return not_held();
         };
-        let lock = self.wording.lock;
+        let lock = C::WORDING.lock;
         let reason = match same_owner {
             Some(false) => return not_held(),
             Some(true) => format!(
@@ -517,7 +532,7 @@ where
                 holder,
                 command,
                 ..
-            } = self.wording;
+            } = C::WORDING;
             return Err(Error::unsupported(
                 self.backend,
                 "force_release",

@@ -53,6 +53,27 @@ pub(crate) type Ours<'a, Id> = &'a (dyn Fn(&str, &Id) -> bool + Send + Sync);
 /// table).
 pub(crate) type HolderAnswer = (Option<(String, String)>, Option<bool>);
 
+/// Where one statement about a lock runs: the session, the server's
+/// identity of the lock, and the context of its errors (a release, "who
+/// holds it?", "is it still held?" all take these three alike).
+pub(crate) struct On<'a, D: Dialect> {
+    /// The session the statement runs on.
+    pub(crate) session: &'a SessionOf<D>,
+    /// The server's identity of the lock.
+    pub(crate) id: &'a D::Id,
+    /// Builds the context of the statement's errors.
+    pub(crate) context: Context<'a>,
+}
+
+// Not derived: that would ask `D` itself to be `Copy`.
+impl<D: Dialect> Clone for On<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Dialect> Copy for On<'_, D> {}
+
 /// What a SQL backend says differently (see the [module docs](self)).
 /// Every statement is bounded by the dialect's query timeout, and its
 /// failure described with `context`.
@@ -125,35 +146,26 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         holder: Self::Holder,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Releases `id` on `session`, which holds it: with `clear_record`, by
-    /// the statement that also clears the holder record of its fencing row
-    /// (the plain unlock without fencing), else by the unlock alone. True
-    /// if the session held it.
+    /// Releases the lock `on` its session, which holds it: with
+    /// `clear_record`, by the statement that also clears the holder record
+    /// of its fencing row (the plain unlock without fencing), else by the
+    /// unlock alone. True if the session held it.
     fn unlock(
         &self,
-        session: &SessionOf<Self>,
-        id: &Self::Id,
+        on: On<'_, Self>,
         clear_record: bool,
-        context: Context<'_>,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Who holds `id`, asked on `session` (a shared session), and whether
-    /// under `owner`.
+    /// Who holds the lock, asked `on` a shared session, and whether under
+    /// `owner`.
     fn holder(
         &self,
-        session: &SessionOf<Self>,
-        id: &Self::Id,
+        on: On<'_, Self>,
         owner: &str,
-        context: Context<'_>,
     ) -> impl Future<Output = Result<HolderAnswer>> + Send;
 
-    /// True if `session` holds `id` (and so, that it is alive).
-    fn holds(
-        &self,
-        session: &SessionOf<Self>,
-        id: &Self::Id,
-        context: Context<'_>,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    /// True if the session holds the lock (and so, that it is alive).
+    fn holds(&self, on: On<'_, Self>) -> impl Future<Output = Result<bool>> + Send;
 
     /// Whether `session` holds each of `ids`, in order: one statement (at
     /// most [`HOLDS_PER_STATEMENT`](Self::HOLDS_PER_STATEMENT) ids). The
@@ -190,6 +202,86 @@ pub(crate) trait SqlKeys: Clone + fmt::Debug + Send + Sync + 'static {
         key.to_owned()
     }
 }
+
+/// What a SQL locker type shares, written once: its public constructors
+/// (from a URL, its builder from a URL, from its `Config`) and
+/// `held_count`, its `Debug`, and the [`SqlKeys`] view of its own keys over
+/// `self.inner` (the dialect, whose `leases` its leases hold). `$builder`
+/// is its builder, `$env` the prefix of its variables, `$keys` the rest of
+/// its `SqlKeys` (`id`, any override). The backend adds its own `impl`,
+/// with `start`.
+macro_rules! sql_locker {
+    ($locker:ident, $builder:ident, $env:literal, keys: { $($keys:tt)* }) => {
+        impl $locker {
+            /// Connects with the defaults and the URL's parameters (see the
+            /// [module docs](self#url)).
+            ///
+            /// Opens one session now, so a wrong password, an unknown database
+            /// or an unreachable server is an error here, and creates the
+            /// fencing table if missing.
+            ///
+            /// # Errors
+            ///
+            /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a
+            /// malformed URL or option (never showing the password);
+            /// [`Error::Backend`](crate::Error::Backend) with the server's
+            /// message, or [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded),
+            /// if the server cannot be used.
+            pub async fn from_url(url: &str) -> $crate::Result<Self> {
+                Self::builder(url)?.build().await
+            }
+
+            #[doc = concat!("Options, starting from a URL (see [`", stringify!($builder), "`]).")]
+            ///
+            /// # Errors
+            ///
+            /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a
+            /// malformed URL.
+            pub fn builder(url: &str) -> $crate::Result<$builder> {
+                $builder::from_url(url)
+            }
+
+            #[doc = concat!("Connects with a [`Config`] read from a URL, `", $env, "*`")]
+            /// variables, JSON or YAML: the same as `config.builder()?.build()`.
+            ///
+            /// # Errors
+            ///
+            /// As [`from_url`](Self::from_url).
+            ///
+            /// # Cancel safety
+            ///
+            /// No lock is taken before it returns: dropping the future abandons
+            /// the start-up (a fencing table it was creating may or may not
+            /// exist afterwards).
+            pub async fn from_config(config: Config) -> $crate::Result<Self> {
+                config.builder()?.build().await
+            }
+
+            /// How many locks this locker (and its clones) holds right now.
+            pub fn held_count(&self) -> usize {
+                self.inner.core.registry.held_count()
+            }
+        }
+
+        impl ::std::fmt::Debug for $locker {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                let namespace = &self.inner.settings.namespace;
+                self.inner.core.debug_locker(f, stringify!($locker), namespace)
+            }
+        }
+
+        impl $crate::sql::dialect::SqlKeys for $locker {
+            type Dialect = Inner;
+
+            fn parts(&self) -> (&Inner, &$crate::SharedLocker) {
+                (&self.inner, &self.inner.leases)
+            }
+
+            $($keys)*
+        }
+    };
+}
+pub(crate) use sql_locker;
 
 /// The dialect of `keys`.
 fn dialect<T: SqlKeys>(keys: &T) -> &T::Dialect {
@@ -277,8 +369,12 @@ impl<T: SqlKeys> Locker for T {
                 None => {
                     let context = || format!("look up the holder of {key:?} on {}", core.target);
                     let session = core.pool.shared(&id).await?;
-                    let (holder, same_owner) =
-                        dialect.holder(&session, &id, owner, &context).await?;
+                    let on = On::<T::Dialect> {
+                        session: &session,
+                        id: &id,
+                        context: &context,
+                    };
+                    let (holder, same_owner) = dialect.holder(on, owner).await?;
                     core.held_elsewhere(key, holder, same_owner)
                 }
             });
@@ -289,14 +385,18 @@ impl<T: SqlKeys> Locker for T {
                 core.target
             )
         };
-        let session = &held.session;
+        let on = On::<T::Dialect> {
+            session: &held.session,
+            id: &id,
+            context: &context,
+        };
         // The record is cleared before the unlock in the same statement, so
         // when clearing failed (its row locked by another client past the
         // session's lock timeout) the unlock never ran, and the lock would
         // stay on a live session for good: then the unlock alone.
-        let released = match dialect.unlock(session, &id, true, &context).await {
+        let released = match dialect.unlock(on, true).await {
             Ok(released) => released,
-            Err(error) => match dialect.unlock(session, &id, false, &context).await {
+            Err(error) => match dialect.unlock(on, false).await {
                 Ok(released) => {
                     tracing::warn!(
                         component = "distlock",
@@ -337,7 +437,12 @@ impl<T: SqlKeys> Locker for T {
             return Err(not_held());
         };
         let context = || format!("verify {key:?} is held on {}", core.target);
-        if dialect.holds(&session, &id, &context).await? {
+        let on = On::<T::Dialect> {
+            session: &session,
+            id: &id,
+            context: &context,
+        };
+        if dialect.holds(on).await? {
             return Ok(());
         }
         if let Some(held) = core.registry.take(&id, owner) {

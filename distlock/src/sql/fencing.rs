@@ -203,3 +203,10 @@ fn check_identifier<I: Identifiers>(what: &str, name: &str) -> Result<()> {
         format!("the {what} name {name:?} {problem}"),
     ))
 }
+
+/// Hex of the first 128 bits of SHA-256 of an owner token: what a fencing
+/// row records about the holder, so the token itself (a credential) is
+/// never stored.
+pub(crate) fn owner_digest(owner: &str) -> String {
+    crate::util::sha256_hex128(owner.as_bytes())
+}

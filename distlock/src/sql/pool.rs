@@ -27,13 +27,14 @@
 //!   When no permit is left, [`Pool::waiter`] says so and the caller polls
 //!   on the shared sessions instead.
 
+use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::core::Wording;
 use crate::session_registry::HoldingSession;
 use crate::Result;
 
@@ -109,18 +110,30 @@ pub(crate) struct Opening {
     pub(crate) ensure_table: bool,
 }
 
-/// How a dialect opens a session.
-#[async_trait]
+/// A dialect's connector: what it opens its sessions `with` (its
+/// settings), and the hook every session calls once when its connection is
+/// gone.
+pub(crate) struct Connect<T> {
+    /// The dialect's settings (and anything else its sessions need).
+    pub(crate) with: T,
+    /// Tells the core's registry that a session's connection is gone.
+    pub(crate) on_closed: OnClosed,
+}
+
+/// How a dialect opens a session, and words what the core says of them.
 pub(crate) trait Connector: Send + Sync + 'static {
     /// The dialect's session.
     type Session: PooledSession;
+
+    /// How the shared core words this dialect's messages.
+    const WORDING: Wording;
 
     /// Opens a session as `opening` says.
     ///
     /// # Errors
     ///
     /// The server's refusal or silence, as the dialect reports it.
-    async fn open(&self, opening: Opening) -> Result<Arc<Self::Session>>;
+    fn open(&self, opening: Opening) -> impl Future<Output = Result<Arc<Self::Session>>> + Send;
 }
 
 /// A lock's identity as the pool spreads it over the shared sessions.
@@ -167,25 +180,6 @@ pub(crate) struct PoolSize {
     /// Whether the fencing table must exist before the first session is
     /// used.
     pub(crate) fencing: bool,
-}
-
-impl PoolSize {
-    /// `sessions` shared sessions (at least 1 is kept), at most
-    /// `max_waiters` waiter connections of which `idle_waiters` idle, and
-    /// whether the fencing table is used.
-    pub(crate) fn new(
-        sessions: usize,
-        max_waiters: usize,
-        idle_waiters: usize,
-        fencing: bool,
-    ) -> Self {
-        PoolSize {
-            sessions,
-            max_waiters,
-            idle_waiters,
-            fencing,
-        }
-    }
 }
 
 /// A shared-session slot: its session once opened. Locked across the

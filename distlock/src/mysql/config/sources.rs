@@ -1,8 +1,8 @@
 //! [`Config`]: a MySQL locker's settings read from a URL,
 //! `DISTLOCK_MYSQL_*` variables, JSON or YAML, every source through the
-//! builder's one field table ([`PARAMETERS`](super::PARAMETERS)).
+//! builder's one field table ([`PARAMETERS`]).
 
-use super::{MysqlLockerBuilder, PARAMETERS};
+use super::MysqlLockerBuilder;
 use crate::config::sql_config;
 use crate::Result;
 
@@ -32,6 +32,13 @@ sql_config! {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     backend: Mysql("MySQL", "DISTLOCK_MYSQL_", ["mysql", "mariadb"]),
+    /// distlock's MySQL parameters, by their one name and their older
+    /// spellings: the field table URL parameters, `DISTLOCK_MYSQL_*`
+    /// variables, JSON and YAML are read through (see [`crate::config`]).
+    parameters: [
+        "connect_timeout", "wait_timeout", "ping_interval", "ssl-mode" | "ssl_mode",
+        "ssl-ca" | "ssl_ca",
+    ],
     unknown_parameters_go_to_the_driver: false,
     builder: MysqlLockerBuilder, identifiers: super::super::fencing::MysqlIdentifiers,
     scratch: MysqlLockerBuilder::blank(String::new(), 0),

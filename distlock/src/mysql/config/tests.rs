@@ -2,6 +2,7 @@
 //! a holder.
 
 use super::*;
+use crate::config::SqlConfig;
 
 fn settings(url: &str) -> Result<Settings> {
     MysqlLockerBuilder::from_url(url)?.into_settings()
@@ -97,7 +98,12 @@ fn bad_urls_are_invalid_input_without_the_password() {
 
 #[test]
 fn every_source_reaches_the_same_settings() {
-    let summary = |s: &Settings| {
+    let summary = |config: &SqlConfig<sources::Mysql>| {
+        let s = Config(config.clone())
+            .builder()
+            .unwrap()
+            .into_settings()
+            .unwrap();
         (
             s.namespace.clone(),
             s.holder_record,
@@ -107,47 +113,36 @@ fn every_source_reaches_the_same_settings() {
             s.ssl_mode,
         )
     };
-    let url = settings(
+    let want = (
+        "jobs".to_owned(),
+        false,
+        Duration::from_secs(3),
+        Duration::from_millis(500),
+        Duration::from_secs(20),
+        SslMode::Required,
+    );
+    let sources = [
         "mysql://u@h/d?key_prefix=jobs&holder_record=off&query_timeout=3&ping_interval=500ms\
          &wait_timeout=20s&ssl-mode=REQUIRED",
-    )
-    .unwrap();
-    let env = Config::from_env_vars([
-        ("DISTLOCK_MYSQL_URL", "mysql://u@h/d"),
-        ("DISTLOCK_MYSQL_PREFIX", "jobs"),
-        ("DISTLOCK_MYSQL_HOLDER", "off"),
-        ("DISTLOCK_MYSQL_QUERY_TIMEOUT", "3s"),
-        ("DISTLOCK_MYSQL_PING_INTERVAL", "500ms"),
-        ("DISTLOCK_MYSQL_WAIT_TIMEOUT", "20"),
-        ("DISTLOCK_MYSQL_SSL_MODE", "required"),
-    ])
-    .unwrap();
-    let json = Config::from_json(
         r#"{"url": "mysql://u@h/d", "namespace": "jobs", "holderRecord": false,
             "queryTimeout": 3, "pingInterval": "500ms", "waitTimeout": 20, "ssl_mode": "REQUIRED"}"#,
-    )
-    .unwrap();
-    let yaml = Config::from_yaml(
         "url: mysql://u@h/d\nkey_prefix: jobs\nrecord_holder: false\nquery_timeout: 3s\n\
          ping_interval: 500ms\nwait_timeout: 20s\nssl-mode: REQUIRED\n",
-    )
-    .unwrap();
-    let want = summary(&url);
-    assert_eq!(
+    ];
+    crate::config::sql::assert_every_source_reaches(
+        summary,
         want,
-        (
-            "jobs".to_owned(),
-            false,
-            Duration::from_secs(3),
-            Duration::from_millis(500),
-            Duration::from_secs(20),
-            SslMode::Required
-        )
+        sources,
+        &[
+            ("DISTLOCK_MYSQL_URL", "mysql://u@h/d"),
+            ("DISTLOCK_MYSQL_PREFIX", "jobs"),
+            ("DISTLOCK_MYSQL_HOLDER", "off"),
+            ("DISTLOCK_MYSQL_QUERY_TIMEOUT", "3s"),
+            ("DISTLOCK_MYSQL_PING_INTERVAL", "500ms"),
+            ("DISTLOCK_MYSQL_WAIT_TIMEOUT", "20"),
+            ("DISTLOCK_MYSQL_SSL_MODE", "required"),
+        ],
     );
-    for config in [env, json, yaml] {
-        let s = config.builder().unwrap().into_settings().unwrap();
-        assert_eq!(summary(&s), want, "{config:?}");
-    }
 }
 
 #[test]
@@ -168,5 +163,5 @@ fn a_bare_ping_interval_is_seconds_and_a_millisecond_count_is_refused() {
 
 #[test]
 fn every_url_parameter_is_in_the_readme() {
-    crate::config::assert_in_readme("MySQL", PARAMETERS);
+    crate::config::assert_in_readme("MySQL", sources::PARAMETERS);
 }

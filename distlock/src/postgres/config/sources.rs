@@ -1,10 +1,10 @@
 //! [`Config`]: a Postgres locker's settings read from a URL,
 //! `DISTLOCK_POSTGRES_*` variables, JSON or YAML, every source through the
-//! builder's one field table ([`PARAMETERS`](super::PARAMETERS)).
+//! builder's one field table ([`PARAMETERS`]).
 
 use std::str::FromStr;
 
-use super::{PostgresLockerBuilder, UrlKeepalive, PARAMETERS};
+use super::{PostgresLockerBuilder, UrlKeepalive};
 use crate::config::sql_config;
 use crate::{Error, Result};
 
@@ -38,6 +38,18 @@ sql_config! {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     backend: Postgres("Postgres", "DISTLOCK_POSTGRES_", ["postgres", "postgresql"]),
+    /// distlock's own parameters, by their one name and their older
+    /// spellings: the field table URL parameters, `DISTLOCK_POSTGRES_*`
+    /// variables, JSON and YAML are read through (see [`crate::config`]); a
+    /// URL's other parameters go to tokio-postgres. `connect_timeout`,
+    /// `keepalives_idle`, `keepalives_interval` and `tcp_user_timeout` are
+    /// libpq's, read here so that they accept units, with libpq's unit for a
+    /// bare number.
+    parameters: [
+        "ping_interval", "ping_timeout", "idle_session_timeout", "server_keepalives",
+        "sslmode", "sslrootcert", "sslcert", "sslkey",
+        "connect_timeout", "keepalives_idle", "keepalives_interval", "tcp_user_timeout",
+    ],
     unknown_parameters_go_to_the_driver: true,
     builder: PostgresLockerBuilder, identifiers: super::super::fencing::PostgresIdentifiers,
     scratch: PostgresLockerBuilder::from_config(tokio_postgres::Config::new()),

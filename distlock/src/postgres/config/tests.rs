@@ -2,6 +2,7 @@
 //! promise a holder.
 
 use super::*;
+use crate::config::SqlConfig;
 
 fn settings(url: &str) -> Result<Settings> {
     PostgresLockerBuilder::from_url(url)?.into_settings()
@@ -207,56 +208,51 @@ fn summary(
 
 #[test]
 fn every_source_reaches_the_same_settings() {
-    let url = Config::from_url(
+    let want = (
+        "billing".to_owned(),
+        false,
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+        3,
+        Some(Duration::from_millis(2500)),
+        Some(Duration::from_secs(3)),
+    );
+    let sources = [
         "postgres://u@h/d?key_prefix=billing&holder_record=off&query_timeout=5&ping_interval=500ms\
          &max_waiters=3&tcp_user_timeout=2500&connect_timeout=3",
-    )
-    .unwrap();
-    let env = Config::from_env_vars([
-        (
-            "DISTLOCK_POSTGRES_URL",
-            "postgres://u@h/d?connect_timeout=3",
-        ),
-        ("DISTLOCK_POSTGRES_KEY_PREFIX", "billing"),
-        ("DISTLOCK_POSTGRES_HOLDER", "off"),
-        ("DISTLOCK_POSTGRES_QUERY_TIMEOUT", "5s"),
-        ("DISTLOCK_POSTGRES_PING_INTERVAL", "500ms"),
-        ("DISTLOCK_POSTGRES_MAX_WAITERS", "3"),
-        ("DISTLOCK_POSTGRES_TCP_USER_TIMEOUT", "2500"),
-        ("DISTLOCK_POSTGRES_PASSWORD", "pw"),
-        ("DISTLOCK_REDIS_PASSWORD", "not ours"),
-    ])
-    .unwrap();
-    let json = Config::from_json(
         r#"{"url": "postgres://u@h/d", "keyPrefix": "billing", "holderRecord": false,
             "queryTimeout": 5, "pingInterval": "500ms", "maxWaiters": 3,
             "tcpUserTimeout": "2500ms", "connectTimeout": 3}"#,
-    )
-    .unwrap();
-    let yaml = Config::from_yaml(
         "url: postgres://u@h/d\nnamespace: billing\nrecord_holder: off\nquery_timeout: 5s\n\
          ping_interval: 500ms\nmax_waiters: 3\ntcp_user_timeout: 2500\nconnect_timeout: 3s\n",
-    )
-    .unwrap();
-    let want = summary(&url.builder().unwrap().into_settings().unwrap());
-    assert_eq!(
+    ];
+    let built = |config: &SqlConfig<sources::Postgres>| {
+        Config(config.clone())
+            .builder()
+            .unwrap()
+            .into_settings()
+            .unwrap()
+    };
+    let [.., env] = crate::config::sql::assert_every_source_reaches(
+        |config| summary(&built(config)),
         want,
-        (
-            "billing".to_owned(),
-            false,
-            Duration::from_secs(5),
-            Duration::from_millis(500),
-            3,
-            Some(Duration::from_millis(2500)),
-            Some(Duration::from_secs(3)),
-        )
+        sources,
+        &[
+            (
+                "DISTLOCK_POSTGRES_URL",
+                "postgres://u@h/d?connect_timeout=3",
+            ),
+            ("DISTLOCK_POSTGRES_KEY_PREFIX", "billing"),
+            ("DISTLOCK_POSTGRES_HOLDER", "off"),
+            ("DISTLOCK_POSTGRES_QUERY_TIMEOUT", "5s"),
+            ("DISTLOCK_POSTGRES_PING_INTERVAL", "500ms"),
+            ("DISTLOCK_POSTGRES_MAX_WAITERS", "3"),
+            ("DISTLOCK_POSTGRES_TCP_USER_TIMEOUT", "2500"),
+            ("DISTLOCK_POSTGRES_PASSWORD", "pw"),
+            ("DISTLOCK_REDIS_PASSWORD", "not ours"),
+        ],
     );
-    for config in [&env, &json, &yaml] {
-        let settings = config.builder().unwrap().into_settings().unwrap();
-        assert_eq!(summary(&settings), want, "{config:?}");
-    }
-    let with_password = env.builder().unwrap().into_settings().unwrap();
-    assert_eq!(with_password.pg.get_password(), Some(&b"pw"[..]));
+    assert_eq!(built(&env).pg.get_password(), Some(&b"pw"[..]));
     assert!(!format!("{env:?}").contains("pw\""), "{env:?}");
 }
 
@@ -317,7 +313,7 @@ fn units_and_older_spellings_are_accepted() {
 
 #[test]
 fn every_url_parameter_is_in_the_readme() {
-    crate::config::assert_in_readme("Postgres", PARAMETERS);
+    crate::config::assert_in_readme("Postgres", sources::PARAMETERS);
 }
 
 #[test]
