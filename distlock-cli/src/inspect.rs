@@ -156,6 +156,9 @@ struct LockReport {
     ttl_left_ms: Option<u64>,
     fencing_token: Option<u64>,
     session: Option<String>,
+    /// What a holder that is not distlock wrote as the lock's value (an
+    /// `etcdctl elect` candidate's proposal).
+    value: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -178,6 +181,7 @@ impl LockReport {
             ttl_left_ms: None,
             fencing_token: None,
             session: None,
+            value: None,
         }
     }
 }
@@ -201,6 +205,7 @@ impl From<&HeldLock> for LockReport {
             ttl_left_ms: held.ttl_left.map(millis),
             fencing_token: held.fencing_token,
             session: held.session.clone(),
+            value: held.value.clone(),
         }
     }
 }
@@ -258,6 +263,9 @@ fn describe(held: &HeldLock, now: SystemTime) -> String {
     }
     if let Some(session) = &held.session {
         rows.push(("session", session.clone()));
+    }
+    if let Some(value) = &held.value {
+        rows.push(("value", printable(value)));
     }
     let mut out = format!("{:?} is held\n", held.key);
     for (name, value) in rows {

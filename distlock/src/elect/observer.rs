@@ -37,7 +37,9 @@ pub struct Leader {
     /// distlock: `etcdctl lock`).
     pub holder: Option<Holder>,
     /// What the leader proclaimed ([`Election::proclaim`](super::Election::proclaim)),
-    /// or its process label if it proclaimed nothing: the holder's label.
+    /// or its process label if it proclaimed nothing: the holder's label;
+    /// for a leader that is not distlock, the value it wrote (an `etcdctl
+    /// elect` candidate's proposal, see [`HeldLock::value`]).
     pub proclaimed: Option<String>,
     /// When its term began, as the backend recorded it.
     pub since: Option<SystemTime>,
@@ -50,7 +52,11 @@ impl Leader {
     fn from_held(held: HeldLock) -> Leader {
         Leader {
             term: held.fencing_token,
-            proclaimed: held.holder.as_ref().map(|holder| holder.label.clone()),
+            proclaimed: held
+                .holder
+                .as_ref()
+                .map(|holder| holder.label.clone())
+                .or(held.value),
             holder: held.holder,
             since: held.granted.map(|granted| granted.at),
             ttl_left: held.ttl_left,

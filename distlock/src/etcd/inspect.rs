@@ -60,6 +60,7 @@ impl EtcdLocker {
         if let Some(record) = recipe::record_of(kv.value()) {
             record.fill(&mut held);
         }
+        held.value = recipe::foreign_value(kv.value());
         let lease = kv.lease();
         if lease != 0 {
             held.session = Some(format!("lease {lease:x}"));

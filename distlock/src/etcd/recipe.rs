@@ -203,6 +203,17 @@ pub(super) fn record_of(value: &[u8]) -> Option<HolderRecord> {
     HolderRecord::decode(record)
 }
 
+/// A contender key's value written by a client that is not distlock, as
+/// text: an `etcdctl elect` candidate's proposal. `None` for an empty value
+/// (`etcdctl lock`, Go's mutex), one that is not UTF-8, or one of ours (a
+/// 32-hex-digit secret, alone or before a line break).
+pub(super) fn foreign_value(value: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(value).ok()?;
+    let first_line = text.split('\n').next().unwrap_or_default();
+    let ours = first_line.len() == 32 && first_line.bytes().all(|b| b.is_ascii_hexdigit());
+    (!text.is_empty() && !ours).then(|| text.to_owned())
+}
+
 /// Compares true exactly when `key`'s value starts with `secret` and a line
 /// break (see [`contender_value`]): greater than the bare secret and less
 /// than the secret followed by the byte after `\n`. A secret is 32 hex
@@ -593,6 +604,24 @@ pub(super) enum WatchFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_value_that_is_not_ours_is_foreign() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            foreign_value(b"10.0.0.7:8080").as_deref(),
+            Some("10.0.0.7:8080")
+        );
+        assert_eq!(foreign_value(b""), None, "etcdctl lock writes nothing");
+        assert_eq!(
+            foreign_value(secret.as_bytes()),
+            None,
+            "an older distlock's bare secret"
+        );
+        let ours = contender_value(secret, None);
+        assert_eq!(foreign_value(ours.as_bytes()), None);
+        assert_eq!(foreign_value(&[0xff, 0xfe]), None, "not text");
+    }
 
     #[test]
     fn keys_are_those_of_etcds_mutex() {

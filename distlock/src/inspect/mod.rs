@@ -190,6 +190,12 @@ pub struct HeldLock {
     /// own tools: `pid 4242` (Postgres: `pg_stat_activity.pid`), `connection
     /// 17` (MySQL: the processlist id), `lease 694d7f1e2a6b3c01` (etcd).
     pub session: Option<String>,
+    /// What a holder that is not distlock wrote as the lock's value, where
+    /// that is non-empty text: on etcd, the proposal of an `etcdctl elect`
+    /// candidate (which [`crate::elect::Observer`] reports as its
+    /// proclaimed value). `None` for distlock's own grants, whose record is
+    /// in [`holder`](Self::holder).
+    pub value: Option<String>,
 }
 
 impl HeldLock {
@@ -204,6 +210,7 @@ impl HeldLock {
             ttl_left: None,
             fencing_token: None,
             session: None,
+            value: None,
         }
     }
 }

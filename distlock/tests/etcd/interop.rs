@@ -145,6 +145,11 @@ mod election {
             .expect("observe")
             .expect("the distlock observer sees etcdctl's leadership");
         assert_eq!(leader.holder, None, "etcdctl records no holder: {leader:?}");
+        assert_eq!(
+            leader.proclaimed.as_deref(),
+            Some("etcdctl-candidate"),
+            "its proposal is what it proclaims"
+        );
         interrupt(&mut etcdctl);
         let term = election
             .campaign(WAIT)
