@@ -48,7 +48,9 @@ use crate::inspect::{with_label, ForceRelease, HeldLock};
 use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
 
 mod election;
+mod semaphore;
 pub use election::*;
+pub use semaphore::*;
 
 type Factory = dyn Fn() -> BoxFuture<'static, Arc<dyn Locker>> + Send + Sync;
 
@@ -1517,6 +1519,10 @@ macro_rules! conformance_suite {
             election_resign_hands_over,
             election_ended_term_stops_work_before_the_next_begins,
             election_observer_sees_each_term_in_order,
+            semaphore_never_has_more_than_n_holders,
+            semaphore_release_wakes_a_waiter,
+            semaphore_dropped_permit_returns,
+            semaphore_refuses_a_larger_limit_in_use,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {
