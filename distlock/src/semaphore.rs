@@ -21,6 +21,13 @@
 //!   fences a semaphore's holders keeps the highest token per permit key.
 //! - **Inspection**: [`Semaphore::holders`] reports every permit holder,
 //!   and `distlock list --prefix 'name#'` lists them.
+//! - **Observable**: each permit's acquire and release are lock operations
+//!   of the locker, counted and traced by its [`MetricsLocker`](crate::MetricsLocker)
+//!   and [`TraceLocker`](crate::TraceLocker) on the permit keys; beside
+//!   them, `distlock_semaphore_acquires_total{semaphore, operation,
+//!   outcome}` counts calls (`acquired`, `full`, `timeout` or an error
+//!   kind) and `distlock_semaphore_permits_held{semaphore}` the permits this
+//!   process holds, and a `distlock.semaphore` span covers each call.
 //!
 //! # Cost and order
 //!
@@ -64,7 +71,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics::{counter, gauge};
 use rand::Rng;
+use tracing::Instrument;
 
 use crate::inspect::HeldLock;
 use crate::wait::{acquire_with, ReleaseWatch, WaitPolicy};
@@ -150,6 +159,18 @@ impl Semaphore {
     /// As [`Locker::try_lock`]: a permit granted by an attempt that is
     /// dropped is released (or lapses with its ttl or session).
     pub async fn try_acquire(&self, ttl: Duration) -> Result<Option<Lease>> {
+        let attempt = self.attempt(ttl).instrument(self.span("try_acquire")).await;
+        let outcome = match &attempt {
+            Ok(Some(_)) => "acquired",
+            Ok(None) => "full",
+            Err(error) => error.kind_name(),
+        };
+        self.counted("try_acquire", outcome);
+        attempt.map(|permit| permit.map(|lease| self.held(lease)))
+    }
+
+    /// One pass over the permits (see [`try_acquire`](Self::try_acquire)).
+    async fn attempt(&self, ttl: Duration) -> Result<Option<Lease>> {
         validate::ttl(ttl)?;
         let first = rand::rng().random_range(0..self.permits);
         for offset in 0..self.permits {
@@ -160,6 +181,33 @@ impl Semaphore {
         }
         self.refuse_a_larger_limit().await?;
         Ok(None)
+    }
+
+    fn span(&self, operation: &'static str) -> tracing::Span {
+        tracing::debug_span!("distlock.semaphore", semaphore = %self.name, permits = self.permits, operation)
+    }
+
+    /// Counts a call's outcome (`acquired`, `full`, `timeout` or an error
+    /// kind).
+    fn counted(&self, operation: &'static str, outcome: &'static str) {
+        counter!(
+            "distlock_semaphore_acquires_total",
+            "semaphore" => self.name.clone(),
+            "operation" => operation,
+            "outcome" => outcome
+        )
+        .increment(1);
+    }
+
+    /// Counts a granted permit as held by this process until its lease
+    /// ends.
+    fn held(&self, lease: Lease) -> Lease {
+        let name = self.name.clone();
+        gauge!("distlock_semaphore_permits_held", "semaphore" => name.clone()).increment(1.0);
+        lease.on_end(move |_| {
+            gauge!("distlock_semaphore_permits_held", "semaphore" => name).decrement(1.0);
+        });
+        lease
     }
 
     /// Waits up to `timeout` for a permit (zero: one attempt; a timeout too
@@ -177,16 +225,27 @@ impl Semaphore {
     ///
     /// As [`Locker::lock`].
     pub async fn acquire(&self, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        validate::ttl(ttl)?;
-        acquire_with(
-            self.locker.backend(),
-            &self.name,
-            timeout,
-            &self.policy,
-            || self.try_acquire(ttl),
-            self.watch_releases(),
-        )
-        .await
+        let acquired = async {
+            validate::ttl(ttl)?;
+            acquire_with(
+                self.locker.backend(),
+                &self.name,
+                timeout,
+                &self.policy,
+                || self.attempt(ttl),
+                self.watch_releases(),
+            )
+            .await
+        }
+        .instrument(self.span("acquire"))
+        .await;
+        let outcome = match &acquired {
+            Ok(_) => "acquired",
+            Err(Error::Timeout { .. } | Error::NotAcquired { .. }) => "timeout",
+            Err(error) => error.kind_name(),
+        };
+        self.counted("acquire", outcome);
+        acquired.map(|lease| self.held(lease))
     }
 
     /// Every permit held now, by permit key (one inspection per permit).
