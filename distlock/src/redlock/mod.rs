@@ -508,9 +508,12 @@ impl Locker for RedlockLocker {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] if a majority answered and none held it;
-    /// [`Error::Backend`] if fewer than a majority answered (the key then
-    /// expires at its ttl where it was not deleted).
+    /// [`Error::NotHeld`] if a majority does not hold it for this owner
+    /// (so it was not held: a minority's keys of this owner, left by a
+    /// partial expiry or by a release still finishing in the background,
+    /// are deleted all the same); [`Error::Backend`] if too few nodes
+    /// answered to tell (the key then expires at its ttl where it was not
+    /// deleted).
     ///
     /// # Cancel safety
     ///
@@ -518,7 +521,7 @@ impl Locker for RedlockLocker {
     /// again by token is safe.
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        let quorum = self.inner.quorum;
+        let (quorum, nodes) = (self.inner.quorum, self.nodes());
         let (shared_key, shared_owner): (Arc<str>, Arc<str>) = (key.into(), owner.into());
         let tally = self
             .on_nodes(
@@ -536,24 +539,26 @@ impl Locker for RedlockLocker {
                         }
                     }
                 },
-                // A majority answered: the lock is released (or was not
-                // ours); the rest are deleted in the background.
-                |tally| tally.yes + tally.no >= quorum,
+                // Decided once a majority held it (released) or can no
+                // longer have (not held); the rest are deleted in the
+                // background. A majority that answered with some nodes
+                // still out is not enough: a release of the same owner
+                // still finishing there would count as held.
+                |tally| tally.yes >= quorum || tally.no > nodes - quorum,
             )
             .await;
-        if tally.yes + tally.no < self.inner.quorum {
-            let summary = format!(
-                "released on {} of {} nodes; fewer than a majority answered, so the lock may \
-                 still be held until its ttl",
-                tally.yes,
-                self.nodes()
-            );
-            return Err(self.quorum_error("release", summary, tally));
+        if tally.yes >= quorum {
+            return Ok(());
         }
-        if tally.yes == 0 {
+        if tally.no > nodes - quorum {
             return Err(Error::not_held(key));
         }
-        Ok(())
+        let summary = format!(
+            "released on {} of {nodes} nodes; too few answered to tell whether a majority \
+             held it, so the lock may still be held until its ttl",
+            tally.yes
+        );
+        Err(self.quorum_error("release", summary, tally))
     }
 
     /// Extends the lock on every node; while a majority still holds it,

@@ -204,10 +204,11 @@ pub async fn double_release_is_not_held(h: &Harness) {
     let lease = acquire(&*a, &key, LONG_TTL).await;
     let owner = lease.owner().to_owned();
     lease.release().await.expect("first release");
-    assert!(matches!(
-        a.unlock(&key, &owner).await,
-        Err(Error::NotHeld { .. })
-    ));
+    let second = a.unlock(&key, &owner).await;
+    assert!(
+        matches!(second, Err(Error::NotHeld { .. })),
+        "the second release: {second:?}"
+    );
 }
 
 /// Where locks expire, one not refreshed within its ttl is free for others;
