@@ -34,9 +34,11 @@
 //!   which a [`BreakerLocker`](crate::BreakerLocker) turns into
 //!   [`Error::Unavailable`] while it lasts. Never contention.
 //! - **release** runs the release script (compare-and-delete by owner
-//!   token) on every node. It succeeds once a majority answered and at
-//!   least one deleted the key; [`Error::NotHeld`] if a majority answered
-//!   and none held it. Like every call here it returns as soon as a
+//!   token) on every node. It succeeds once a majority deleted the key
+//!   (held it for this owner); [`Error::NotHeld`] once so many did not
+//!   hold it that no majority can have (this owner's keys on a minority,
+//!   left by a partial expiry, are deleted all the same). Like every call
+//!   here it returns as soon as a
 //!   majority has decided it; the other nodes' calls finish in the
 //!   background, each bounded by the node timeout.
 //! - **refresh** runs the refresh script (compare-and-`PEXPIRE`) on every
