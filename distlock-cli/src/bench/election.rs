@@ -50,32 +50,36 @@ const LEADER_CMD: &str = r#"echo "term $DISTLOCK_TERM"; exec sleep 86400"#;
 
 /// Handoff: one candidate leads, the other campaigns (waits); the leader
 /// resigns at t0, and the waiting candidate's `campaign` returns at t1;
-/// the handoff is t1 − t0. The two candidates are separate clients (a
-/// second connection to the backend, like a second replica) and take turns
-/// leading. Each run also times, on a free key, a `try_lock` + `release`
-/// cycle and an `inspect`, so the handoff can be compared with the
-/// backend's own round trips measured in the same seconds.
+/// the handoff is t1 − t0. The waiting candidate is a [`Standby`]: a client
+/// of its own on a thread and runtime of its own, as a second replica's
+/// process would be, so its wake-up does not wait for the leader's thread.
+/// Each run also times, by the leader's client on a free key, a cycle
+/// (`try_lock`, then `release`) and an `inspect`, so the handoff can be
+/// compared with the backend's own round trips measured in the same
+/// seconds.
 pub(crate) async fn handoff(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
     let key = format!("{}-election", plan.prefix);
     let free = format!("{}-free", plan.prefix);
     let keys = vec![key.clone(), free.clone()];
     let started = Instant::now();
     let mut tally = ElectionTally::new();
-    let other = match distlock::connect(&plan.url).await {
-        Ok(other) => other,
+    // Bound every wait: a candidate that waits forever would hang the bench.
+    let wait = Some(plan.ttl.saturating_mul(2).max(FAILOVER_LIMIT));
+    let (name, ttl) = (key.clone(), plan.ttl);
+    let election = move |locker: Arc<dyn Locker>| {
+        Election::new(locker, name.clone())
+            .ttl(ttl)
+            .proclaim("distlock-bench")
+    };
+    let leader = election(locker.clone());
+    let standby = match Standby::start(&plan.url, election, wait).await {
+        Ok(standby) => standby,
         Err(error) => {
-            tally.error(&error);
+            tally.note(error);
             return (tally.handoff_run(&**locker, plan, started.elapsed()), keys);
         }
     };
-    // Bound every wait: a candidate that waits forever would hang the bench.
-    let wait = Some(plan.ttl.saturating_mul(2).max(FAILOVER_LIMIT));
-    let elections = [locker.clone(), other].map(|locker| {
-        Election::new(locker, key.clone())
-            .ttl(plan.ttl)
-            .proclaim("distlock-bench")
-    });
-    for run in 0..plan.runs {
+    for _ in 0..plan.runs {
         // The backend's round trip and lock cycle, between handoffs.
         let before = Instant::now();
         match locker.inspect(&free).await {
@@ -92,11 +96,6 @@ pub(crate) async fn handoff(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<
             Err(error) => tally.error(&error),
         }
 
-        let [first, second] = &elections;
-        let (leader, standby) = match run % 2 {
-            0 => (first, second.clone()),
-            _ => (second, first.clone()),
-        };
         let term = match leader.campaign(wait).await {
             Ok(term) => term,
             Err(error) => {
@@ -104,30 +103,26 @@ pub(crate) async fn handoff(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<
                 continue;
             }
         };
-        let waiting = tokio::spawn(async move {
-            let elected = standby.campaign(wait).await;
-            (elected, Instant::now())
-        });
+        let Some(mut elected) = standby.campaign() else {
+            tally.note("the waiting candidate's thread stopped".into());
+            break;
+        };
         tokio::time::sleep(CAMPAIGN_SETTLE).await;
-        if waiting.is_finished() {
+        if !matches!(
+            elected.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ) {
             tally.note("the waiting candidate was elected while the leader led".into());
         }
         let resigning = Instant::now();
         let resigned = term.resign().await;
         let resign_took = resigning.elapsed();
-        let (elected, at) = match waiting.await {
-            Ok(outcome) => outcome,
-            Err(panic) => {
-                tally.note(format!("the waiting candidate's task failed: {panic}"));
-                continue;
-            }
-        };
         match resigned {
             Ok(()) => tally.resign.record(resign_took),
             Err(error) => tally.error(&error),
         }
-        match elected {
-            Ok(next) => {
+        match elected.await {
+            Ok(Ok(at)) => {
                 // Before the resign began would be two leaders at once.
                 match at.checked_duration_since(resigning) {
                     Some(handoff) if !handoff.is_zero() => {
@@ -136,14 +131,84 @@ pub(crate) async fn handoff(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<
                     }
                     _ => tally.note("the next leader was elected before the resign".into()),
                 }
-                if let Err(error) = next.resign().await {
-                    tally.error(&error);
-                }
             }
-            Err(error) => tally.error(&error),
+            Ok(Err(error)) => tally.error(&error),
+            Err(_) => {
+                tally.note("the waiting candidate's thread stopped".into());
+                break;
+            }
         }
     }
     (tally.handoff_run(&**locker, plan, started.elapsed()), keys)
+}
+
+/// What the standby answers a campaign with: when it was elected (it has
+/// resigned again since), or why not.
+type Elected = tokio::sync::oneshot::Receiver<distlock::Result<Instant>>;
+/// Where the standby sends that answer.
+type Reply = tokio::sync::oneshot::Sender<distlock::Result<Instant>>;
+
+/// The handoff's waiting candidate: a thread running a one-threaded
+/// runtime with its own connection to the backend. Each request is one
+/// campaign; once elected it notes the moment, resigns, and answers. It
+/// stops when this is dropped.
+struct Standby {
+    requests: tokio::sync::mpsc::UnboundedSender<Reply>,
+}
+
+impl Standby {
+    /// Connects on the new thread and returns once connected.
+    async fn start(
+        url: &str,
+        election: impl FnOnce(Arc<dyn Locker>) -> Election + Send + 'static,
+        wait: Option<Duration>,
+    ) -> Result<Standby, String> {
+        let (requests, mut incoming) = tokio::sync::mpsc::unbounded_channel::<Reply>();
+        let (ready, connected) = tokio::sync::oneshot::channel();
+        let url = url.to_owned();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| format!("cannot start the standby's runtime: {error}"))?;
+        std::thread::Builder::new()
+            .name("bench-standby".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let locker = match distlock::connect(&url).await {
+                        Ok(locker) => locker,
+                        Err(error) => {
+                            let _ = ready.send(Err(error));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(Ok(()));
+                    let election = election(locker);
+                    while let Some(reply) = incoming.recv().await {
+                        let elected = match election.campaign(wait).await {
+                            Ok(term) => {
+                                let at = Instant::now();
+                                term.resign().await.map(|()| at)
+                            }
+                            Err(error) => Err(error),
+                        };
+                        let _ = reply.send(elected);
+                    }
+                });
+            })
+            .map_err(|error| format!("cannot start the standby's thread: {error}"))?;
+        match connected.await {
+            Ok(Ok(())) => Ok(Standby { requests }),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("the standby's thread stopped".into()),
+        }
+    }
+
+    /// Starts one campaign; `None` if the thread is gone.
+    fn campaign(&self) -> Option<Elected> {
+        let (reply, elected) = tokio::sync::oneshot::channel();
+        self.requests.send(reply).ok()?;
+        Some(elected)
+    }
 }
 
 /// Failover: [`REPLICAS`] `distlock elect --once` processes (this binary)
