@@ -11,6 +11,7 @@
 //! client's CPU, on one core, beside the server's.
 
 mod counting;
+mod election;
 mod probe;
 mod report;
 mod stats;
@@ -37,6 +38,10 @@ pub(crate) struct Plan {
     pub(crate) prefix: String,
     /// Completed operations (cycles, handoffs, refreshes), for the progress line.
     pub(crate) progress: Arc<AtomicU64>,
+    /// Handoffs or failovers the election workloads measure.
+    pub(crate) runs: usize,
+    /// The backend's URL, for the election workloads' other candidates.
+    pub(crate) url: String,
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> u8 {
@@ -62,7 +67,13 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     printer.header(&*locker, &args);
     let mut failed = false;
     let mut cleanup = Cleanup::default();
-    for &clients in &args.clients {
+    // The election workloads have a fixed cast of candidates: one run.
+    let client_counts = match workload {
+        Workload::Handoff => vec![election::CANDIDATES],
+        Workload::Failover => vec![election::REPLICAS],
+        _ => args.clients.clone(),
+    };
+    for &clients in &client_counts {
         let plan = Plan {
             clients,
             duration: args.duration,
@@ -70,12 +81,16 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
             keys: args.keys,
             prefix: format!("{prefix}-{clients}"),
             progress: Arc::default(),
+            runs: args.runs,
+            url: args.backend.url().into_owned(),
         };
         let progress = Progress::start(&plan, workload);
         let (run, keys) = match workload {
             Workload::Uncontended => workload::uncontended(&locker, &plan).await,
             Workload::Contended => workload::contended(&locker, &plan).await,
             Workload::Hold => workload::hold(&locker, &plan).await,
+            Workload::Handoff => election::handoff(&locker, &plan).await,
+            Workload::Failover => election::failover(&locker, &plan).await,
         };
         progress.stop();
         cleanup.forget(&*locker, &keys).await;
@@ -99,6 +114,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 const MAX_CLIENTS: usize = 10_000;
 /// Ten times the 100,000-lease target.
 const MAX_KEYS: usize = 1_000_000;
+/// Handoffs or failovers: a failover on an expiring backend takes a ttl.
+const MAX_RUNS: usize = 10_000;
 
 /// Flags clap cannot check on its own; the message names the flag.
 fn check(args: &BenchArgs) -> Result<(), String> {
@@ -121,6 +138,12 @@ fn check(args: &BenchArgs) -> Result<(), String> {
         return Err(format!(
             "--keys {} is out of range: 1 to {MAX_KEYS} leases",
             args.keys
+        ));
+    }
+    if args.runs == 0 || args.runs > MAX_RUNS {
+        return Err(format!(
+            "--runs {} is out of range: 1 to {MAX_RUNS}",
+            args.runs
         ));
     }
     Ok(())
@@ -163,7 +186,9 @@ impl Progress {
     const MIN_RUN: Duration = Duration::from_secs(3);
 
     fn start(plan: &Plan, workload: Workload) -> Self {
-        if plan.duration < Self::MIN_RUN || !std::io::stderr().is_terminal() {
+        // The election workloads run --runs times, not for --duration.
+        let timed = !matches!(workload, Workload::Handoff | Workload::Failover);
+        if !timed || plan.duration < Self::MIN_RUN || !std::io::stderr().is_terminal() {
             return Progress(None);
         }
         let done = plan.progress.clone();

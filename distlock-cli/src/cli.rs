@@ -390,7 +390,11 @@ pub(crate) struct BenchArgs {
     /// key of its own: cycles/s, acquire and release latency), contended
     /// (every client waits for one key through lock and holds it 1 ms:
     /// handoffs/s and the handoff gap), hold (hold --keys leases with keepalive: memory per
-    /// lease, connections, refreshes/s).
+    /// lease, connections, refreshes/s), handoff (a leader resigns to a
+    /// waiting candidate, --runs times: resign to the next campaign's return,
+    /// beside a round trip), failover (three `distlock elect --once`
+    /// replicas; the leader is SIGKILLed --runs times: kill to the next
+    /// leader's CMD starting).
     #[arg(long, short, value_enum, default_value_t = Workload::Uncontended)]
     pub(crate) workload: Workload,
 
@@ -411,6 +415,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, short, default_value_t = 1000, value_name = "N")]
     pub(crate) keys: usize,
 
+    /// Handoffs or failovers measured by the handoff and failover
+    /// workloads (which ignore --clients and --duration).
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub(crate) runs: usize,
+
     /// One JSON object per run on stdout (one per line) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -426,6 +435,8 @@ pub(crate) enum Workload {
     Uncontended,
     Contended,
     Hold,
+    Handoff,
+    Failover,
 }
 
 impl std::fmt::Display for Workload {
@@ -434,6 +445,8 @@ impl std::fmt::Display for Workload {
             Workload::Uncontended => "uncontended",
             Workload::Contended => "contended",
             Workload::Hold => "hold",
+            Workload::Handoff => "handoff",
+            Workload::Failover => "failover",
         })
     }
 }

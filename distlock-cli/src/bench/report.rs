@@ -14,6 +14,8 @@ pub(crate) enum Run {
     Uncontended(UncontendedRun),
     Contended(ContendedRun),
     Hold(HoldRun),
+    Handoff(HandoffRun),
+    Failover(FailoverRun),
 }
 
 impl Run {
@@ -22,6 +24,8 @@ impl Run {
             Run::Uncontended(run) => &run.common,
             Run::Contended(run) => &run.common,
             Run::Hold(run) => &run.common,
+            Run::Handoff(run) => &run.common,
+            Run::Failover(run) => &run.common,
         }
     }
 
@@ -113,6 +117,39 @@ pub(crate) struct HoldRun {
     pub(crate) release_us: Summary,
 }
 
+#[derive(Debug, Serialize)]
+pub(crate) struct HandoffRun {
+    /// `clients` is the number of candidates: the leader and the one waiting.
+    #[serde(flatten)]
+    pub(crate) common: Common,
+    pub(crate) handoffs: u64,
+    /// From the leader's `resign` starting to the waiting candidate's
+    /// `campaign` returning.
+    pub(crate) handoff_us: Summary,
+    /// The leader's `resign`, start to return.
+    pub(crate) resign_us: Summary,
+    /// `try_lock` + `release` of a free key, by the leader's client
+    /// between handoffs: at least two round trips to a server backend.
+    pub(crate) cycle_us: Summary,
+    /// `inspect` of a free key, by the same client: a read, one query or
+    /// request (heavier than a ping on Postgres, which reads `pg_locks`).
+    pub(crate) inspect_us: Summary,
+    /// The median handoff over the median cycle: a handoff is a release,
+    /// the wake-up and an acquire, about a cycle and one hop, so 1.5
+    /// cycles is about three round trips.
+    pub(crate) handoff_per_cycle: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct FailoverRun {
+    /// `clients` is the number of `distlock elect` replicas.
+    #[serde(flatten)]
+    pub(crate) common: Common,
+    pub(crate) failovers: u64,
+    /// From the leader's SIGKILL to the next leader's command's first line.
+    pub(crate) failover_us: Summary,
+}
+
 /// Prints runs as a table (a description line, a column header, a row per
 /// run) or as JSON (one object per line, per run).
 pub(crate) struct Printer {
@@ -185,6 +222,28 @@ impl Printer {
                     "errors"
                 );
             }
+            Workload::Handoff => {
+                println!("backend {backend}, handoff (the leader resigns to a waiting candidate), {} runs, ttl {ttl}; latencies in ms", args.runs);
+                println!(
+                    "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7}",
+                    "handoffs",
+                    "p50",
+                    "p99",
+                    "max",
+                    "resign",
+                    "cycle",
+                    "inspect",
+                    "p50/cycle",
+                    "errors"
+                );
+            }
+            Workload::Failover => {
+                println!("backend {backend}, failover (SIGKILL the leader of {} `distlock elect` replicas), {} runs, ttl {ttl}; latencies in ms", super::election::REPLICAS, args.runs);
+                println!(
+                    "{:>9} {:>8} {:>8} {:>8} {:>8} {:>7}",
+                    "failovers", "p50", "p99", "max", "min", "errors"
+                );
+            }
         }
     }
 
@@ -239,8 +298,33 @@ impl Printer {
                 r.common.errors
             )
             }
+            Run::Handoff(r) => println!(
+                "{:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>7}",
+                r.handoffs,
+                millis(r.handoff_us.p50),
+                millis(r.handoff_us.p99),
+                millis(r.handoff_us.max),
+                millis(r.resign_us.p50),
+                millis(r.cycle_us.p50),
+                millis(r.inspect_us.p50),
+                optional(r.handoff_per_cycle.map(|n| format!("{n:.1}"))),
+                r.common.errors
+            ),
+            Run::Failover(r) => println!(
+                "{:>9} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7}",
+                r.failovers,
+                millis(r.failover_us.p50),
+                millis(r.failover_us.p99),
+                millis(r.failover_us.max),
+                millis(r.failover_us.min),
+                r.common.errors
+            ),
         }
     }
+}
+
+fn millis(micros: f64) -> f64 {
+    micros / 1000.0
 }
 
 fn optional(value: Option<String>) -> String {

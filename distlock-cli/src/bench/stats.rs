@@ -41,6 +41,7 @@ impl Latencies {
             return Summary::default();
         }
         Summary {
+            min: micros(self.0.min()),
             p50: at(0.5),
             p99: at(0.99),
             p999: at(0.999),
@@ -52,6 +53,7 @@ impl Latencies {
 /// Quantiles of one latency, in microseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub(crate) struct Summary {
+    pub(crate) min: f64,
     pub(crate) p50: f64,
     pub(crate) p99: f64,
     pub(crate) p999: f64,

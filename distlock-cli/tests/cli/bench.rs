@@ -156,6 +156,52 @@ fn hold_json_has_memory_connections_and_keepalive_traffic() {
     bench.assert_nothing_left();
 }
 
+/// The election workloads, a few runs each: every handoff and failover is
+/// counted and summarized (the figures themselves are for
+/// BENCHMARKS.md, not for a test on a shared machine).
+#[test]
+fn election_workloads_report_handoffs_and_failovers() {
+    let bench = Bench::new();
+    let runs = bench.json(&["-w", "handoff", "--runs", "3", "--ttl", "2s"]);
+    let [run] = runs.as_slice() else {
+        panic!("one run: {runs:?}")
+    };
+    assert_eq!(run["workload"], "handoff", "{run}");
+    assert_eq!(run["clients"], 2, "two candidates: {run}");
+    assert_eq!(run["errors"], 0, "{run}");
+    assert_eq!(run["handoffs"], 3, "{run}");
+    for field in ["handoff_us", "resign_us", "cycle_us", "inspect_us"] {
+        assert_quantiles(run, field);
+    }
+    assert!(number(run, "/handoff_per_cycle") > 0.0, "{run}");
+
+    let runs = bench.json(&["-w", "failover", "--runs", "2", "--ttl", "2s"]);
+    let [run] = runs.as_slice() else {
+        panic!("one run: {runs:?}")
+    };
+    assert_eq!(run["workload"], "failover", "{run}");
+    assert_eq!(run["clients"], 3, "three replicas: {run}");
+    assert_eq!(run["errors"], 0, "{run}");
+    assert_eq!(run["failovers"], 2, "{run}");
+    assert_quantiles(run, "failover_us");
+    bench.assert_nothing_left();
+
+    let output = bench.run(&["-w", "failover", "--runs", "1"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "description, header, 1 row: {stdout}");
+    assert!(
+        lines[0].contains("failover") && lines[0].contains("ttl 10s"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].contains("failovers") && lines[1].contains("p99"),
+        "{stdout}"
+    );
+    bench.assert_nothing_left();
+}
+
 #[test]
 fn each_workload_prints_a_table_with_a_row_per_run() {
     let bench = Bench::new();
@@ -196,8 +242,9 @@ fn the_old_flags_still_work() {
 #[test]
 fn bad_flags_exit_64_naming_the_flag() {
     let bench = Bench::new();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--clients", "0"], "--clients 0"),
+        (&["-w", "failover", "--runs", "0"], "--runs 0"),
         (&["--clients", "1,x"], "--clients"),
         (&["--keys", "0"], "--keys 0"),
         (&["--workload", "sideways"], "--workload"),
