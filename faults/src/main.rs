@@ -4,7 +4,8 @@
 //! (see `RELIABILITY.md` for the latest and what it means).
 //!
 //! ```text
-//! distlock-faults run [--profile quick|full] [--backend file,postgres,..] [--fault kill,pause,..] [--json FILE]
+//! distlock-faults run [--profile quick|full] [--backend file,postgres,..] [--fault kill,pause,..]
+//!                     [--workload lock,election] [--json FILE]
 //! ```
 //!
 //! The run re-executes itself in a private network namespace (`unshare
@@ -36,7 +37,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::report::{CellSummary, Report};
-use crate::scenario::{Backend, Fault, Profile};
+use crate::scenario::{Backend, Cell, Fault, Profile, Workload};
 
 /// The name of the network namespace re-run (see `test_servers::netns`).
 const NETNS: &str = "distlock-faults";
@@ -69,6 +70,12 @@ struct RunArgs {
     /// Only these faults (comma-separated).
     #[arg(long, value_delimiter = ',')]
     fault: Vec<String>,
+    /// Only these workloads (comma-separated: `lock`, the lock in a loop;
+    /// `election`, leader terms of an election on it). Default: both on
+    /// every cell in `full`; in `quick`, `lock` everywhere and `election` on
+    /// a few cells.
+    #[arg(long, value_delimiter = ',')]
+    workload: Vec<String>,
     /// Also write the results to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -129,8 +136,9 @@ fn run(args: &RunArgs) -> ExitCode {
     }
 }
 
-/// The registry filtered by `--backend` and `--fault`; an unknown name is
-/// an error naming it and the known ones.
+/// The registry filtered by `--backend` and `--fault`, each cell repeated
+/// per workload (`--workload`, or the profile's default); an unknown name
+/// is an error naming it and the known ones.
 fn select(profile: &Profile, args: &RunArgs) -> Result<Vec<Backend>, String> {
     let mut backends = scenario::registry(profile);
     let known: Vec<&str> = backends.iter().map(|backend| backend.name).collect();
@@ -155,6 +163,20 @@ fn select(profile: &Profile, args: &RunArgs) -> Result<Vec<Backend>, String> {
             faults.join(", ")
         ));
     }
+    let workloads: Vec<&str> = Workload::ALL
+        .iter()
+        .map(|workload| workload.name())
+        .collect();
+    if let Some(unknown) = args
+        .workload
+        .iter()
+        .find(|name| !workloads.contains(&name.as_str()))
+    {
+        return Err(format!(
+            "unknown workload {unknown:?} (known: {})",
+            workloads.join(", ")
+        ));
+    }
     backends.retain(|backend| {
         args.backend.is_empty() || args.backend.iter().any(|name| name == backend.name)
     });
@@ -162,6 +184,27 @@ fn select(profile: &Profile, args: &RunArgs) -> Result<Vec<Backend>, String> {
         backend.cells.retain(|cell| {
             args.fault.is_empty() || args.fault.iter().any(|name| name == cell.fault.name())
         });
+        let cells: Vec<Cell> = backend
+            .cells
+            .iter()
+            .flat_map(|cell| {
+                let chosen = if args.workload.is_empty() {
+                    profile.default_workloads(backend, cell.fault)
+                } else {
+                    Workload::ALL
+                        .into_iter()
+                        .filter(|workload| args.workload.iter().any(|name| name == workload.name()))
+                        .filter(|workload| workload.runs_on(backend))
+                        .collect()
+                };
+                // Next to each other, so a cell that must come last (a
+                // failover leaves its deployment spent) still does.
+                chosen
+                    .into_iter()
+                    .map(|workload| Cell { workload, ..*cell })
+            })
+            .collect();
+        backend.cells = cells;
     }
     backends.retain(|backend| !backend.cells.is_empty());
     if backends.is_empty() {
@@ -189,6 +232,7 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                     let failed = scenario::RunResult {
                         backend: backend.name,
                         fault: cell.fault,
+                        workload: cell.workload,
                         expect: cell.expect,
                         repetition: 1,
                         figures: analysis::Figures::default(),
@@ -226,6 +270,7 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                 .unwrap_or_else(|panic| scenario::RunResult {
                     backend: backend.name,
                     fault: cell.fault,
+                    workload: cell.workload,
                     expect: cell.expect,
                     repetition,
                     figures: analysis::Figures::default(),
@@ -234,9 +279,10 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                     events: Vec::new(),
                 });
                 eprintln!(
-                    "distlock-faults: {} {} run {}: {} ({:.1} s)",
+                    "distlock-faults: {} {} {} run {}: {} ({:.1} s)",
                     backend.name,
                     cell.fault.name(),
+                    cell.workload.name(),
                     repetition,
                     if result.failures.is_empty() {
                         "ok".to_owned()
