@@ -319,3 +319,71 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(workload: &[&str]) -> RunArgs {
+        RunArgs {
+            profile: ProfileName::Quick,
+            backend: Vec::new(),
+            fault: Vec::new(),
+            workload: workload.iter().map(|name| (*name).to_owned()).collect(),
+            json: None,
+        }
+    }
+
+    /// Every selected (backend, fault, workload), in run order.
+    fn selected(profile: &Profile, workload: &[&str]) -> Vec<(&'static str, Fault, Workload)> {
+        select(profile, &args(workload))
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|backend| {
+                backend
+                    .cells
+                    .iter()
+                    .map(|cell| (backend.name, cell.fault, cell.workload))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quick_runs_the_election_on_its_few_cells_only() {
+        let cells = selected(&Profile::QUICK, &[]);
+        let elections: Vec<_> = cells
+            .iter()
+            .filter(|(_, _, workload)| *workload == Workload::Election)
+            .map(|(backend, fault, _)| (*backend, *fault))
+            .collect();
+        assert_eq!(Some(elections.as_slice()), Profile::QUICK.election_cells);
+        let locks = cells.len() - elections.len();
+        assert_eq!(locks, selected(&Profile::QUICK, &["lock"]).len());
+    }
+
+    #[test]
+    fn full_runs_the_election_beside_every_lock_cell_but_the_transaction_one() {
+        let cells = selected(&Profile::FULL, &[]);
+        for (index, (backend, fault, workload)) in cells.iter().enumerate() {
+            if *workload == Workload::Election {
+                assert_eq!(
+                    index.checked_sub(1).map(|before| cells[before]),
+                    Some((*backend, *fault, Workload::Lock)),
+                    "the election cell follows its lock cell"
+                );
+            } else if *backend != "pgbouncer-xact" {
+                assert_eq!(
+                    cells.get(index + 1),
+                    Some(&(*backend, *fault, Workload::Election))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_workload_is_refused() {
+        let refused = select(&Profile::QUICK, &args(&["lease"]));
+        assert!(refused.is_err_and(|message| message.contains("lock, election")));
+    }
+}
