@@ -4,7 +4,8 @@
 //! (see `RELIABILITY.md` for the latest and what it means).
 //!
 //! ```text
-//! distlock-faults run [--profile quick|full] [--backend file,postgres,..] [--fault kill,pause,..] [--json FILE]
+//! distlock-faults run [--profile quick|full] [--backend file,postgres,..] [--fault kill,pause,..]
+//!                     [--workload lock,election] [--json FILE]
 //! ```
 //!
 //! The run re-executes itself in a private network namespace (`unshare
@@ -36,7 +37,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::report::{CellSummary, Report};
-use crate::scenario::{Backend, Fault, Profile};
+use crate::scenario::{Backend, Cell, Fault, Profile, Workload};
 
 /// The name of the network namespace re-run (see `test_servers::netns`).
 const NETNS: &str = "distlock-faults";
@@ -69,6 +70,12 @@ struct RunArgs {
     /// Only these faults (comma-separated).
     #[arg(long, value_delimiter = ',')]
     fault: Vec<String>,
+    /// Only these workloads (comma-separated: `lock`, the lock in a loop;
+    /// `election`, leader terms of an election on it). Default: both on
+    /// every cell in `full`; in `quick`, `lock` everywhere and `election` on
+    /// a few cells.
+    #[arg(long, value_delimiter = ',')]
+    workload: Vec<String>,
     /// Also write the results to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -129,8 +136,9 @@ fn run(args: &RunArgs) -> ExitCode {
     }
 }
 
-/// The registry filtered by `--backend` and `--fault`; an unknown name is
-/// an error naming it and the known ones.
+/// The registry filtered by `--backend` and `--fault`, each cell repeated
+/// per workload (`--workload`, or the profile's default); an unknown name
+/// is an error naming it and the known ones.
 fn select(profile: &Profile, args: &RunArgs) -> Result<Vec<Backend>, String> {
     let mut backends = scenario::registry(profile);
     let known: Vec<&str> = backends.iter().map(|backend| backend.name).collect();
@@ -155,6 +163,20 @@ fn select(profile: &Profile, args: &RunArgs) -> Result<Vec<Backend>, String> {
             faults.join(", ")
         ));
     }
+    let workloads: Vec<&str> = Workload::ALL
+        .iter()
+        .map(|workload| workload.name())
+        .collect();
+    if let Some(unknown) = args
+        .workload
+        .iter()
+        .find(|name| !workloads.contains(&name.as_str()))
+    {
+        return Err(format!(
+            "unknown workload {unknown:?} (known: {})",
+            workloads.join(", ")
+        ));
+    }
     backends.retain(|backend| {
         args.backend.is_empty() || args.backend.iter().any(|name| name == backend.name)
     });
@@ -162,6 +184,27 @@ fn select(profile: &Profile, args: &RunArgs) -> Result<Vec<Backend>, String> {
         backend.cells.retain(|cell| {
             args.fault.is_empty() || args.fault.iter().any(|name| name == cell.fault.name())
         });
+        let cells: Vec<Cell> = backend
+            .cells
+            .iter()
+            .flat_map(|cell| {
+                let chosen = if args.workload.is_empty() {
+                    profile.default_workloads(backend, cell.fault)
+                } else {
+                    Workload::ALL
+                        .into_iter()
+                        .filter(|workload| args.workload.iter().any(|name| name == workload.name()))
+                        .filter(|workload| workload.runs_on(backend))
+                        .collect()
+                };
+                // Next to each other, so a cell that must come last (a
+                // failover leaves its deployment spent) still does.
+                chosen
+                    .into_iter()
+                    .map(|workload| Cell { workload, ..*cell })
+            })
+            .collect();
+        backend.cells = cells;
     }
     backends.retain(|backend| !backend.cells.is_empty());
     if backends.is_empty() {
@@ -189,6 +232,7 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                     let failed = scenario::RunResult {
                         backend: backend.name,
                         fault: cell.fault,
+                        workload: cell.workload,
                         expect: cell.expect,
                         repetition: 1,
                         figures: analysis::Figures::default(),
@@ -226,6 +270,7 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                 .unwrap_or_else(|panic| scenario::RunResult {
                     backend: backend.name,
                     fault: cell.fault,
+                    workload: cell.workload,
                     expect: cell.expect,
                     repetition,
                     figures: analysis::Figures::default(),
@@ -234,9 +279,10 @@ fn orchestrate(profile: &Profile, backends: &[Backend]) -> Report {
                     events: Vec::new(),
                 });
                 eprintln!(
-                    "distlock-faults: {} {} run {}: {} ({:.1} s)",
+                    "distlock-faults: {} {} {} run {}: {} ({:.1} s)",
                     backend.name,
                     cell.fault.name(),
+                    cell.workload.name(),
                     repetition,
                     if result.failures.is_empty() {
                         "ok".to_owned()
@@ -272,4 +318,72 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
         .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(workload: &[&str]) -> RunArgs {
+        RunArgs {
+            profile: ProfileName::Quick,
+            backend: Vec::new(),
+            fault: Vec::new(),
+            workload: workload.iter().map(|name| (*name).to_owned()).collect(),
+            json: None,
+        }
+    }
+
+    /// Every selected (backend, fault, workload), in run order.
+    fn selected(profile: &Profile, workload: &[&str]) -> Vec<(&'static str, Fault, Workload)> {
+        select(profile, &args(workload))
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|backend| {
+                backend
+                    .cells
+                    .iter()
+                    .map(|cell| (backend.name, cell.fault, cell.workload))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quick_runs_the_election_on_its_few_cells_only() {
+        let cells = selected(&Profile::QUICK, &[]);
+        let elections: Vec<_> = cells
+            .iter()
+            .filter(|(_, _, workload)| *workload == Workload::Election)
+            .map(|(backend, fault, _)| (*backend, *fault))
+            .collect();
+        assert_eq!(Some(elections.as_slice()), Profile::QUICK.election_cells);
+        let locks = cells.len() - elections.len();
+        assert_eq!(locks, selected(&Profile::QUICK, &["lock"]).len());
+    }
+
+    #[test]
+    fn full_runs_the_election_beside_every_lock_cell_but_the_transaction_one() {
+        let cells = selected(&Profile::FULL, &[]);
+        for (index, (backend, fault, workload)) in cells.iter().enumerate() {
+            if *workload == Workload::Election {
+                assert_eq!(
+                    index.checked_sub(1).map(|before| cells[before]),
+                    Some((*backend, *fault, Workload::Lock)),
+                    "the election cell follows its lock cell"
+                );
+            } else if *backend != "pgbouncer-xact" {
+                assert_eq!(
+                    cells.get(index + 1),
+                    Some(&(*backend, *fault, Workload::Election))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_workload_is_refused() {
+        let refused = select(&Profile::QUICK, &args(&["lease"]));
+        assert!(refused.is_err_and(|message| message.contains("lock, election")));
+    }
 }

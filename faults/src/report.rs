@@ -6,13 +6,14 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::analysis::Figures;
-use crate::scenario::{Expect, Fault, Profile, RunResult};
+use crate::scenario::{Expect, Fault, Profile, RunResult, Workload};
 
-/// One backend × fault over all its runs.
+/// One backend × fault × workload over all its runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct CellSummary {
     pub backend: &'static str,
     pub fault: Fault,
+    pub workload: Workload,
     pub expect: Expect,
     pub runs: u32,
     pub orphan_bound_ms: f64,
@@ -37,6 +38,7 @@ impl CellSummary {
         Some(CellSummary {
             backend: first.backend,
             fault: first.fault,
+            workload: first.workload,
             expect: first.expect,
             runs: runs.len() as u32,
             orphan_bound_ms,
@@ -76,16 +78,17 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(
-            "| backend | fault | expect | runs | grants | overlaps (explained) | stale writes accepted | fencing rejections | token regressions | outages as contention | never released | orphan ms (bound) | lost-signal lag ms | lost increments | result |\n\
-             | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+            "| backend | fault | workload | expect | runs | grants | overlaps (explained) | stale writes accepted | fencing rejections | token regressions | outages as contention | never released | orphan ms (bound) | lost-signal lag ms | lost increments | result |\n\
+             | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         );
         for cell in &self.cells {
             let figures = &cell.figures;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} ({:.0}) | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} ({:.0}) | {} | {} | {} |",
                 cell.backend,
                 cell.fault.name(),
+                cell.workload.name(),
                 match cell.expect {
                     Expect::Exclusive => "exclusive",
                     Expect::Breaks => "breaks",
@@ -112,9 +115,10 @@ impl Report {
             for failure in &cell.failures {
                 let _ = writeln!(
                     out,
-                    "FAILED {} {}: {failure}",
+                    "FAILED {} {} {}: {failure}",
                     cell.backend,
-                    cell.fault.name()
+                    cell.fault.name(),
+                    cell.workload.name()
                 );
             }
         }

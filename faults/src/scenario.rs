@@ -93,6 +93,38 @@ impl Fault {
     }
 }
 
+/// What the workers do with the lock: the same faults, backends and
+/// expectations apply to both, because an election is a lock (its terms are
+/// the lock's grants, kept alive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// `Locker::lock`, a hold, `Lease::release`.
+    Lock,
+    /// `Election::campaign`, a hold as leader, `Term::resign`: the held
+    /// intervals are terms, the fencing token is the term number.
+    Election,
+}
+
+impl Workload {
+    /// Every workload, in table order.
+    pub const ALL: [Workload; 2] = [Workload::Lock, Workload::Election];
+
+    /// Its name on the command line and in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Lock => "lock",
+            Workload::Election => "election",
+        }
+    }
+
+    /// Whether `backend`'s workers can run it: an election needs a
+    /// `Locker`, which the transaction-scoped contenders do not use.
+    pub fn runs_on(self, backend: &Backend) -> bool {
+        self == Workload::Lock || backend.workers != Workers::OneProcessXact
+    }
+}
+
 /// What the suite expects of a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -116,10 +148,13 @@ pub enum Expect {
     BreaksFencing,
 }
 
-/// One backend × fault.
+/// One backend × fault × workload.
 #[derive(Debug, Clone, Copy)]
 pub struct Cell {
     pub fault: Fault,
+    /// [`Workload::Lock`] in the registry; the selection adds a copy of the
+    /// cell per further workload, with the same expectation and bound.
+    pub workload: Workload,
     pub expect: Expect,
     /// The longest the lock may stay unavailable from the fault to the next
     /// grant (the backend's documented bound, plus the waiters' wake-up).
@@ -171,6 +206,9 @@ pub struct Profile {
     pub warmup_grants: usize,
     /// Grants after the first grant that follows the fault.
     pub settle_grants: usize,
+    /// The (backend, fault) cells that also run the election workload unless
+    /// `--workload` says otherwise; `None`: every cell.
+    pub election_cells: Option<&'static [(&'static str, Fault)]>,
 }
 
 impl Profile {
@@ -184,6 +222,19 @@ impl Profile {
         wait: Duration::from_secs(2),
         warmup_grants: 3,
         settle_grants: 2,
+        // A few cells, to keep CI's run short (about 30 s more): a dead and
+        // a paused leader on a session backend of each kind and on both
+        // expiring ones with fencing, where a paused leader's term lapses.
+        election_cells: Some(&[
+            ("file", Fault::Kill),
+            ("file", Fault::Pause),
+            ("postgres", Fault::Kill),
+            ("postgres", Fault::Pause),
+            ("redis", Fault::Kill),
+            ("redis", Fault::Pause),
+            ("etcd", Fault::Kill),
+            ("etcd", Fault::Pause),
+        ]),
     };
 
     /// More workers, more repetitions, longer holds.
@@ -196,7 +247,22 @@ impl Profile {
         wait: Duration::from_secs(3),
         warmup_grants: 6,
         settle_grants: 6,
+        election_cells: None,
     };
+
+    /// The workloads `backend` runs `fault` with when `--workload` does not
+    /// choose.
+    pub fn default_workloads(&self, backend: &Backend, fault: Fault) -> Vec<Workload> {
+        let election = match self.election_cells {
+            None => true,
+            Some(cells) => cells.contains(&(backend.name, fault)),
+        };
+        Workload::ALL
+            .into_iter()
+            .filter(|workload| *workload == Workload::Lock || election)
+            .filter(|workload| workload.runs_on(backend))
+            .collect()
+    }
 
     /// How long a paused holder stays stopped: past its ttl by a second.
     fn pause(&self) -> Duration {
@@ -216,6 +282,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
     let pause = profile.pause().saturating_add(second);
     let cell = |fault, expect, orphan_bound| Cell {
         fault,
+        workload: Workload::Lock,
         expect,
         orphan_bound,
     };
@@ -447,6 +514,7 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
 pub struct RunResult {
     pub backend: &'static str,
     pub fault: Fault,
+    pub workload: Workload,
     pub expect: Expect,
     pub repetition: u32,
     pub figures: Figures,
@@ -486,6 +554,7 @@ pub fn run_cell(
     RunResult {
         backend: backend.name,
         fault: cell.fault,
+        workload: cell.workload,
         expect: cell.expect,
         repetition,
         figures,
@@ -534,7 +603,12 @@ impl<'a> Run<'a> {
             layout: backend.workers,
             cell: *cell,
             profile: *profile,
-            key: format!("faults-{}-{}-{repetition}", backend.name, cell.fault.name()),
+            key: format!(
+                "faults-{}-{}-{}-{repetition}",
+                backend.name,
+                cell.fault.name(),
+                cell.workload.name()
+            ),
             register,
             proxies,
             log: EventLog::default(),
@@ -646,6 +720,7 @@ impl<'a> Run<'a> {
                 // within the bound, so the run can end.
                 .args(["--linger-ms", &millis(self.cell.orphan_bound)])
                 .args(["--contenders", &contenders.to_string()])
+                .args(["--workload", self.cell.workload.name()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped());
             if self.layout == Workers::OneProcessXact {

@@ -6,6 +6,13 @@
 //! the fencing token and one read-sleep-write of the unfenced counter; then
 //! `release()`. Every step is an [`EventKind`] on stdout.
 //!
+//! The election workload (`--workload election`) runs the same loop on
+//! `distlock::elect`: a grant is a term won by `Election::campaign` (the key
+//! is the election's name), its fencing token is the term number, and the
+//! hold ends with `Term::resign()`. Only how a hold is obtained and ended
+//! differs ([`Contender`], [`Grant`]); the hold itself is the same code, so
+//! both workloads are judged by the same analysis.
+//!
 //! The hold honours the lost signal the way distlock asks users to
 //! (`lost_signal().early_by(drift_margin(ttl))`, as `with_lock` does): a
 //! running process stops its work before the lock can be someone else's.
@@ -24,12 +31,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use distlock::{drift_margin, KeepAlive, Lease, Locker};
+use distlock::elect::{Election, Term};
+use distlock::{drift_margin, KeepAlive, Lease, Locker, LostSignal};
 use rand::Rng;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::events::{Emitter, EventKind};
 use crate::register::RegisterClient;
+use crate::scenario::Workload;
 
 /// The worker's command line, filled in by the orchestrator.
 #[derive(Debug, Clone, Args)]
@@ -74,6 +83,10 @@ pub struct WorkerArgs {
     /// of a plain tokio-postgres connection, instead of a `Locker`.
     #[arg(long)]
     pub xact: bool,
+    /// How a hold is obtained and ended: a lock's lease, or an election's
+    /// term.
+    #[arg(long, value_enum, default_value_t = Workload::Lock)]
+    pub workload: Workload,
 }
 
 /// Runs the worker until SIGTERM; the exit code is 0, or 2 if it could not
@@ -135,7 +148,7 @@ async fn run(args: &WorkerArgs, emitter: Emitter) -> Result<(), String> {
     failed.map_or(Ok(()), Err)
 }
 
-/// One contender on a [`Locker`].
+/// One contender on a [`Locker`], directly or through an [`Election`].
 async fn contend(
     args: &WorkerArgs,
     emitter: Emitter,
@@ -148,21 +161,32 @@ async fn contend(
     let mut register = connect_register(args, emitter).await?;
     let ttl = Duration::from_millis(args.ttl_ms);
     let wait = Duration::from_millis(args.wait_ms);
+    let contender = match args.workload {
+        Workload::Lock => Contender::Lock(locker),
+        Workload::Election => Contender::Election(
+            Election::new(locker, args.key.clone())
+                .ttl(ttl)
+                // Exercises the holder label a term records (Observer,
+                // `distlock status`); nothing reads it here.
+                .proclaim(format!("faults-worker-{}", emitter.worker())),
+        ),
+    };
     emitter.emit(EventKind::Ready);
     let mut grant = 0;
     while !*stop.borrow() {
         let attempt = crate::events::now_ns();
         let outcome = tokio::select! {
-            outcome = locker.lock(&args.key, ttl, wait) => outcome,
-            // A dropped lock() is cancel-safe: nothing is granted to us.
+            outcome = contender.obtain(&args.key, ttl, wait) => outcome,
+            // A dropped lock() or campaign() is cancel-safe: nothing is
+            // granted to us.
             _ = stop.changed() => break,
         };
         match outcome {
-            Ok(lease) => {
+            Ok(held) => {
                 grant += 1;
                 emitter.emit(EventKind::Acquired {
                     grant,
-                    token: lease.fencing_token(),
+                    token: held.fencing_token(),
                     attempt,
                 });
                 let hold = Hold {
@@ -171,7 +195,7 @@ async fn contend(
                     grant,
                     linger,
                 };
-                hold.run(&*locker, lease, &mut register).await?;
+                hold.run(held, &mut register).await?;
             }
             Err(err) => {
                 emitter.emit(EventKind::Refused {
@@ -189,6 +213,72 @@ async fn contend(
         }
     }
     Ok(())
+}
+
+/// How a contender obtains a hold: the workload's one difference at the
+/// start of a hold.
+enum Contender {
+    Lock(Arc<dyn Locker>),
+    Election(Election),
+}
+
+impl Contender {
+    /// One attempt: waits up to `wait`.
+    async fn obtain(&self, key: &str, ttl: Duration, wait: Duration) -> distlock::Result<Grant> {
+        match self {
+            Contender::Lock(locker) => {
+                let mut lease = locker.lock(key, ttl, wait).await?;
+                // Kept alive as `with_lock` does; a lock that neither
+                // expires nor refreshes has nothing to keep alive.
+                if locker.capabilities().expires && locker.capabilities().refresh {
+                    // It fails only outside a runtime; the dropped lease is
+                    // then released in the background.
+                    lease.keep_alive(KeepAlive::default())?;
+                }
+                Ok(Grant::Lease(lease))
+            }
+            // The term comes kept alive by the election itself.
+            Contender::Election(election) => election.campaign(Some(wait)).await.map(Grant::Term),
+        }
+    }
+}
+
+/// A hold obtained by either workload: what the hold's work needs of it, and
+/// how it ends (the workload's other difference).
+enum Grant {
+    Lease(Lease),
+    Term(Term),
+}
+
+impl Grant {
+    fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Grant::Lease(lease) => lease.fencing_token(),
+            Grant::Term(term) => term.fencing_token(),
+        }
+    }
+
+    fn lost_signal(&self) -> LostSignal {
+        match self {
+            Grant::Lease(lease) => lease.lost_signal(),
+            Grant::Term(term) => term.lost_signal(),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        match self {
+            Grant::Lease(lease) => lease.ttl(),
+            Grant::Term(term) => term.lease().ttl(),
+        }
+    }
+
+    /// `release()` or `resign()`.
+    async fn end(self) -> distlock::Result<()> {
+        match self {
+            Grant::Lease(lease) => lease.release().await,
+            Grant::Term(term) => term.resign().await,
+        }
+    }
 }
 
 /// One contender on transaction-scoped advisory locks: each grant is a
@@ -307,27 +397,20 @@ struct Hold<'a> {
 }
 
 impl Hold<'_> {
-    async fn run(
-        &self,
-        locker: &dyn Locker,
-        mut lease: Lease,
-        register: &mut RegisterClient,
-    ) -> Result<(), String> {
-        let ttl = lease.ttl();
-        if locker.capabilities().expires && locker.capabilities().refresh {
-            lease
-                .keep_alive(KeepAlive::default())
-                .map_err(|err| format!("keep_alive: {err}"))?;
-        }
-        self.watch_lost(&lease);
-        let token = lease.fencing_token();
-        let lost = lease.lost_signal().early_by(drift_margin(ttl));
+    async fn run(&self, held: Grant, register: &mut RegisterClient) -> Result<(), String> {
+        self.watch_lost(held.lost_signal());
+        let token = held.fencing_token();
+        // The signal `Lease::run_while_held` and `Term::run_while_leader`
+        // race work against, raced here by `work` itself: their race is
+        // unbiased, so a holder resumed from SIGSTOP would make its stale
+        // write or not at random; `work` makes it always (module docs).
+        let lost = held.lost_signal().early_by(drift_margin(held.ttl()));
         let stopped_by = self.work(register, token, Some(lost)).await?;
         self.emitter.emit(EventKind::HoldEnded {
             grant: self.grant,
             lost: stopped_by,
         });
-        let error = lease.release().await.err().map(|err| err.to_string());
+        let error = held.end().await.err().map(|err| err.to_string());
         self.emitter.emit(EventKind::Released {
             grant: self.grant,
             error,
@@ -343,7 +426,7 @@ impl Hold<'_> {
         &self,
         register: &mut RegisterClient,
         token: Option<u64>,
-        mut lost: Option<distlock::LostSignal>,
+        mut lost: Option<LostSignal>,
     ) -> Result<Option<String>, String> {
         let planned = rand::rng().random_range(self.args.hold_min_ms..=self.args.hold_max_ms);
         let writes = u64::from(self.args.writes.max(1));
@@ -391,10 +474,9 @@ impl Hold<'_> {
         }
     }
 
-    /// Logs the lease's lost signal firing (not for the worker's own
-    /// release), on a task that ends with the lease.
-    fn watch_lost(&self, lease: &Lease) {
-        let mut signal = lease.lost_signal();
+    /// Logs the lease's (or term's) lost signal firing (not for the worker's
+    /// own release), on a task that ends with the lease.
+    fn watch_lost(&self, mut signal: LostSignal) {
         let (emitter, grant) = (self.emitter, self.grant);
         tokio::spawn(async move {
             let reason = signal.wait().await;
