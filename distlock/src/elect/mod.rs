@@ -82,6 +82,7 @@ use tracing::Instrument;
 
 use crate::inspect::{self, Holder, MAX_LABEL_LEN};
 use crate::lease::DEFAULT_RELEASE_TIMEOUT;
+use crate::wait::{self, WaitPolicy};
 use crate::with_lock::hold_then_release;
 use crate::{Completed, Error, KeepAlive, Lease, Locker, LostReason, LostSignal, Result};
 
@@ -94,6 +95,12 @@ pub use observer::{Leader, Observer, DEFAULT_POLL_INTERVAL};
 /// (`--leader-elect-lease-duration`). It is how long a leader that stopped
 /// refreshing blocks an election on a backend whose locks expire.
 pub const DEFAULT_TERM_TTL: Duration = Duration::from_secs(15);
+
+/// How often, at most, a standby looks whether the leader is gone on a
+/// backend that cannot wake it ([`crate::Capabilities::release_wakeup`]):
+/// a lock waiter backs off to 200 ms, which would be most of a failover on
+/// the file backend, where the kernel frees a dead leader's lock at once.
+const STANDBY_POLL: Duration = Duration::from_millis(20);
 
 /// One election: its name (the key of its lock on `locker`) and how its
 /// candidates campaign. Cheap to clone; every clone campaigns as the same
@@ -167,8 +174,9 @@ impl Election {
     /// takes), and returns the term, kept alive until it is resigned,
     /// dropped or lost.
     ///
-    /// Waiting wakes on the backend's release notification where it has one
-    /// (see [`Locker::lock`]).
+    /// Waiting wakes on the backend's release notification or server-side
+    /// wait where it has one (see [`Locker::lock`]); elsewhere (the file
+    /// backend across processes) it polls at least every 20 ms.
     ///
     /// # Errors
     ///
@@ -198,7 +206,18 @@ impl Election {
         }
         let span = tracing::info_span!("distlock.campaign", election = %self.name);
         let timeout = timeout.unwrap_or(Duration::MAX);
-        let acquire = self.locker.lock(&self.name, self.ttl, timeout);
+        let acquire = async {
+            match self.locker.capabilities().release_wakeup {
+                true => self.locker.lock(&self.name, self.ttl, timeout).await,
+                // Nothing wakes a standby (the file backend across
+                // processes): it polls, and a failover waits for its next
+                // look, so it looks more often than a lock waiter does.
+                false => {
+                    let policy = WaitPolicy::default().max_delay(STANDBY_POLL);
+                    wait::acquire(&*self.locker, &self.name, self.ttl, timeout, &policy).await
+                }
+            }
+        };
         let acquired = match &self.proclaim {
             Some(value) => {
                 inspect::with_label(value.clone(), acquire)
