@@ -135,6 +135,38 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     timeout: Duration,
     policy: &WaitPolicy,
 ) -> Result<Lease> {
+    acquire_as(locker, key, ttl, timeout, policy, Mode::Exclusive).await
+}
+
+/// [`acquire`] for a shared lease: the implementation of
+/// [`Locker::lock_shared`] for every backend without a server-side wait.
+/// Woken by the same release notifications: the release of a writer or of a
+/// reader may each let the other kind in.
+pub(crate) async fn acquire_shared<L: Locker + ?Sized>(
+    locker: &L,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    policy: &WaitPolicy,
+) -> Result<Lease> {
+    acquire_as(locker, key, ttl, timeout, policy, Mode::Shared).await
+}
+
+/// Which kind of lease a wait is for.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Exclusive,
+    Shared,
+}
+
+async fn acquire_as<L: Locker + ?Sized>(
+    locker: &L,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    policy: &WaitPolicy,
+    mode: Mode,
+) -> Result<Lease> {
     crate::validate::acquire(key, ttl)?;
     let started = Instant::now();
     let deadline = checked_deadline(started, timeout);
@@ -151,7 +183,10 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
             locker.backend(),
             "acquire",
             left(),
-            locker.try_lock(key, ttl),
+            match mode {
+                Mode::Exclusive => locker.try_lock(key, ttl),
+                Mode::Shared => locker.try_lock_shared(key, ttl),
+            },
         )
     };
     let timed_out = |now: Instant| Error::Timeout {
@@ -269,6 +304,13 @@ impl<L: Locker> Locker for WaitLocker<L> {
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         acquire(&*self.inner, key, ttl, timeout, &self.policy).await
+    }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.inner.try_lock_shared(key, ttl).await
+    }
+    /// Waits under this wrapper's policy, as its `lock` does.
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        acquire_shared(&*self.inner, key, ttl, timeout, &self.policy).await
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         self.inner.unlock(key, owner).await
