@@ -150,6 +150,16 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value_t = crate::exit::CONFLICT, value_name = "N")]
     pub(crate) conflict_exit_code: u8,
 
+    /// Take a shared (reader) lease instead of an exclusive one: any number
+    /// of `--shared` runs of KEY hold it at once, and none while an
+    /// exclusive `run` holds it (nor an exclusive one while any of them
+    /// does). Everything else (supervision, --wait, exit codes) is as for
+    /// an exclusive run. A waiting exclusive run does not hold new readers
+    /// back. On a backend without shared locks (Redis, Redlock, etcd,
+    /// Postgres, MySQL for now) it exits 64 with the reason.
+    #[arg(long)]
+    pub(crate) shared: bool,
+
     /// How long CMD's process group gets between SIGTERM and SIGKILL, when
     /// the lock is lost, reaches --max-hold, or CMD's first process exits and
     /// leaves others behind. Capped at ttl/2 - drift margin (ttl/100 + 100ms)

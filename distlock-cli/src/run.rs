@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{inspect, Error, KeepAlive, Locker, LockerExt};
+use distlock::{inspect, Error, KeepAlive, Lease, Locker, LockerExt};
 
 use crate::cli::{Backend, ReleaseArgs, RunArgs};
 use crate::exit;
@@ -59,7 +59,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             let bound = left
                 .saturating_add(distlock::DEADLINE_GRACE)
                 .saturating_add(WAIT_GRACE);
-            match tokio::time::timeout(bound, locker.lock(&args.key, args.ttl, left)).await {
+            match tokio::time::timeout(bound, acquire(&*locker, &args, left)).await {
                 Ok(acquired) => acquired.map(|lease| (locker, lease)),
                 Err(_) => {
                     return unanswered(
@@ -72,7 +72,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         None => {
             async {
                 let locker = open(&args.backend).await?;
-                let lease = locker.lock(&args.key, args.ttl, wait).await?;
+                let lease = acquire(&*locker, &args, wait).await?;
                 Ok::<_, Error>((locker, lease))
             }
             .await
@@ -87,7 +87,11 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                 .wait
                 .map(|w| format!(" after waiting {}", humantime::format_duration(w)))
                 .unwrap_or_default();
-            eprintln!("distlock: lock {:?} is held elsewhere{waited}", args.key);
+            let how = if args.shared { " exclusively" } else { "" };
+            eprintln!(
+                "distlock: lock {:?} is held{how} elsewhere{waited}",
+                args.key
+            );
             return args.conflict_exit_code;
         }
         Err(error) => return fail(&error),
@@ -115,6 +119,15 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         ),
     }
     code
+}
+
+/// The lease `run` asks for: shared with `--shared`, else exclusive.
+async fn acquire(locker: &dyn Locker, args: &RunArgs, wait: Duration) -> Result<Lease, Error> {
+    if args.shared {
+        locker.lock_shared(&args.key, args.ttl, wait).await
+    } else {
+        locker.lock(&args.key, args.ttl, wait).await
+    }
 }
 
 /// Releases a lock by owner token, from any process where the backend allows it.
