@@ -1236,6 +1236,11 @@ fn shared_runs_overlap_and_exclude_an_exclusive_run() {
         started("a").exists() && started("b").exists()
     });
 
+    let status = fixture.run(&["status", "--key", "report"]);
+    assert_eq!(code(&status), 0, "{}", stderr(&status));
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(shown.contains("\"report\" is held shared"), "{shown}");
+
     let marker = fixture.path("ran");
     let touch = format!("touch {}", marker.display());
     let output = fixture.run(&["run", "--key", "report", "--", "sh", "-c", &touch]);
