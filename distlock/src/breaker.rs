@@ -89,12 +89,13 @@ struct Circuit {
 /// - Only backend failures ([`Error::Backend`], [`Error::DeadlineExceeded`]) count. Contention, `NotHeld`,
 ///   and invalid input are healthy answers: the backend responded.
 /// - After [`BreakerConfig::failure_threshold`] consecutive failures the
-///   circuit opens: `try_lock`, `lock` and `watch_releases` fail at once with
+///   circuit opens: `try_lock`, `lock`, their shared forms
+///   (`try_lock_shared`, `lock_shared`) and `watch_releases` fail at once with
 ///   [`Error::Unavailable`] for [`BreakerConfig::open_for`], then one probe is
 ///   let through (half-open); its success closes the circuit, its failure
 ///   reopens it.
 /// - The half-open probe is the first backend answer: a `try_lock`, or the
-///   first attempt of a `lock` (after which, if the key was merely held, the
+///   first attempt of a `lock` (shared ones alike; after which, if the key was merely held, the
 ///   wait goes on as a normal call), never a whole wait. A probe whose future
 ///   is dropped before it answered reopens the circuit.
 /// - `unlock` and `refresh` are never blocked: they concern a lock that may be

@@ -291,7 +291,10 @@ impl MarkAdvance {
 ///   where it yields, bounded by `timeout` + [`DEADLINE_GRACE`]); override it
 ///   only for a server-side wait, and keep that bound
 ///   (`deadline::bounded` inside the crate). [`refresh`](Locker::refresh),
-///   [`forget`](Locker::forget): `Unsupported`. `watch_releases`: none.
+///   [`forget`](Locker::forget), [`try_lock_shared`](Locker::try_lock_shared):
+///   `Unsupported` (a backend without shared locks overrides it only to give
+///   its own reason). [`lock_shared`](Locker::lock_shared): the same waiting
+///   loop over `try_lock_shared`. `watch_releases`: none.
 ///   [`backend_key`](Locker::backend_key): the key itself.
 /// - **Cancel safety**: `try_lock` must be safe to drop at any await point
 ///   (the waiting loop and callers' timeouts drop it): an attempt that may

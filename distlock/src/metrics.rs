@@ -343,7 +343,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "distlock_attempts_total",
-        "Acquire attempts (try_lock calls and lock calls)."
+        "Acquire attempts (try_lock and lock calls, shared ones included)."
     );
     describe_counter!("distlock_acquired_total", "Locks acquired.");
     describe_counter!(
