@@ -150,6 +150,13 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value_t = crate::exit::CONFLICT, value_name = "N")]
     pub(crate) conflict_exit_code: u8,
 
+    /// Take one of N permits of KEY instead of the lock KEY, like `consul
+    /// lock -n N`: at most N commands run at once across every host using
+    /// the same N. The permit is the lock KEY#I (I from 0 to N-1), in
+    /// $DISTLOCK_KEY; everything else is as for a lock. 1 to 1024.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) limit: Option<u32>,
+
     /// Take a shared (reader) lease instead of an exclusive one: any number
     /// of `--shared` runs of KEY hold it at once, and none while an
     /// exclusive `run` holds it (nor an exclusive one while any of them
@@ -157,7 +164,7 @@ pub(crate) struct RunArgs {
     /// an exclusive run. A waiting exclusive run does not hold new readers
     /// back. On a backend without shared locks (Redis, Redlock, etcd,
     /// Postgres, MySQL for now) it exits 64 with the reason.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "limit")]
     pub(crate) shared: bool,
 
     /// How long CMD's process group gets between SIGTERM and SIGKILL, when
@@ -359,9 +366,15 @@ pub(crate) struct StatusArgs {
     #[command(flatten)]
     pub(crate) backend: Backend,
 
-    /// Print one JSON object (times as RFC 3339 and unix ms, durations in ms).
+    /// Print one JSON object (times as RFC 3339 and unix ms, durations in ms);
+    /// with --limit, an array of them.
     #[arg(long)]
     pub(crate) json: bool,
+
+    /// KEY is a semaphore of N permits (`distlock run --limit N`): show
+    /// every permit holder; exit 0 when any permit is held, 1 when none is.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) limit: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -6,9 +6,11 @@
 //! with plain field names, times as RFC 3339 and unix milliseconds,
 //! durations in milliseconds.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlock::inspect::{Clock, ForceRelease, HeldLock};
+use distlock::semaphore::Semaphore;
 use distlock::{Error, Locker};
 use serde::Serialize;
 
@@ -23,6 +25,9 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
         Ok(locker) => locker,
         Err(error) => return fail(&error),
     };
+    if let Some(permits) = args.limit {
+        return permit_status(locker, &args, permits).await;
+    }
     let held = match locker.inspect(&args.key).await {
         Ok(held) => held,
         Err(error) => return fail_inspection(&error),
@@ -42,6 +47,33 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     match held {
         Some(_) => 0,
         None => exit::NOT_HELD,
+    }
+}
+
+/// `distlock status --limit N`: every holder of the semaphore's permits;
+/// 0 when any is held, 1 when none is, 64, 69.
+async fn permit_status(locker: Arc<dyn Locker>, args: &StatusArgs, permits: u32) -> u8 {
+    let semaphore = match Semaphore::new(locker, args.key.clone(), permits) {
+        Ok(semaphore) => semaphore,
+        Err(error) => return fail(&error),
+    };
+    let held = match semaphore.holders().await {
+        Ok(held) => held,
+        Err(error) => return fail_inspection(&error),
+    };
+    if args.json {
+        let reports: Vec<LockReport> = held.iter().map(LockReport::from).collect();
+        print_json(&reports);
+    } else {
+        println!("{:?}: {} of {permits} permits held", args.key, held.len());
+        let now = SystemTime::now();
+        for permit in &held {
+            print!("{}", describe(permit, now));
+        }
+    }
+    match held.is_empty() {
+        false => 0,
+        true => exit::NOT_HELD,
     }
 }
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock::semaphore::Semaphore;
 use distlock::{inspect, Error, KeepAlive, Lease, Locker, LockerExt};
 
 use crate::cli::{Backend, ReleaseArgs, RunArgs};
@@ -59,7 +60,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             let bound = left
                 .saturating_add(distlock::DEADLINE_GRACE)
                 .saturating_add(WAIT_GRACE);
-            match tokio::time::timeout(bound, acquire(&*locker, &args, left)).await {
+            match tokio::time::timeout(bound, acquire(&locker, &args, left)).await {
                 Ok(acquired) => acquired.map(|lease| (locker, lease)),
                 Err(_) => {
                     return unanswered(
@@ -72,7 +73,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         None => {
             async {
                 let locker = open(&args.backend).await?;
-                let lease = acquire(&*locker, &args, wait).await?;
+                let lease = acquire(&locker, &args, wait).await?;
                 Ok::<_, Error>((locker, lease))
             }
             .await
@@ -87,11 +88,19 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                 .wait
                 .map(|w| format!(" after waiting {}", humantime::format_duration(w)))
                 .unwrap_or_default();
-            let how = if args.shared { " exclusively" } else { "" };
-            eprintln!(
-                "distlock: lock {:?} is held{how} elsewhere{waited}",
-                args.key
-            );
+            match args.limit {
+                Some(permits) => eprintln!(
+                    "distlock: all {permits} permits of {:?} are held elsewhere{waited}",
+                    args.key
+                ),
+                None => {
+                    let how = if args.shared { " exclusively" } else { "" };
+                    eprintln!(
+                        "distlock: lock {:?} is held{how} elsewhere{waited}",
+                        args.key
+                    );
+                }
+            }
             return args.conflict_exit_code;
         }
         Err(error) => return fail(&error),
@@ -121,12 +130,21 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     code
 }
 
-/// The lease `run` asks for: shared with `--shared`, else exclusive.
-async fn acquire(locker: &dyn Locker, args: &RunArgs, wait: Duration) -> Result<Lease, Error> {
-    if args.shared {
-        locker.lock_shared(&args.key, args.ttl, wait).await
-    } else {
-        locker.lock(&args.key, args.ttl, wait).await
+/// The lock `--key` (a shared lease of it with `--shared`), or with
+/// `--limit N` one of its N permits, waiting up to `timeout`.
+async fn acquire(
+    locker: &Arc<dyn Locker>,
+    args: &RunArgs,
+    timeout: Duration,
+) -> distlock::Result<Lease> {
+    match args.limit {
+        Some(permits) => {
+            Semaphore::new(locker.clone(), args.key.clone(), permits)?
+                .acquire(args.ttl, timeout)
+                .await
+        }
+        None if args.shared => locker.lock_shared(&args.key, args.ttl, timeout).await,
+        None => locker.lock(&args.key, args.ttl, timeout).await,
     }
 }
 

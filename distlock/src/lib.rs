@@ -7,8 +7,9 @@
 //! behaviour is written once as wrappers around any `Locker` and composed with
 //! [`LockerExt`]: [`WaitLocker`] (wait policy), [`PrefixLocker`] (key namespaces),
 //! [`BreakerLocker`] (fail fast while a backend is down), [`MetricsLocker`] and
-//! [`TraceLocker`] (observability). Leader election ([`elect`]) is composed
-//! over the same contract, so it works on every backend too.
+//! [`TraceLocker`] (observability). Leader election ([`elect`]) and
+//! counting semaphores ([`semaphore`]) are composed over the same contract,
+//! so they work on every backend too.
 //!
 //! ```
 //! use std::time::Duration;
@@ -143,6 +144,7 @@ mod prefix;
 pub mod redis;
 #[cfg(feature = "redlock")]
 pub mod redlock;
+pub mod semaphore;
 #[cfg(any(feature = "postgres", feature = "etcd", feature = "mysql"))]
 mod session_registry;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

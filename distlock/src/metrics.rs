@@ -403,6 +403,14 @@ pub fn describe_metrics() {
         "Leader changes seen by this process's observers, by election."
     );
     describe_counter!(
+        "distlock_semaphore_acquires_total",
+        "Semaphore acquire calls, by semaphore, operation (try_acquire, acquire) and outcome (acquired, full, timeout, error kind)."
+    );
+    describe_gauge!(
+        "distlock_semaphore_permits_held",
+        "Semaphore permits this process holds now, by semaphore."
+    );
+    describe_counter!(
         "distlock_cron_ticks_total",
         "Cron ticks seen by this replica, by job and outcome (ran, failed, lost, stopped, held_elsewhere, previous_running, already_ran, missed, claim_failed)."
     );

@@ -112,6 +112,17 @@ impl ReleaseWatch {
     pub async fn next(&mut self) -> bool {
         self.events.next().await.is_some()
     }
+
+    /// One watch of the releases of all of `watches` (a semaphore's
+    /// permits): an event of any of them is an event, and it ends when all
+    /// have ended. `None` for none.
+    pub(crate) fn merge(watches: Vec<ReleaseWatch>) -> Option<ReleaseWatch> {
+        (!watches.is_empty()).then(|| ReleaseWatch {
+            events: Box::pin(futures_util::stream::select_all(
+                watches.into_iter().map(|watch| watch.events),
+            )),
+        })
+    }
 }
 
 impl fmt::Debug for ReleaseWatch {
@@ -135,7 +146,16 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     timeout: Duration,
     policy: &WaitPolicy,
 ) -> Result<Lease> {
-    acquire_as(locker, key, ttl, timeout, policy, Mode::Exclusive).await
+    crate::validate::acquire(key, ttl)?;
+    acquire_with(
+        locker.backend(),
+        key,
+        timeout,
+        policy,
+        || locker.try_lock(key, ttl),
+        locker.watch_releases(key),
+    )
+    .await
 }
 
 /// [`acquire`] for a shared lease: the implementation of
@@ -149,25 +169,37 @@ pub(crate) async fn acquire_shared<L: Locker + ?Sized>(
     timeout: Duration,
     policy: &WaitPolicy,
 ) -> Result<Lease> {
-    acquire_as(locker, key, ttl, timeout, policy, Mode::Shared).await
+    crate::validate::acquire(key, ttl)?;
+    acquire_with(
+        locker.backend(),
+        key,
+        timeout,
+        policy,
+        || locker.try_lock_shared(key, ttl),
+        locker.watch_releases(key),
+    )
+    .await
 }
 
-/// Which kind of lease a wait is for.
-#[derive(Debug, Clone, Copy)]
-enum Mode {
-    Exclusive,
-    Shared,
-}
-
-async fn acquire_as<L: Locker + ?Sized>(
-    locker: &L,
+/// The waiting loop of [`acquire`], over any single `attempt` (one
+/// `try_lock`, or a semaphore's pass over its permits) and the `releases`
+/// that say an attempt may now succeed: one attempt, then (if it found
+/// everything held) the subscription, then attempts with jittered backoff,
+/// woken early by a release. `key` names what is waited for in errors.
+///
+/// Returns within `timeout` + [`DEADLINE_GRACE`] (see [`acquire`]).
+pub(crate) async fn acquire_with<A, F>(
+    backend: &'static str,
     key: &str,
-    ttl: Duration,
     timeout: Duration,
     policy: &WaitPolicy,
-    mode: Mode,
-) -> Result<Lease> {
-    crate::validate::acquire(key, ttl)?;
+    attempt: A,
+    releases: impl std::future::Future<Output = Result<Option<ReleaseWatch>>>,
+) -> Result<Lease>
+where
+    A: Fn() -> F,
+    F: std::future::Future<Output = Result<Option<Lease>>>,
+{
     let started = Instant::now();
     let deadline = checked_deadline(started, timeout);
     // What is left of `timeout + grace`, the bound of the whole call.
@@ -178,17 +210,7 @@ async fn acquire_as<L: Locker + ?Sized>(
                 .saturating_add(DEADLINE_GRACE)
         })
     };
-    let attempt = || {
-        bounded(
-            locker.backend(),
-            "acquire",
-            left(),
-            match mode {
-                Mode::Exclusive => locker.try_lock(key, ttl),
-                Mode::Shared => locker.try_lock_shared(key, ttl),
-            },
-        )
-    };
+    let attempt = || bounded(backend, "acquire", left(), attempt());
     let timed_out = |now: Instant| Error::Timeout {
         key: key.to_owned(),
         waited: now.saturating_duration_since(started),
@@ -204,13 +226,7 @@ async fn acquire_as<L: Locker + ?Sized>(
     // failed attempt and the subscription is then caught by the next attempt
     // rather than missed (Redisson's lost wake-ups came from waiting on a
     // subscription made after the last attempt).
-    let mut releases = bounded(
-        locker.backend(),
-        "watch releases",
-        left(),
-        locker.watch_releases(key),
-    )
-    .await?;
+    let mut releases = bounded(backend, "watch releases", left(), releases).await?;
     let mut delay = policy.initial_delay;
     loop {
         if let Some(lease) = attempt().await? {

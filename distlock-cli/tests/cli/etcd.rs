@@ -259,3 +259,18 @@ fn elect_fails_over_after_kill_9_within_the_lease_without_overlap() {
         "failover took {took:?}, past the 2 s lease and a leader change's second"
     );
 }
+
+/// `distlock run --limit 3` on etcd: eight contending loops, never more than
+/// three commands at once; a SIGKILLed holder's permit returns when its
+/// lease (2 s) lapses.
+#[test]
+fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_its_lease() {
+    let server = EtcdServer::start();
+    crate::limit::eight_loops_never_run_more_than_three_commands(&server.url(), "import");
+    crate::limit::a_killed_holders_permit_returns_within(
+        &server.url(),
+        "killed",
+        "2s",
+        Duration::from_secs(5),
+    );
+}

@@ -13,6 +13,7 @@ mod etcd;
 mod file;
 #[cfg(feature = "redis")]
 mod inspect;
+mod limit;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

@@ -513,3 +513,18 @@ fn elect_fails_over_after_kill_9_at_once_without_overlap() {
         "failover took {took:?}: a dead session frees the election at once"
     );
 }
+
+/// `distlock run --limit 3` on Postgres: eight contending loops, never more
+/// than three commands at once; a SIGKILLed holder's session dies with it
+/// and its permit returns at once.
+#[test]
+fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_once() {
+    let server = PostgresServer::start();
+    crate::limit::eight_loops_never_run_more_than_three_commands(&server.url(), "import");
+    crate::limit::a_killed_holders_permit_returns_within(
+        &server.url(),
+        "killed",
+        "15s",
+        Duration::from_secs(2),
+    );
+}

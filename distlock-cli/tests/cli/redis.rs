@@ -572,3 +572,18 @@ fn elect_a_paused_leaders_late_writes_are_rejected_by_the_next_term() {
     let server = RedisServer::start();
     crate::elect::a_paused_leaders_late_writes_are_fenced(&server.url(), "paused-leader");
 }
+
+/// `distlock run --limit 3` on Redis: eight contending loops, never more
+/// than three commands at once; a SIGKILLed holder's permit returns when
+/// its ttl (2 s) runs out.
+#[test]
+fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_its_ttl() {
+    let server = RedisServer::start();
+    crate::limit::eight_loops_never_run_more_than_three_commands(&server.url(), "import");
+    crate::limit::a_killed_holders_permit_returns_within(
+        &server.url(),
+        "killed",
+        "2s",
+        Duration::from_secs(4),
+    );
+}

@@ -27,6 +27,12 @@
 //!   dead process's locks) and one ttl on expiring ones (Redis, etcd,
 //!   Redlock). Candidates wait on the backend's release notification where it
 //!   has one, so a resign hands over in a few round trips.
+//! - **Observable**: campaigns, terms begun and ended (with why), their
+//!   length and leader changes seen by observers are counted through the
+//!   `metrics` facade with the election's name as a label (see
+//!   [`describe_metrics`](crate::describe_metrics); keep the number of
+//!   election names bounded), and logged through `tracing` (a
+//!   `distlock.campaign` span, a line per term).
 //! - **The leader proclaims a value** ([`Election::proclaim`]: its address,
 //!   for example), recorded as the holder label of its lock, where
 //!   [`Observer`]s and `distlock status` read it.

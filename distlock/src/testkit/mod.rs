@@ -48,8 +48,10 @@ use crate::inspect::{with_label, ForceRelease, HeldLock};
 use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
 
 mod election;
+mod semaphore;
 mod shared;
 pub use election::*;
+pub use semaphore::*;
 pub use shared::*;
 
 type Factory = dyn Fn() -> BoxFuture<'static, Arc<dyn Locker>> + Send + Sync;
@@ -1519,6 +1521,10 @@ macro_rules! conformance_suite {
             election_resign_hands_over,
             election_ended_term_stops_work_before_the_next_begins,
             election_observer_sees_each_term_in_order,
+            semaphore_never_has_more_than_n_holders,
+            semaphore_release_wakes_a_waiter,
+            semaphore_dropped_permit_returns,
+            semaphore_refuses_a_larger_limit_in_use,
             shared_holders_coexist,
             exclusive_is_contention_while_shared_held,
             shared_is_contention_while_exclusive_held,
