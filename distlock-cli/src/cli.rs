@@ -505,6 +505,22 @@ mod tests {
         assert_eq!(args.wait, None);
     }
 
+    #[test]
+    fn shared_is_a_flag_of_run_and_excludes_limit() {
+        let cli = Cli::try_parse_from(["distlock", "run", "--shared", "--key", "k", "--", "true"])
+            .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(args.shared && args.limit.is_none());
+        // A permit of a semaphore and a reader lease are different things:
+        // asking for both is a usage error, not one silently ignored.
+        let both = Cli::try_parse_from([
+            "distlock", "run", "--shared", "--limit", "3", "--key", "k", "--", "true",
+        ]);
+        assert!(both.is_err());
+    }
+
     /// Every unit humantime accepts.
     const UNITS: &[&str] = &[
         "nsec", "ns", "usec", "us", "msec", "ms", "seconds", "second", "sec", "s", "minutes",
