@@ -157,6 +157,16 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub(crate) limit: Option<u32>,
 
+    /// Take a shared (reader) lease instead of an exclusive one: any number
+    /// of `--shared` runs of KEY hold it at once, and none while an
+    /// exclusive `run` holds it (nor an exclusive one while any of them
+    /// does). Everything else (supervision, --wait, exit codes) is as for
+    /// an exclusive run. A waiting exclusive run does not hold new readers
+    /// back. On a backend without shared locks (Redis, Redlock, etcd,
+    /// Postgres, MySQL for now) it exits 64 with the reason.
+    #[arg(long, conflicts_with = "limit")]
+    pub(crate) shared: bool,
+
     /// How long CMD's process group gets between SIGTERM and SIGKILL, when
     /// the lock is lost, reaches --max-hold, or CMD's first process exits and
     /// leaves others behind. Capped at ttl/2 - drift margin (ttl/100 + 100ms)
@@ -506,6 +516,22 @@ mod tests {
         assert_eq!(args.command, ["ls", "-l", "--wait"]);
         assert_eq!(args.ttl, Duration::from_secs(30));
         assert_eq!(args.wait, None);
+    }
+
+    #[test]
+    fn shared_is_a_flag_of_run_and_excludes_limit() {
+        let cli = Cli::try_parse_from(["distlock", "run", "--shared", "--key", "k", "--", "true"])
+            .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(args.shared && args.limit.is_none());
+        // A permit of a semaphore and a reader lease are different things:
+        // asking for both is a usage error, not one silently ignored.
+        let both = Cli::try_parse_from([
+            "distlock", "run", "--shared", "--limit", "3", "--key", "k", "--", "true",
+        ]);
+        assert!(both.is_err());
     }
 
     /// Every unit humantime accepts.

@@ -34,7 +34,8 @@ Exit status of `distlock run`:
                   reached --max-hold while CMD ran; CMD's process group was
                   stopped before the lock was released (not started
                   if the lock was lost or about to lapse before it could)
-  64              bad usage: flags, URL, key or ttl
+  64              bad usage: flags, URL, key or ttl; --shared on a backend
+                  without shared locks
   69              the backend is unreachable or failed
   70              distlock could not set up (signal handlers, watchdog)
   126 / 127       CMD could not be executed / was not found

@@ -191,6 +191,9 @@ struct LockReport {
     /// What a holder that is not distlock wrote as the lock's value (an
     /// `etcdctl elect` candidate's proposal).
     value: Option<String>,
+    /// Held by shared (reader) holders; `holder` is then one of them, or
+    /// `null` where readers leave no record (file).
+    shared: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -214,6 +217,7 @@ impl LockReport {
             fencing_token: None,
             session: None,
             value: None,
+            shared: false,
         }
     }
 }
@@ -238,6 +242,7 @@ impl From<&HeldLock> for LockReport {
             fencing_token: held.fencing_token,
             session: held.session.clone(),
             value: held.value.clone(),
+            shared: held.shared,
         }
     }
 }
@@ -266,6 +271,10 @@ fn describe(held: &HeldLock, now: SystemTime) -> String {
             rows.push(("pid", holder.pid.to_string()));
             rows.push(("label", printable(&holder.label)));
         }
+        None if held.shared => rows.push((
+            "holder",
+            "unknown (shared holders leave no record on this backend)".into(),
+        )),
         None => rows.push((
             "holder",
             "unknown (held by a client that left no record)".into(),
@@ -299,7 +308,8 @@ fn describe(held: &HeldLock, now: SystemTime) -> String {
     if let Some(value) = &held.value {
         rows.push(("value", printable(value)));
     }
-    let mut out = format!("{:?} is held\n", held.key);
+    let how = if held.shared { " shared" } else { "" };
+    let mut out = format!("{:?} is held{how}\n", held.key);
     for (name, value) in rows {
         out.push_str(&format!("  {name:<9} {value}\n"));
     }
@@ -347,7 +357,13 @@ fn row(held: &HeldLock, now: SystemTime) -> [String; 8] {
             holder.pid.to_string(),
             printable(&holder.label),
         ),
+        None if held.shared => ("?".into(), "?".into(), "(shared holders)".into()),
         None => ("?".into(), "?".into(), "(unknown holder)".into()),
+    };
+    let label = if held.shared && held.holder.is_some() {
+        format!("{label} (shared)")
+    } else {
+        label
     };
     [
         printable(&held.key),

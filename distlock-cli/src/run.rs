@@ -93,7 +93,13 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                     "distlock: all {permits} permits of {:?} are held elsewhere{waited}",
                     args.key
                 ),
-                None => eprintln!("distlock: lock {:?} is held elsewhere{waited}", args.key),
+                None => {
+                    let how = if args.shared { " exclusively" } else { "" };
+                    eprintln!(
+                        "distlock: lock {:?} is held{how} elsewhere{waited}",
+                        args.key
+                    );
+                }
             }
             return args.conflict_exit_code;
         }
@@ -124,8 +130,8 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     code
 }
 
-/// The lock `--key`, or with `--limit N` one of its N permits, waiting up to
-/// `timeout`.
+/// The lock `--key` (a shared lease of it with `--shared`), or with
+/// `--limit N` one of its N permits, waiting up to `timeout`.
 async fn acquire(
     locker: &Arc<dyn Locker>,
     args: &RunArgs,
@@ -137,6 +143,7 @@ async fn acquire(
                 .acquire(args.ttl, timeout)
                 .await
         }
+        None if args.shared => locker.lock_shared(&args.key, args.ttl, timeout).await,
         None => locker.lock(&args.key, args.ttl, timeout).await,
     }
 }

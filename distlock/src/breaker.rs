@@ -89,12 +89,13 @@ struct Circuit {
 /// - Only backend failures ([`Error::Backend`], [`Error::DeadlineExceeded`]) count. Contention, `NotHeld`,
 ///   and invalid input are healthy answers: the backend responded.
 /// - After [`BreakerConfig::failure_threshold`] consecutive failures the
-///   circuit opens: `try_lock`, `lock` and `watch_releases` fail at once with
+///   circuit opens: `try_lock`, `lock`, their shared forms
+///   (`try_lock_shared`, `lock_shared`) and `watch_releases` fail at once with
 ///   [`Error::Unavailable`] for [`BreakerConfig::open_for`], then one probe is
 ///   let through (half-open); its success closes the circuit, its failure
 ///   reopens it.
 /// - The half-open probe is the first backend answer: a `try_lock`, or the
-///   first attempt of a `lock` (after which, if the key was merely held, the
+///   first attempt of a `lock` (shared ones alike; after which, if the key was merely held, the
 ///   wait goes on as a normal call), never a whole wait. A probe whose future
 ///   is dropped before it answered reopens the circuit.
 /// - `unlock` and `refresh` are never blocked: they concern a lock that may be
@@ -300,6 +301,42 @@ impl<L: Locker> BreakerLocker<L> {
     fn own(&self, lease: Lease) -> Lease {
         lease.rebind(self.leases.get_or_init(|| Arc::new(self.clone())))
     }
+
+    /// `lock` and `lock_shared` through the circuit, written once: `attempt`
+    /// is one try of the kind asked for, `wait` the inner locker's wait for
+    /// it with what is left of `timeout`.
+    async fn guarded_wait<'a, A, W>(
+        &'a self,
+        key: &str,
+        timeout: Duration,
+        attempt: impl FnOnce() -> A,
+        wait: impl FnOnce(Duration) -> W,
+    ) -> Result<Lease>
+    where
+        A: std::future::Future<Output = Result<Option<Lease>>> + 'a,
+        W: std::future::Future<Output = Result<Lease>> + 'a,
+    {
+        let started = Instant::now();
+        if self.state() != BreakerState::Closed {
+            // Probe with one attempt, not a whole wait that would hold the
+            // probe (and with it every other acquisition) for `timeout`.
+            if let Some(lease) = self.guarded(attempt()).await? {
+                return Ok(self.own(lease));
+            }
+            if timeout.is_zero() {
+                return Err(Error::not_acquired(key));
+            }
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() && !timeout.is_zero() {
+            return Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: started.elapsed(),
+            });
+        }
+        let lease = self.guarded(wait(left)).await?;
+        Ok(self.own(lease))
+    }
 }
 
 // Every method is written out or named in `forward_to_inner!`: a method
@@ -314,26 +351,26 @@ impl<L: Locker> Locker for BreakerLocker<L> {
         Ok(lease.map(|lease| self.own(lease)))
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let started = Instant::now();
-        if self.state() != BreakerState::Closed {
-            // Probe with one attempt, not a whole wait that would hold the
-            // probe (and with it every other acquisition) for `timeout`.
-            if let Some(lease) = self.guarded(self.inner.try_lock(key, ttl)).await? {
-                return Ok(self.own(lease));
-            }
-            if timeout.is_zero() {
-                return Err(Error::not_acquired(key));
-            }
-        }
-        let left = timeout.saturating_sub(started.elapsed());
-        if left.is_zero() && !timeout.is_zero() {
-            return Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: started.elapsed(),
-            });
-        }
-        let lease = self.guarded(self.inner.lock(key, ttl, left)).await?;
-        Ok(self.own(lease))
+        self.guarded_wait(
+            key,
+            timeout,
+            || self.inner.try_lock(key, ttl),
+            |left| self.inner.lock(key, ttl, left),
+        )
+        .await
+    }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let lease = self.guarded(self.inner.try_lock_shared(key, ttl)).await?;
+        Ok(lease.map(|lease| self.own(lease)))
+    }
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.guarded_wait(
+            key,
+            timeout,
+            || self.inner.try_lock_shared(key, ttl),
+            |left| self.inner.lock_shared(key, ttl, left),
+        )
+        .await
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         let result = self.inner.unlock(key, owner).await;

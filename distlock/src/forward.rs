@@ -110,6 +110,12 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         (**self).lock(key, ttl, timeout).await
     }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        (**self).try_lock_shared(key, ttl).await
+    }
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        (**self).lock_shared(key, ttl, timeout).await
+    }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         (**self).unlock(key, owner).await
     }

@@ -53,6 +53,12 @@
 //!   supports it ([`Capabilities`]).
 //! - A [`Lease`] carries a strictly increasing fencing token and a
 //!   [`LostSignal`]; dropping it still releases the lock.
+//! - [`Locker::try_lock_shared`] and [`Locker::lock_shared`] take a shared
+//!   (reader) lease where [`Capabilities::shared`] says so: shared holders
+//!   coexist, an exclusive lock excludes them and they exclude it. A shared
+//!   lease is a [`Lease`] like any other; its fencing token is the key's
+//!   latest exclusive grant's, not advanced (see
+//!   [`try_lock_shared`](Locker::try_lock_shared)).
 //!
 //! # Backends
 //!
@@ -85,11 +91,19 @@
 //!   `Dialect` trait in `sql/dialect.rs`), not a copy of `postgres/` or
 //!   `mysql/`: its folder holds its driver session, SQL text, key mapping,
 //!   TLS and errors.
-//! - **A coordination primitive** (election, semaphore, shared lock): a
+//! - **A coordination primitive** (election, semaphore): a
 //!   module written once over [`Locker`] and [`Lease`], so every backend and
 //!   every wrapper serves it, with its checks in the conformance suite; a
 //!   backend-native path only where it measures better or a backend's own
 //!   tools must interoperate.
+//! - **Shared locks on a backend**: they need the backend's own reader
+//!   mode (`flock(LOCK_SH)`, a reader count beside the exclusive entry), so
+//!   they are trait methods, not a module over [`Locker`]: override
+//!   [`Locker::try_lock_shared`] (and [`Locker::lock_shared`] for a
+//!   server-side wait), set [`Capabilities::shared`], and make
+//!   [`Locker::unlock`] and [`Locker::refresh`] find shared holders by
+//!   their owner token too; the suite's shared checks (`testkit/shared.rs`)
+//!   then run on it.
 //! - **Cross-cutting behaviour**: a wrapper like [`MetricsLocker`], with
 //!   the pass-through methods from `forward.rs`.
 
@@ -200,6 +214,11 @@ pub struct Capabilities {
     /// [`Locker::force_release`] can free a lock whatever its owner, in at
     /// least one [`inspect::ForceRelease`] way (the backend's docs say which).
     pub force_release: bool,
+    /// [`Locker::try_lock_shared`] and [`Locker::lock_shared`] grant shared
+    /// (reader) leases: shared holders coexist, an exclusive lock excludes
+    /// them and they exclude it. Where false, both are
+    /// [`Error::Unsupported`] with the reason.
+    pub shared: bool,
 }
 
 impl Capabilities {
@@ -224,6 +243,7 @@ impl Capabilities {
         inspect: true,
         list: true,
         force_release: true,
+        shared: true,
     };
 }
 
@@ -273,7 +293,10 @@ impl MarkAdvance {
 ///   where it yields, bounded by `timeout` + [`DEADLINE_GRACE`]); override it
 ///   only for a server-side wait, and keep that bound
 ///   (`deadline::bounded` inside the crate). [`refresh`](Locker::refresh),
-///   [`forget`](Locker::forget): `Unsupported`. `watch_releases`: none.
+///   [`forget`](Locker::forget), [`try_lock_shared`](Locker::try_lock_shared):
+///   `Unsupported` (a backend without shared locks overrides it only to give
+///   its own reason). [`lock_shared`](Locker::lock_shared): the same waiting
+///   loop over `try_lock_shared`. `watch_releases`: none.
 ///   [`backend_key`](Locker::backend_key): the key itself.
 /// - **Cancel safety**: `try_lock` must be safe to drop at any await point
 ///   (the waiting loop and callers' timeouts drop it): an attempt that may
@@ -355,6 +378,104 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// waiter that is gone.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         wait::acquire(self, key, ttl, timeout, &WaitPolicy::default()).await
+    }
+
+    /// One non-blocking attempt to take a **shared** (reader) lease on `key`
+    /// for `ttl`.
+    ///
+    /// Shared holders coexist; an exclusive lock ([`try_lock`](Locker::try_lock),
+    /// [`lock`](Locker::lock)) excludes them and they exclude it. `Ok(None)`:
+    /// an exclusive holder has the key (contention). The lease is a [`Lease`]
+    /// like any other: owner token, release (also by
+    /// [`unlock`](Locker::unlock) with its owner token), drop-safety,
+    /// [`refresh`](Locker::refresh) and keepalive where the backend has them,
+    /// and the lost signal.
+    ///
+    /// **Fencing token**: the token of the key's latest exclusive grant, not
+    /// advanced (0 if the key was never locked exclusively; memory's counter
+    /// is shared by every key, so there it is that counter). Shared holders
+    /// do not exclude each other, so nothing among them needs ordering; what
+    /// a resource needs is their order against writers, and that holds: a
+    /// shared lease's token is at least every earlier writer's and less than
+    /// every later writer's, so a resource that has seen writer `N + 1` can
+    /// reject a reader still presenting `N`. Tokens thus strictly increase
+    /// over exclusive grants and never decrease over all grants. (Advancing
+    /// the counter per reader would also make readers write the shared
+    /// state they only read: on the file backend, concurrent readers would
+    /// clobber one record.)
+    ///
+    /// **A waiting writer does not block new readers** on the backends that
+    /// have shared locks now (memory, file): a writer waiting in
+    /// [`lock`](Locker::lock) polls (or is woken) and gets the key only when
+    /// no reader holds it, so a steady overlap of readers can starve it.
+    /// Each backend's docs say so; the conformance suite checks it.
+    ///
+    /// The default is [`Error::Unsupported`] ([`Capabilities::shared`]
+    /// false); backends without a reader mode say why.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Locker::try_lock); [`Error::Unsupported`] where the
+    /// backend has no shared locks.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Locker::try_lock): a dropped attempt leaves no lock
+    /// held for a caller that is gone.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::{memory::MemoryLocker, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = MemoryLocker::new();
+    /// let ttl = Duration::from_secs(30);
+    /// let a = locker.try_lock_shared("catalog", ttl).await?.unwrap();
+    /// let b = locker.try_lock_shared("catalog", ttl).await?.unwrap();
+    /// // Readers beside readers; a writer is contention until both are gone.
+    /// assert!(locker.try_lock("catalog", ttl).await?.is_none());
+    /// a.release().await?;
+    /// b.release().await?;
+    /// assert!(locker.try_lock("catalog", ttl).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let _ = (key, ttl);
+        Err(Error::unsupported(
+            self.backend(),
+            "try_lock_shared",
+            "this backend has no shared locks",
+        ))
+    }
+
+    /// Waits up to `timeout` to take a shared (reader) lease on `key` for
+    /// `ttl`: [`try_lock_shared`](Locker::try_lock_shared) as
+    /// [`lock`](Locker::lock) is to [`try_lock`](Locker::try_lock), with the
+    /// same zero-timeout rule and the same bound (`timeout` +
+    /// [`DEADLINE_GRACE`]).
+    ///
+    /// The default is the shared waiting loop over
+    /// [`try_lock_shared`](Locker::try_lock_shared), woken by
+    /// [`watch_releases`](Locker::watch_releases): a backend that implements
+    /// `try_lock_shared` gets a correct wait for free, as it does for
+    /// `lock`; on a backend without shared locks the first attempt's
+    /// [`Error::Unsupported`] is the answer, at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Locker::lock); [`Error::Unsupported`] where the backend
+    /// has no shared locks.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Locker::lock): dropping the future ends the wait, and
+    /// nothing is granted to a waiter that is gone.
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        wait::acquire_shared(self, key, ttl, timeout, &WaitPolicy::default()).await
     }
 
     /// Releases `key` if `owner` holds it; otherwise [`Error::NotHeld`] and

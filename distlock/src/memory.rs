@@ -10,11 +10,22 @@
 //! - **Fencing**: one counter per locker shared by all keys, so tokens strictly
 //!   increase per key (and across keys), even after [`Locker::forget`].
 //! - **Waiting**: a release wakes waiters at once; expiry is found by polling.
+//! - **Shared locks** ([`Locker::try_lock_shared`]): readers are kept beside
+//!   the exclusive entry, each with its own owner token and ttl (refresh,
+//!   expiry and release are per reader). A shared lease's fencing token is
+//!   the locker's counter as it stands, not advanced: at least the key's
+//!   last writer's, below its next writer's. **A waiting writer does not
+//!   block new readers**: a writer in [`Locker::lock`] is woken by each
+//!   release and gets the key only once no reader holds it, so readers that
+//!   keep overlapping can starve it.
 //! - **Marks** ([`Locker::advance_mark`]) live as long as the locker: a
 //!   scheduler restarted in a new process starts with none.
 //! - **Inspection**: [`Locker::inspect`] and [`Locker::list`] report every
 //!   field of [`HeldLock`] but `session` (the grant time on this process's
-//!   clock); [`Locker::force_release`] supports [`ForceRelease::Lock`].
+//!   clock); [`Locker::force_release`] supports [`ForceRelease::Lock`]. A
+//!   key held shared is reported with [`HeldLock::shared`] set and its
+//!   longest-held reader as the holder (`ttl_left`: until the last reader's
+//!   ttl runs out); a forced release evicts every reader.
 //! - **Not guaranteed**: anything across processes. Two `connect("memory://")`
 //!   calls give two independent lockers; share one by cloning it.
 
@@ -68,6 +79,10 @@ struct State {
 struct Table {
     /// By key, shared with the key's lease (its drop releases by it).
     entries: HashMap<Arc<str>, Entry>,
+    /// The shared holders of each key, by owner token. A key is in at most
+    /// one of `entries` (unexpired) and `readers` (non-empty, unexpired):
+    /// each grant checks the other map under the one table lock.
+    readers: HashMap<Arc<str>, HashMap<String, Entry>>,
     /// Expired entries are swept when the table grows past this.
     sweep_at: usize,
 }
@@ -105,6 +120,48 @@ impl Entry {
 
 const MIN_SWEEP_AT: usize = 1024;
 
+impl Table {
+    /// Whether an unexpired exclusive holder has `key`.
+    fn held_exclusive(&self, key: &str, now: Instant) -> bool {
+        self.entries.get(key).is_some_and(|e| e.expires_at > now)
+    }
+
+    /// Whether an unexpired reader has `key`.
+    fn held_shared(&self, key: &str, now: Instant) -> bool {
+        self.readers
+            .get(key)
+            .is_some_and(|readers| readers.values().any(|e| e.expires_at > now))
+    }
+
+    /// What inspection reports of `key`'s readers, if any is unexpired:
+    /// the longest-held one, lasting until the last one's ttl runs out.
+    fn held_readers(&self, key: &str, now: Instant) -> Option<HeldLock> {
+        let readers = self.readers.get(key)?;
+        let live = || readers.values().filter(|e| e.expires_at > now);
+        let first = live().min_by_key(|e| e.granted_at)?;
+        let last_expiry = live().map(|e| e.expires_at).max()?;
+        Some(HeldLock {
+            ttl_left: Some(last_expiry.saturating_duration_since(now)),
+            shared: true,
+            ..first.held(key, now)
+        })
+    }
+
+    /// Drops expired entries once the table has grown past `sweep_at`.
+    fn sweep(&mut self, now: Instant) {
+        let size = self.entries.len() + self.readers.len();
+        if size >= self.sweep_at {
+            self.entries.retain(|_, e| e.expires_at > now);
+            self.readers.retain(|_, readers| {
+                readers.retain(|_, e| e.expires_at > now);
+                !readers.is_empty()
+            });
+            let size = self.entries.len() + self.readers.len();
+            self.sweep_at = (size * 2).max(MIN_SWEEP_AT);
+        }
+    }
+}
+
 impl MemoryLocker {
     /// An empty locker.
     pub fn new() -> Self {
@@ -115,18 +172,46 @@ impl MemoryLocker {
         util::lock(&self.state.locks)
     }
 
-    /// Removes `key` if `owner` holds it (expired or not); true if it was held
-    /// and unexpired.
+    /// Removes `key` if `owner` holds it (expired or not), exclusively or
+    /// as a reader; true if it was held and unexpired.
     fn remove_if_owner(&self, key: &str, owner: &str) -> bool {
         let mut table = self.table();
+        let now = Instant::now();
         let held = match table.entries.get(key) {
-            Some(entry) if entry.owner == owner => entry.expires_at > Instant::now(),
-            _ => return false,
+            Some(entry) if entry.owner == owner => {
+                let held = entry.expires_at > now;
+                table.entries.remove(key);
+                held
+            }
+            _ => {
+                let Some(readers) = table.readers.get_mut(key) else {
+                    return false;
+                };
+                let Some(reader) = readers.remove(owner) else {
+                    return false;
+                };
+                if readers.is_empty() {
+                    table.readers.remove(key);
+                }
+                reader.expires_at > now
+            }
         };
-        table.entries.remove(key);
         drop(table);
+        // A reader's release may be the last one a waiting writer needs.
         self.state.releases.notify(key);
         held
+    }
+
+    /// Builds the lease of a grant recorded under `table_key`.
+    fn lease(&self, table_key: Arc<str>, parts: LeaseParts) -> Lease {
+        let this = self.clone();
+        Lease::new(
+            parts,
+            self.state.leases.get_or_init(|| Arc::new(self.clone())),
+        )
+        .with_sync_unlock(move |_, owner| {
+            this.remove_if_owner(&table_key, owner);
+        })
     }
 }
 
@@ -150,13 +235,10 @@ impl Locker for MemoryLocker {
         let table_key: Arc<str> = key.into();
         let fencing_token = {
             let mut table = self.table();
-            if table.entries.get(key).is_some_and(|e| e.expires_at > now) {
+            if table.held_exclusive(key, now) || table.held_shared(key, now) {
                 return Ok(None);
             }
-            if table.entries.len() >= table.sweep_at {
-                table.entries.retain(|_, e| e.expires_at > now);
-                table.sweep_at = (table.entries.len() * 2).max(MIN_SWEEP_AT);
-            }
+            table.sweep(now);
             // Taken under the table lock so grants of one key get increasing tokens.
             let fencing_token = self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1;
             table.entries.insert(
@@ -179,16 +261,45 @@ impl Locker for MemoryLocker {
             ttl,
             valid_until: Some(now + ttl),
         };
-        let this = self.clone();
-        Ok(Some(
-            Lease::new(
-                parts,
-                self.state.leases.get_or_init(|| Arc::new(self.clone())),
-            )
-            .with_sync_unlock(move |_, owner| {
-                this.remove_if_owner(&table_key, owner);
-            }),
-        ))
+        Ok(Some(self.lease(table_key, parts)))
+    }
+
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        let now = Instant::now();
+        let owner = new_owner_token();
+        let label = inspect::current_label();
+        let table_key: Arc<str> = key.into();
+        let fencing_token = {
+            let mut table = self.table();
+            if table.held_exclusive(key, now) {
+                return Ok(None);
+            }
+            table.sweep(now);
+            // Read under the table lock, not advanced: the next writer's
+            // `fetch_add` then gives it a larger token than this reader's.
+            let fencing_token = self.state.fencing.load(Ordering::Relaxed);
+            table.readers.entry(table_key.clone()).or_default().insert(
+                owner.clone(),
+                Entry {
+                    owner: owner.clone(),
+                    expires_at: now + ttl,
+                    fencing_token,
+                    label,
+                    granted_at: SystemTime::now(),
+                    ttl,
+                },
+            );
+            fencing_token
+        };
+        let parts = LeaseParts {
+            key: key.to_owned(),
+            owner,
+            fencing_token: Some(fencing_token),
+            ttl,
+            valid_until: Some(now + ttl),
+        };
+        Ok(Some(self.lease(table_key, parts)))
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
@@ -199,8 +310,16 @@ impl Locker for MemoryLocker {
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
         let now = Instant::now();
-        match self.table().entries.get_mut(key) {
-            Some(entry) if entry.owner == owner && entry.expires_at > now => {
+        let mut table = self.table();
+        let entry = match table.entries.get_mut(key) {
+            Some(entry) if entry.owner == owner => Some(entry),
+            _ => table
+                .readers
+                .get_mut(key)
+                .and_then(|readers| readers.get_mut(owner)),
+        };
+        match entry {
+            Some(entry) if entry.expires_at > now => {
                 entry.expires_at = now + ttl;
                 entry.ttl = ttl;
                 Ok(())
@@ -218,14 +337,12 @@ impl Locker for MemoryLocker {
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
         let mut table = self.table();
-        if table
-            .entries
-            .get(key)
-            .is_some_and(|e| e.expires_at > Instant::now())
-        {
+        let now = Instant::now();
+        if table.held_exclusive(key, now) || table.held_shared(key, now) {
             return Err(Error::not_acquired(key));
         }
         table.entries.remove(key);
+        table.readers.remove(key);
         Ok(())
     }
 
@@ -234,18 +351,28 @@ impl Locker for MemoryLocker {
         let now = Instant::now();
         let table = self.table();
         let entry = table.entries.get(key).filter(|e| e.expires_at > now);
-        Ok(entry.map(|entry| entry.held(key, now)))
+        Ok(entry
+            .map(|entry| entry.held(key, now))
+            .or_else(|| table.held_readers(key, now)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let now = Instant::now();
-        let mut held: Vec<HeldLock> = self
-            .table()
+        let table = self.table();
+        let mut held: Vec<HeldLock> = table
             .entries
             .iter()
             .filter(|(key, entry)| key.starts_with(prefix) && entry.expires_at > now)
             .map(|(key, entry)| entry.held(key, now))
+            .chain(
+                table
+                    .readers
+                    .keys()
+                    .filter(|key| key.starts_with(prefix))
+                    .filter_map(|key| table.held_readers(key, now)),
+            )
             .collect();
+        drop(table);
         held.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(held)
     }
@@ -257,9 +384,14 @@ impl Locker for MemoryLocker {
             let mut table = self.table();
             let evicted = match table.entries.get(key) {
                 Some(entry) if entry.expires_at > now => entry.held(key, now),
-                _ => return Ok(None),
+                // Held shared: every reader goes.
+                _ => match table.held_readers(key, now) {
+                    Some(readers) => readers,
+                    None => return Ok(None),
+                },
             };
             table.entries.remove(key);
+            table.readers.remove(key);
             drop(table);
             self.state.releases.notify(key);
             Ok(Some(evicted))

@@ -19,7 +19,7 @@ use crate::{Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, Relea
 ///
 /// | name | kind | labels |
 /// | --- | --- | --- |
-/// | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`) |
+/// | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`, `try_lock_shared`, `lock_shared`) |
 /// | `distlock_acquired_total` | counter | backend, operation |
 /// | `distlock_contended_total` | counter | backend, operation |
 /// | `distlock_timeouts_total` | counter | backend |
@@ -133,6 +133,36 @@ impl<L: Locker> MetricsLocker<L> {
         error.kind_name()
     }
 
+    /// One attempt (`try_lock`, `try_lock_shared`) counted and timed under
+    /// `operation`.
+    async fn attempted(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<Option<Lease>>>,
+    ) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let result = call.await;
+        let outcome = self.acquire_outcome(operation, result.as_ref().map(Option::is_some));
+        self.timed(operation, outcome, started);
+        Ok(result?.map(|lease| self.observe(lease)))
+    }
+
+    /// One wait (`lock`, `lock_shared`) counted and timed under
+    /// `operation`, its duration also in the wait histogram.
+    async fn waited(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<Lease>>,
+    ) -> Result<Lease> {
+        let started = Instant::now();
+        let result = call.await;
+        let outcome = self.acquire_outcome(operation, result.as_ref().map(|_| true));
+        self.timed(operation, outcome, started);
+        histogram!("distlock_wait_duration_seconds", "backend" => self.inner.backend(), "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+        result.map(|lease| self.observe(lease))
+    }
+
     /// Counts an acquire attempt's outcome (`Ok(acquired?)`); returns the
     /// outcome label.
     fn acquire_outcome(
@@ -206,20 +236,20 @@ fn reason_name(reason: LostReason) -> &'static str {
 impl<L: Locker> Locker for MetricsLocker<L> {
     forward_to_inner!(backend, durability_warnings, capabilities, backend_key);
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        let started = Instant::now();
-        let result = self.inner.try_lock(key, ttl).await;
-        let outcome = self.acquire_outcome("try_lock", result.as_ref().map(Option::is_some));
-        self.timed("try_lock", outcome, started);
-        Ok(result?.map(|lease| self.observe(lease)))
+        self.attempted("try_lock", self.inner.try_lock(key, ttl))
+            .await
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let started = Instant::now();
-        let result = self.inner.lock(key, ttl, timeout).await;
-        let outcome = self.acquire_outcome("lock", result.as_ref().map(|_| true));
-        self.timed("lock", outcome, started);
-        histogram!("distlock_wait_duration_seconds", "backend" => self.inner.backend(), "outcome" => outcome)
-            .record(started.elapsed().as_secs_f64());
-        result.map(|lease| self.observe(lease))
+        self.waited("lock", self.inner.lock(key, ttl, timeout))
+            .await
+    }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.attempted("try_lock_shared", self.inner.try_lock_shared(key, ttl))
+            .await
+    }
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.waited("lock_shared", self.inner.lock_shared(key, ttl, timeout))
+            .await
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         let call = self.inner.unlock(key, owner);
@@ -313,7 +343,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "distlock_attempts_total",
-        "Acquire attempts (try_lock calls and lock calls)."
+        "Acquire attempts (try_lock and lock calls, shared ones included)."
     );
     describe_counter!("distlock_acquired_total", "Locks acquired.");
     describe_counter!(

@@ -93,6 +93,18 @@ impl<L: Locker> Locker for PrefixLocker<L> {
         let lease = lease.map_err(|e| e.map_key(|_| key.to_owned()))?;
         Ok(self.own(lease, key))
     }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        crate::validate::key(key)?;
+        let lease = self.inner.try_lock_shared(&self.full(key), ttl).await;
+        let lease = lease.map_err(|e| e.map_key(|_| key.to_owned()))?;
+        Ok(lease.map(|lease| self.own(lease, key)))
+    }
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        crate::validate::key(key)?;
+        let lease = self.inner.lock_shared(&self.full(key), ttl, timeout).await;
+        let lease = lease.map_err(|e| e.map_key(|_| key.to_owned()))?;
+        Ok(self.own(lease, key))
+    }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         crate::validate::key(key)?;
         let unlocked = self.inner.unlock(&self.full(key), owner).await;

@@ -13,7 +13,8 @@ use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Res
 
 /// Wraps a [`Locker`] so every operation runs in a span named
 /// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
-/// `distlock.unlock`, `distlock.refresh`) at INFO level, with fields:
+/// `distlock.try_lock_shared`, `distlock.lock_shared`, `distlock.unlock`,
+/// `distlock.refresh`) at INFO level, with fields:
 ///
 /// - `component = "distlock"`, `backend`;
 /// - `key` (as the caller named it) and `backend_key` (as stored, after
@@ -157,6 +158,44 @@ impl<L: Locker> Locker for TraceLocker<L> {
         let result = self
             .inner
             .lock(key, ttl, timeout)
+            .instrument(span.clone())
+            .await;
+        record_outcome(&span, &result, |_| "acquired");
+        Ok(self.own(result?, &span))
+    }
+
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let span = key_span!(
+            self,
+            "distlock.try_lock_shared",
+            key,
+            ttl_ms = ttl.as_millis() as u64,
+            fencing_token = Empty,
+        );
+        let result = self
+            .inner
+            .try_lock_shared(key, ttl)
+            .instrument(span.clone())
+            .await;
+        record_outcome(&span, &result, |lease| match lease {
+            Some(_) => "acquired",
+            None => "contended",
+        });
+        Ok(result?.map(|lease| self.own(lease, &span)))
+    }
+
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let span = key_span!(
+            self,
+            "distlock.lock_shared",
+            key,
+            ttl_ms = ttl.as_millis() as u64,
+            timeout_ms = timeout.as_millis() as u64,
+            fencing_token = Empty,
+        );
+        let result = self
+            .inner
+            .lock_shared(key, ttl, timeout)
             .instrument(span.clone())
             .await;
         record_outcome(&span, &result, |_| "acquired");

@@ -158,6 +158,29 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     .await
 }
 
+/// [`acquire`] for a shared lease: the implementation of
+/// [`Locker::lock_shared`] for every backend without a server-side wait.
+/// Woken by the same release notifications: the release of a writer or of a
+/// reader may each let the other kind in.
+pub(crate) async fn acquire_shared<L: Locker + ?Sized>(
+    locker: &L,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    policy: &WaitPolicy,
+) -> Result<Lease> {
+    crate::validate::acquire(key, ttl)?;
+    acquire_with(
+        locker.backend(),
+        key,
+        timeout,
+        policy,
+        || locker.try_lock_shared(key, ttl),
+        locker.watch_releases(key),
+    )
+    .await
+}
+
 /// The waiting loop of [`acquire`], over any single `attempt` (one
 /// `try_lock`, or a semaphore's pass over its permits) and the `releases`
 /// that say an attempt may now succeed: one attempt, then (if it found
@@ -297,6 +320,13 @@ impl<L: Locker> Locker for WaitLocker<L> {
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         acquire(&*self.inner, key, ttl, timeout, &self.policy).await
+    }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.inner.try_lock_shared(key, ttl).await
+    }
+    /// Waits under this wrapper's policy, as its `lock` does.
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        acquire_shared(&*self.inner, key, ttl, timeout, &self.policy).await
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         self.inner.unlock(key, owner).await

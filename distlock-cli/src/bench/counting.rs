@@ -79,6 +79,16 @@ impl Locker for CountingLocker {
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         Ok(self.rehome(self.inner.lock(key, ttl, timeout).await?))
     }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        Ok(self
+            .inner
+            .try_lock_shared(key, ttl)
+            .await?
+            .map(|lease| self.rehome(lease)))
+    }
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        Ok(self.rehome(self.inner.lock_shared(key, ttl, timeout).await?))
+    }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         self.inner.unlock(key, owner).await
     }

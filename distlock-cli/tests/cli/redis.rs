@@ -81,6 +81,32 @@ fn run_works_on_a_redis_cluster_and_behind_sentinel() {
     );
 }
 
+/// Redis has no shared locks yet: `run --shared` exits 64 with the
+/// reason, and never runs the command.
+#[test]
+fn run_shared_exits_64_with_the_reason_on_a_backend_without_shared_locks() {
+    let server = RedisServer::start();
+    let output = Command::new(BIN)
+        .args([
+            "run",
+            "--shared",
+            "--url",
+            &server.url(),
+            "--key",
+            "readers",
+            "--",
+            "false",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("shared locks are not done yet on Redis"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 #[tokio::test]
 async fn run_exits_75_when_another_client_holds_the_redis_lock() {
     let server = RedisServer::start();

@@ -19,6 +19,15 @@ use crate::{Error, Result};
 /// names it.
 type FileId = (u64, u64);
 
+/// How a lock file is `flock`ed now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Exclusively (`LOCK_EX`), by the process with this pid.
+    Write(u32),
+    /// Shared (`LOCK_SH`), by one or more processes.
+    Read,
+}
+
 /// How often a record written by another holder than the one the kernel
 /// names is read again: the new holder writes its record right after its
 /// `flock` is granted, so a mismatch lasts microseconds.
@@ -35,8 +44,10 @@ pub(super) async fn one(dir: &LockDir, name: &str, key: &str) -> Result<Option<H
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::backend(BACKEND, "inspect", with_path(e, path))),
         };
-        let Some(&holder_pid) = flock_holders()?.get(&id) else {
-            return Ok(None);
+        let holder_pid = match flock_holders()?.get(&id) {
+            None => return Ok(None),
+            Some(Access::Write(pid)) => *pid,
+            Some(Access::Read) => return shared(dir, name, key),
         };
         let record = match dir.open_file(name, false) {
             Ok(file) => read_record(&file, path)?,
@@ -104,6 +115,24 @@ fn key_of(dir: &LockDir, name: &str) -> Result<Option<String>> {
     Ok(recorded.or(named))
 }
 
+/// A lock file held shared: readers write no record (concurrent readers
+/// would clobber one another's), so the holders are unknown; the record,
+/// the last writer's, gives the key's current fencing token, which is
+/// what each reader's lease carries.
+fn shared(dir: &LockDir, name: &str, key: &str) -> Result<Option<HeldLock>> {
+    let path = &dir.path_of(name);
+    let record = match dir.open_file(name, false) {
+        Ok(file) => read_record(&file, path)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::backend(BACKEND, "inspect", with_path(e, path))),
+    };
+    Ok(Some(HeldLock {
+        fencing_token: Some(record.map_or(0, |r| r.fencing_token)),
+        shared: true,
+        ..HeldLock::new(key)
+    }))
+}
+
 fn held(key: &str, record: Record) -> HeldLock {
     let mut held = HeldLock {
         fencing_token: Some(record.fencing_token),
@@ -115,8 +144,8 @@ fn held(key: &str, record: Record) -> HeldLock {
     held
 }
 
-/// The files `flock`ed for writing now, with the pid that took each lock.
-fn flock_holders() -> Result<HashMap<FileId, u32>> {
+/// The files `flock`ed now, each with how (and for writing, by which pid).
+fn flock_holders() -> Result<HashMap<FileId, Access>> {
     const LOCKS: &str = "/proc/locks";
     let table = std::fs::read_to_string(LOCKS)
         .map_err(|e| Error::backend(BACKEND, "inspect", with_path(e, Path::new(LOCKS))))?;
@@ -124,20 +153,25 @@ fn flock_holders() -> Result<HashMap<FileId, u32>> {
 }
 
 /// One granted `flock` of `/proc/locks` (`1: FLOCK  ADVISORY  WRITE 4242
-/// fe:00:5311144 0 EOF`; see proc(5)); `None` for other lock kinds and for
-/// waiters (`1: -> FLOCK ...`).
-fn parse_lock_line(line: &str) -> Option<(FileId, u32)> {
+/// fe:00:5311144 0 EOF`, `READ` for a shared one; see proc(5)); `None` for
+/// other lock kinds and for waiters (`1: -> FLOCK ...`).
+fn parse_lock_line(line: &str) -> Option<(FileId, Access)> {
     let mut fields = line.split_whitespace().skip(1);
     let (kind, _mode, access) = (fields.next()?, fields.next()?, fields.next()?);
-    if kind != "FLOCK" || access != "WRITE" {
+    if kind != "FLOCK" || !matches!(access, "WRITE" | "READ") {
         return None;
     }
     let pid = fields.next()?.parse().ok()?;
+    let access = if access == "WRITE" {
+        Access::Write(pid)
+    } else {
+        Access::Read
+    };
     let mut id = fields.next()?.split(':');
     let major = u32::from_str_radix(id.next()?, 16).ok()?;
     let minor = u32::from_str_radix(id.next()?, 16).ok()?;
     let inode = id.next()?.parse().ok()?;
-    Some(((libc::makedev(major, minor), inode), pid))
+    Some(((libc::makedev(major, minor), inode), access))
 }
 
 #[cfg(test)]
@@ -149,12 +183,16 @@ mod tests {
         let dev = libc::makedev(0xfe, 0);
         assert_eq!(
             parse_lock_line("1: FLOCK  ADVISORY  WRITE 4242 fe:00:5311144 0 EOF"),
-            Some(((dev, 5311144), 4242))
+            Some(((dev, 5311144), Access::Write(4242)))
+        );
+        assert_eq!(
+            parse_lock_line("3: FLOCK  ADVISORY  READ 100 fe:00:78 0 EOF"),
+            Some(((dev, 78), Access::Read))
         );
         for other in [
             "1: -> FLOCK  ADVISORY  WRITE 4243 fe:00:5311144 0 EOF",
+            "1: -> FLOCK  ADVISORY  READ 4243 fe:00:5311144 0 EOF",
             "2: POSIX  ADVISORY  WRITE 99 fe:00:77 0 EOF",
-            "3: FLOCK  ADVISORY  READ 100 fe:00:78 0 EOF",
             "garbage",
         ] {
             assert_eq!(parse_lock_line(other), None, "{other:?}");
@@ -162,7 +200,7 @@ mod tests {
         let wide_minor = libc::makedev(0x103, 0x1a2);
         assert_eq!(
             parse_lock_line("4: FLOCK  ADVISORY  WRITE 7 103:1a2:12 0 EOF"),
-            Some(((wide_minor, 12), 7))
+            Some(((wide_minor, 12), Access::Write(7)))
         );
     }
 

@@ -24,6 +24,19 @@
 //!   deleted or replaced (which would let another process lock a new file).
 //! - **Waiting**: waiters in the same process are woken by a release; across
 //!   processes they poll.
+//! - **Shared locks** ([`Locker::try_lock_shared`]): `flock(LOCK_SH)` on the
+//!   same lock file, on a descriptor of its own, so the kernel lets readers
+//!   in beside readers (of any process, this one included) and keeps them
+//!   out while a `LOCK_EX` is held, and the other way round. A reader
+//!   writes no record: readers hold the file at the same time and would
+//!   clobber each other's. It reads the fencing counter instead, and its
+//!   lease carries that token, not advanced (the last writer's, 0 if none):
+//!   the next writer's is larger. Inspection reports a file held shared as
+//!   held, [`HeldLock::shared`], by unknown holders (`holder: None`), with
+//!   that token. Release by owner from another process: [`Error::NotHeld`]
+//!   (the record names no reader). **A waiting writer does not block new
+//!   readers**: waits poll with `LOCK_NB`, so a writer gets the file only
+//!   once no reader holds it, and overlapping readers can starve it.
 //! - **Directory safety**: a lock file another local user can replace is a
 //!   lock that user can break. The locker opens its directory once, walking
 //!   the path from `/` one component at a time without following a changed
@@ -121,7 +134,9 @@ struct Inner {
     /// Open for the locker's whole life: every file is reached through it.
     dir: LockDir,
     durable: bool,
-    held: Mutex<HashMap<String, Held>>,
+    /// By key: the exclusive hold, or any number of shared ones, taken
+    /// through this locker (each on a descriptor of its own).
+    held: Mutex<HashMap<String, Vec<Held>>>,
     releases: LocalReleases,
 }
 
@@ -228,19 +243,31 @@ impl FileLocker {
         self.inner.dir.path_of(&file_name(key, "lock"))
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Vec<Held>>> {
         util::lock(&self.inner.held)
+    }
+
+    /// Removes `owner`'s hold of `key` from `held`, if it has one.
+    fn take_held(held: &mut HashMap<String, Vec<Held>>, key: &str, owner: &str) -> Option<Held> {
+        let holds = held.get_mut(key)?;
+        let index = holds.iter().position(|h| h.owner == owner)?;
+        let taken = holds.swap_remove(index);
+        if holds.is_empty() {
+            held.remove(key);
+        }
+        Some(taken)
     }
 
     /// Drops the lock on `key` if `owner` holds it here; true if it did.
     fn release_held(&self, key: &str, owner: &str) -> bool {
         let mut held = self.held();
-        if held.get(key).is_none_or(|h| h.owner != owner) {
+        let Some(taken) = Self::take_held(&mut held, key, owner) else {
             return false;
-        }
-        // Dropping the file closes the descriptor, which frees the flock.
-        held.remove(key);
+        };
         drop(held);
+        // Closing the descriptor frees the flock; the last reader's release
+        // is what a waiting writer here needs to hear.
+        drop(taken);
         self.inner.releases.notify(key);
         true
     }
@@ -249,8 +276,26 @@ impl FileLocker {
     /// `key` here (it shares the `flock`: see [`Lease::duplicate_lock_fd`]).
     fn duplicate_held(&self, key: &str, owner: &str) -> Option<io::Result<std::os::fd::OwnedFd>> {
         let held = self.held();
-        let file = &held.get(key).filter(|h| h.owner == owner)?.file;
+        let file = &held.get(key)?.iter().find(|h| h.owner == owner)?.file;
         Some(file.try_clone().map(std::os::fd::OwnedFd::from))
+    }
+
+    /// Records `file` as `owner`'s hold of `key` and builds its lease.
+    fn grant(&self, key: &str, owner: String, file: File, parts: LeaseParts) -> Lease {
+        self.held().entry(key.to_owned()).or_default().push(Held {
+            owner: owner.clone(),
+            file,
+        });
+        let (this, sync_key) = (self.clone(), key.to_owned());
+        let (dup_this, dup_key, dup_owner) = (self.clone(), key.to_owned(), owner.clone());
+        Lease::new(
+            parts,
+            self.inner.leases.get_or_init(|| Arc::new(self.clone())),
+        )
+        .with_sync_release(move || {
+            this.release_held(&sync_key, &owner);
+        })
+        .with_lock_fd(move || dup_this.duplicate_held(&dup_key, &dup_owner))
     }
 
     /// Unlock of a lock this instance does not hold: tell the caller whether
@@ -324,13 +369,6 @@ impl Locker for FileLocker {
         if self.inner.durable {
             file.sync_data().map_err(io_error)?;
         }
-        self.held().insert(
-            key.to_owned(),
-            Held {
-                owner: owner.clone(),
-                file,
-            },
-        );
         let parts = LeaseParts {
             key: key.to_owned(),
             owner: owner.clone(),
@@ -338,18 +376,34 @@ impl Locker for FileLocker {
             ttl,
             valid_until: None,
         };
-        let (this, sync_key) = (self.clone(), key.to_owned());
-        let (dup_this, dup_key, dup_owner) = (self.clone(), key.to_owned(), owner.clone());
-        Ok(Some(
-            Lease::new(
-                parts,
-                self.inner.leases.get_or_init(|| Arc::new(self.clone())),
-            )
-            .with_sync_release(move || {
-                this.release_held(&sync_key, &owner);
-            })
-            .with_lock_fd(move || dup_this.duplicate_held(&dup_key, &dup_owner)),
-        ))
+        Ok(Some(self.grant(key, owner, file, parts)))
+    }
+
+    /// `flock(LOCK_SH)` on the key's lock file, on a descriptor of its own;
+    /// see the [module docs](self) (readers write no record).
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        let name = file_name(key, "lock");
+        let path = self.inner.dir.path_of(&name);
+        let io_error = |e| Error::backend(BACKEND, "acquire", with_path(e, &path));
+        let file = self.inner.dir.open_file(&name, true).map_err(io_error)?;
+        match file.try_lock_shared() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(io_error(e)),
+        }
+        // Writers write the record under `LOCK_EX`, which our `LOCK_SH`
+        // excludes: this read cannot see half a record.
+        let current = read_record(&file, &path)?.map_or(0, |r| r.fencing_token);
+        let owner = new_owner_token();
+        let parts = LeaseParts {
+            key: key.to_owned(),
+            owner: owner.clone(),
+            fencing_token: Some(current),
+            ttl,
+            valid_until: None,
+        };
+        Ok(Some(self.grant(key, owner, file, parts)))
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
@@ -364,14 +418,17 @@ impl Locker for FileLocker {
         validate::acquire(key, ttl)?;
         let name = file_name(key, "lock");
         let mut held = self.held();
-        let still_ours = match held.get(key) {
-            Some(h) if h.owner == owner => same_file(&self.inner.dir, &h.file, &name),
-            _ => return Err(Error::not_held(key)),
+        let still_ours = match held
+            .get(key)
+            .and_then(|h| h.iter().find(|h| h.owner == owner))
+        {
+            Some(h) => same_file(&self.inner.dir, &h.file, &name),
+            None => return Err(Error::not_held(key)),
         };
         if !still_ours {
             // Deleted or replaced: another process can lock the new file, so
             // this lock no longer excludes anybody.
-            held.remove(key);
+            Self::take_held(&mut held, key, owner);
             return Err(Error::not_held(key));
         }
         Ok(())

@@ -196,6 +196,11 @@ pub struct HeldLock {
     /// proclaimed value). `None` for distlock's own grants, whose record is
     /// in [`holder`](Self::holder).
     pub value: Option<String>,
+    /// Held by shared (reader) holders ([`Locker::try_lock_shared`](crate::Locker::try_lock_shared)),
+    /// not by one exclusive holder. [`holder`](Self::holder) is then one of
+    /// the readers where the backend records them (memory: the longest
+    /// held), or `None` where readers leave no record (file).
+    pub shared: bool,
 }
 
 impl HeldLock {
@@ -211,6 +216,7 @@ impl HeldLock {
             fencing_token: None,
             session: None,
             value: None,
+            shared: false,
         }
     }
 }

@@ -34,6 +34,12 @@ impl Dialect for Inner {
     type Holder = i32;
     type Id = i64;
 
+    const NO_SHARED_LOCKS: &'static str =
+        "shared locks are not done yet on Postgres: the SQL core's registry of held locks keeps one \
+         holder per key on one session, and Postgres advisory locks are re-entrant per session, so a \
+         shared and an exclusive hold of one key on one session would be granted silently; use the \
+         memory or file backend for shared locks";
+
     // One scan of `pg_locks` answers for any number of keys.
     const HOLDS_PER_STATEMENT: usize = usize::MAX;
 

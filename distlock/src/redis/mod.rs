@@ -602,11 +602,25 @@ impl Locker for RedisLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities {
+            shared: false,
+            ..Capabilities::ALL
+        }
     }
 
     fn backend_key(&self, key: &str) -> String {
         RedisLocker::backend_key(self, key)
+    }
+
+    /// [`Error::Unsupported`]: a reader-count script is not written yet.
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        Err(Error::unsupported(
+            BACKEND,
+            "try_lock_shared",
+            "shared locks are not done yet on Redis (they need a reader set beside the lock key, \
+             in one script); use the memory or file backend for shared locks",
+        ))
     }
 
     /// One attempt, bounded by [`RedisLocker::operation_bound`] (retry

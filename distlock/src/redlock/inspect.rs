@@ -14,7 +14,8 @@ use super::{RedlockLocker, BACKEND};
 
 /// What the nodes' answers say about one key.
 enum Majority {
-    Held(HeldLock),
+    /// Boxed: a `HeldLock` is large beside the other variants.
+    Held(Box<HeldLock>),
     /// No grant can have a majority, even if every failed node held it.
     Free,
     /// Failed nodes hide the answer.
@@ -67,7 +68,7 @@ impl RedlockLocker {
                 .map(|(view, listed)| listed.then_some(view))
                 .collect();
             match self.majority(&key, &answers) {
-                Majority::Held(lock) => held.push(lock),
+                Majority::Held(lock) => held.push(*lock),
                 Majority::Free => {}
                 Majority::Unknown => unknown.push(key),
             }
@@ -133,7 +134,7 @@ impl RedlockLocker {
             }
         }
         match self.majority(key, &views) {
-            Majority::Held(held) => Ok(Some(held)),
+            Majority::Held(held) => Ok(Some(*held)),
             Majority::Free => Ok(None),
             Majority::Unknown => Err(Error::backend(
                 BACKEND,
@@ -171,7 +172,7 @@ impl RedlockLocker {
             held.key = key.to_owned();
             held.fencing_token = None;
             held.ttl_left = majority_ttl_left(views, quorum);
-            return Majority::Held(held);
+            return Majority::Held(Box::new(held));
         }
         let most = grants.values().map(Vec::len).max().unwrap_or(0);
         match most + failed < quorum {

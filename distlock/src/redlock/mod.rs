@@ -478,8 +478,21 @@ impl Locker for RedlockLocker {
         Capabilities {
             fencing: false,
             marks: false,
+            shared: false,
             ..Capabilities::ALL
         }
+    }
+
+    /// [`Error::Unsupported`]: the Redis backend has no shared locks yet,
+    /// and Redlock is its scheme on N nodes.
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        Err(Error::unsupported(
+            BACKEND,
+            "try_lock_shared",
+            "shared locks are not done yet on Redlock (nor on the single-node Redis backend it \
+             builds on); use the memory or file backend for shared locks",
+        ))
     }
 
     fn backend_key(&self, key: &str) -> String {

@@ -573,6 +573,8 @@ where
             release_notifications: false,
             fencing: self.size.fencing,
             list: self.size.fencing,
+            // Exclusive only: see each dialect's `NO_SHARED_LOCKS`.
+            shared: false,
             ..Capabilities::ALL
         }
     }

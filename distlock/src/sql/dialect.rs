@@ -90,6 +90,10 @@ pub(crate) trait Dialect: Send + Sync + Sized {
     /// about.
     const HOLDS_PER_STATEMENT: usize;
 
+    /// Why [`Locker::try_lock_shared`] is [`Error::Unsupported`] on this
+    /// dialect (the core grants exclusive locks only).
+    const NO_SHARED_LOCKS: &'static str;
+
     /// The locker's pool, registry and shared steps.
     fn core(&self) -> &Core<Self::Connect, Self::Id>;
 
@@ -326,6 +330,17 @@ impl<T: SqlKeys> Locker for T {
         let dialect = dialect(self);
         let tried = dialect.try_once(&lock, ttl, lease_locker(self)).await?;
         dialect.core().try_answer(tried, key)
+    }
+
+    /// [`Error::Unsupported`], with the dialect's reason.
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        lock_of(self, key)?;
+        validate::ttl(ttl)?;
+        Err(Error::unsupported(
+            self.backend(),
+            "try_lock_shared",
+            <T::Dialect as Dialect>::NO_SHARED_LOCKS,
+        ))
     }
 
     /// Waits on the server, not by polling, unless `max_waiters` waiter

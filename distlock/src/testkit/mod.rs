@@ -49,8 +49,10 @@ use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
 
 mod election;
 mod semaphore;
+mod shared;
 pub use election::*;
 pub use semaphore::*;
+pub use shared::*;
 
 type Factory = dyn Fn() -> BoxFuture<'static, Arc<dyn Locker>> + Send + Sync;
 
@@ -1524,6 +1526,16 @@ macro_rules! conformance_suite {
             semaphore_release_wakes_a_waiter,
             semaphore_dropped_permit_returns,
             semaphore_refuses_a_larger_limit_in_use,
+            shared_holders_coexist,
+            exclusive_is_contention_while_shared_held,
+            shared_is_contention_while_exclusive_held,
+            last_shared_release_lets_the_writer_in,
+            lock_shared_waits_for_the_writer,
+            a_waiting_writer_does_not_block_new_readers,
+            dropped_shared_lease_is_released,
+            shared_lease_answers_to_its_owner_token,
+            shared_fencing_tokens_sit_between_writers,
+            shared_keepalive_holds_and_reports_loss,
         );
     };
     (@checks $factory:expr; $($check:ident),* $(,)?) => {

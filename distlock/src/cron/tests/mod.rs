@@ -257,6 +257,21 @@ impl Locker for Faulty {
         let lease = self.inner.lock(key, ttl, timeout).await?;
         Ok(lease.rebind(Arc::new(self.clone())))
     }
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> crate::Result<Option<Lease>> {
+        let lease = self
+            .around("try_lock_shared", key, self.inner.try_lock_shared(key, ttl))
+            .await?;
+        Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
+    }
+    async fn lock_shared(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> crate::Result<Lease> {
+        let lease = self.inner.lock_shared(key, ttl, timeout).await?;
+        Ok(lease.rebind(Arc::new(self.clone())))
+    }
     async fn unlock(&self, key: &str, owner: &str) -> crate::Result<()> {
         self.inner.unlock(key, owner).await
     }
