@@ -61,16 +61,10 @@ async fn permit_status(locker: Arc<dyn Locker>, args: &StatusArgs, permits: u32)
         Ok(held) => held,
         Err(error) => return fail_inspection(&error),
     };
-    if args.json {
-        let reports: Vec<LockReport> = held.iter().map(LockReport::from).collect();
-        print_json(&reports);
-    } else {
+    if !args.json {
         println!("{:?}: {} of {permits} permits held", args.key, held.len());
-        let now = SystemTime::now();
-        for permit in &held {
-            print!("{}", describe(permit, now));
-        }
     }
+    print_held(&held, args.json);
     match held.is_empty() {
         false => 0,
         true => exit::NOT_HELD,
@@ -87,13 +81,18 @@ pub(crate) async fn list(args: ListArgs) -> u8 {
         Ok(held) => held,
         Err(error) => return fail_inspection(&error),
     };
-    if args.json {
+    print_held(&held, args.json);
+    0
+}
+
+/// Held locks as `list` prints them: a table, or a JSON array.
+fn print_held(held: &[HeldLock], json: bool) {
+    if json {
         let reports: Vec<LockReport> = held.iter().map(LockReport::from).collect();
         print_json(&reports);
     } else {
-        print!("{}", table(&held, SystemTime::now()));
+        print!("{}", table(held, SystemTime::now()));
     }
-    0
 }
 
 /// `distlock release --force`: 0 evicted (naming whom), 1 nothing was held,

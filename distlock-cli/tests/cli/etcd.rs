@@ -266,11 +266,5 @@ fn elect_fails_over_after_kill_9_within_the_lease_without_overlap() {
 #[test]
 fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_its_lease() {
     let server = EtcdServer::start();
-    crate::limit::eight_loops_never_run_more_than_three_commands(&server.url(), "import");
-    crate::limit::a_killed_holders_permit_returns_within(
-        &server.url(),
-        "killed",
-        "2s",
-        Duration::from_secs(5),
-    );
+    crate::limit::eight_loops_and_a_killed_holder(&server.url(), "2s", Duration::from_secs(5));
 }

@@ -520,11 +520,5 @@ fn elect_fails_over_after_kill_9_at_once_without_overlap() {
 #[test]
 fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_once() {
     let server = PostgresServer::start();
-    crate::limit::eight_loops_never_run_more_than_three_commands(&server.url(), "import");
-    crate::limit::a_killed_holders_permit_returns_within(
-        &server.url(),
-        "killed",
-        "15s",
-        Duration::from_secs(2),
-    );
+    crate::limit::eight_loops_and_a_killed_holder(&server.url(), "15s", Duration::from_secs(2));
 }

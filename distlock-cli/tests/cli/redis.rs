@@ -579,11 +579,5 @@ fn elect_a_paused_leaders_late_writes_are_rejected_by_the_next_term() {
 #[test]
 fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_its_ttl() {
     let server = RedisServer::start();
-    crate::limit::eight_loops_never_run_more_than_three_commands(&server.url(), "import");
-    crate::limit::a_killed_holders_permit_returns_within(
-        &server.url(),
-        "killed",
-        "2s",
-        Duration::from_secs(4),
-    );
+    crate::limit::eight_loops_and_a_killed_holder(&server.url(), "2s", Duration::from_secs(4));
 }
