@@ -475,7 +475,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// As [`lock`](Locker::lock): dropping the future ends the wait, and
     /// nothing is granted to a waiter that is gone.
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        wait::acquire_shared(self, key, ttl, timeout, &WaitPolicy::default()).await
+        wait::acquire_as(self, key, ttl, timeout, &WaitPolicy::default(), true).await
     }
 
     /// Releases `key` if `owner` holds it; otherwise [`Error::NotHeld`] and

@@ -163,6 +163,58 @@ impl Table {
 }
 
 impl MemoryLocker {
+    /// One attempt at `key`, exclusive or `shared`: free of writers (and,
+    /// for a writer, of readers) at `now`, it records the holder and grants.
+    fn grant(&self, key: &str, ttl: Duration, shared: bool) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        let now = Instant::now();
+        let owner = new_owner_token();
+        let entry = |fencing_token| Entry {
+            owner: owner.clone(),
+            expires_at: now + ttl,
+            fencing_token,
+            label: inspect::current_label(),
+            granted_at: SystemTime::now(),
+            ttl,
+        };
+        // The table's key is the lease's drop's too (the lease itself may
+        // be renamed by a wrapper: a prefix comes off), one allocation.
+        let table_key: Arc<str> = key.into();
+        let fencing_token = {
+            let mut table = self.table();
+            if table.held_exclusive(key, now) || (!shared && table.held_shared(key, now)) {
+                return Ok(None);
+            }
+            table.sweep(now);
+            // Under the table lock, so grants of one key get increasing
+            // tokens. A reader's is read, not advanced: the next writer's
+            // `fetch_add` then gives it a larger token than this reader's.
+            let fencing_token = match shared {
+                true => self.state.fencing.load(Ordering::Relaxed),
+                false => self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1,
+            };
+            match shared {
+                true => {
+                    let readers = table.readers.entry(table_key.clone()).or_default();
+                    readers.insert(owner.clone(), entry(fencing_token));
+                }
+                false => {
+                    table
+                        .entries
+                        .insert(table_key.clone(), entry(fencing_token));
+                }
+            }
+            fencing_token
+        };
+        let parts = LeaseParts {
+            key: key.to_owned(),
+            owner,
+            fencing_token: Some(fencing_token),
+            ttl,
+            valid_until: Some(now + ttl),
+        };
+        Ok(Some(self.lease(table_key, parts)))
+    }
     /// An empty locker.
     pub fn new() -> Self {
         Self::default()
@@ -226,80 +278,11 @@ impl Locker for MemoryLocker {
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        let now = Instant::now();
-        let owner = new_owner_token();
-        let label = inspect::current_label();
-        // The table's key is the lease's drop's too (the lease itself may
-        // be renamed by a wrapper: a prefix comes off), one allocation.
-        let table_key: Arc<str> = key.into();
-        let fencing_token = {
-            let mut table = self.table();
-            if table.held_exclusive(key, now) || table.held_shared(key, now) {
-                return Ok(None);
-            }
-            table.sweep(now);
-            // Taken under the table lock so grants of one key get increasing tokens.
-            let fencing_token = self.state.fencing.fetch_add(1, Ordering::Relaxed) + 1;
-            table.entries.insert(
-                table_key.clone(),
-                Entry {
-                    owner: owner.clone(),
-                    expires_at: now + ttl,
-                    fencing_token,
-                    label,
-                    granted_at: SystemTime::now(),
-                    ttl,
-                },
-            );
-            fencing_token
-        };
-        let parts = LeaseParts {
-            key: key.to_owned(),
-            owner,
-            fencing_token: Some(fencing_token),
-            ttl,
-            valid_until: Some(now + ttl),
-        };
-        Ok(Some(self.lease(table_key, parts)))
+        self.grant(key, ttl, false)
     }
 
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        let now = Instant::now();
-        let owner = new_owner_token();
-        let label = inspect::current_label();
-        let table_key: Arc<str> = key.into();
-        let fencing_token = {
-            let mut table = self.table();
-            if table.held_exclusive(key, now) {
-                return Ok(None);
-            }
-            table.sweep(now);
-            // Read under the table lock, not advanced: the next writer's
-            // `fetch_add` then gives it a larger token than this reader's.
-            let fencing_token = self.state.fencing.load(Ordering::Relaxed);
-            table.readers.entry(table_key.clone()).or_default().insert(
-                owner.clone(),
-                Entry {
-                    owner: owner.clone(),
-                    expires_at: now + ttl,
-                    fencing_token,
-                    label,
-                    granted_at: SystemTime::now(),
-                    ttl,
-                },
-            );
-            fencing_token
-        };
-        let parts = LeaseParts {
-            key: key.to_owned(),
-            owner,
-            fencing_token: Some(fencing_token),
-            ttl,
-            valid_until: Some(now + ttl),
-        };
-        Ok(Some(self.lease(table_key, parts)))
+        self.grant(key, ttl, true)
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {

@@ -146,36 +146,34 @@ pub(crate) async fn acquire<L: Locker + ?Sized>(
     timeout: Duration,
     policy: &WaitPolicy,
 ) -> Result<Lease> {
-    crate::validate::acquire(key, ttl)?;
-    acquire_with(
-        locker.backend(),
-        key,
-        timeout,
-        policy,
-        || locker.try_lock(key, ttl),
-        locker.watch_releases(key),
-    )
-    .await
+    acquire_as(locker, key, ttl, timeout, policy, false).await
 }
 
-/// [`acquire`] for a shared lease: the implementation of
-/// [`Locker::lock_shared`] for every backend without a server-side wait.
-/// Woken by the same release notifications: the release of a writer or of a
-/// reader may each let the other kind in.
-pub(crate) async fn acquire_shared<L: Locker + ?Sized>(
+/// [`acquire`] of an exclusive lease, or with `shared` a shared one: the
+/// implementation of [`Locker::lock_shared`] for every backend without a
+/// server-side wait. Both are woken by the same release notifications: the
+/// release of a writer or of a reader may each let the other kind in.
+pub(crate) async fn acquire_as<L: Locker + ?Sized>(
     locker: &L,
     key: &str,
     ttl: Duration,
     timeout: Duration,
     policy: &WaitPolicy,
+    shared: bool,
 ) -> Result<Lease> {
     crate::validate::acquire(key, ttl)?;
+    let attempt = || async move {
+        match shared {
+            true => locker.try_lock_shared(key, ttl).await,
+            false => locker.try_lock(key, ttl).await,
+        }
+    };
     acquire_with(
         locker.backend(),
         key,
         timeout,
         policy,
-        || locker.try_lock_shared(key, ttl),
+        attempt,
         locker.watch_releases(key),
     )
     .await
@@ -326,7 +324,7 @@ impl<L: Locker> Locker for WaitLocker<L> {
     }
     /// Waits under this wrapper's policy, as its `lock` does.
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        acquire_shared(&*self.inner, key, ttl, timeout, &self.policy).await
+        acquire_as(&*self.inner, key, ttl, timeout, &self.policy, true).await
     }
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         self.inner.unlock(key, owner).await
