@@ -221,7 +221,7 @@ async fn permit_cycle(semaphore: &Semaphore, ttl: Duration, tally: &mut Tally) -
 /// from the run's start: permits in even slices, the lock in odd ones.
 fn permit_slice(since_start: Duration, slice: Duration) -> bool {
     let index = since_start.as_nanos() / slice.as_nanos().max(1);
-    index % 2 == 0
+    index.is_multiple_of(2)
 }
 
 /// Of `elapsed` cut into alternating slices, the time in the permit slices
@@ -234,7 +234,7 @@ fn slice_times(elapsed: Duration, slice: Duration) -> (Duration, Duration) {
     let lock_slices = whole / 2;
     let mut permit_ns = permit_slices * slice_ns;
     let mut lock_ns = lock_slices * slice_ns;
-    if whole % 2 == 0 {
+    if whole.is_multiple_of(2) {
         permit_ns += rest;
     } else {
         lock_ns += rest;
@@ -256,7 +256,14 @@ pub(crate) async fn permits(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<
         Err(error) => {
             let mut tally = Tally::new();
             tally.error(&error);
-            let run = permits_run(locker, plan, &tally, &Tally::new(), Duration::ZERO, MAX_SLICE);
+            let run = permits_run(
+                locker,
+                plan,
+                &tally,
+                &Tally::new(),
+                Duration::ZERO,
+                MAX_SLICE,
+            );
             return (run, Vec::new());
         }
     };
