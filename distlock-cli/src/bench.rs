@@ -1,5 +1,5 @@
 //! `distlock bench`: a backend's lock throughput, handoff and hold costs,
-//! like redis-benchmark for Redis. Three workloads (see [`Workload`]), a
+//! like redis-benchmark for Redis. Six workloads (see [`Workload`]), a
 //! table by default or one JSON object per run (`--json`).
 //!
 //! After each run it forgets every key it used ([`Locker::forget`]), so a
@@ -42,6 +42,8 @@ pub(crate) struct Plan {
     pub(crate) runs: usize,
     /// The backend's URL, for the election workloads' other candidates.
     pub(crate) url: String,
+    /// The semaphore's permits, for the permits workload.
+    pub(crate) permits: u32,
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> u8 {
@@ -73,16 +75,28 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         Workload::Failover => vec![election::REPLICAS],
         _ => args.clients.clone(),
     };
-    for &clients in &client_counts {
+    // The permits workload runs once per client count and permit count.
+    let permit_counts = match workload {
+        Workload::Permits => args.permits.clone(),
+        _ => vec![1],
+    };
+    let runs = client_counts
+        .iter()
+        .flat_map(|&clients| permit_counts.iter().map(move |&permits| (clients, permits)));
+    for (clients, permits) in runs {
         let plan = Plan {
             clients,
             duration: args.duration,
             ttl: args.ttl,
             keys: args.keys,
-            prefix: format!("{prefix}-{clients}"),
+            prefix: match workload {
+                Workload::Permits => format!("{prefix}-{clients}-{permits}"),
+                _ => format!("{prefix}-{clients}"),
+            },
             progress: Arc::default(),
             runs: args.runs,
             url: args.backend.url().into_owned(),
+            permits,
         };
         let progress = Progress::start(&plan, workload);
         let (run, keys) = match workload {
@@ -91,12 +105,17 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
             Workload::Hold => workload::hold(&locker, &plan).await,
             Workload::Handoff => election::handoff(&locker, &plan).await,
             Workload::Failover => election::failover(&locker, &plan).await,
+            Workload::Permits => workload::permits(&locker, &plan).await,
         };
         progress.stop();
         cleanup.forget(&*locker, &keys).await;
         printer.row(&run);
         if let Some(error) = run.first_error() {
-            eprintln!("distlock: first error with {clients} clients: {error}");
+            let permits = match workload {
+                Workload::Permits => format!(" and {permits} permits"),
+                _ => String::new(),
+            };
+            eprintln!("distlock: first error with {clients} clients{permits}: {error}");
             failed = true;
         }
     }
@@ -138,6 +157,12 @@ fn check(args: &BenchArgs) -> Result<(), String> {
         return Err(format!(
             "--keys {} is out of range: 1 to {MAX_KEYS} leases",
             args.keys
+        ));
+    }
+    let max_permits = distlock::semaphore::MAX_PERMITS;
+    if let Some(bad) = args.permits.iter().find(|&&n| n == 0 || n > max_permits) {
+        return Err(format!(
+            "--permits {bad} is out of range: each value must be 1 to {max_permits}"
         ));
     }
     if args.runs == 0 || args.runs > MAX_RUNS {

@@ -404,7 +404,10 @@ pub(crate) struct BenchArgs {
     /// waiting candidate, --runs times: resign to the next campaign's return,
     /// beside a round trip), failover (three `distlock elect --once`
     /// replicas; the leader is SIGKILLed --runs times: kill to the next
-    /// leader's CMD starting).
+    /// leader's CMD starting), permits (each client takes and releases a
+    /// permit of one semaphore per --permits value, retrying 1 ms after
+    /// finding it full, interleaved with the lock's own uncontended cycle:
+    /// permit cycles/s and acquire latency beside the lock's).
     #[arg(long, short, value_enum, default_value_t = Workload::Uncontended)]
     pub(crate) workload: Workload,
 
@@ -430,6 +433,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub(crate) runs: usize,
 
+    /// Permits of the semaphore the permits workload measures; a
+    /// comma-separated list runs once per value.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 10, 100], value_name = "N")]
+    pub(crate) permits: Vec<u32>,
+
     /// One JSON object per run on stdout (one per line) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -447,6 +455,7 @@ pub(crate) enum Workload {
     Hold,
     Handoff,
     Failover,
+    Permits,
 }
 
 impl std::fmt::Display for Workload {
@@ -457,6 +466,7 @@ impl std::fmt::Display for Workload {
             Workload::Hold => "hold",
             Workload::Handoff => "handoff",
             Workload::Failover => "failover",
+            Workload::Permits => "permits",
         })
     }
 }

@@ -16,6 +16,7 @@ pub(crate) enum Run {
     Hold(HoldRun),
     Handoff(HandoffRun),
     Failover(FailoverRun),
+    Permits(PermitsRun),
 }
 
 impl Run {
@@ -26,6 +27,7 @@ impl Run {
             Run::Hold(run) => &run.common,
             Run::Handoff(run) => &run.common,
             Run::Failover(run) => &run.common,
+            Run::Permits(run) => &run.common,
         }
     }
 
@@ -150,6 +152,43 @@ pub(crate) struct FailoverRun {
     pub(crate) failover_us: Summary,
 }
 
+#[derive(Debug, Serialize)]
+pub(crate) struct PermitsRun {
+    /// `duration_s` is the whole run: the permit slices and the lock slices.
+    #[serde(flatten)]
+    pub(crate) common: Common,
+    /// The semaphore's permits (N).
+    pub(crate) permits: u32,
+    /// The permit and lock halves alternate in slices this long.
+    pub(crate) slice_s: f64,
+    /// `try_acquire` + `release` of a permit, completed.
+    pub(crate) cycles: u64,
+    /// Cycles per second of the permit slices.
+    pub(crate) cycles_per_s: f64,
+    /// `try_acquire` calls that returned a permit.
+    pub(crate) acquire_us: Summary,
+    pub(crate) release_us: Summary,
+    /// `try_acquire` calls: those that returned a permit and those that
+    /// found every permit held (each followed by a 1 ms pause).
+    pub(crate) attempts: u64,
+    pub(crate) full: u64,
+    /// `full` / `attempts`.
+    pub(crate) full_fraction: f64,
+    /// `try_acquire` calls that found every permit held: up to N + 1 round
+    /// trips.
+    pub(crate) full_attempt_us: Summary,
+    /// The lock's own cycle (`try_lock` + `release` of a key per client),
+    /// in the other slices of the same run.
+    pub(crate) lock_cycles: u64,
+    pub(crate) lock_cycles_per_s: f64,
+    pub(crate) lock_acquire_us: Summary,
+    pub(crate) lock_release_us: Summary,
+    /// Lock attempts that found a client's own key held (should stay 0).
+    pub(crate) lock_contended: u64,
+    /// Permit cycles per second over lock cycles per second.
+    pub(crate) permit_per_lock: Option<f64>,
+}
+
 /// Prints runs as a table (a description line, a column header, a row per
 /// run) or as JSON (one object per line, per run).
 pub(crate) struct Printer {
@@ -244,6 +283,25 @@ impl Printer {
                     "failovers", "p50", "p99", "max", "min", "errors"
                 );
             }
+            Workload::Permits => {
+                println!("backend {backend}, permits (semaphore try_acquire + release, 1 ms pause when full) beside the lock's own cycle (try_lock + release, a key per client), interleaved in slices, {duration} per run, ttl {ttl}; latencies in µs");
+                println!(
+                    "{:>7} {:>7} {:>9} {:>10} {:>8} {:>8} {:>6} {:>9} {:>11} {:>8} {:>8} {:>8} {:>7}",
+                    "clients",
+                    "permits",
+                    "cycles",
+                    "cycles/s",
+                    "acq p50",
+                    "acq p99",
+                    "full %",
+                    "full p50",
+                    "lock cyc/s",
+                    "lock p50",
+                    "lock p99",
+                    "÷lock",
+                    "errors"
+                );
+            }
         }
     }
 
@@ -317,6 +375,22 @@ impl Printer {
                 millis(r.failover_us.p99),
                 millis(r.failover_us.max),
                 millis(r.failover_us.min),
+                r.common.errors
+            ),
+            Run::Permits(r) => println!(
+                "{:>7} {:>7} {:>9} {:>10.0} {:>8.1} {:>8.1} {:>6.1} {:>9.1} {:>11.0} {:>8.1} {:>8.1} {:>8} {:>7}",
+                r.common.clients,
+                r.permits,
+                r.cycles,
+                r.cycles_per_s,
+                r.acquire_us.p50,
+                r.acquire_us.p99,
+                r.full_fraction * 100.0,
+                r.full_attempt_us.p50,
+                r.lock_cycles_per_s,
+                r.lock_acquire_us.p50,
+                r.lock_acquire_us.p99,
+                optional(r.permit_per_lock.map(|n| format!("{n:.2}"))),
                 r.common.errors
             ),
         }

@@ -1,14 +1,15 @@
-//! The three workloads. Each returns what it measured and the keys it
-//! used, which the caller forgets.
+//! The timed workloads (the election ones are in `election.rs`). Each
+//! returns what it measured and the keys it used, which the caller forgets.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use distlock::semaphore::Semaphore;
 use distlock::{Error, KeepAlive, Lease, Locker};
 
 use super::counting::CountingLocker;
-use super::report::{Common, ContendedRun, HoldRun, Run, UncontendedRun};
+use super::report::{Common, ContendedRun, HoldRun, PermitsRun, Run, UncontendedRun};
 use super::stats::Latencies;
 use super::{probe, Plan, MAX_DURATION};
 
@@ -19,12 +20,19 @@ const ERROR_PAUSE: Duration = Duration::from_millis(10);
 const CONTENDED_HOLD: Duration = Duration::from_millis(1);
 /// How often the hold workload updates its progress count while it holds.
 const PROGRESS_STEP: Duration = Duration::from_millis(250);
+/// How long a permits client waits after finding every permit held.
+const FULL_PAUSE: Duration = Duration::from_millis(1);
+/// The permits workload alternates permit and lock slices of at most this
+/// long (a tenth of the run for a short one), so both see the same load.
+const MAX_SLICE: Duration = Duration::from_millis(250);
 
 /// What one client task counted.
 struct Tally {
     acquire: Latencies,
     release: Latencies,
     gaps: Latencies,
+    /// Permit attempts that found every permit held.
+    full: Latencies,
     done: u64,
     contended: u64,
     timeouts: u64,
@@ -38,6 +46,7 @@ impl Tally {
             acquire: Latencies::new(),
             release: Latencies::new(),
             gaps: Latencies::new(),
+            full: Latencies::new(),
             done: 0,
             contended: 0,
             timeouts: 0,
@@ -55,6 +64,7 @@ impl Tally {
         self.acquire.merge(&other.acquire);
         self.release.merge(&other.release);
         self.gaps.merge(&other.gaps);
+        self.full.merge(&other.full);
         self.done += other.done;
         self.contended += other.contended;
         self.timeouts += other.timeouts;
@@ -120,34 +130,11 @@ pub(crate) async fn uncontended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, 
         async move {
             let mut tally = Tally::new();
             while Instant::now() < deadline {
-                let before = Instant::now();
-                match locker.try_lock(&key, ttl).await {
-                    Ok(Some(lease)) => {
-                        let acquired = Instant::now();
-                        tally.acquire.record(acquired.duration_since(before));
-                        match lease.release().await {
-                            Ok(()) => {
-                                tally.release.record(acquired.elapsed());
-                                tally.done += 1;
-                                progress.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(error) => tally.error(&error),
-                        }
-                    }
-                    // Nobody else uses this key: a stale lock from an
-                    // earlier failure, or a backend bug. Counted, not hidden.
-                    Ok(None) => {
-                        tally.contended += 1;
-                        tokio::task::yield_now().await;
-                    }
-                    Err(error) => {
-                        tally.error(&error);
-                        if matches!(error, Error::InvalidInput { .. }) {
-                            break;
-                        }
-                        tokio::time::sleep(ERROR_PAUSE).await;
-                    }
+                let done = tally.done;
+                if !lock_cycle(&*locker, &key, ttl, &mut tally).await {
+                    break;
                 }
+                progress.fetch_add(tally.done - done, Ordering::Relaxed);
             }
             tally
         }
@@ -163,6 +150,218 @@ pub(crate) async fn uncontended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, 
         contended: tally.contended,
     });
     (run, keys)
+}
+
+/// Times one `try_lock` + `release` of a key nobody else uses into
+/// `tally` (see [`uncontended`]); false after an error that will not pass.
+async fn lock_cycle(locker: &dyn Locker, key: &str, ttl: Duration, tally: &mut Tally) -> bool {
+    let before = Instant::now();
+    match locker.try_lock(key, ttl).await {
+        Ok(Some(lease)) => {
+            let acquired = Instant::now();
+            tally.acquire.record(acquired.duration_since(before));
+            match lease.release().await {
+                Ok(()) => {
+                    tally.release.record(acquired.elapsed());
+                    tally.done += 1;
+                }
+                Err(error) => tally.error(&error),
+            }
+        }
+        // A stale lock from an earlier failure, or a backend bug: counted.
+        Ok(None) => {
+            tally.contended += 1;
+            tokio::task::yield_now().await;
+        }
+        Err(error) => {
+            tally.error(&error);
+            if matches!(error, Error::InvalidInput { .. }) {
+                return false;
+            }
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+    }
+    true
+}
+
+/// Times one `try_acquire` of a permit + its `release` into `tally`; an
+/// attempt that finds every permit held is timed apart and followed by
+/// [`FULL_PAUSE`]. False after an error that will not pass.
+async fn permit_cycle(semaphore: &Semaphore, ttl: Duration, tally: &mut Tally) -> bool {
+    let before = Instant::now();
+    match semaphore.try_acquire(ttl).await {
+        Ok(Some(permit)) => {
+            let acquired = Instant::now();
+            tally.acquire.record(acquired.duration_since(before));
+            match permit.release().await {
+                Ok(()) => {
+                    tally.release.record(acquired.elapsed());
+                    tally.done += 1;
+                }
+                Err(error) => tally.error(&error),
+            }
+        }
+        Ok(None) => {
+            tally.full.record(before.elapsed());
+            tally.contended += 1;
+            tokio::time::sleep(FULL_PAUSE).await;
+        }
+        Err(error) => {
+            tally.error(&error);
+            if matches!(error, Error::InvalidInput { .. }) {
+                return false;
+            }
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+    }
+    true
+}
+
+/// The permits workload's two halves, alternating in slices of `slice`
+/// from the run's start: permits in even slices, the lock in odd ones.
+fn permit_slice(since_start: Duration, slice: Duration) -> bool {
+    let index = since_start.as_nanos() / slice.as_nanos().max(1);
+    index.is_multiple_of(2)
+}
+
+/// Of `elapsed` cut into alternating slices, the time in the permit slices
+/// and in the lock slices.
+fn slice_times(elapsed: Duration, slice: Duration) -> (Duration, Duration) {
+    let slice_ns = slice.as_nanos().max(1);
+    let total = elapsed.as_nanos();
+    let (whole, rest) = (total / slice_ns, total % slice_ns);
+    let permit_slices = whole.div_ceil(2);
+    let lock_slices = whole / 2;
+    let mut permit_ns = permit_slices * slice_ns;
+    let mut lock_ns = lock_slices * slice_ns;
+    if whole.is_multiple_of(2) {
+        permit_ns += rest;
+    } else {
+        lock_ns += rest;
+    }
+    let nanos = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX));
+    (nanos(permit_ns), nanos(lock_ns))
+}
+
+/// Every client takes a permit of one semaphore of `plan.permits` permits
+/// through `try_acquire` and releases it at once, retrying after
+/// [`FULL_PAUSE`] when all are held; in alternate slices of the same run,
+/// each cycles a lock of its own instead (`try_lock` + `release`, as
+/// [`uncontended`]), so the permit's cost is set beside the lock's under
+/// the same load on the same server.
+pub(crate) async fn permits(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
+    let name = format!("{}-permits", plan.prefix);
+    let semaphore = match Semaphore::new(locker.clone(), name, plan.permits) {
+        Ok(semaphore) => semaphore,
+        Err(error) => {
+            let mut tally = Tally::new();
+            tally.error(&error);
+            let run = permits_run(
+                locker,
+                plan,
+                &tally,
+                &Tally::new(),
+                Duration::ZERO,
+                MAX_SLICE,
+            );
+            return (run, Vec::new());
+        }
+    };
+    let lock_keys: Vec<String> = (0..plan.clients)
+        .map(|c| format!("{}-lock-{c}", plan.prefix))
+        .collect();
+    let slice = (plan.duration / 10).clamp(Duration::from_millis(1), MAX_SLICE);
+    let started = Instant::now();
+    let deadline = deadline(plan);
+    let halves = Arc::new(Mutex::new(Tally::new()));
+    let permit_tally = on_clients(plan, |client| {
+        let (locker, semaphore, halves) = (locker.clone(), semaphore.clone(), halves.clone());
+        let key = lock_keys.get(client).cloned().unwrap_or_default();
+        let (ttl, progress) = (plan.ttl, plan.progress.clone());
+        async move {
+            let (mut permit, mut lock) = (Tally::new(), Tally::new());
+            loop {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                let done = permit.done + lock.done;
+                let going = if permit_slice(now.duration_since(started), slice) {
+                    permit_cycle(&semaphore, ttl, &mut permit).await
+                } else {
+                    lock_cycle(&*locker, &key, ttl, &mut lock).await
+                };
+                if !going {
+                    break;
+                }
+                progress.fetch_add(permit.done + lock.done - done, Ordering::Relaxed);
+            }
+            halves
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .merge(lock);
+            permit
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let lock_tally = std::mem::replace(
+        &mut *halves
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        Tally::new(),
+    );
+    let run = permits_run(locker, plan, &permit_tally, &lock_tally, elapsed, slice);
+    // Permit N is only inspected, never locked; forgotten all the same.
+    let mut keys: Vec<String> = (0..=plan.permits)
+        .map(|index| semaphore.permit_key(index))
+        .collect();
+    keys.extend(lock_keys);
+    (run, keys)
+}
+
+/// The permits run from the two halves' tallies, `elapsed` cut in slices
+/// of `slice`.
+fn permits_run(
+    locker: &Arc<dyn Locker>,
+    plan: &Plan,
+    permit: &Tally,
+    lock: &Tally,
+    elapsed: Duration,
+    slice: Duration,
+) -> Run {
+    let mut common = permit.common(&**locker, plan, elapsed);
+    common.errors += lock.errors;
+    if common.first_error.is_none() {
+        common.first_error.clone_from(&lock.first_error);
+    }
+    let (permit_time, lock_time) = slice_times(elapsed, slice);
+    let cycles_per_s = per_second(permit.done, permit_time);
+    let lock_cycles_per_s = per_second(lock.done, lock_time);
+    let attempts = permit.acquire.len() + permit.contended;
+    Run::Permits(PermitsRun {
+        common,
+        permits: plan.permits,
+        slice_s: slice.as_secs_f64(),
+        cycles: permit.done,
+        cycles_per_s,
+        acquire_us: permit.acquire.summary(),
+        release_us: permit.release.summary(),
+        attempts,
+        full: permit.contended,
+        full_fraction: if attempts > 0 {
+            permit.contended as f64 / attempts as f64
+        } else {
+            0.0
+        },
+        full_attempt_us: permit.full.summary(),
+        lock_cycles: lock.done,
+        lock_cycles_per_s,
+        lock_acquire_us: lock.acquire.summary(),
+        lock_release_us: lock.release.summary(),
+        lock_contended: lock.contended,
+        permit_per_lock: (lock_cycles_per_s > 0.0).then(|| cycles_per_s / lock_cycles_per_s),
+    })
 }
 
 /// Pairs each grant with the release before it, whichever of the two
@@ -512,6 +711,18 @@ mod tests {
         // After a failed release, pairing starts over.
         handoffs.reset();
         assert_eq!(handoffs.granted(at(20)), None);
+    }
+
+    #[test]
+    fn permit_and_lock_slices_alternate_and_share_the_run() {
+        let ms = Duration::from_millis;
+        assert!(permit_slice(ms(0), ms(10)));
+        assert!(permit_slice(ms(9), ms(10)));
+        assert!(!permit_slice(ms(10), ms(10)));
+        assert!(permit_slice(ms(25), ms(10)));
+        assert_eq!(slice_times(ms(45), ms(10)), (ms(25), ms(20)));
+        assert_eq!(slice_times(ms(35), ms(10)), (ms(20), ms(15)));
+        assert_eq!(slice_times(ms(5), ms(10)), (ms(5), ms(0)));
     }
 
     #[test]

@@ -223,6 +223,85 @@ fn each_workload_prints_a_table_with_a_row_per_run() {
     bench.assert_nothing_left();
 }
 
+/// The permits workload: a run per --permits value, each naming its N, its
+/// permit cycles, acquire latency and full fraction beside the lock's own
+/// cycle; the figures themselves are for BENCHMARKS.md.
+#[test]
+fn permits_report_each_n_beside_the_lock_cycle() {
+    let bench = Bench::new();
+    let runs = bench.json(&[
+        "-w",
+        "permits",
+        "--permits",
+        "1,3",
+        "-c",
+        "2",
+        "-d",
+        "200ms",
+    ]);
+    assert_eq!(runs.len(), 2, "one object per --permits value: {runs:?}");
+    for (run, permits) in runs.iter().zip([1, 3]) {
+        assert_eq!(run["workload"], "permits", "{run}");
+        assert_eq!(run["backend"], "file", "{run}");
+        assert_eq!(run["clients"], 2, "{run}");
+        assert_eq!(run["permits"], permits, "{run}");
+        assert_eq!(run["errors"], 0, "{run}");
+        assert_eq!(
+            run["lock_contended"], 0,
+            "own keys are never contended: {run}"
+        );
+        assert!(number(run, "/cycles") >= 1.0, "{run}");
+        assert!(number(run, "/cycles_per_s") > 0.0, "{run}");
+        assert!(number(run, "/lock_cycles") >= 1.0, "{run}");
+        assert!(number(run, "/lock_cycles_per_s") > 0.0, "{run}");
+        assert!(number(run, "/permit_per_lock") > 0.0, "{run}");
+        let fraction = number(run, "/full_fraction");
+        assert!((0.0..1.0).contains(&fraction), "{run}");
+        assert!(
+            number(run, "/attempts") >= number(run, "/cycles") + number(run, "/full"),
+            "{run}"
+        );
+        assert_quantiles(run, "acquire_us");
+        assert_quantiles(run, "release_us");
+        assert_quantiles(run, "lock_acquire_us");
+        assert_quantiles(run, "lock_release_us");
+        for quantile in ["p50", "p99", "max"] {
+            number(run, &format!("/full_attempt_us/{quantile}"));
+        }
+    }
+    bench.assert_nothing_left();
+
+    let output = bench.run(&[
+        "-w",
+        "permits",
+        "--permits",
+        "1,10",
+        "-c",
+        "2",
+        "-d",
+        "200ms",
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "description, header, a row per N: {stdout}");
+    assert!(lines[0].contains("permits"), "{stdout}");
+    for column in [
+        "permits",
+        "cycles/s",
+        "acq p50",
+        "acq p99",
+        "full %",
+        "lock cyc/s",
+    ] {
+        assert!(lines[1].contains(column), "{column}: {stdout}");
+    }
+    let n = |line: &str| line.split_whitespace().nth(1).map(str::to_owned);
+    assert_eq!(n(lines[2]).as_deref(), Some("1"), "{stdout}");
+    assert_eq!(n(lines[3]).as_deref(), Some("10"), "{stdout}");
+    bench.assert_nothing_left();
+}
+
 #[test]
 fn the_old_flags_still_work() {
     let bench = Bench::new();
@@ -242,7 +321,7 @@ fn the_old_flags_still_work() {
 #[test]
 fn bad_flags_exit_64_naming_the_flag() {
     let bench = Bench::new();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["--clients", "0"], "--clients 0"),
         (&["-w", "failover", "--runs", "0"], "--runs 0"),
         (&["--clients", "1,x"], "--clients"),
@@ -251,6 +330,8 @@ fn bad_flags_exit_64_naming_the_flag() {
         (&["--duration", "0s"], "--duration"),
         (&["--duration", "2days"], "--duration"),
         (&["--shared-key", "--workload", "hold"], "--shared-key"),
+        (&["-w", "permits", "--permits", "0"], "--permits 0"),
+        (&["-w", "permits", "--permits", "1,1025"], "--permits 1025"),
     ];
     for (args, named) in cases {
         let output = bench.run(args);
