@@ -304,9 +304,6 @@ fn the_release_clears_the_holder_columns_of_the_fencing_row() {
 #[test]
 fn elect_fails_over_after_kill_9_at_once_without_overlap() {
     let url = MariaDbServer::shared().url();
-    let took = crate::elect::failover_after_kill_9(&url, "elect-failover", "15s");
-    assert!(
-        took < Duration::from_secs(3),
-        "failover took {took:?}: a dead session frees the election at once"
-    );
+    let why = "a dead session frees the election at once";
+    crate::elect::failover_after_kill_9(&url, "elect-failover", "15s", Duration::from_secs(3), why);
 }
