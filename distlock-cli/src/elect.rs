@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use distlock::elect::{Election, Leader, Term};
-use distlock::{inspect, Error, Locker};
+use distlock::{inspect, Locker};
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 
 use crate::cli::ElectArgs;
 use crate::exit;
-use crate::run::{capped_kill_after, fail, open};
+use crate::run::{capped_kill_after, fail, open, report_release};
 use crate::supervise::{kill_after_cap, supervise, Command};
 
 /// How long a replica whose term just ended waits before campaigning again,
@@ -95,7 +95,7 @@ pub(crate) async fn elect(args: ElectArgs) -> u8 {
         };
         retry = RETRY_FIRST;
         let code = lead(&term, &args, kill_after, &leader).await;
-        resign(term, &args.key).await;
+        report_release(term.resign().await, "resigning", &args.key);
         if args.once || shutdown.was_requested() {
             return code;
         }
@@ -127,15 +127,6 @@ async fn lead(term: &Term, args: &ElectArgs, kill_after: Duration, leader: &str)
         interactive: true,
     };
     supervise(&command, term.lease(), std::future::pending()).await
-}
-
-async fn resign(term: Term, key: &str) {
-    match term.resign().await {
-        Ok(()) | Err(Error::NotHeld { .. }) => {}
-        Err(error) => eprintln!(
-            "distlock: resigning {key:?} failed: {error}; the election is freed when its ttl runs out"
-        ),
-    }
 }
 
 /// How a term ended, for the line before campaigning again.

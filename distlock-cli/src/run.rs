@@ -120,14 +120,19 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         interactive: true,
     };
     let code = supervise(&command, &lease, std::future::pending()).await;
-    match lease.release().await {
+    report_release(lease.release().await, "releasing", &args.key);
+    code
+}
+
+/// Says on stderr why a release after CMD (`doing`: "releasing",
+/// "resigning") failed; a lock already gone (`NotHeld`) is no failure.
+pub(crate) fn report_release(outcome: distlock::Result<()>, doing: &str, key: &str) {
+    match outcome {
         Ok(()) | Err(Error::NotHeld { .. }) => {}
         Err(error) => eprintln!(
-            "distlock: releasing {:?} failed: {error}; it is freed when its ttl runs out",
-            args.key
+            "distlock: {doing} {key:?} failed: {error}; it is freed when its ttl runs out"
         ),
     }
-    code
 }
 
 /// The lock `--key` (a shared lease of it with `--shared`), or with

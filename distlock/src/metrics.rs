@@ -218,7 +218,8 @@ impl<L: Locker> MetricsLocker<L> {
     }
 }
 
-fn reason_name(reason: LostReason) -> &'static str {
+/// A [`LostReason`] as a metric label (`not_held`, `expired`, ...).
+pub(crate) fn reason_name(reason: LostReason) -> &'static str {
     match reason {
         LostReason::Released => "released",
         LostReason::NotHeld => "not_held",

@@ -155,8 +155,28 @@ pub(crate) async fn uncontended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, 
 /// Times one `try_lock` + `release` of a key nobody else uses into
 /// `tally` (see [`uncontended`]); false after an error that will not pass.
 async fn lock_cycle(locker: &dyn Locker, key: &str, ttl: Duration, tally: &mut Tally) -> bool {
+    // Held: a stale lock from an earlier failure, or a backend bug: counted.
+    timed_cycle(locker.try_lock(key, ttl), tally, None).await
+}
+
+/// Times one `try_acquire` of a permit + its `release` into `tally`; an
+/// attempt that finds every permit held is timed apart and followed by
+/// [`FULL_PAUSE`]. False after an error that will not pass.
+async fn permit_cycle(semaphore: &Semaphore, ttl: Duration, tally: &mut Tally) -> bool {
+    timed_cycle(semaphore.try_acquire(ttl), tally, Some(FULL_PAUSE)).await
+}
+
+/// Times `attempt` and the release of what it granted into `tally`. An
+/// attempt that found the key held is counted (and timed apart into
+/// `tally.full`), then followed by `held_pause`, or a yield without one.
+/// False after an error that will not pass.
+async fn timed_cycle(
+    attempt: impl std::future::Future<Output = distlock::Result<Option<Lease>>>,
+    tally: &mut Tally,
+    held_pause: Option<Duration>,
+) -> bool {
     let before = Instant::now();
-    match locker.try_lock(key, ttl).await {
+    match attempt.await {
         Ok(Some(lease)) => {
             let acquired = Instant::now();
             tally.acquire.record(acquired.duration_since(before));
@@ -168,43 +188,13 @@ async fn lock_cycle(locker: &dyn Locker, key: &str, ttl: Duration, tally: &mut T
                 Err(error) => tally.error(&error),
             }
         }
-        // A stale lock from an earlier failure, or a backend bug: counted.
-        Ok(None) => {
-            tally.contended += 1;
-            tokio::task::yield_now().await;
-        }
-        Err(error) => {
-            tally.error(&error);
-            if matches!(error, Error::InvalidInput { .. }) {
-                return false;
-            }
-            tokio::time::sleep(ERROR_PAUSE).await;
-        }
-    }
-    true
-}
-
-/// Times one `try_acquire` of a permit + its `release` into `tally`; an
-/// attempt that finds every permit held is timed apart and followed by
-/// [`FULL_PAUSE`]. False after an error that will not pass.
-async fn permit_cycle(semaphore: &Semaphore, ttl: Duration, tally: &mut Tally) -> bool {
-    let before = Instant::now();
-    match semaphore.try_acquire(ttl).await {
-        Ok(Some(permit)) => {
-            let acquired = Instant::now();
-            tally.acquire.record(acquired.duration_since(before));
-            match permit.release().await {
-                Ok(()) => {
-                    tally.release.record(acquired.elapsed());
-                    tally.done += 1;
-                }
-                Err(error) => tally.error(&error),
-            }
-        }
         Ok(None) => {
             tally.full.record(before.elapsed());
             tally.contended += 1;
-            tokio::time::sleep(FULL_PAUSE).await;
+            match held_pause {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => tokio::task::yield_now().await,
+            }
         }
         Err(error) => {
             tally.error(&error);

@@ -327,10 +327,7 @@ impl Term {
                 .record(started.elapsed().as_secs_f64());
             let ended = match reason {
                 LostReason::Released => "resigned",
-                LostReason::NotHeld => "not_held",
-                LostReason::Expired => "expired",
-                LostReason::MaxHoldExceeded => "max_hold_exceeded",
-                LostReason::ConnectionLost => "connection_lost",
+                lost => crate::metrics::reason_name(lost),
             };
             counter!("distlock_election_terms_ended_total", "election" => election.clone(), "reason" => ended)
                 .increment(1);
