@@ -359,6 +359,10 @@ impl<L: Locker> Locker for BreakerLocker<L> {
         )
         .await
     }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        let lease = self.guarded(self.inner.try_lock_any(keys, ttl)).await?;
+        Ok(lease.map(|lease| self.own(lease)))
+    }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         let lease = self.guarded(self.inner.try_lock_shared(key, ttl)).await?;
         Ok(lease.map(|lease| self.own(lease)))

@@ -110,6 +110,9 @@ impl<L: Locker + ?Sized> Locker for Arc<L> {
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         (**self).lock(key, ttl, timeout).await
     }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        (**self).try_lock_any(keys, ttl).await
+    }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         (**self).try_lock_shared(key, ttl).await
     }

@@ -380,6 +380,59 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         wait::acquire(self, key, ttl, timeout, &WaitPolicy::default()).await
     }
 
+    /// One non-blocking attempt at each of `keys`, in the order given: the
+    /// lease of the first one that was free, `None` if every one was held.
+    /// At most one key is taken; each is an ordinary exclusive lock (the
+    /// same lock [`try_lock`](Locker::try_lock) takes), so callers that try
+    /// the keys one at a time and callers that use this exclude each other.
+    ///
+    /// This is a [`Semaphore`](semaphore::Semaphore)'s attempt over its
+    /// permit keys. The default tries the keys one at a time, so it costs up
+    /// to one round trip per key; backends that can try them all in one
+    /// request (a Redis script, one SQL statement) override it, and a full
+    /// semaphore then costs one round trip instead of N.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for no keys, more than
+    /// [`validate::MAX_KEYS_PER_ATTEMPT`], a bad key or ttl; otherwise as
+    /// [`try_lock`](Locker::try_lock): an error ends the attempt at the key
+    /// it happened on.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Locker::try_lock): a key taken by an attempt that is
+    /// dropped is released in the background by its owner token.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::{memory::MemoryLocker, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = MemoryLocker::new();
+    /// let ttl = Duration::from_secs(30);
+    /// let slots = ["slot#0".to_owned(), "slot#1".to_owned()];
+    /// let held = locker.try_lock("slot#0", ttl).await?.unwrap();
+    /// let lease = locker.try_lock_any(&slots, ttl).await?.unwrap();
+    /// assert_eq!(lease.key(), "slot#1");
+    /// assert!(locker.try_lock_any(&slots, ttl).await?.is_none());
+    /// # drop((held, lease));
+    /// # Ok(())
+    /// # }
+    /// ```
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        validate::keys(keys)?;
+        for key in keys {
+            if let Some(lease) = self.try_lock(key, ttl).await? {
+                return Ok(Some(lease));
+            }
+        }
+        Ok(None)
+    }
+
     /// One non-blocking attempt to take a **shared** (reader) lease on `key`
     /// for `ttl`.
     ///

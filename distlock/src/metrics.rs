@@ -19,7 +19,7 @@ use crate::{Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, Relea
 ///
 /// | name | kind | labels |
 /// | --- | --- | --- |
-/// | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`, `try_lock_shared`, `lock_shared`) |
+/// | `distlock_attempts_total` | counter | backend, operation (`try_lock`, `lock`, `try_lock_any`, `try_lock_shared`, `lock_shared`) |
 /// | `distlock_acquired_total` | counter | backend, operation |
 /// | `distlock_contended_total` | counter | backend, operation |
 /// | `distlock_timeouts_total` | counter | backend |
@@ -133,7 +133,7 @@ impl<L: Locker> MetricsLocker<L> {
         error.kind_name()
     }
 
-    /// One attempt (`try_lock`, `try_lock_shared`) counted and timed under
+    /// One attempt (`try_lock`, `try_lock_any`, `try_lock_shared`) counted and timed under
     /// `operation`.
     async fn attempted(
         &self,
@@ -242,6 +242,10 @@ impl<L: Locker> Locker for MetricsLocker<L> {
     }
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         self.waited("lock", self.inner.lock(key, ttl, timeout))
+            .await
+    }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        self.attempted("try_lock_any", self.inner.try_lock_any(keys, ttl))
             .await
     }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

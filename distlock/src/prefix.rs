@@ -93,6 +93,20 @@ impl<L: Locker> Locker for PrefixLocker<L> {
         let lease = lease.map_err(|e| e.map_key(|_| key.to_owned()))?;
         Ok(self.own(lease, key))
     }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        crate::validate::keys(keys)?;
+        let full: Vec<String> = keys.iter().map(|key| self.full(key)).collect();
+        let lease = self.inner.try_lock_any(&full, ttl).await;
+        let own_name = |name: String| match name.strip_prefix(&*self.prefix) {
+            Some(key) => key.to_owned(),
+            None => name,
+        };
+        let lease = lease.map_err(|e| e.map_key(own_name))?;
+        Ok(lease.map(|lease| {
+            let key = own_name(lease.key().to_owned());
+            self.own(lease, &key)
+        }))
+    }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         crate::validate::key(key)?;
         let lease = self.inner.try_lock_shared(&self.full(key), ttl).await;

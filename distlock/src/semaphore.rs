@@ -31,10 +31,13 @@
 //!
 //! # Cost and order
 //!
-//! One attempt tries the permits one at a time, starting at a random one
-//! (so contenders spread out), until one is granted: one round trip when
-//! most permits are free, up to N + 1 when all are held (the extra one is
-//! the check below). Waiting polls with jittered backoff and wakes on the
+//! One attempt is one [`Locker::try_lock_any`] over the permit keys,
+//! starting at a random one (so contenders spread out): on a backend that
+//! tries them all in one request (see each backend's docs) that is one
+//! round trip at any occupancy, plus one for the check below when all are
+//! held; the default tries them one at a time until one is granted, one
+//! round trip when most permits are free and up to N + 1 when all are
+//! held. Waiting polls with jittered backoff and wakes on the
 //! permits' release notifications where the backend has them (for up to
 //! [`MAX_WATCHED_PERMITS`] permits). Waiters are not served in order: a
 //! released permit goes to whichever waiter tries it first.
@@ -81,7 +84,7 @@ use crate::{validate, Error, Lease, Locker, Result};
 
 /// The most permits a semaphore may have: each is a lock, and a full
 /// semaphore costs a round trip per permit to try.
-pub const MAX_PERMITS: u32 = 1024;
+pub const MAX_PERMITS: u32 = crate::validate::MAX_KEYS_PER_ATTEMPT as u32;
 
 /// Up to this many permits, a waiter subscribes to each permit's release
 /// notifications; a semaphore with more only polls.
@@ -173,11 +176,11 @@ impl Semaphore {
     async fn attempt(&self, ttl: Duration) -> Result<Option<Lease>> {
         validate::ttl(ttl)?;
         let first = rand::rng().random_range(0..self.permits);
-        for offset in 0..self.permits {
-            let index = (first + offset) % self.permits;
-            if let Some(lease) = self.locker.try_lock(&self.permit_key(index), ttl).await? {
-                return Ok(Some(lease));
-            }
+        let keys: Vec<String> = (0..self.permits)
+            .map(|offset| self.permit_key((first + offset) % self.permits))
+            .collect();
+        if let Some(lease) = self.locker.try_lock_any(&keys, ttl).await? {
+            return Ok(Some(lease));
         }
         self.refuse_a_larger_limit().await?;
         Ok(None)

@@ -13,7 +13,7 @@ use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Res
 
 /// Wraps a [`Locker`] so every operation runs in a span named
 /// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
-/// `distlock.try_lock_shared`, `distlock.lock_shared`, `distlock.unlock`,
+/// `distlock.try_lock_any`, `distlock.try_lock_shared`, `distlock.lock_shared`, `distlock.unlock`,
 /// `distlock.refresh`) at INFO level, with fields:
 ///
 /// - `component = "distlock"`, `backend`;
@@ -162,6 +162,35 @@ impl<L: Locker> Locker for TraceLocker<L> {
             .await;
         record_outcome(&span, &result, |_| "acquired");
         Ok(self.own(result?, &span))
+    }
+
+    /// One span for the whole attempt: `key` is the first key tried (the
+    /// one its `backend_key` names), `keys` how many, and `granted` the key
+    /// taken, if any.
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        let first = keys.first().map_or("", String::as_str);
+        let span = key_span!(
+            self,
+            "distlock.try_lock_any",
+            first,
+            keys = keys.len() as u64,
+            granted = Empty,
+            ttl_ms = ttl.as_millis() as u64,
+            fencing_token = Empty,
+        );
+        let result = self
+            .inner
+            .try_lock_any(keys, ttl)
+            .instrument(span.clone())
+            .await;
+        record_outcome(&span, &result, |lease| match lease {
+            Some(lease) => {
+                span.record("granted", lease.key());
+                "acquired"
+            }
+            None => "contended",
+        });
+        Ok(result?.map(|lease| self.own(lease, &span)))
     }
 
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

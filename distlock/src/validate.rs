@@ -27,6 +27,33 @@ pub fn key(key: &str) -> Result<()> {
     no_longer_than_a_key("key", key)
 }
 
+/// Most keys one attempt may try ([`Locker::try_lock_any`](crate::Locker::try_lock_any)):
+/// a semaphore's permits ([`MAX_PERMITS`](crate::semaphore::MAX_PERMITS)).
+pub const MAX_KEYS_PER_ATTEMPT: usize = 1024;
+
+/// Checks the keys of one attempt over several: at least one, at most
+/// [`MAX_KEYS_PER_ATTEMPT`], each a valid [`key`].
+///
+/// ```
+/// assert!(distlock::validate::keys(&["a#0".to_owned(), "a#1".to_owned()]).is_ok());
+/// assert!(distlock::validate::keys(&[]).is_err());
+/// ```
+pub fn keys(keys: &[String]) -> Result<()> {
+    if keys.is_empty() {
+        return Err(Error::invalid("keys", "no keys to try"));
+    }
+    if keys.len() > MAX_KEYS_PER_ATTEMPT {
+        return Err(Error::invalid(
+            "keys",
+            format!(
+                "{} keys to try; one attempt tries at most {MAX_KEYS_PER_ATTEMPT}",
+                keys.len()
+            ),
+        ));
+    }
+    keys.iter().try_for_each(|k| key(k))
+}
+
 /// Refuses `value`, a `what`, if it is longer than [`MAX_KEY_LEN`] bytes.
 fn no_longer_than_a_key(what: &'static str, value: &str) -> Result<()> {
     if value.len() > MAX_KEY_LEN {

@@ -319,6 +319,9 @@ impl<L: Locker> Locker for WaitLocker<L> {
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         acquire(&*self.inner, key, ttl, timeout, &self.policy).await
     }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        self.inner.try_lock_any(keys, ttl).await
+    }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         self.inner.try_lock_shared(key, ttl).await
     }

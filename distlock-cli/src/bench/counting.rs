@@ -79,6 +79,13 @@ impl Locker for CountingLocker {
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
         Ok(self.rehome(self.inner.lock(key, ttl, timeout).await?))
     }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        Ok(self
+            .inner
+            .try_lock_any(keys, ttl)
+            .await?
+            .map(|lease| self.rehome(lease)))
+    }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         Ok(self
             .inner

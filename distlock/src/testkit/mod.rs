@@ -1526,6 +1526,7 @@ macro_rules! conformance_suite {
             semaphore_release_wakes_a_waiter,
             semaphore_dropped_permit_returns,
             semaphore_refuses_a_larger_limit_in_use,
+            try_lock_any_takes_the_first_free_key_in_order,
             shared_holders_coexist,
             exclusive_is_contention_while_shared_held,
             shared_is_contention_while_exclusive_held,

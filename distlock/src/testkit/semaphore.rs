@@ -132,3 +132,77 @@ pub async fn semaphore_refuses_a_larger_limit_in_use(h: &Harness) {
         permit.release().await.expect("release");
     }
 }
+
+/// [`Locker::try_lock_any`](crate::Locker::try_lock_any), the semaphore's
+/// attempt, whether the backend tries the keys one at a time or all in one
+/// request: it takes exactly the first free key in the order given, with a
+/// fencing token like `try_lock`'s; keys held by `try_lock` (another client)
+/// are skipped, all held is `None`; and the granted key is an ordinary lock
+/// that `try_lock` then finds held, and that is free again once released.
+pub async fn try_lock_any_takes_the_first_free_key_in_order(h: &Harness) {
+    let keys: Vec<String> = (0..4)
+        .map(|i| h.key(&format!("try-lock-any#{i}")))
+        .collect();
+    let (one, other) = (h.locker().await, h.locker().await);
+    let held_second = other
+        .try_lock(&keys[1], TTL)
+        .await
+        .expect("try")
+        .expect("free");
+    let held_first = other
+        .try_lock(&keys[0], TTL)
+        .await
+        .expect("try")
+        .expect("free");
+    // Starts at the second key, as a semaphore's random start would.
+    let order = [&keys[1..], &keys[..1]].concat();
+    let granted = one
+        .try_lock_any(&order, TTL)
+        .await
+        .expect("try_lock_any")
+        .expect("keys 2 and 3 are free");
+    assert_eq!(
+        granted.key(),
+        keys[2],
+        "the first free key in the order given"
+    );
+    if one.capabilities().fencing {
+        assert!(granted.fencing_token().is_some(), "a grant is fenced");
+    }
+    assert!(
+        other.try_lock(&keys[2], TTL).await.expect("try").is_none(),
+        "the granted key is an ordinary lock"
+    );
+    let next = one
+        .try_lock_any(&order, TTL)
+        .await
+        .expect("try_lock_any")
+        .expect("key 3 is free");
+    assert_eq!(
+        next.key(),
+        keys[3],
+        "one key per attempt, the next free one"
+    );
+    assert!(
+        other.try_lock(&keys[3], TTL).await.expect("try").is_none(),
+        "the second grant is held too"
+    );
+    assert!(
+        one.try_lock_any(&order, TTL).await.expect("try").is_none(),
+        "every key held"
+    );
+    granted.release().await.expect("release");
+    let again = other
+        .try_lock(&keys[2], TTL)
+        .await
+        .expect("try")
+        .expect("released, free again");
+    for lease in [again, next, held_first, held_second] {
+        lease.release().await.expect("release");
+    }
+    let refused = one.try_lock_any(&[], TTL).await.expect_err("no keys");
+    assert!(
+        matches!(refused, Error::InvalidInput { what: "keys", .. }),
+        "{refused:?}"
+    );
+}

@@ -257,6 +257,13 @@ impl Locker for Faulty {
         let lease = self.inner.lock(key, ttl, timeout).await?;
         Ok(lease.rebind(Arc::new(self.clone())))
     }
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> crate::Result<Option<Lease>> {
+        let first = keys.first().map_or("", String::as_str);
+        let lease = self
+            .around("try_lock_any", first, self.inner.try_lock_any(keys, ttl))
+            .await?;
+        Ok(lease.map(|lease| lease.rebind(Arc::new(self.clone()))))
+    }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> crate::Result<Option<Lease>> {
         let lease = self
             .around("try_lock_shared", key, self.inner.try_lock_shared(key, ttl))
