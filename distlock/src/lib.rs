@@ -224,7 +224,7 @@ pub struct Capabilities {
     /// writer waiting in [`Locker::lock`] holds back the readers that come
     /// after it (their [`Locker::try_lock_shared`] is contention, their
     /// [`Locker::lock_shared`] waits behind it), so readers cannot starve
-    /// it. False where a waiting writer does not block new readers
+    /// it (etcd). False where a waiting writer does not block new readers
     /// (memory, file), and through a [`WaitLocker`], whose waits poll.
     /// Meaningful only where [`shared`](Self::shared) is true.
     pub shared_fair: bool,
@@ -403,7 +403,9 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     ///
     /// **Fencing token**: the token of the key's latest exclusive grant, not
     /// advanced (0 if the key was never locked exclusively; memory's counter
-    /// is shared by every key, so there it is that counter). Shared holders
+    /// is shared by every key, so there it is that counter; etcd's is its
+    /// cluster-wide revision, so there it is the oldest reader's revision,
+    /// between the writers' as its docs show). Shared holders
     /// do not exclude each other, so nothing among them needs ordering; what
     /// a resource needs is their order against writers, and that holds: a
     /// shared lease's token is at least every earlier writer's and less than
@@ -418,8 +420,10 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// [`Capabilities::shared_fair`] says which. On memory and file it does
     /// not: a writer waiting in [`lock`](Locker::lock) polls (or is woken)
     /// and gets the key only when no reader holds it, so a steady overlap
-    /// of readers can starve it. Each backend's docs say which; the
-    /// conformance suite checks it.
+    /// of readers can starve it. On etcd it does: readers and writers queue
+    /// in etcd's revision order, a reader waits for every writer queued
+    /// before it, and a writer for every key. Each backend's docs say
+    /// which; the conformance suite checks it.
     ///
     /// The default is [`Error::Unsupported`] ([`Capabilities::shared`]
     /// false); backends without a reader mode say why.
