@@ -187,8 +187,9 @@
 //! - **Acquire.** [`Locker::try_lock_shared`] is one transaction: write the
 //!   reader's key if absent, read the newest writer's key in the queue
 //!   (the newer of two sorted reads, one each side of the readers' key
-//!   range) and the queue's first key. With a writer ahead it deletes its
-//!   key again and reports contention. [`Locker::lock_shared`] keeps its key
+//!   range) and the queue's first key (one read of the members more when a
+//!   nested name's key answers first, as for a writer). With a writer
+//!   ahead it deletes its key again and reports contention. [`Locker::lock_shared`] keeps its key
 //!   and watches that writer's key for deletion, then looks again, bounded
 //!   by its timeout; a key left on timeout, error or a dropped future is
 //!   deleted as an exclusive attempt's is (at once, or in the background).

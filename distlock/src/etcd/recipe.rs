@@ -391,8 +391,8 @@ impl Token {
 pub(super) enum Enqueued {
     /// Our key was written at `revision` (its create revision). `ahead`:
     /// whether a key our role waits for is older than ours, `None` if the
-    /// transaction could not tell (a writer's, when the oldest key under
-    /// the queue's prefix is a nested name's: then [`turn_of`] says).
+    /// transaction could not tell (a nested name's key answered one of its
+    /// reads: then [`turn_of`] says).
     /// `fencing`: the grant's fencing token if nothing is ahead
     /// ([`fencing_token`]).
     Written {
@@ -405,8 +405,7 @@ pub(super) enum Enqueued {
     Orphan { revision: i64 },
 }
 
-/// The acquire transaction, in one request (and, for a reader, one more
-/// read when a nested name's key hides the answer): if our key `key` is
+/// The acquire transaction, in one request: if our key `key` is
 /// absent, write it (with `value`, [`contender_value`], on our lease) and
 /// read what decides our turn; otherwise read our key. A writer reads the
 /// queue's first key, as `mutex.go`'s `tryAcquire` does; a reader also the
@@ -477,24 +476,17 @@ pub(super) async fn enqueue(
             fencing: fencing_token(revision),
         });
     }
-    let writer = newest_writer(prefix, [first_of(2), first_of(3)]);
-    let (writer, first) = match (writer, first) {
-        (Ok(writer), Some(first)) => (writer.is_some(), first),
-        // A nested name's key hides the answer: read the members.
-        _ => {
-            let (members, _) = members(&mut client, name, revision, true).await?;
-            reader_view(prefix, &members, revision, revision).map_or((false, revision), |view| {
-                match view {
-                    Turn::Wait { .. } => (true, revision),
-                    Turn::Go { fencing } => (false, fencing),
-                }
-            })
-        }
+    // A nested name's key answering hides the answer: `None`, and
+    // [`reader_turn`] reads the members.
+    let (ahead, fencing) = match (newest_writer(prefix, [first_of(2), first_of(3)]), first) {
+        (Ok(Some(_)), _) => (Some(true), revision),
+        (Ok(None), Some(first)) => (Some(false), fencing_token(first)),
+        _ => (None, revision),
     };
     Ok(Enqueued::Written {
         revision,
-        ahead: Some(writer),
-        fencing: first,
+        ahead,
+        fencing,
     })
 }
 

@@ -197,6 +197,18 @@ async fn readers_of_nested_names_are_other_locks() {
     let server = EtcdServer::start();
     let (a, b) = (connect(&server).await, connect(&server).await);
     let nested = a.try_lock_shared("K/x", TTL).await.unwrap().unwrap();
+    // K/x's key is the oldest under `lock:K/` and among the writer ranges'
+    // answers: K's reader looks past it at K's own members.
+    let reader = b
+        .try_lock_shared("K", TTL)
+        .await
+        .unwrap()
+        .expect("K is free for readers while K/x is read");
+    assert!(
+        reader.fencing_token() > nested.fencing_token(),
+        "its own key is K's first"
+    );
+    reader.release().await.unwrap();
     let outer = b
         .try_lock("K", TTL)
         .await
