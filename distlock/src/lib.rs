@@ -100,7 +100,8 @@
 //!   mode (`flock(LOCK_SH)`, a reader count beside the exclusive entry), so
 //!   they are trait methods, not a module over [`Locker`]: override
 //!   [`Locker::try_lock_shared`] (and [`Locker::lock_shared`] for a
-//!   server-side wait), set [`Capabilities::shared`], and make
+//!   server-side wait), set [`Capabilities::shared`] (and
+//!   [`Capabilities::shared_fair`] to the order it keeps), and make
 //!   [`Locker::unlock`] and [`Locker::refresh`] find shared holders by
 //!   their owner token too; the suite's shared checks (`testkit/shared.rs`)
 //!   then run on it.
@@ -219,6 +220,14 @@ pub struct Capabilities {
     /// them and they exclude it. Where false, both are
     /// [`Error::Unsupported`] with the reason.
     pub shared: bool,
+    /// Shared and exclusive requests are served in the order they queue: a
+    /// writer waiting in [`Locker::lock`] holds back the readers that come
+    /// after it (their [`Locker::try_lock_shared`] is contention, their
+    /// [`Locker::lock_shared`] waits behind it), so readers cannot starve
+    /// it (etcd). False where a waiting writer does not block new readers
+    /// (memory, file), and through a [`WaitLocker`], whose waits poll.
+    /// Meaningful only where [`shared`](Self::shared) is true.
+    pub shared_fair: bool,
 }
 
 impl Capabilities {
@@ -244,6 +253,7 @@ impl Capabilities {
         list: true,
         force_release: true,
         shared: true,
+        shared_fair: true,
     };
 }
 
@@ -446,7 +456,9 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     ///
     /// **Fencing token**: the token of the key's latest exclusive grant, not
     /// advanced (0 if the key was never locked exclusively; memory's counter
-    /// is shared by every key, so there it is that counter). Shared holders
+    /// is shared by every key, so there it is that counter; etcd's is its
+    /// cluster-wide revision, so there it is the oldest reader's revision,
+    /// between the writers' as its docs show). Shared holders
     /// do not exclude each other, so nothing among them needs ordering; what
     /// a resource needs is their order against writers, and that holds: a
     /// shared lease's token is at least every earlier writer's and less than
@@ -457,11 +469,14 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// state they only read: on the file backend, concurrent readers would
     /// clobber one record.)
     ///
-    /// **A waiting writer does not block new readers** on the backends that
-    /// have shared locks now (memory, file): a writer waiting in
-    /// [`lock`](Locker::lock) polls (or is woken) and gets the key only when
-    /// no reader holds it, so a steady overlap of readers can starve it.
-    /// Each backend's docs say so; the conformance suite checks it.
+    /// **Whether a waiting writer blocks new readers** is the backend's, and
+    /// [`Capabilities::shared_fair`] says which. On memory and file it does
+    /// not: a writer waiting in [`lock`](Locker::lock) polls (or is woken)
+    /// and gets the key only when no reader holds it, so a steady overlap
+    /// of readers can starve it. On etcd it does: readers and writers queue
+    /// in etcd's revision order, a reader waits for every writer queued
+    /// before it, and a writer for every key. Each backend's docs say
+    /// which; the conformance suite checks it.
     ///
     /// The default is [`Error::Unsupported`] ([`Capabilities::shared`]
     /// false); backends without a reader mode say why.

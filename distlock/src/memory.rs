@@ -274,7 +274,11 @@ impl Locker for MemoryLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities {
+            // A waiting writer does not block new readers.
+            shared_fair: false,
+            ..Capabilities::ALL
+        }
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

@@ -307,6 +307,8 @@ impl<L: Locker> Locker for WaitLocker<L> {
             // This `lock` is the shared loop: it wakes only on notifications,
             // whatever native wait the inner locker's own `lock` has.
             release_wakeup: inner.release_notifications,
+            // Nor does a waiting writer queue: readers get in beside it.
+            shared_fair: false,
             ..inner
         }
     }

@@ -1,7 +1,7 @@
 //! `distlock run --url etcd://...` end to end against real etcd processes:
-//! conflict (75), a lease revoked from outside (76), and how long a
-//! SIGKILLed holder keeps the lock (the orphan bound), on one node and
-//! across a leader kill.
+//! conflict (75), a lease revoked from outside (76), how long a SIGKILLed
+//! holder keeps the lock (the orphan bound), on one node and across a
+//! leader kill, and `run --shared`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -264,4 +264,13 @@ fn elect_fails_over_after_kill_9_within_the_lease_without_overlap() {
 fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_its_lease() {
     let server = EtcdServer::start();
     crate::limit::eight_loops_and_a_killed_holder(&server.url(), "2s", Duration::from_secs(5));
+}
+
+/// `distlock run --shared` on etcd: readers overlap, an exclusive run never
+/// overlaps them, and a writer waiting for them holds a new reader back
+/// (etcd queues readers and writers in revision order).
+#[test]
+fn shared_runs_overlap_and_exclude_an_exclusive_run() {
+    let server = EtcdServer::start();
+    crate::shared::shared_runs_overlap_and_exclude_an_exclusive_run(&server.url(), true);
 }

@@ -1199,108 +1199,11 @@ fn run_names_a_member_that_survives_sigkill_and_keeps_the_lock_until_it_is_gone(
     );
 }
 
-/// `run --shared`: two readers hold the key at once (each waits, holding
-/// it, until it sees the other has started); an exclusive `run` meanwhile
-/// exits 75 without running its command, and with `--wait` starts only
-/// after both readers have finished; a `--shared` run while a writer holds
-/// the key exits 75 too.
+/// `run --shared` on files: readers overlap, an exclusive run never
+/// overlaps them, and a waiting writer does not hold new readers back.
 #[test]
 fn shared_runs_overlap_and_exclude_an_exclusive_run() {
     let fixture = Fixture::new();
-    let log = fixture.path("log");
-    let go = fixture.path("go");
-    let started = |name: &str| fixture.path(&format!("started-{name}"));
-    let reader = |me: &str, other: &str| {
-        // Holding its shared lease, a reader waits (at most 20 s) to see the
-        // other one started, then for the test's go, then logs its end.
-        let script = format!(
-            "touch {me}; \
-             i=0; while [ ! -e {other} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 3; sleep 0.05; done; \
-             i=0; while [ ! -e {go} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 4; sleep 0.05; done; \
-             echo reader-end >> {log}",
-            me = started(me).display(),
-            other = started(other).display(),
-            go = go.display(),
-            log = log.display(),
-        );
-        fixture
-            .distlock()
-            .args([
-                "run", "--shared", "--key", "report", "--", "sh", "-c", &script,
-            ])
-            .spawn()
-            .expect("spawn a reader")
-    };
-    let mut readers = [reader("a", "b"), reader("b", "a")];
-    crate::support::wait_until("both readers hold the key", Duration::from_secs(20), || {
-        started("a").exists() && started("b").exists()
-    });
-
-    let status = fixture.run(&["status", "--key", "report"]);
-    assert_eq!(code(&status), 0, "{}", stderr(&status));
-    let shown = String::from_utf8_lossy(&status.stdout);
-    assert!(shown.contains("\"report\" is held shared"), "{shown}");
-
-    let marker = fixture.path("ran");
-    let touch = format!("touch {}", marker.display());
-    let output = fixture.run(&["run", "--key", "report", "--", "sh", "-c", &touch]);
-    assert_eq!(code(&output), 75, "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("lock \"report\" is held elsewhere"),
-        "{}",
-        stderr(&output)
-    );
-    assert!(!marker.exists(), "the exclusive command must not run");
-
-    let write = format!("echo writer-start >> {}", log.display());
-    let mut writer = fixture
-        .distlock()
-        .args([
-            "run", "--key", "report", "--wait", "30s", "--", "sh", "-c", &write,
-        ])
-        .spawn()
-        .expect("spawn the writer");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        writer.try_wait().expect("try_wait").is_none(),
-        "the writer waits while readers hold the key"
-    );
-    std::fs::write(&go, "").expect("go");
-    for reader in &mut readers {
-        assert_eq!(wait_for_exit(reader, Duration::from_secs(30)), 0);
-    }
-    assert_eq!(wait_for_exit(&mut writer, Duration::from_secs(30)), 0);
-    assert_eq!(
-        std::fs::read_to_string(&log).expect("log"),
-        "reader-end\nreader-end\nwriter-start\n",
-        "the writer starts only after both readers finished"
-    );
-
-    // And the other way round: a writer holding the key keeps readers out.
-    let done = fixture.path("writer-done");
-    let hold = format!(
-        "touch {}; i=0; while [ ! -e {} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 4; sleep 0.05; done",
-        fixture.path("writer-holds").display(),
-        done.display()
-    );
-    let mut holder = fixture
-        .distlock()
-        .args(["run", "--key", "report", "--", "sh", "-c", &hold])
-        .spawn()
-        .expect("spawn a holding writer");
-    crate::support::wait_until("the writer holds the key", Duration::from_secs(20), || {
-        fixture.path("writer-holds").exists()
-    });
-    let output = fixture.run(&[
-        "run", "--shared", "--key", "report", "--", "sh", "-c", &touch,
-    ]);
-    assert_eq!(code(&output), 75, "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("lock \"report\" is held exclusively elsewhere"),
-        "{}",
-        stderr(&output)
-    );
-    assert!(!marker.exists(), "the shared command must not run");
-    std::fs::write(&done, "").expect("done");
-    assert_eq!(wait_for_exit(&mut holder, Duration::from_secs(30)), 0);
+    let url = format!("file://{}", fixture.lock_dir().display());
+    crate::shared::shared_runs_overlap_and_exclude_an_exclusive_run(&url, false);
 }

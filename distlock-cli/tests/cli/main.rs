@@ -22,3 +22,4 @@ mod postgres;
 mod redis;
 #[cfg(feature = "redlock")]
 mod redlock;
+mod shared;

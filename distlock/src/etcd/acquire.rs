@@ -1,17 +1,20 @@
 //! The acquire recipe, in the steps of etcd's own
 //! `client/v3/concurrency/mutex.go`: reserve the name in this locker, enqueue
 //! a key under the session lease, await the turn (no older key in the
-//! queue), and grant. Every step that may leave a key behind is undone by
-//! the [`Attempt`] guard, at once or in the background.
+//! queue), and grant. A shared lock takes the same steps as
+//! `experimental/recipes/rwmutex.go`'s `RLock`: its turn comes once no
+//! older *writer's* key is in the queue. Every step that may leave a key
+//! behind is undone by the [`Attempt`] guard, at once or in the background.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::recipe::{self, contender_key, Enqueued, Token, WatchFailure, Watched};
+use super::recipe::{self, Enqueued, Role, Token, Turn, WatchFailure, Watched};
 use super::session::Session;
-use super::{errors, EtcdLocker, Inner, BACKEND};
+use super::{errors, EtcdLocker, Inner, Slot, BACKEND};
 use crate::inspect::HolderRecord;
 use crate::session_registry::{Busy, Held, Ticket};
 use crate::{new_owner_token, Error, Lease, LeaseParts, Result};
@@ -21,7 +24,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
 
 impl EtcdLocker {
-    /// Reserves `name` for one attempt of this locker, waiting (woken by
+    /// Reserves `slot` for one attempt of this locker, waiting (woken by
     /// local releases) until `deadline` while another of its attempts or
     /// grants has it; `None` at the deadline. An abandoned attempt still
     /// being cleaned up at the deadline (the cluster is failing) is an
@@ -29,42 +32,66 @@ impl EtcdLocker {
     async fn reserve_waiting(
         &self,
         key: &str,
-        name: &str,
+        slot: &Slot,
         deadline: Option<Instant>,
-    ) -> Result<Option<Ticket<String>>> {
+    ) -> Result<Option<Ticket<Slot>>> {
         loop {
             let freed = self.inner.freed.notified();
             tokio::pin!(freed);
             // Registered before looking, so a release in between wakes us.
             freed.as_mut().enable();
-            if let Ok(ticket) = self.inner.registry.reserve(name.to_owned()) {
+            if let Ok(ticket) = self.try_reserve(slot) {
                 return Ok(Some(ticket));
             }
             tokio::select! {
                 () = freed => {}
                 () = crate::deadline::sleep_until(deadline) => {
-                    return match self.inner.registry.state(&name.to_owned()) {
-                        Some(Busy::CleaningUp) => Err(cleaning_up(key)),
-                        _ => Ok(None),
+                    return match self.try_reserve(slot) {
+                        Ok(ticket) => Ok(Some(ticket)),
+                        Err(Busy::CleaningUp) => Err(cleaning_up(key)),
+                        Err(Busy::Contended) => Ok(None),
                     };
                 }
             }
         }
     }
 
-    /// One acquire: `wait` is `None` for a single attempt, or the deadline
-    /// (`None`: for ever) to wait in the queue until. `Ok(None)` is
-    /// contention (or, when waiting, the deadline). The recipe in four
-    /// steps: [reserve](Self::reserve), [enqueue](Self::enqueue),
-    /// [await the turn](Self::await_turn), [grant](Self::grant).
+    /// Reserves `slot` now, or says why not. A reader's slot is its own,
+    /// but it waits, as an exclusive attempt would, while an abandoned
+    /// exclusive attempt of this locker on the name is being cleaned up:
+    /// that key may still be in the queue, and reading it as a writer
+    /// ahead would be an outage answered as contention.
+    fn try_reserve(&self, slot: &Slot) -> std::result::Result<Ticket<Slot>, Busy> {
+        if let Slot::Reader(name, _) = slot {
+            let exclusive = Slot::Exclusive(name.clone());
+            if self.inner.registry.state(&exclusive) == Some(Busy::CleaningUp) {
+                return Err(Busy::CleaningUp);
+            }
+        }
+        self.inner.registry.reserve(slot.clone())
+    }
+
+    /// One acquire, exclusive or `shared`: `wait` is `None` for a single
+    /// attempt, or the deadline (`None`: for ever) to wait in the queue
+    /// until. `Ok(None)` is contention (or, when waiting, the deadline).
+    /// The recipe in four steps: [reserve](Self::reserve),
+    /// [enqueue](Self::enqueue), [await the turn](Self::await_turn),
+    /// [grant](Self::grant).
     pub(super) async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
         wait: Option<Option<Instant>>,
+        shared: bool,
     ) -> Result<Option<Lease>> {
         let name = self.name(key);
-        let Some(ticket) = self.reserve(key, &name, wait).await? else {
+        let role = if shared {
+            Role::Reader(self.inner.readers.fetch_add(1, Ordering::Relaxed))
+        } else {
+            Role::Writer
+        };
+        let slot = Slot::of(name.clone(), role);
+        let Some(ticket) = self.reserve(key, &slot, wait).await? else {
             return Ok(None);
         };
         let mut attempt = Attempt {
@@ -76,57 +103,58 @@ impl EtcdLocker {
         // Read on the caller's task, where its label scope is.
         let record = self.inner.holder_record.then(|| HolderRecord::now(ttl));
         let value = recipe::contender_value(&secret, record.as_ref());
-        let queued = self
-            .enqueue(key, &name, ttl, &secret, &value, &mut attempt)
+        let mut queued = self
+            .enqueue(key, &slot, ttl, &secret, &value, &mut attempt)
             .await?;
         if !self
-            .await_turn(&name, &queued, &secret, wait, &mut attempt)
+            .await_turn(&slot, &mut queued, &secret, wait, &mut attempt)
             .await?
         {
             return Ok(None);
         }
-        self.grant(key, name, ttl, queued, secret, attempt)
+        self.grant(key, slot, ttl, queued, secret, attempt)
             .map(Some)
     }
 
-    /// Step 1: reserves `name` for this attempt among this locker's own
-    /// attempts and grants (a second contender key under the same lease
-    /// would be the same key). `None` is contention, or when waiting, the
-    /// deadline.
+    /// Step 1: reserves `slot` for this attempt among this locker's own
+    /// attempts and grants: a name's exclusive slot (a second writer's key
+    /// under the same lease would be the same key), or a reader's own.
+    /// `None` is contention, or when waiting, the deadline.
     async fn reserve(
         &self,
         key: &str,
-        name: &str,
+        slot: &Slot,
         wait: Option<Option<Instant>>,
-    ) -> Result<Option<Ticket<String>>> {
+    ) -> Result<Option<Ticket<Slot>>> {
         match wait {
-            None => match self.inner.registry.reserve(name.to_owned()) {
+            None => match self.try_reserve(slot) {
                 Ok(ticket) => Ok(Some(ticket)),
                 Err(Busy::Contended) => Ok(None),
                 Err(Busy::CleaningUp) => Err(cleaning_up(key)),
             },
-            Some(deadline) => self.reserve_waiting(key, name, deadline).await,
+            Some(deadline) => self.reserve_waiting(key, slot, deadline).await,
         }
     }
 
-    /// Step 2: writes this attempt's key (`value`) into `name`'s queue under
-    /// the session lease of `ttl`'s class, arming `attempt` first. A lease
-    /// etcd no longer knows is replaced by a new session once; an orphaned
-    /// key of this lease (no grant owns it: the name is reserved) is deleted
-    /// and the write tried again once.
+    /// Step 2: writes this attempt's key (`value`) into the queue of
+    /// `slot`'s name under the session lease of `ttl`'s class, arming
+    /// `attempt` first. A lease etcd no longer knows is replaced by a new
+    /// session once; an orphaned key of this lease (no grant owns it: the
+    /// slot is reserved) is deleted and the write tried again once.
     async fn enqueue(
         &self,
         key: &str,
-        name: &str,
+        slot: &Slot,
         ttl: Duration,
         secret: &str,
         value: &str,
         attempt: &mut Attempt,
     ) -> Result<Queued> {
+        let (name, role) = (slot.name(), slot.role());
         let mut renewed_session = false;
         loop {
             let session = self.session(ttl).await?;
-            let key_name = contender_key(name, session.lease);
+            let key_name = role.key(name, session.lease);
             // From here on the key may be written: armed.
             attempt.written = Some(Written {
                 key: key_name.clone(),
@@ -136,23 +164,28 @@ impl EtcdLocker {
             });
             let enqueued = self
                 .inner
-                .call(|| recipe::enqueue(self.inner.kv(), name, session.lease, value))
+                .call(|| recipe::enqueue(self.inner.kv(), name, role, session.lease, value))
                 .await;
             match enqueued {
-                Some(Ok(Enqueued::Written { revision, first })) => {
+                Some(Ok(Enqueued::Written {
+                    revision,
+                    ahead,
+                    fencing,
+                })) => {
                     if let Some(written) = attempt.written.as_mut() {
                         written.revision = Some(revision);
                     }
                     return Ok(Queued {
                         session,
                         revision,
-                        first,
+                        ahead,
+                        fencing,
                     });
                 }
                 Some(Ok(Enqueued::Orphan { revision })) => {
                     // Not written by this attempt: nothing of ours to undo
                     // but the orphan itself, which no grant owns (the
-                    // registry reserved the name).
+                    // registry reserved the slot).
                     attempt.disarm();
                     tracing::warn!(
                         component = "distlock",
@@ -211,32 +244,41 @@ impl EtcdLocker {
         }
     }
 
-    /// Step 3: true once no older key is ahead of ours in the queue. A
+    /// Step 3: true once no older key that `slot`'s role waits for (any key
+    /// for a writer, a writer's for a reader) is ahead of ours in the
+    /// queue, with `queued.fencing` set to the grant's token as of then. A
     /// single attempt that is not first leaves the queue (contention); a
     /// waiting one watches the key ahead until it is deleted, or until
     /// `wait`'s deadline (false, the key undone), then checks that ours
     /// outlived the wait.
     async fn await_turn(
         &self,
-        name: &str,
-        queued: &Queued,
+        slot: &Slot,
+        queued: &mut Queued,
         secret: &str,
         wait: Option<Option<Instant>>,
         attempt: &mut Attempt,
     ) -> Result<bool> {
+        let (name, role) = (slot.name(), slot.role());
         let revision = queued.revision;
-        let first = match queued.first {
-            Some(first) => first == revision,
+        let ahead = match queued.ahead {
+            Some(ahead) => ahead,
             // A nested name's key is older than ours: is one of ours?
-            None => self
+            None => match self
                 .inner
                 .request("acquire", false, || {
-                    recipe::ahead_of(self.inner.kv(), name, revision)
+                    recipe::turn_of(self.inner.kv(), name, revision, role)
                 })
                 .await?
-                .is_none(),
+            {
+                Turn::Wait { .. } => true,
+                Turn::Go { fencing } => {
+                    queued.fencing = fencing;
+                    false
+                }
+            },
         };
-        if first {
+        if !ahead {
             return Ok(true);
         }
         let Some(deadline) = wait else {
@@ -244,13 +286,14 @@ impl EtcdLocker {
             attempt.undo_now().await;
             return Ok(false);
         };
-        if !self.wait_turn(name, revision, deadline).await? {
+        let Some(fencing) = self.wait_turn(name, role, revision, deadline).await? else {
             attempt.undo_now().await;
             return Ok(false);
-        }
+        };
+        queued.fencing = fencing;
         // etcd can hand the lock to a key whose lease expired during the
         // wait: check ours is still there.
-        let key_name = contender_key(name, queued.session.lease);
+        let key_name = role.key(name, queued.session.lease);
         let ours = self
             .inner
             .request("acquire", false, || {
@@ -267,34 +310,40 @@ impl EtcdLocker {
         Ok(true)
     }
 
-    /// Step 4: our key is first, so the lock is ours. The lease's owner
-    /// token names the session lease, the key's revision (also the fencing
-    /// token) and its secret; the registry records the grant, which fails
-    /// if the session died meanwhile (its lease took the key with it).
+    /// Step 4: nothing our key waits for is ahead, so the lock is ours.
+    /// The lease's owner token names the key (its role and session lease),
+    /// the key's revision and its secret; the fencing token is the one its
+    /// turn came with ([`recipe::fencing_token`]). The registry records the
+    /// grant, which fails if the session died meanwhile (its lease took the
+    /// key with it).
     fn grant(
         &self,
         key: &str,
-        name: String,
+        slot: Slot,
         ttl: Duration,
         queued: Queued,
         secret: String,
         mut attempt: Attempt,
     ) -> Result<Lease> {
         let Queued {
-            session, revision, ..
+            session,
+            revision,
+            fencing,
+            ..
         } = queued;
-        let key_name = contender_key(&name, session.lease);
         let token = Token {
             lease: session.lease,
+            role: slot.role(),
             revision,
             secret,
-        }
-        .encode();
+        };
+        let key_name = token.key(slot.name());
+        let token = token.encode();
         let lease = Lease::new(
             LeaseParts {
                 key: key.to_owned(),
                 owner: token.clone(),
-                fencing_token: u64::try_from(revision).ok(),
+                fencing_token: u64::try_from(fencing).ok(),
                 ttl,
                 valid_until: None,
             },
@@ -305,7 +354,7 @@ impl EtcdLocker {
             session,
             lost: lease.lost_notifier(),
         };
-        if self.inner.registry.grant(name, held).is_err() {
+        if self.inner.registry.grant(slot, held).is_err() {
             // The session died meanwhile: its lease, and so the key, is gone.
             attempt.disarm();
             return Err(errors::plain(
@@ -317,8 +366,9 @@ impl EtcdLocker {
         Ok(lease)
     }
 
-    /// Waits until no key is ahead of revision `revision` in `name`'s queue
-    /// (true), or until `deadline` (false). A failure still current at the
+    /// Waits until no key that `role` waits for is ahead of revision
+    /// `revision` in `name`'s queue (the grant's fencing token as of then),
+    /// or until `deadline` (`None`). A failure still current at the
     /// deadline (the last read or watch failed, and nothing answered since)
     /// is reported as that error, not as a timeout: an outage is not
     /// contention. One that a later read answered is forgotten, so a brief
@@ -326,29 +376,30 @@ impl EtcdLocker {
     async fn wait_turn(
         &self,
         name: &str,
+        role: Role,
         revision: i64,
         deadline: Option<Instant>,
-    ) -> Result<bool> {
+    ) -> Result<Option<i64>> {
         let mut watch = self.inner.client.watch_client();
         let mut last_error: Option<Error> = None;
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return match last_error {
                     Some(error) => Err(error),
-                    None => Ok(false),
+                    None => Ok(None),
                 };
             }
-            let ahead = match self
+            let turn = match self
                 .inner
                 .request("acquire", false, || {
-                    recipe::ahead_of(self.inner.kv(), name, revision)
+                    recipe::turn_of(self.inner.kv(), name, revision, role)
                 })
                 .await
             {
                 // etcd answers again: whatever failed before is over.
-                Ok(ahead) => {
+                Ok(turn) => {
                     last_error = None;
-                    ahead
+                    turn
                 }
                 Err(error) => {
                     last_error = Some(error);
@@ -356,8 +407,9 @@ impl EtcdLocker {
                     continue;
                 }
             };
-            let Some((key, read_at)) = ahead else {
-                return Ok(true);
+            let (key, read_at) = match turn {
+                Turn::Wait { key, at } => (key, at),
+                Turn::Go { fencing } => return Ok(Some(fencing)),
             };
             match recipe::wait_deleted(
                 &mut watch,
@@ -407,12 +459,15 @@ fn cleaning_up(key: &str) -> Error {
 }
 
 /// An attempt's key, written into the queue: under `session`'s lease, at
-/// `revision`; `first` is the queue's oldest revision when the write could
-/// tell (`None`: a nested name's key is older, so ask).
+/// `revision`; `ahead` says whether a key it waits for is older, when the
+/// write could tell (`None`: a nested name's key is older, so ask);
+/// `fencing` is the grant's fencing token if its turn is now (set again
+/// when the turn comes later).
 struct Queued {
     session: Arc<Session>,
     revision: i64,
-    first: Option<i64>,
+    ahead: Option<bool>,
+    fencing: i64,
 }
 
 /// A key an attempt may have written.
@@ -429,7 +484,7 @@ pub(super) struct Written {
 /// deletes that key in the background and only then ends the reservation.
 struct Attempt {
     inner: Arc<Inner>,
-    ticket: Option<Ticket<String>>,
+    ticket: Option<Ticket<Slot>>,
     written: Option<Written>,
 }
 
@@ -495,7 +550,7 @@ impl Drop for Attempt {
 pub(super) fn delete_in_background(
     inner: Arc<Inner>,
     written: Written,
-    ticket: Option<Ticket<String>>,
+    ticket: Option<Ticket<Slot>>,
     whose: &'static str,
 ) {
     let end = move |inner: &Inner| {

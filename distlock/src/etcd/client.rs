@@ -4,6 +4,7 @@
 //! request timeout).
 
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,6 +96,7 @@ impl EtcdLocker {
                 registry: Arc::new(Registry::new(BACKEND)),
                 freed: Arc::new(Notify::new()),
                 holder_record: config.holder_record,
+                readers: AtomicU64::new(0),
             }),
         })
     }

@@ -1,7 +1,9 @@
 //! Who holds a lock: the first contender key of its queue (lowest create
 //! revision, as the acquire transaction sees it), the holder record in its
 //! value, and its lease's time to live; operator release by deleting that
-//! key (compared on its create revision) or revoking its lease.
+//! key (compared on its create revision) or revoking its lease. A first key
+//! that is a reader's means the lock is held shared, by every reader older
+//! than the oldest writer: a forced release evicts them all.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -56,6 +58,9 @@ impl EtcdLocker {
         ttls: &mut HashMap<i64, Option<Duration>>,
     ) -> Result<Found> {
         let mut held = HeldLock::new(key);
+        held.shared = is_reader_key(kv.key());
+        // The first key's revision: the holder's token, or for readers the
+        // token a reader granted now gets (`recipe::fencing_token`).
         held.fencing_token = u64::try_from(kv.create_revision()).ok();
         if let Some(record) = recipe::record_of(kv.value()) {
             record.fill(&mut held);
@@ -157,14 +162,15 @@ impl EtcdLocker {
     }
 
     /// The lock name (distlock key) whose contender `kv` is, if it is one
-    /// under `prefix`: its key is `<key prefix><name>/<lease hex>`.
+    /// under `prefix`: its key is `<key prefix><name>/<lease hex>`, or a
+    /// reader's `<key prefix><name>/read-<lease hex>-<n>`.
     fn lock_of(&self, kv: &KeyValue, prefix: &str) -> Option<String> {
         let full = std::str::from_utf8(kv.key()).ok()?;
         let name = full.strip_prefix(self.inner.prefix.as_str())?;
         // No `/`: a mark, or another program's key.
-        let (lock, lease_hex) = name.rsplit_once('/')?;
-        let is_contender =
-            !lease_hex.is_empty() && lease_hex.bytes().all(|b| b.is_ascii_hexdigit());
+        let (lock, segment) = name.rsplit_once('/')?;
+        let is_contender = recipe::is_reader_segment(segment.as_bytes())
+            || (!segment.is_empty() && segment.bytes().all(|b| b.is_ascii_hexdigit()));
         (is_contender && lock.starts_with(prefix)).then(|| lock.to_owned())
     }
 
@@ -177,9 +183,13 @@ impl EtcdLocker {
             let Some(found) = self.holder_of(key, "force_release").await? else {
                 return Ok(None);
             };
-            let freed = match how {
-                ForceRelease::Lock => self.delete_holder(&found).await?,
-                ForceRelease::TerminateSession => self.revoke_holder(key, &found).await?,
+            let freed = if found.held.shared {
+                self.evict_readers(key, how).await?
+            } else {
+                match how {
+                    ForceRelease::Lock => self.delete_holder(&found).await?,
+                    ForceRelease::TerminateSession => self.revoke_holder(key, &found).await?,
+                }
             };
             if freed {
                 inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
@@ -191,6 +201,39 @@ impl EtcdLocker {
             "force_release",
             format!("{key:?} changed hands {ATTEMPTS} times while being force-released; inspect it again"),
         ))
+    }
+
+    /// Evicts every reader holding `key` (those older than its oldest
+    /// writer), each as [`delete_holder`](Self::delete_holder) or
+    /// [`revoke_holder`](Self::revoke_holder) evicts one holder (a lease
+    /// once however many of its readers hold); true if any was evicted.
+    async fn evict_readers(&self, key: &str, how: ForceRelease) -> Result<bool> {
+        let name = self.backend_key(key);
+        let readers = self
+            .inner
+            .request("force_release", false, || {
+                recipe::holding_readers(self.inner.kv(), &name)
+            })
+            .await?;
+        let mut evicted = false;
+        let mut revoked = Vec::new();
+        for kv in readers {
+            let reader = Found {
+                key: kv.key().to_vec(),
+                create_revision: kv.create_revision(),
+                lease: kv.lease(),
+                held: HeldLock::new(key),
+            };
+            evicted |= match how {
+                ForceRelease::Lock => self.delete_holder(&reader).await?,
+                ForceRelease::TerminateSession if revoked.contains(&reader.lease) => continue,
+                ForceRelease::TerminateSession => {
+                    revoked.push(reader.lease);
+                    self.revoke_holder(key, &reader).await?
+                }
+            };
+        }
+        Ok(evicted)
     }
 
     /// Deletes the holder's key if it still has the create revision read,
@@ -243,4 +286,15 @@ impl EtcdLocker {
     async fn lease_alive(&self, lease: i64) -> Result<bool> {
         Ok(self.ttl_left(lease, "force_release").await?.is_some())
     }
+}
+
+/// Whether a contender key is a reader's: its last segment is
+/// ([`recipe::is_reader_segment`]).
+fn is_reader_key(key: &[u8]) -> bool {
+    let segment = key
+        .iter()
+        .rposition(|&byte| byte == b'/')
+        .and_then(|slash| key.get(slash + 1..))
+        .unwrap_or(key);
+    recipe::is_reader_segment(segment)
 }

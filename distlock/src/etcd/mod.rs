@@ -39,7 +39,14 @@
 //!   revision is one counter for the whole cluster, so tokens strictly
 //!   increase across every grant of every key, never repeat, and survive
 //!   restarts (they are not reset by [`Locker::forget`], which has nothing
-//!   to forget).
+//!   to forget). A shared lease's token is the first reader's revision,
+//!   never advanced: see [shared locks](#shared-locks).
+//! - **Shared locks** ([`Locker::try_lock_shared`], [`Locker::lock_shared`])
+//!   follow etcd's reader-writer recipe in the same queue: a reader's key
+//!   `<name>/read-<lease id in hex>-<n>` waits only for the writers' keys
+//!   ahead of it, and every writer waits for it. **A waiting writer blocks
+//!   the readers that come after it** ([`Capabilities::shared_fair`]): see
+//!   [shared locks](#shared-locks).
 //! - **Marks** ([`Locker::advance_mark`]): a key per mark,
 //!   `<key prefix><name>:mark` with `/` and `%` in the name
 //!   percent-encoded (a `/` would put it inside the queue of another lock),
@@ -147,13 +154,86 @@
 //!   key this locker holds or is taking is contention, and a second
 //!   `lock` waits, locally, for the first to end (woken by it, not
 //!   polling; local waiters are not ordered FIFO among themselves).
+//!   Readers are not excluded locally: each has a key of its own.
 //! - **Closing.** [`EtcdLocker::close`] (or dropping the last clone of the
 //!   locker and every lease it granted) stops the keep-alives and revokes
 //!   the session leases, which frees every lock still held under them at
 //!   once.
-//! - **Cancel safety**: dropping a `try_lock` or `lock` future is safe: a
-//!   key it may have written is deleted in the background. Dropping a
-//!   release or refresh leaves the lock as the request left it.
+//! - **Cancel safety**: dropping a `try_lock`, `lock`, `try_lock_shared` or
+//!   `lock_shared` future is safe: a key it may have written is deleted in
+//!   the background. Dropping a release or refresh leaves the lock as the
+//!   request left it.
+//!
+//! # Shared locks
+//!
+//! etcd's reader-writer recipe
+//! (`client/v3/experimental/recipes/rwmutex.go`), inside the mutex's queue
+//! so that `etcdctl lock` and Go's `concurrency.Mutex` still exclude and
+//! are excluded:
+//!
+//! - **Keys.** A reader writes `<name>/read-<lease id in hex>-<n>` under
+//!   its session lease (the lease of its ttl class, as a writer's key), `n`
+//!   numbering this locker's readers so that one locker holds any number
+//!   at once; its value is a writer's (the secret, then the holder record).
+//!   It is a direct member of `<name>`'s queue like any contender key, so
+//!   every writer (ours, `etcdctl lock`, Go's mutex: each waits for every
+//!   older key under the prefix) waits for it. To a reader, every other
+//!   direct member is a writer: ours (`<name>/<lease hex>`), `etcdctl
+//!   lock`'s and Go's (the same layout), and anything else another program
+//!   put there. Go's *experimental* `RWMutex` is not interoperable: its keys
+//!   `<name>/read/<ns>` and `<name>/write/<ns>` are the nested names
+//!   `<name>/read` and `<name>/write` here (though `etcdctl lock` waits for
+//!   them).
+//! - **Acquire.** [`Locker::try_lock_shared`] is one transaction: write the
+//!   reader's key if absent, read the newest writer's key in the queue
+//!   (the newer of two sorted reads, one each side of the readers' key
+//!   range) and the queue's first key (one read of the members more when a
+//!   nested name's key answers first, as for a writer). With a writer
+//!   ahead it deletes its key again and reports contention. [`Locker::lock_shared`] keeps its key
+//!   and watches that writer's key for deletion, then looks again, bounded
+//!   by its timeout; a key left on timeout, error or a dropped future is
+//!   deleted as an exclusive attempt's is (at once, or in the background).
+//! - **Order: a waiting writer blocks new readers.** Readers and writers
+//!   queue in etcd's revision order. A reader waits for every writer queued
+//!   before it, *waiting or holding*; a writer for every key before it. So
+//!   while a writer waits for readers, a new reader's `try_lock_shared` is
+//!   contention and its `lock_shared` waits until that writer has held and
+//!   released the lock: readers cannot starve a writer, and a writer waits
+//!   only for the readers already queued ([`Capabilities::shared_fair`]).
+//!   This differs from the memory and file backends, where a waiting writer
+//!   does not hold readers back. A writer waiting behind several readers
+//!   watches the newest of them, then looks again, so it may wake once per
+//!   reader (as `rwmutex.go`'s does).
+//! - **Fencing token.** One rule for every grant: the create revision of
+//!   the queue's first key when the grant's turn came. For a writer that
+//!   is its own key, as before; for a reader, the oldest reader's then (its
+//!   own if it is alone). A reader advances nothing and writes nothing for
+//!   it. Every writer granted before a reader's turn had left the queue by
+//!   then, and was granted only once every older key had left, so it is
+//!   older than every key still there; every writer granted after it is
+//!   newer than its key; and as each new key is newer than all before it,
+//!   the queue's first key only moves forward. So a reader's token is
+//!   above every earlier writer's and below every later writer's, tokens
+//!   never decrease over all grants and strictly increase over exclusive
+//!   ones, and a resource that has seen writer `N + 1` can reject a reader
+//!   still presenting `N`. Readers granted while one first key stays share
+//!   its token. It is not the latest exclusive grant's token, as the file
+//!   backend's is, but like memory's counter, a value of one cluster-wide
+//!   counter between the writers'.
+//! - **Everything else is a lease's**: the owner token
+//!   `read-<lease hex>-<n>:<create revision>:<secret>` releases and
+//!   refreshes from any process ([`Locker::unlock`], [`Locker::refresh`],
+//!   compared on revision and secret as a writer's); the session's
+//!   keep-alive renews it, and its loss fires the lost signal; dropping the
+//!   lease releases it.
+//! - **One locker, both modes.** A reader of a name this locker holds
+//!   exclusively is contention (its key is ahead); an exclusive
+//!   [`Locker::lock`] of a name this locker holds shared waits in etcd
+//!   behind its own reader, until that reader is released (or the
+//!   timeout). While an abandoned exclusive attempt of this locker on the
+//!   name is being cleaned up, its readers answer as its writers do (an
+//!   error, not contention); an abandoned *reader*'s key is, until its
+//!   deletion lands, a reader like any other (writers wait for it).
 //!
 //! # Inspection
 //!
@@ -175,6 +255,17 @@
 //!   more): how long the lock outlives a holder that stopped renewing now.
 //!   A key written by `etcdctl lock` or Go's `concurrency.Mutex` (an empty
 //!   value) is held by an unknown holder, never free.
+//! - **Held shared**: a first key that is a reader's means the lock is held
+//!   by every reader older than the oldest writer, reported with
+//!   [`HeldLock::shared`](inspect_api::HeldLock::shared) set, and the oldest
+//!   reader's record, session, `ttl_left` and revision as `fencing_token`
+//!   (the token a reader granted now gets; readers granted while an older
+//!   one was first carry a lower one). [`Locker::list`] reports such a lock
+//!   in the same way.
+//!   [`Locker::force_release`] evicts every holding reader: with
+//!   `ForceRelease::Lock` it deletes each one's key (compared on its create
+//!   revision), with `ForceRelease::TerminateSession` it revokes each one's
+//!   lease, freeing every lock under each.
 //! - [`Locker::list`] reads every key under `<key prefix><prefix>` in
 //!   pages of 512 keys (each page under the request timeout, not the whole
 //!   listing, which grows with the number of locks; all pages at the
@@ -239,6 +330,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -270,7 +362,7 @@ pub use config::{
 };
 
 use acquire::{delete_in_background, Written};
-use recipe::{contender_key, Token};
+use recipe::{Role, Token};
 use session::Session;
 
 const BACKEND: &str = "etcd";
@@ -282,7 +374,40 @@ const BACKEND: &str = "etcd";
 const REFRESH_TXNS_IN_FLIGHT: usize = 4;
 
 /// Which lock names this locker holds, on which session, for which owner.
-pub(crate) type Registry = crate::session_registry::Registry<String, Session>;
+pub(crate) type Registry = crate::session_registry::Registry<Slot, Session>;
+
+/// What this locker's registry keys its attempts and grants by: the
+/// exclusive lock of a name (one per name per locker: every writer of a
+/// locker would write the same key, `<name>/<lease hex>`), or one reader of
+/// a name (any number per name: `n` gives each its own key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Slot {
+    Exclusive(String),
+    Reader(String, u64),
+}
+
+impl Slot {
+    /// The slot of a contender of `name` in `role`.
+    fn of(name: String, role: Role) -> Slot {
+        match role {
+            Role::Writer => Slot::Exclusive(name),
+            Role::Reader(n) => Slot::Reader(name, n),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Slot::Exclusive(name) | Slot::Reader(name, _) => name,
+        }
+    }
+
+    fn role(&self) -> Role {
+        match self {
+            Slot::Exclusive(_) => Role::Writer,
+            Slot::Reader(_, n) => Role::Reader(*n),
+        }
+    }
+}
 
 /// The etcd backend. Cheap to clone; clones share the connection, the
 /// session leases and the registry of held locks.
@@ -313,6 +438,8 @@ struct Inner {
     freed: Arc<Notify>,
     /// Grants write their holder record into their key's value.
     holder_record: bool,
+    /// The number of the next reader's key (`<name>/read-<lease hex>-<n>`).
+    readers: AtomicU64,
 }
 
 impl fmt::Debug for EtcdLocker {
@@ -377,15 +504,16 @@ impl EtcdLocker {
         let not_held = || Error::not_held(key);
         let token = Token::parse(owner).ok_or_else(not_held)?;
         let name = self.name(key);
+        let contender = token.key(&name);
         if self
             .inner
             .registry
-            .session_of(&name, owner)
+            .session_of(&Slot::of(name, token.role), owner)
             .is_some_and(|session| session.is_closed())
         {
             return Err(not_held());
         }
-        Ok((contender_key(&name, token.lease), token))
+        Ok((contender, token))
     }
 
     /// [`Locker::refresh_many`] of at most [`recipe::MAX_TXN_OPS`] leases:
@@ -438,22 +566,8 @@ impl Locker for EtcdLocker {
         Capabilities {
             expires: false,
             release_notifications: false,
-            shared: false,
             ..Capabilities::ALL
         }
-    }
-
-    /// [`Error::Unsupported`]: etcd's reader-writer recipe is not written
-    /// yet.
-    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        Err(Error::unsupported(
-            BACKEND,
-            "try_lock_shared",
-            "shared locks are not done yet on etcd (they need the reader-writer recipe: read and \
-             write keys under the lock's prefix, each waiting on the older keys that conflict); use \
-             the memory or file backend for shared locks",
-        ))
     }
 
     fn backend_key(&self, key: &str) -> String {
@@ -472,7 +586,7 @@ impl Locker for EtcdLocker {
             BACKEND,
             "acquire",
             self.operation_bound(),
-            self.acquire(key, ttl, None),
+            self.acquire(key, ttl, None, false),
         )
         .await
     }
@@ -484,29 +598,49 @@ impl Locker for EtcdLocker {
     ///
     /// Cancel-safe: the waiter's key is deleted in the background.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.lock_as(key, ttl, timeout, false).await
+    }
+
+    /// One attempt at a shared (reader) lock, by etcd's reader-writer
+    /// recipe in one transaction: write a reader's key into `key`'s queue,
+    /// and read the newest writer's key ahead of it; with one there, delete
+    /// the reader's key again and report contention. A writer *waiting* in
+    /// the queue is ahead too: see [shared locks](self#shared-locks).
+    /// Bounded by [`EtcdLocker::operation_bound`].
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Locker::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a key the attempt may have written is deleted in the
+    /// background (see the [module docs](self)).
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        if timeout.is_zero() {
-            return match self.try_lock(key, ttl).await? {
-                Some(lease) => Ok(lease),
-                None => Err(Error::not_acquired(key)),
-            };
-        }
-        let deadline = checked_deadline(Instant::now(), timeout);
-        let limit = timeout.saturating_add(DEADLINE_GRACE);
-        match bounded(
+        bounded(
             BACKEND,
             "acquire",
-            limit,
-            self.acquire(key, ttl, Some(deadline)),
+            self.operation_bound(),
+            self.acquire(key, ttl, None, true),
         )
-        .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: timeout,
-            }),
-        }
+        .await
+    }
+
+    /// Waits in etcd's queue for a shared (reader) lock of `key`, watching
+    /// the newest writer's key ahead (woken by its deletion, then looking
+    /// again), bounded by `timeout` + [`DEADLINE_GRACE`]. Readers never
+    /// wait for readers; they do wait for writers queued before them.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Locker::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the waiter's key is deleted in the background.
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.lock_as(key, ttl, timeout, true).await
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
@@ -515,7 +649,7 @@ impl Locker for EtcdLocker {
         let Some(token) = Token::parse(owner) else {
             return Err(Error::not_held(key));
         };
-        let contender = contender_key(&name, token.lease);
+        let contender = token.key(&name);
         let deleted = self
             .inner
             .request("release", true, || {
@@ -529,7 +663,7 @@ impl Locker for EtcdLocker {
             .await;
         match deleted {
             Ok(deleted) => {
-                self.inner.registry.take(&name, owner);
+                self.inner.registry.take(&Slot::of(name, token.role), owner);
                 self.inner.freed.notify_waiters();
                 Error::unless_held(key, deleted)
             }
@@ -575,7 +709,12 @@ impl Locker for EtcdLocker {
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
         let name = self.name(key);
-        if self.inner.registry.state(&name).is_some() {
+        if self
+            .inner
+            .registry
+            .state(&Slot::Exclusive(name.clone()))
+            .is_some()
+        {
             return Err(Error::not_acquired(key));
         }
         match self
@@ -659,6 +798,47 @@ impl Locker for EtcdLocker {
 }
 
 impl EtcdLocker {
+    /// [`Locker::lock`] or, `shared`, [`Locker::lock_shared`]: a zero
+    /// timeout is one attempt; otherwise a wait in the queue until the
+    /// deadline, bounded by `timeout` + [`DEADLINE_GRACE`].
+    async fn lock_as(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+        shared: bool,
+    ) -> Result<Lease> {
+        validate::acquire(key, ttl)?;
+        if timeout.is_zero() {
+            let attempt = bounded(
+                BACKEND,
+                "acquire",
+                self.operation_bound(),
+                self.acquire(key, ttl, None, shared),
+            );
+            return match attempt.await? {
+                Some(lease) => Ok(lease),
+                None => Err(Error::not_acquired(key)),
+            };
+        }
+        let deadline = checked_deadline(Instant::now(), timeout);
+        let limit = timeout.saturating_add(DEADLINE_GRACE);
+        match bounded(
+            BACKEND,
+            "acquire",
+            limit,
+            self.acquire(key, ttl, Some(deadline), shared),
+        )
+        .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: timeout,
+            }),
+        }
+    }
+
     /// Retries the release of a lock whose release failed, in the
     /// background, until etcd answers or the session ends. Meanwhile the
     /// key is reserved as being cleaned up
@@ -667,7 +847,8 @@ impl EtcdLocker {
     /// contention. Nothing if `owner` no longer holds it here: the release
     /// is already retried, or the session was lost.
     fn retry_release(&self, name: String, contender: String, owner: &str, token: Token) {
-        let Some((held, ticket)) = self.inner.registry.release_pending(name, owner) else {
+        let slot = Slot::of(name, token.role);
+        let Some((held, ticket)) = self.inner.registry.release_pending(slot, owner) else {
             return;
         };
         let written = Written {

@@ -27,6 +27,17 @@
 //! grant's create revision *and* that the value starts with a secret nobody
 //! else has (two range compares, [`secret_compares`]: etcd compares whole
 //! values only).
+//!
+//! Shared (reader) locks follow etcd's reader-writer recipe
+//! (<https://github.com/etcd-io/etcd/blob/main/client/v3/experimental/recipes/rwmutex.go>)
+//! inside the same queue: a reader's key is `P/read-<lease id in hex>-<n>`
+//! ([`Role::Reader`]; `n` tells apart the readers of one lease), a direct
+//! member like every other, so a writer (ours, `etcdctl lock`, Go's mutex)
+//! waits for it as for any older key. A reader waits only for the *writers*
+//! ahead of it: every direct member that is not a reader key
+//! ([`is_reader`]), whoever wrote it. Reader keys sort in one range
+//! (`P/read-` up to `P/read.`), so the newest writer ahead is the newer of
+//! two sorted reads around it ([`writer_ranges`]).
 
 use std::time::Duration;
 
@@ -187,6 +198,92 @@ pub(super) fn contender_key(name: &str, lease: i64) -> String {
     format!("{name}/{lease:x}")
 }
 
+/// What a contender of a queue asks for, which names its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Role {
+    /// An exclusive lock: the key `name/<lease hex>`, as etcd's mutex writes
+    /// it; one per lease and name. Waits for every older key.
+    Writer,
+    /// A shared lock: the key `name/read-<lease hex>-<n>`, `n` unique among
+    /// this locker's readers. Waits only for the older writers' keys.
+    Reader(u64),
+}
+
+impl Role {
+    /// The key this contender writes for `name` under lease `lease`.
+    pub(super) fn key(self, name: &str, lease: i64) -> String {
+        match self {
+            Role::Writer => contender_key(name, lease),
+            Role::Reader(n) => format!("{name}/{READER_MARK}{lease:x}-{n}"),
+        }
+    }
+}
+
+/// What starts the last segment of every reader's key.
+const READER_MARK: &str = "read-";
+
+/// Whether a contender key's last segment (after its queue's prefix) is a
+/// reader's: it starts with [`READER_MARK`]. Every other member, ours or
+/// not, is a writer to readers.
+pub(super) fn is_reader_segment(segment: &[u8]) -> bool {
+    segment.starts_with(READER_MARK.as_bytes())
+}
+
+/// Whether `key` is a reader's key among the direct members of the queue
+/// whose prefix is `prefix`.
+pub(super) fn is_reader(prefix: &[u8], key: &[u8]) -> bool {
+    is_member(prefix, key) && key.get(prefix.len()..).is_some_and(is_reader_segment)
+}
+
+/// Whether `key` is a writer's key among the direct members of the queue
+/// whose prefix is `prefix`: a member that is not a reader's.
+pub(super) fn is_writer(prefix: &[u8], key: &[u8]) -> bool {
+    is_member(prefix, key) && !is_reader(prefix, key)
+}
+
+/// The two key ranges of `name`'s queue outside the readers' range
+/// (`name/read-` up to `name/read.`): every writer's key, and nested
+/// names' keys, which [`is_writer`] sorts out.
+pub(super) fn writer_ranges(name: &str) -> [(Vec<u8>, Vec<u8>); 2] {
+    let prefix = queue_prefix(name).into_bytes();
+    let readers = [prefix.as_slice(), READER_MARK.as_bytes()].concat();
+    let after_readers = prefix_end(&readers);
+    [
+        (prefix.clone(), readers),
+        (after_readers, prefix_end(&prefix)),
+    ]
+}
+
+/// A read of the newest key of `[from, end)` by create revision, at most
+/// `below` if given (keys only).
+fn newest_in(from: &[u8], end: &[u8], below: Option<i64>) -> TxnOp {
+    let mut options = GetOptions::new()
+        .with_range(end)
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1);
+    if let Some(below) = below {
+        options = options.with_max_create_revision(below);
+    }
+    TxnOp::get(from, Some(options))
+}
+
+/// What the two [`newest_in`] reads of the writer ranges answered: the
+/// newer writer key, `Ok(None)` for none, `Err(())` if a nested name's key
+/// answered in one of them (it hides whether a writer is below it: scan).
+fn newest_writer(prefix: &[u8], answers: [Option<&KeyValue>; 2]) -> Result<Option<KeyValue>, ()> {
+    let mut newest: Option<&KeyValue> = None;
+    for kv in answers.into_iter().flatten() {
+        if !is_member(prefix, kv.key()) {
+            return Err(());
+        }
+        if newest.is_none_or(|n| n.create_revision() < kv.create_revision()) {
+            newest = Some(kv);
+        }
+    }
+    Ok(newest.cloned())
+}
+
 /// The value a contender writes: its secret, a line break, then its holder
 /// record (nothing after the line break without one).
 pub(super) fn contender_value(secret: &str, record: Option<&HolderRecord>) -> String {
@@ -228,23 +325,46 @@ fn secret_compares(key: &str, secret: &str) -> [Compare; 2] {
 /// What a granted lock's owner token carries: enough to release or check
 /// the lock from any process, without the lease value.
 ///
-/// Format: `<lease id, hex>:<create revision, decimal>:<secret, 32 hex>`.
+/// Format: `<key segment>:<create revision, decimal>:<secret, 32 hex>`,
+/// the key segment being what follows the queue's prefix in the
+/// contender's key: `<lease id, hex>` for a writer, `read-<lease id,
+/// hex>-<n>` for a reader ([`Role::key`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Token {
     pub(super) lease: i64,
+    pub(super) role: Role,
     pub(super) revision: i64,
     pub(super) secret: String,
 }
 
 impl Token {
     pub(super) fn encode(&self) -> String {
-        format!("{:x}:{}:{}", self.lease, self.revision, self.secret)
+        let segment = match self.role {
+            Role::Writer => format!("{:x}", self.lease),
+            Role::Reader(n) => format!("{READER_MARK}{:x}-{n}", self.lease),
+        };
+        format!("{segment}:{}:{}", self.revision, self.secret)
     }
 
     /// `None` for anything not in the format: such a token holds nothing.
     pub(super) fn parse(token: &str) -> Option<Token> {
         let mut parts = token.split(':');
-        let lease = i64::from_str_radix(parts.next()?, 16).ok()?;
+        let segment = parts.next()?;
+        let (lease, role) = match segment.strip_prefix(READER_MARK) {
+            Some(reader) => {
+                let (lease, n) = reader.split_once('-')?;
+                let n = n
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| n.parse().ok())??;
+                (lease, Role::Reader(n))
+            }
+            None => (segment, Role::Writer),
+        };
+        let lease = lease
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
+            .then(|| i64::from_str_radix(lease, 16).ok())??;
         let revision = parts.next()?.parse().ok()?;
         let secret = parts.next()?.to_owned();
         let well_formed = parts.next().is_none()
@@ -254,37 +374,53 @@ impl Token {
             && secret.bytes().all(|b| b.is_ascii_hexdigit());
         well_formed.then_some(Token {
             lease,
+            role,
             revision,
             secret,
         })
+    }
+
+    /// The contender key this token's grant wrote for `name`.
+    pub(super) fn key(&self, name: &str) -> String {
+        self.role.key(name, self.lease)
     }
 }
 
 /// The answer to the acquire transaction.
 #[derive(Debug)]
 pub(super) enum Enqueued {
-    /// Our key was written at `revision` (its create revision, the fencing
-    /// token if granted); the first key in the queue has create revision
-    /// `first`, or `None` if the oldest key under the queue's prefix is a
-    /// nested name's (then [`ahead_of`] says whether anything is ahead).
-    Written { revision: i64, first: Option<i64> },
+    /// Our key was written at `revision` (its create revision). `ahead`:
+    /// whether a key our role waits for is older than ours, `None` if the
+    /// transaction could not tell (a nested name's key answered one of its
+    /// reads: then [`turn_of`] says).
+    /// `fencing`: the grant's fencing token if nothing is ahead
+    /// ([`fencing_token`]).
+    Written {
+        revision: i64,
+        ahead: Option<bool>,
+        fencing: i64,
+    },
     /// A key of our lease for this name already existed, created at
     /// `revision`: an orphan of an earlier attempt whose clean-up failed.
     Orphan { revision: i64 },
 }
 
-/// One request: the acquire transaction of `mutex.go`'s `tryAcquire`: if
-/// our key is absent, write it (with `value`, [`contender_value`], on our
-/// lease) and read the queue's first key; otherwise read our key.
+/// The acquire transaction, in one request: if our key `key` is
+/// absent, write it (with `value`, [`contender_value`], on our lease) and
+/// read what decides our turn; otherwise read our key. A writer reads the
+/// queue's first key, as `mutex.go`'s `tryAcquire` does; a reader also the
+/// newest writer's key.
 pub(super) async fn enqueue(
     mut client: etcd_client::KvClient,
     name: &str,
+    role: Role,
     lease: i64,
     value: &str,
 ) -> Result<Enqueued, etcd_client::Error> {
-    let key = contender_key(name, lease);
+    let key = role.key(name, lease);
+    let prefix = queue_prefix(name);
     let first = TxnOp::get(
-        queue_prefix(name),
+        prefix.as_str(),
         Some(
             GetOptions::new()
                 .with_prefix()
@@ -292,16 +428,26 @@ pub(super) async fn enqueue(
                 .with_limit(1),
         ),
     );
+    let put = TxnOp::put(
+        key.clone(),
+        value,
+        Some(PutOptions::new().with_lease(lease)),
+    );
+    let reads = match role {
+        Role::Writer => vec![put, first],
+        Role::Reader(_) => {
+            let [(from1, end1), (from2, end2)] = writer_ranges(name);
+            vec![
+                put,
+                first,
+                newest_in(&from1, &end1, None),
+                newest_in(&from2, &end2, None),
+            ]
+        }
+    };
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(
-                key.clone(),
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            first,
-        ])
+        .and_then(reads)
         .or_else([TxnOp::get(key, None)]);
     let response = client.txn(txn).await?;
     let revision = response.header().map_or(0, |h| h.revision());
@@ -310,21 +456,90 @@ pub(super) async fn enqueue(
         Some(TxnOpResponse::Get(get)) => get.kvs().first(),
         _ => None,
     };
-    if response.succeeded() {
-        // Our own key is in the queue, so the first one exists; if it is a
-        // nested name's, the first of ours is unknown.
-        let prefix = queue_prefix(name);
-        let first = match first_of(1) {
-            Some(kv) if is_member(prefix.as_bytes(), kv.key()) => Some(kv.create_revision()),
-            Some(_) => None,
-            None => Some(revision),
-        };
-        Ok(Enqueued::Written { revision, first })
-    } else {
-        Ok(Enqueued::Orphan {
+    if !response.succeeded() {
+        return Ok(Enqueued::Orphan {
             revision: first_of(0).map_or(0, KeyValue::create_revision),
-        })
+        });
     }
+    let prefix = prefix.as_bytes();
+    // Our own key is in the queue, so the first one exists; if it is a
+    // nested name's, the first of ours is unknown.
+    let first = match first_of(1) {
+        Some(kv) if is_member(prefix, kv.key()) => Some(kv.create_revision()),
+        Some(_) => None,
+        None => Some(revision),
+    };
+    if role == Role::Writer {
+        return Ok(Enqueued::Written {
+            revision,
+            ahead: first.map(|first| first != revision),
+            fencing: fencing_token(revision),
+        });
+    }
+    // A nested name's key answering hides the answer: `None`, and
+    // [`reader_turn`] reads the members.
+    let (ahead, fencing) = match (newest_writer(prefix, [first_of(2), first_of(3)]), first) {
+        (Ok(Some(_)), _) => (Some(true), revision),
+        (Ok(None), Some(first)) => (Some(false), fencing_token(first)),
+        _ => (None, revision),
+    };
+    Ok(Enqueued::Written {
+        revision,
+        ahead,
+        fencing,
+    })
+}
+
+/// The fencing token of every grant, exclusive or shared: the create
+/// revision of the queue's first key when the grant's turn came. For a
+/// writer that is its own key (it is granted once every older key is
+/// gone); for a reader, the oldest reader's then (its own if it is alone):
+/// nothing is advanced or written for it.
+///
+/// Why readers' tokens sit between writers': a writer granted before the
+/// reader's turn was gone by then (the reader waits for every older
+/// writer, and a newer one waits for the reader), and it was granted only
+/// once every older key had left, so it is older than every key still in
+/// the queue, the first one included. A writer granted after it is newer
+/// than the reader's key (an older one would have had to leave first),
+/// which is at least the first key. And as every new key is newer than
+/// all before it, the queue's first key only ever moves forward: tokens
+/// never decrease over all grants, strictly increase over exclusive ones
+/// (each writer's key is its own), and readers granted while one first
+/// key stays share a token.
+pub(super) fn fencing_token(first: i64) -> i64 {
+    first
+}
+
+/// What decides a contender's turn.
+#[derive(Debug)]
+pub(super) enum Turn {
+    /// `key` is ahead, as read at revision `at`: watch it for deletion.
+    Wait { key: Vec<u8>, at: i64 },
+    /// Nothing the contender waits for is ahead: the grant's fencing token
+    /// is `fencing` ([`fencing_token`]).
+    Go { fencing: i64 },
+}
+
+/// The turn of the reader with create revision `revision`, from the direct
+/// members of its queue read at revision `at`: the newest writer's key
+/// older than it, or with none, the first key for the token. `None` if the
+/// queue is empty (the reader's own key is gone too).
+fn reader_view(prefix: &[u8], members: &[KeyValue], revision: i64, at: i64) -> Option<Turn> {
+    let writer = members
+        .iter()
+        .filter(|kv| is_writer(prefix, kv.key()) && kv.create_revision() < revision)
+        .max_by_key(|kv| kv.create_revision());
+    if let Some(writer) = writer {
+        return Some(Turn::Wait {
+            key: writer.key().to_vec(),
+            at,
+        });
+    }
+    let first = members.iter().map(KeyValue::create_revision).min()?;
+    Some(Turn::Go {
+        fencing: fencing_token(first),
+    })
 }
 
 /// Deletes `key` if it still has create revision `revision` (when given)
@@ -541,6 +756,108 @@ pub(super) async fn ahead_of(
         .map(|kv| (kv.key().to_vec(), read_at)))
 }
 
+/// The turn of the contender of `role` with create revision `revision`:
+/// the key it waits for and the revision the read was made at, or, once
+/// nothing it waits for is ahead, its fencing token. A writer reads
+/// [`ahead_of`] (its token is its own revision); a reader
+/// [`reader_turn`].
+pub(super) async fn turn_of(
+    client: etcd_client::KvClient,
+    name: &str,
+    revision: i64,
+    role: Role,
+) -> Result<Turn, etcd_client::Error> {
+    match role {
+        Role::Writer => Ok(match ahead_of(client, name, revision).await? {
+            Some((key, at)) => Turn::Wait { key, at },
+            None => Turn::Go {
+                fencing: fencing_token(revision),
+            },
+        }),
+        Role::Reader(_) => reader_turn(client, name, revision).await,
+    }
+}
+
+/// The turn of the reader with create revision `revision`: the newest
+/// writer's key ahead of it (`rwmutex.go`'s `waitOnLastRev` over the
+/// writers), or with none, the queue's first key for its token. One
+/// read-only transaction of three sorted reads (the newest key of each
+/// [`writer_ranges`] below `revision`, the first key of the queue), and a
+/// scan of the direct members if a nested name's key answered one of
+/// them. A queue found empty (the reader's key is gone too) is `Go` with
+/// `revision`: the caller's check that its key is still there answers it.
+pub(super) async fn reader_turn(
+    mut client: etcd_client::KvClient,
+    name: &str,
+    revision: i64,
+) -> Result<Turn, etcd_client::Error> {
+    let below = revision.saturating_sub(1);
+    let prefix = queue_prefix(name);
+    let [(from1, end1), (from2, end2)] = writer_ranges(name);
+    let first = TxnOp::get(
+        prefix.as_str(),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    );
+    let txn = Txn::new().and_then([
+        newest_in(&from1, &end1, Some(below)),
+        newest_in(&from2, &end2, Some(below)),
+        first,
+    ]);
+    let response = client.txn(txn).await?;
+    let at = response.header().map_or(0, |h| h.revision());
+    let responses = response.op_responses();
+    let answer = |index: usize| match responses.get(index) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first(),
+        _ => None,
+    };
+    let prefix = prefix.as_bytes();
+    let gone = Turn::Go {
+        fencing: fencing_token(revision),
+    };
+    match (newest_writer(prefix, [answer(0), answer(1)]), answer(2)) {
+        (Ok(Some(writer)), _) => {
+            return Ok(Turn::Wait {
+                key: writer.key().to_vec(),
+                at,
+            })
+        }
+        (Ok(None), None) => return Ok(gone),
+        (Ok(None), Some(first)) if is_member(prefix, first.key()) => {
+            return Ok(Turn::Go {
+                fencing: fencing_token(first.create_revision()),
+            })
+        }
+        // A nested name's key answered: read the members.
+        _ => {}
+    }
+    let (members, at) = members(&mut client, name, at, true).await?;
+    Ok(reader_view(prefix, &members, revision, at).unwrap_or(gone))
+}
+
+/// Every reader holding `name` when its first key is a reader's: the
+/// readers older than its oldest writer, oldest first (empty if the first
+/// key is a writer's or the queue is empty). One scan of the direct
+/// members, at one revision.
+pub(super) async fn holding_readers(
+    mut client: etcd_client::KvClient,
+    name: &str,
+) -> Result<Vec<KeyValue>, etcd_client::Error> {
+    let prefix = queue_prefix(name);
+    let prefix = prefix.as_bytes();
+    let (mut members, _) = members(&mut client, name, 0, true).await?;
+    members.sort_by_key(KeyValue::create_revision);
+    Ok(members
+        .into_iter()
+        .take_while(|kv| is_reader(prefix, kv.key()))
+        .collect())
+}
+
 /// How a watch for a deletion ended.
 pub(super) enum Watched {
     /// The key was deleted (released, or its lease expired).
@@ -633,6 +950,74 @@ mod tests {
     }
 
     #[test]
+    fn reader_keys_are_members_that_writers_wait_for() {
+        assert_eq!(
+            Role::Reader(3).key("lock:k", 0x694d_77a1_b2c3),
+            "lock:k/read-694d77a1b2c3-3"
+        );
+        let prefix = queue_prefix("lock:k");
+        let prefix = prefix.as_bytes();
+        let reader = b"lock:k/read-694d77a1b2c3-3";
+        assert!(is_member(prefix, reader) && is_reader(prefix, reader));
+        assert!(!is_writer(prefix, reader));
+        for writer in [
+            &b"lock:k/694d77a1b2c3"[..],
+            b"lock:k/foreign",
+            b"lock:k/read",
+        ] {
+            assert!(
+                is_writer(prefix, writer) && !is_reader(prefix, writer),
+                "{}",
+                String::from_utf8_lossy(writer)
+            );
+        }
+        // Go's experimental RWMutex writes nested names' keys.
+        for nested in [&b"lock:k/read/1700000000"[..], b"lock:k/read-x/1"] {
+            assert!(!is_reader(prefix, nested) && !is_writer(prefix, nested));
+        }
+    }
+
+    /// The writer ranges cover every key under the queue's prefix but the
+    /// readers' range, and nothing outside the prefix.
+    #[test]
+    fn writer_ranges_leave_out_only_the_readers() {
+        let [(from1, end1), (from2, end2)] = writer_ranges("lock:k");
+        let in_writer_ranges = |key: &[u8]| {
+            (from1.as_slice() <= key && key < end1.as_slice())
+                || (from2.as_slice() <= key && key < end2.as_slice())
+        };
+        for writer in [
+            &b"lock:k/0"[..],
+            b"lock:k/694d77a1b2c3",
+            b"lock:k/ffffffffffffffff",
+            b"lock:k/read",
+            b"lock:k/read.",
+            b"lock:k/reae",
+            b"lock:k/zzz",
+            b"lock:k/\xff",
+        ] {
+            assert!(
+                in_writer_ranges(writer),
+                "{}",
+                String::from_utf8_lossy(writer)
+            );
+        }
+        for other in [
+            &b"lock:k/read-1-1"[..],
+            b"lock:k/read-",
+            b"lock:k",
+            b"lock:k0",
+            b"lock:j/1",
+        ] {
+            assert!(
+                !in_writer_ranges(other),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
     fn a_queue_is_its_direct_members_only() {
         let prefix = queue_prefix("lock:jobs");
         let prefix = prefix.as_bytes();
@@ -714,19 +1099,39 @@ mod tests {
     fn tokens_round_trip_and_reject_anything_else() {
         let token = Token {
             lease: 0x7587_8a1e_40b1_2c03,
+            role: Role::Writer,
             revision: 42,
             secret: "0123456789abcdef0123456789abcdef".into(),
         };
         let text = token.encode();
         assert_eq!(text, "75878a1e40b12c03:42:0123456789abcdef0123456789abcdef");
-        assert_eq!(Token::parse(&text), Some(token));
+        assert_eq!(Token::parse(&text), Some(token.clone()));
+        assert_eq!(token.key("lock:k"), "lock:k/75878a1e40b12c03");
+        let reader = Token {
+            role: Role::Reader(7),
+            ..token
+        };
+        let text = reader.encode();
+        assert_eq!(
+            text,
+            "read-75878a1e40b12c03-7:42:0123456789abcdef0123456789abcdef"
+        );
+        assert_eq!(Token::parse(&text), Some(reader.clone()));
+        assert_eq!(reader.key("lock:k"), "lock:k/read-75878a1e40b12c03-7");
         for bad in [
             "",
             "0123456789abcdef0123456789abcdef",
             "zz:1:0123456789abcdef0123456789abcdef",
+            "+1:1:0123456789abcdef0123456789abcdef",
             "1:0:0123456789abcdef0123456789abcdef",
             "1:2:short",
             "1:2:0123456789abcdef0123456789abcdef:extra",
+            "read-1:2:0123456789abcdef0123456789abcdef",
+            "read-1-:2:0123456789abcdef0123456789abcdef",
+            "read--1:2:0123456789abcdef0123456789abcdef",
+            "read-1-x:2:0123456789abcdef0123456789abcdef",
+            "read-1-+2:2:0123456789abcdef0123456789abcdef",
+            "read-0-1:2:0123456789abcdef0123456789abcdef",
         ] {
             assert_eq!(Token::parse(bad), None, "{bad:?}");
         }

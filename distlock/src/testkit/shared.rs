@@ -214,11 +214,16 @@ pub async fn lock_shared_waits_for_the_writer(h: &Harness) {
     reader.release().await.expect("release the reader");
 }
 
-/// **A waiting writer does not block new readers** on every backend with
-/// shared locks today (memory, file): while a writer waits in `lock` for a
-/// reader, another client's `try_lock_shared` is granted at once. The
-/// writer gets in once both readers are gone.
-pub async fn a_waiting_writer_does_not_block_new_readers(h: &Harness) {
+/// A writer waiting in `lock` for a reader, and a reader that comes after
+/// it, are served in the order the backend declares
+/// ([`Capabilities::shared_fair`](crate::Capabilities::shared_fair)):
+///
+/// - **not fair** (memory, file): the late reader is granted at once, and
+///   the writer gets in once both readers are gone;
+/// - **fair** (etcd): the late reader's `try_lock_shared` is contention and
+///   its `lock_shared` waits; the writer gets in when the first reader
+///   leaves, and the late reader once the writer has released.
+pub async fn a_waiting_writer_and_new_readers_keep_the_declared_order(h: &Harness) {
     let (a, b, w) = (h.locker().await, h.locker().await, h.locker().await);
     let key = h.key("shared-writer-waits");
     if !has_shared_locks(&*a, &key).await {
@@ -228,17 +233,47 @@ pub async fn a_waiting_writer_does_not_block_new_readers(h: &Harness) {
     let writer = spawn_writer(&w, &key);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished(), "the writer waits for the reader");
-    let late = acquire_shared(&*b, &key, LONG_TTL).await;
-    first.release().await.expect("release the first reader");
+    if !a.capabilities().shared_fair {
+        let late = acquire_shared(&*b, &key, LONG_TTL).await;
+        first.release().await.expect("release the first reader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!writer.is_finished(), "the late reader still holds the key");
+        late.release().await.expect("release the late reader");
+        let (lease, _) = writer.await.expect("writer task");
+        lease
+            .expect("the writer gets the key once both readers left")
+            .release()
+            .await
+            .expect("release the writer");
+        return;
+    }
+    assert_shared_contended(&*b, &key, "a writer is queued ahead of a new reader").await;
+    let late = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.lock_shared(&key, LONG_TTL, Duration::from_secs(10)).await })
+    };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!writer.is_finished(), "the late reader still holds the key");
-    late.release().await.expect("release the late reader");
+    assert!(
+        !late.is_finished(),
+        "the late reader waits behind the writer"
+    );
+    first.release().await.expect("release the first reader");
     let (lease, _) = writer.await.expect("writer task");
-    lease
-        .expect("the writer gets the key once both readers left")
+    let lease = lease.expect("the writer gets the key once the first reader left");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !late.is_finished(),
+        "the late reader waits for the writer's release"
+    );
+    lease.release().await.expect("release the writer");
+    tokio::time::timeout(WAKE_WITHIN, late)
+        .await
+        .expect("the late reader gets in soon after the writer's release")
+        .expect("reader task")
+        .expect("lock_shared succeeds")
         .release()
         .await
-        .expect("release the writer");
+        .expect("release the late reader");
 }
 
 /// A shared lease dropped without `release` is released: a writer waiting

@@ -1,5 +1,7 @@
 //! Our locks and `etcdctl lock` (etcd's `concurrency.Mutex`) exclude each
 //! other on the same name: the distlock key `K` is the etcd name `lock:K`.
+//! Shared (reader) locks too: a reader's key is in the queue `etcdctl lock`
+//! waits on, and to a reader an `etcdctl lock` key is a writer's.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -77,6 +79,129 @@ async fn while_we_hold_the_lock_etcdctl_waits_until_we_release() {
     );
     assert!(output.status.success());
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "got-it");
+}
+
+/// The keys etcd has under `prefix`.
+fn keys_under(server: &EtcdServer, prefix: &str) -> Vec<String> {
+    server
+        .etcdctl_ok(&["get", "--prefix", "--keys-only", prefix])
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until `etcdctl` has a key under `lock:K/`, or panics.
+async fn wait_for_a_key_of_k(server: &EtcdServer) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys_under(server, "lock:K/").is_empty() {
+        assert!(Instant::now() < deadline, "etcdctl never took lock:K");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `etcdctl lock` holding `lock:K` keeps readers out: `try_lock_shared` is
+/// contention, `lock_shared` waits and is granted once etcdctl released,
+/// and then a second reader joins it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_etcdctl_holds_the_lock_readers_wait_for_it() {
+    let server = EtcdServer::start();
+    let (a, b) = (
+        distlock::connect(&server.url()).await.unwrap(),
+        distlock::connect(&server.url()).await.unwrap(),
+    );
+    let mut etcdctl = server
+        .etcdctl_command(&["lock", "lock:K", "--", "sleep", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn etcdctl lock");
+    wait_for_a_key_of_k(&server).await;
+    assert!(
+        a.try_lock_shared("K", TTL).await.unwrap().is_none(),
+        "etcdctl holds lock:K: a reader is contention"
+    );
+    assert!(
+        keys_under(&server, "lock:K/").len() == 1,
+        "the contended reader left no key"
+    );
+    let started = Instant::now();
+    let reader = a
+        .lock_shared("K", TTL, Duration::from_secs(10))
+        .await
+        .expect("granted once etcdctl released");
+    eprintln!(
+        "reader granted {:?} after etcdctl's hold began",
+        started.elapsed()
+    );
+    let status = tokio::task::spawn_blocking(move || etcdctl.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "etcdctl ran its command: {status}");
+    let second = b
+        .try_lock_shared("K", TTL)
+        .await
+        .unwrap()
+        .expect("a second reader joins the first");
+    let keys = keys_under(&server, "lock:K/");
+    assert!(
+        keys.len() == 2 && keys.iter().all(|k| k.starts_with("lock:K/read-")),
+        "only the two readers' keys: {keys:?}"
+    );
+    reader.release().await.unwrap();
+    second.release().await.unwrap();
+    assert!(keys_under(&server, "lock:K/").is_empty());
+}
+
+/// A distlock reader holding `K` keeps `etcdctl lock lock:K` waiting until
+/// it releases; and while etcdctl waits, it is a writer queued ahead of
+/// any new reader, which is contention (etcd's order, not memory's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_reader_holds_the_lock_etcdctl_waits_until_it_releases() {
+    let server = EtcdServer::start();
+    let (a, b) = (
+        distlock::connect(&server.url()).await.unwrap(),
+        distlock::connect(&server.url()).await.unwrap(),
+    );
+    let reader = a.try_lock_shared("K", TTL).await.unwrap().unwrap();
+    let mut etcdctl = server
+        .etcdctl_command(&["lock", "lock:K", "--", "echo", "got-it"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn etcdctl lock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys_under(&server, "lock:K/").len() < 2 {
+        assert!(Instant::now() < deadline, "etcdctl never queued for lock:K");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        etcdctl.try_wait().unwrap().is_none(),
+        "etcdctl got lock:K while a reader held it"
+    );
+    assert!(
+        b.try_lock_shared("K", TTL).await.unwrap().is_none(),
+        "etcdctl's waiting key is a writer ahead of a new reader"
+    );
+    let released_at = Instant::now();
+    reader.release().await.unwrap();
+    let output = tokio::task::spawn_blocking(move || etcdctl.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "etcdctl ran its command {:?} after the reader's release",
+        released_at.elapsed()
+    );
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "got-it");
+    b.try_lock_shared("K", TTL)
+        .await
+        .unwrap()
+        .expect("free for readers once etcdctl is done")
+        .release()
+        .await
+        .unwrap();
 }
 
 /// The election `E` is the etcd name `lock:E`, whose candidates' keys are

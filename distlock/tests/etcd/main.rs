@@ -1,11 +1,13 @@
 //! The etcd backend beyond the shared conformance suite, against real etcd
-//! processes test-servers starts: interop with `etcdctl lock` both ways,
-//! a lease lost under a holder, and a three-node cluster losing its leader
-//! and its quorum.
+//! processes test-servers starts: interop with `etcdctl lock` both ways
+//! (readers included), a lease lost under a holder, shared locks' key
+//! layout, tokens and inspection, and a three-node cluster losing its
+//! leader and its quorum.
 
 mod cluster;
 mod inspect;
 mod interop;
 mod nesting;
 mod session;
+mod shared;
 mod waiting;
