@@ -8,7 +8,11 @@
 //!
 //! - **At most N holders** among those that agree on N, as far as the
 //!   backend's exclusion holds (see each backend's docs under a pause or a
-//!   partition).
+//!   partition). Where a lock's holds can overlap, a permit's can, making
+//!   N + 1 holders: a holder paused past its ttl on an expiring backend, a
+//!   session the server ends before its holder hears. The fault suite
+//!   measures it per backend (`RELIABILITY.md`, "The semaphore workload");
+//!   the permit's fencing token is what rejects the late holder's writes.
 //! - **A crashed holder's permit comes back** by the backend's own
 //!   mechanism, within the same bound as a lock's: at once on session
 //!   backends (file, Postgres, MySQL), at its ttl on expiring ones (Redis,

@@ -57,6 +57,10 @@ pub enum EventKind {
         grant: u64,
         token: Option<u64>,
         attempt: u64,
+        /// The semaphore permit granted (`name#permit`), in the semaphore
+        /// workload; `None` in the others, whose grants are of one lock.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permit: Option<u32>,
     },
     /// `lock()` failed; the attempt started at `attempt`.
     Refused {

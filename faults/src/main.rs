@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! distlock-faults run [--profile quick|full] [--backend file,postgres,..] [--fault kill,pause,..]
-//!                     [--workload lock,election] [--json FILE]
+//!                     [--workload lock,election,semaphore] [--permits N] [--json FILE]
 //! ```
 //!
 //! The run re-executes itself in a private network namespace (`unshare
@@ -71,11 +71,16 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     fault: Vec<String>,
     /// Only these workloads (comma-separated: `lock`, the lock in a loop;
-    /// `election`, leader terms of an election on it). Default: both on
-    /// every cell in `full`; in `quick`, `lock` everywhere and `election` on
-    /// a few cells.
+    /// `election`, leader terms of an election on it; `semaphore`, permits
+    /// of a semaphore of `--permits` on it). Default: all on every cell in
+    /// `full`; in `quick`, `lock` everywhere and the others on a few cells.
     #[arg(long, value_delimiter = ',')]
     workload: Vec<String>,
+    /// The semaphore workload's permits (N), fewer than the profile's
+    /// workers (quick 3, full 5) so that someone always waits for a permit.
+    /// Default: 2.
+    #[arg(long)]
+    permits: Option<u32>,
     /// Also write the results to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -96,9 +101,12 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &RunArgs) -> ExitCode {
-    let profile = match args.profile {
-        ProfileName::Quick => Profile::QUICK,
-        ProfileName::Full => Profile::FULL,
+    let profile = match profile(args) {
+        Ok(profile) => profile,
+        Err(message) => {
+            eprintln!("distlock-faults: {message}");
+            return ExitCode::from(64);
+        }
     };
     let backends = match select(&profile, args) {
         Ok(backends) => backends,
@@ -134,6 +142,28 @@ fn run(args: &RunArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The profile `--profile` names, with `--permits` if given (1 to one fewer
+/// than its workers).
+fn profile(args: &RunArgs) -> Result<Profile, String> {
+    let profile = match args.profile {
+        ProfileName::Quick => Profile::QUICK,
+        ProfileName::Full => Profile::FULL,
+    };
+    let Some(permits) = args.permits else {
+        return Ok(profile);
+    };
+    if !(1..profile.workers).contains(&permits) {
+        return Err(format!(
+            "--permits {permits}: the {} profile's {} workers need 1 to {} permits, \
+             so that someone always waits for one",
+            profile.name,
+            profile.workers,
+            profile.workers - 1
+        ));
+    }
+    Ok(Profile { permits, ..profile })
 }
 
 /// The registry filtered by `--backend` and `--fault`, each cell repeated
@@ -330,6 +360,7 @@ mod tests {
             backend: Vec::new(),
             fault: Vec::new(),
             workload: workload.iter().map(|name| (*name).to_owned()).collect(),
+            permits: None,
             json: None,
         }
     }
@@ -349,41 +380,93 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn quick_runs_the_election_on_its_few_cells_only() {
-        let cells = selected(&Profile::QUICK, &[]);
-        let elections: Vec<_> = cells
+    /// The (backend, fault) cells `workload` runs on.
+    fn cells_of(
+        cells: &[(&'static str, Fault, Workload)],
+        workload: Workload,
+    ) -> Vec<(&'static str, Fault)> {
+        cells
             .iter()
-            .filter(|(_, _, workload)| *workload == Workload::Election)
+            .filter(|(_, _, of)| *of == workload)
             .map(|(backend, fault, _)| (*backend, *fault))
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn quick_runs_the_election_and_the_semaphore_on_their_few_cells_only() {
+        let cells = selected(&Profile::QUICK, &[]);
+        let elections = cells_of(&cells, Workload::Election);
         assert_eq!(Some(elections.as_slice()), Profile::QUICK.election_cells);
-        let locks = cells.len() - elections.len();
+        let semaphores = cells_of(&cells, Workload::Semaphore);
+        assert_eq!(Some(semaphores.as_slice()), Profile::QUICK.semaphore_cells);
+        assert!(
+            semaphores.len() < elections.len(),
+            "quick stays quick: {} semaphore cells",
+            semaphores.len()
+        );
+        let locks = cells.len() - elections.len() - semaphores.len();
         assert_eq!(locks, selected(&Profile::QUICK, &["lock"]).len());
     }
 
     #[test]
-    fn full_runs_the_election_beside_every_lock_cell_but_the_transaction_one() {
+    fn full_runs_every_workload_beside_every_lock_cell_but_the_transaction_one() {
         let cells = selected(&Profile::FULL, &[]);
-        for (index, (backend, fault, workload)) in cells.iter().enumerate() {
-            if *workload == Workload::Election {
+        let mut index = 0;
+        while let Some(&(backend, fault, workload)) = cells.get(index) {
+            assert_eq!(workload, Workload::Lock, "{backend} {}", fault.name());
+            let expected: &[Workload] = if backend == "pgbouncer-xact" {
+                &[Workload::Lock]
+            } else {
+                &Workload::ALL
+            };
+            for (offset, workload) in expected.iter().enumerate() {
                 assert_eq!(
-                    index.checked_sub(1).map(|before| cells[before]),
-                    Some((*backend, *fault, Workload::Lock)),
-                    "the election cell follows its lock cell"
-                );
-            } else if *backend != "pgbouncer-xact" {
-                assert_eq!(
-                    cells.get(index + 1),
-                    Some(&(*backend, *fault, Workload::Election))
+                    cells.get(index + offset),
+                    Some(&(backend, fault, *workload)),
+                    "the cell's workloads follow each other in table order"
                 );
             }
+            index += expected.len();
         }
+        assert!(cells_of(&cells, Workload::Semaphore).len() > 40);
+    }
+
+    #[test]
+    fn the_semaphore_workload_alone_skips_the_transaction_cell() {
+        let cells = selected(&Profile::FULL, &["semaphore"]);
+        assert!(cells
+            .iter()
+            .all(|(backend, _, workload)| *workload == Workload::Semaphore
+                && *backend != "pgbouncer-xact"));
+        assert_eq!(
+            cells.len(),
+            selected(&Profile::FULL, &["election"]).len(),
+            "the same cells as the election"
+        );
     }
 
     #[test]
     fn an_unknown_workload_is_refused() {
         let refused = select(&Profile::QUICK, &args(&["lease"]));
-        assert!(refused.is_err_and(|message| message.contains("lock, election")));
+        assert!(refused.is_err_and(|message| message.contains("lock, election, semaphore")));
+    }
+
+    #[test]
+    fn permits_must_leave_a_worker_waiting() {
+        let with = |permits| RunArgs {
+            permits: Some(permits),
+            ..args(&[])
+        };
+        assert_eq!(profile(&args(&[])).map(|profile| profile.permits), Ok(2));
+        assert_eq!(profile(&with(1)).map(|profile| profile.permits), Ok(1));
+        for refused in [0, Profile::QUICK.workers] {
+            let message = profile(&with(refused)).map(|profile| profile.permits);
+            assert!(
+                message
+                    .as_ref()
+                    .is_err_and(|message| message.contains("1 to 2 permits")),
+                "{message:?}"
+            );
+        }
     }
 }

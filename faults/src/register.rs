@@ -10,11 +10,21 @@
 //! two holders at once lose an increment, which is what a lock without
 //! fencing protects against only while it is exclusive.
 //!
-//! Protocol, one line each way: `W <worker> <grant> <token|->` answers `OK`
-//! or `REJECT <highest>`; `R` answers the counter; `S <value>` sets it and
-//! answers `OK`. The register stamps every write on the shared clock, so the
-//! analysis sees the order in which the resource saw them.
+//! Both are kept **per permit** for the semaphore workload: each permit of
+//! a semaphore is a lock of its own, with its own fencing tokens (they
+//! increase per permit key, not across the semaphore), so the register keeps
+//! the highest token per permit, as a resource that fences a semaphore's
+//! holders must (`distlock::semaphore`), and a counter per permit, which two
+//! holders of *different* permits may update at once without losing
+//! anything. The other workloads write to the one unnamed register (`-`).
+//!
+//! Protocol, one line each way: `W <worker> <grant> <token|-> <permit|->`
+//! answers `OK` or `REJECT <highest>`; `R <permit|->` answers that permit's
+//! counter; `S <permit|-> <value>` sets it and answers `OK`. The register
+//! stamps every write on the shared clock, so the analysis sees the order in
+//! which the resource saw them.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,15 +42,20 @@ pub struct RegisterWrite {
     pub worker: u32,
     pub grant: u64,
     pub token: Option<u64>,
-    /// False: rejected, its token was lower than the highest seen.
+    /// The semaphore permit written to; `None`: the one unnamed register.
+    pub permit: Option<u32>,
+    /// False: rejected, its token was lower than the highest seen for the
+    /// same permit.
     pub accepted: bool,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    highest: Option<u64>,
+    /// The highest token accepted, per permit.
+    highest: BTreeMap<Option<u32>, u64>,
     writes: Vec<RegisterWrite>,
-    counter: u64,
+    /// The unfenced counters, per permit.
+    counters: BTreeMap<Option<u32>, u64>,
 }
 
 /// The register server; it stops accepting when dropped (open connections
@@ -77,9 +92,11 @@ impl Register {
         self.lock().writes.clone()
     }
 
-    /// The counter's value now.
+    /// The counters' values now, summed over the permits (each counter
+    /// only loses increments, so the sum falls short of the increments made
+    /// by exactly the increments lost).
     pub fn counter(&self) -> u64 {
-        self.lock().counter
+        self.lock().counters.values().sum()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -105,40 +122,60 @@ fn handle(line: &str, state: &Mutex<State>) -> String {
     let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
     let words: Vec<&str> = line.split_whitespace().collect();
     match words.as_slice() {
-        ["W", worker, grant, token] => {
-            let (Ok(worker), Ok(grant)) = (worker.parse(), grant.parse()) else {
+        ["W", worker, grant, token, permit] => {
+            let (Ok(worker), Ok(grant), Ok(permit)) =
+                (worker.parse(), grant.parse(), parse_permit(permit))
+            else {
                 return format!("ERR bad write {line:?}\n");
             };
             let token = token.parse::<u64>().ok();
-            let accepted = match (token, state.highest) {
+            let highest = state.highest.get(&permit).copied();
+            let accepted = match (token, highest) {
                 (Some(token), Some(highest)) => token >= highest,
                 _ => true,
             };
-            if accepted && token.is_some() {
-                state.highest = token;
+            if let (true, Some(token)) = (accepted, token) {
+                state.highest.insert(permit, token);
             }
             state.writes.push(RegisterWrite {
                 at: now_ns(),
                 worker,
                 grant,
                 token,
+                permit,
                 accepted,
             });
-            match (accepted, state.highest) {
+            match (accepted, highest) {
                 (false, Some(highest)) => format!("REJECT {highest}\n"),
                 _ => "OK\n".to_owned(),
             }
         }
-        ["R"] => format!("{}\n", state.counter),
-        ["S", value] => match value.parse() {
-            Ok(value) => {
-                state.counter = value;
+        ["R", permit] => match parse_permit(permit) {
+            Ok(permit) => format!("{}\n", state.counters.get(&permit).copied().unwrap_or(0)),
+            Err(()) => format!("ERR bad permit {permit:?}\n"),
+        },
+        ["S", permit, value] => match (parse_permit(permit), value.parse()) {
+            (Ok(permit), Ok(value)) => {
+                state.counters.insert(permit, value);
                 "OK\n".to_owned()
             }
-            Err(_) => format!("ERR bad value {value:?}\n"),
+            _ => format!("ERR bad set {line:?}\n"),
         },
         _ => format!("ERR unknown command {line:?}\n"),
     }
+}
+
+/// `-` (the unnamed register) or a permit's number.
+fn parse_permit(word: &str) -> Result<Option<u32>, ()> {
+    match word {
+        "-" => Ok(None),
+        number => number.parse().map(Some).map_err(|_| ()),
+    }
+}
+
+/// How a permit travels in the protocol (see [`parse_permit`]).
+fn permit_word(permit: Option<u32>) -> String {
+    permit.map_or_else(|| "-".to_owned(), |permit| permit.to_string())
 }
 
 /// A worker's connection to the register.
@@ -171,11 +208,21 @@ impl RegisterClient {
         Ok(reply.trim_end().to_owned())
     }
 
-    /// A fenced write for `grant` carrying `token`: true if accepted.
-    pub async fn write(&mut self, grant: u64, token: Option<u64>) -> std::io::Result<bool> {
+    /// A fenced write for `grant` (of `permit`) carrying `token`: true if
+    /// accepted.
+    pub async fn write(
+        &mut self,
+        grant: u64,
+        token: Option<u64>,
+        permit: Option<u32>,
+    ) -> std::io::Result<bool> {
         let token = token.map_or_else(|| "-".to_owned(), |token| token.to_string());
         let reply = self
-            .call(format!("W {} {grant} {token}\n", self.worker))
+            .call(format!(
+                "W {} {grant} {token} {}\n",
+                self.worker,
+                permit_word(permit)
+            ))
             .await?;
         match reply.as_str() {
             "OK" => Ok(true),
@@ -184,17 +231,21 @@ impl RegisterClient {
         }
     }
 
-    /// Reads the unfenced counter.
-    pub async fn read_counter(&mut self) -> std::io::Result<u64> {
-        let reply = self.call("R\n".to_owned()).await?;
+    /// Reads `permit`'s unfenced counter.
+    pub async fn read_counter(&mut self, permit: Option<u32>) -> std::io::Result<u64> {
+        let reply = self.call(format!("R {}\n", permit_word(permit))).await?;
         reply
             .parse()
             .map_err(|_| std::io::Error::other(format!("register: {reply}")))
     }
 
-    /// Sets the unfenced counter.
-    pub async fn set_counter(&mut self, value: u64) -> std::io::Result<()> {
-        match self.call(format!("S {value}\n")).await?.as_str() {
+    /// Sets `permit`'s unfenced counter.
+    pub async fn set_counter(&mut self, permit: Option<u32>, value: u64) -> std::io::Result<()> {
+        match self
+            .call(format!("S {} {value}\n", permit_word(permit)))
+            .await?
+            .as_str()
+        {
             "OK" => Ok(()),
             other => Err(std::io::Error::other(format!("register: {other}"))),
         }
@@ -214,18 +265,18 @@ mod tests {
         let mut new = RegisterClient::connect(&register.address(), 1)
             .await
             .expect("connect worker 1");
-        assert!(old.write(1, Some(4)).await.expect("write"));
-        assert!(new.write(1, Some(5)).await.expect("write"));
+        assert!(old.write(1, Some(4), None).await.expect("write"));
+        assert!(new.write(1, Some(5), None).await.expect("write"));
         assert!(
-            new.write(1, Some(5)).await.expect("write"),
+            new.write(1, Some(5), None).await.expect("write"),
             "same grant, same token"
         );
         assert!(
-            !old.write(1, Some(4)).await.expect("write"),
+            !old.write(1, Some(4), None).await.expect("write"),
             "a stale token"
         );
         assert!(
-            old.write(1, None).await.expect("write"),
+            old.write(1, None, None).await.expect("write"),
             "no token: unfenced"
         );
         let writes = register.writes();
@@ -235,15 +286,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_counter_is_read_and_set_without_any_check() {
+    async fn each_permit_is_fenced_by_its_own_highest_token() {
         let register = Register::start().expect("start the register");
         let mut client = RegisterClient::connect(&register.address(), 0)
             .await
             .expect("connect");
-        assert_eq!(client.read_counter().await.expect("read"), 0);
-        client.set_counter(7).await.expect("set");
-        client.set_counter(3).await.expect("set");
-        assert_eq!(client.read_counter().await.expect("read"), 3);
-        assert_eq!(register.counter(), 3);
+        assert!(client.write(1, Some(9), Some(0)).await.expect("write"));
+        assert!(
+            client.write(2, Some(3), Some(1)).await.expect("write"),
+            "permit 1's tokens are its own: 3 is its highest so far"
+        );
+        assert!(
+            !client.write(3, Some(2), Some(1)).await.expect("write"),
+            "below permit 1's highest"
+        );
+        assert!(
+            client.write(4, Some(1), None).await.expect("write"),
+            "the unnamed register has seen no token"
+        );
+        let permits: Vec<Option<u32>> =
+            register.writes().iter().map(|write| write.permit).collect();
+        assert_eq!(permits, [Some(0), Some(1), Some(1), None]);
+    }
+
+    #[tokio::test]
+    async fn the_counters_are_read_and_set_without_any_check_one_per_permit() {
+        let register = Register::start().expect("start the register");
+        let mut client = RegisterClient::connect(&register.address(), 0)
+            .await
+            .expect("connect");
+        assert_eq!(client.read_counter(None).await.expect("read"), 0);
+        client.set_counter(None, 7).await.expect("set");
+        client.set_counter(None, 3).await.expect("set");
+        assert_eq!(client.read_counter(None).await.expect("read"), 3);
+        client.set_counter(Some(1), 5).await.expect("set");
+        assert_eq!(client.read_counter(Some(0)).await.expect("read"), 0);
+        assert_eq!(client.read_counter(Some(1)).await.expect("read"), 5);
+        assert_eq!(register.counter(), 8, "the sum over the permits");
     }
 }

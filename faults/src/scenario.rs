@@ -86,6 +86,16 @@ impl Fault {
         }
     }
 
+    /// The fault hits the servers, so every holder at once, not only the
+    /// victim: what matters where several hold at once (a semaphore's
+    /// permits).
+    pub fn hits_every_holder(self) -> bool {
+        matches!(
+            self,
+            Fault::Restart | Fault::Failover | Fault::LeaderKill | Fault::MajorityLoss
+        )
+    }
+
     /// The victim must still hold the lock while the fault takes effect,
     /// which may take seconds: it is asked to linger (SIGUSR1).
     fn needs_linger(self) -> bool {
@@ -94,8 +104,9 @@ impl Fault {
 }
 
 /// What the workers do with the lock: the same faults, backends and
-/// expectations apply to both, because an election is a lock (its terms are
-/// the lock's grants, kept alive).
+/// expectations apply to all, because an election is a lock (its terms are
+/// the lock's grants, kept alive) and a semaphore of N permits is N locks
+/// (each permit judged as a lock, and at most N holders at once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Workload {
@@ -104,24 +115,36 @@ pub enum Workload {
     /// `Election::campaign`, a hold as leader, `Term::resign`: the held
     /// intervals are terms, the fencing token is the term number.
     Election,
+    /// `Semaphore::acquire` of one of the profile's N permits, a hold,
+    /// `Lease::release`: each permit is a lock with its own fencing tokens
+    /// and register, and the holds of all permits may overlap N at a time.
+    Semaphore,
 }
 
 impl Workload {
     /// Every workload, in table order.
-    pub const ALL: [Workload; 2] = [Workload::Lock, Workload::Election];
+    pub const ALL: [Workload; 3] = [Workload::Lock, Workload::Election, Workload::Semaphore];
 
     /// Its name on the command line and in the table.
     pub fn name(self) -> &'static str {
         match self {
             Workload::Lock => "lock",
             Workload::Election => "election",
+            Workload::Semaphore => "semaphore",
         }
     }
 
-    /// Whether `backend`'s workers can run it: an election needs a
-    /// `Locker`, which the transaction-scoped contenders do not use.
+    /// Whether `backend`'s workers can run it: an election and a semaphore
+    /// need a `Locker`, which the transaction-scoped contenders do not use.
     pub fn runs_on(self, backend: &Backend) -> bool {
         self == Workload::Lock || backend.workers != Workers::OneProcessXact
+    }
+
+    /// The most holders it allows at once under `profile`: the semaphore's
+    /// permits; `None` for the workloads of one lock, whose limit of one is
+    /// what their overlaps count.
+    pub fn limit(self, profile: &Profile) -> Option<u32> {
+        (self == Workload::Semaphore).then_some(profile.permits)
     }
 }
 
@@ -209,6 +232,11 @@ pub struct Profile {
     /// The (backend, fault) cells that also run the election workload unless
     /// `--workload` says otherwise; `None`: every cell.
     pub election_cells: Option<&'static [(&'static str, Fault)]>,
+    /// The semaphore workload's permits (N): fewer than `workers`, so that
+    /// a worker always waits for a permit and a returned one is taken.
+    pub permits: u32,
+    /// The cells that also run the semaphore workload, as `election_cells`.
+    pub semaphore_cells: Option<&'static [(&'static str, Fault)]>,
 }
 
 impl Profile {
@@ -235,6 +263,20 @@ impl Profile {
             ("etcd", Fault::Kill),
             ("etcd", Fault::Pause),
         ]),
+        permits: 2,
+        // Fewer still (a few seconds each): a killed holder's permit on
+        // session and expiring backends, a paused holder's where it keeps
+        // its session (Postgres) and where its permit lapses (Redis: the
+        // documented exception, N + 1 holders, fencing rejects the stale
+        // write), and a cut-off holder's.
+        semaphore_cells: Some(&[
+            ("file", Fault::Kill),
+            ("postgres", Fault::Kill),
+            ("postgres", Fault::Pause),
+            ("redis", Fault::Pause),
+            ("redis", Fault::Blackhole),
+            ("etcd", Fault::Kill),
+        ]),
     };
 
     /// More workers, more repetitions, longer holds.
@@ -248,18 +290,24 @@ impl Profile {
         warmup_grants: 6,
         settle_grants: 6,
         election_cells: None,
+        permits: 2,
+        semaphore_cells: None,
     };
 
     /// The workloads `backend` runs `fault` with when `--workload` does not
     /// choose.
     pub fn default_workloads(&self, backend: &Backend, fault: Fault) -> Vec<Workload> {
-        let election = match self.election_cells {
+        let on = |cells: Option<&[(&str, Fault)]>| match cells {
             None => true,
             Some(cells) => cells.contains(&(backend.name, fault)),
         };
         Workload::ALL
             .into_iter()
-            .filter(|workload| *workload == Workload::Lock || election)
+            .filter(|workload| match workload {
+                Workload::Lock => true,
+                Workload::Election => on(self.election_cells),
+                Workload::Semaphore => on(self.semaphore_cells),
+            })
             .filter(|workload| workload.runs_on(backend))
             .collect()
     }
@@ -564,13 +612,25 @@ pub fn run_cell(
     }
 }
 
+/// The holder a fault hits.
+struct Victim {
+    /// (worker, grant).
+    grant: (u32, u64),
+    pid: u32,
+    /// The semaphore permit it holds.
+    permit: Option<u32>,
+}
+
 /// One run's moving parts.
 struct Run<'a> {
     deployment: &'a mut dyn Deployment,
     layout: Workers,
     cell: Cell,
     profile: Profile,
+    /// The lock's key, the election's name or the semaphore's name.
     key: String,
+    /// The most holders the workload allows at once (the semaphore's N).
+    limit: Option<u32>,
     register: Register,
     /// Proxies in front of the servers (resets only).
     proxies: Vec<FaultProxy>,
@@ -609,6 +669,7 @@ impl<'a> Run<'a> {
                 cell.fault.name(),
                 cell.workload.name()
             ),
+            limit: cell.workload.limit(profile),
             register,
             proxies,
             log: EventLog::default(),
@@ -648,6 +709,7 @@ impl<'a> Run<'a> {
             fault_at,
             down: std::mem::take(&mut self.down),
             ended_at,
+            limit: self.limit,
             final_check,
         })
     }
@@ -666,9 +728,13 @@ impl<'a> Run<'a> {
         if self.cell.fault == Fault::Failover {
             self.deployment.prepare_failover()?;
         }
-        let (victim, pid) = self.pick_victim()?;
+        let Victim {
+            grant: victim,
+            pid,
+            permit,
+        } = self.pick_victim()?;
         let holder = Holder {
-            key: self.key.clone(),
+            key: self.lock_key(permit),
             pid,
             local_ports: self.holder_ports(pid),
         };
@@ -678,10 +744,14 @@ impl<'a> Run<'a> {
             .cell
             .orphan_bound
             .saturating_add(Duration::from_secs(5));
+        // The next grant of the lock the victim held (its permit: the
+        // others' are no sign of recovery).
         let next = self.log.wait_for(recovery, |event| match event.kind {
-            EventKind::Acquired { grant, .. }
-                if event.at > fault_at && (event.worker, grant) != victim =>
-            {
+            EventKind::Acquired {
+                grant,
+                permit: granted,
+                ..
+            } if event.at > fault_at && (event.worker, grant) != victim && granted == permit => {
                 Some(())
             }
             _ => None,
@@ -721,6 +791,7 @@ impl<'a> Run<'a> {
                 .args(["--linger-ms", &millis(self.cell.orphan_bound)])
                 .args(["--contenders", &contenders.to_string()])
                 .args(["--workload", self.cell.workload.name()])
+                .args(["--permits", &self.profile.permits.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped());
             if self.layout == Workers::OneProcessXact {
@@ -762,22 +833,27 @@ impl<'a> Run<'a> {
     }
 
     /// The next worker to be granted the lock, asked to linger if the fault
-    /// needs it: (worker, grant) and its pid.
-    fn pick_victim(&mut self) -> Result<((u32, u64), u32), String> {
+    /// needs it.
+    fn pick_victim(&mut self) -> Result<Victim, String> {
         for _ in 0..10 {
             let after = now_ns();
-            let granted = self
+            let (granted, permit) = self
                 .log
                 .wait_for(Duration::from_secs(10), |event| match event.kind {
-                    EventKind::Acquired { grant, .. } if event.at > after => {
-                        Some((event.worker, grant))
+                    EventKind::Acquired { grant, permit, .. } if event.at > after => {
+                        Some(((event.worker, grant), permit))
                     }
                     _ => None,
                 })
                 .ok_or("no grant to pick a victim from within 10 s")?;
             let pid = self.workers[granted.0 as usize].id();
+            let victim = Victim {
+                grant: granted,
+                pid,
+                permit,
+            };
             if !self.cell.fault.needs_linger() {
-                return Ok((granted, pid));
+                return Ok(victim);
             }
             test_servers::signal(pid, libc::SIGUSR1);
             let lingering = self
@@ -792,7 +868,7 @@ impl<'a> Run<'a> {
                     _ => None,
                 });
             if lingering == Some(true) {
-                return Ok((granted, pid));
+                return Ok(victim);
             }
         }
         Err("no holder would linger for the fault".to_owned())
@@ -894,29 +970,91 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Takes and releases the lock from the orchestrator, waiting at most
-    /// the orphan bound: a lock nobody can take then was never released.
+    /// The key of the lock a grant of `permit` holds: the semaphore's
+    /// permit key, or the run's key.
+    fn lock_key(&self, permit: Option<u32>) -> String {
+        permit.map_or_else(|| self.key.clone(), |permit| permit_key(&self.key, permit))
+    }
+
+    /// Takes and releases the lock (each of the semaphore's permits in
+    /// turn) from the orchestrator, waiting at most the orphan bound in
+    /// all: a lock nobody can take then was never released.
     fn final_check(&self) -> Result<(), String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|err| format!("cannot start a runtime: {err}"))?;
+        let keys: Vec<String> = match self.limit {
+            Some(permits) => (0..permits)
+                .map(|permit| self.lock_key(Some(permit)))
+                .collect(),
+            None => vec![self.key.clone()],
+        };
         runtime.block_on(async {
             let locker = distlock::connect(&self.deployment.check_url())
                 .await
                 .map_err(|err| format!("final check: cannot connect: {err}"))?;
-            let lease = locker
-                .lock(&self.key, self.profile.ttl, self.cell.orphan_bound)
-                .await
-                .map_err(|err| format!("final check: {err}"))?;
-            lease
-                .release()
-                .await
-                .map_err(|err| format!("final check: release: {err}"))
+            let deadline = tokio::time::Instant::now() + self.cell.orphan_bound;
+            for key in &keys {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let lease = locker
+                    .lock(key, self.profile.ttl, left)
+                    .await
+                    .map_err(|err| format!("final check: {key}: {err}"))?;
+                lease
+                    .release()
+                    .await
+                    .map_err(|err| format!("final check: {key}: release: {err}"))?;
+            }
+            Ok(())
         })
     }
 }
 
+/// The key of permit `permit` of the semaphore `name`: `name#permit`, the
+/// layout `distlock::semaphore` documents (and `distlock list --prefix
+/// 'name#'` relies on); a test checks it against `Semaphore::permit_key`.
+fn permit_key(name: &str, permit: u32) -> String {
+    format!("{name}#{permit}")
+}
+
 fn millis(duration: Duration) -> String {
     duration.as_millis().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use distlock::memory::MemoryLocker;
+    use distlock::semaphore::Semaphore;
+
+    use super::*;
+
+    #[test]
+    fn the_orchestrators_permit_keys_are_the_semaphores() {
+        let semaphore = Semaphore::new(Arc::new(MemoryLocker::new()), "faults-run", 3)
+            .expect("a valid semaphore");
+        for permit in 0..3 {
+            assert_eq!(
+                permit_key("faults-run", permit),
+                semaphore.permit_key(permit)
+            );
+        }
+    }
+
+    #[test]
+    fn every_profile_leaves_a_worker_waiting_for_a_permit() {
+        for profile in [Profile::QUICK, Profile::FULL] {
+            assert!(
+                (1..profile.workers).contains(&profile.permits),
+                "{}: {} permits for {} workers",
+                profile.name,
+                profile.permits,
+                profile.workers
+            );
+            assert_eq!(Workload::Semaphore.limit(&profile), Some(profile.permits));
+            assert_eq!(Workload::Lock.limit(&profile), None);
+        }
+    }
 }

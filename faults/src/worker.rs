@@ -13,6 +13,14 @@
 //! differs ([`Contender`], [`Grant`]); the hold itself is the same code, so
 //! both workloads are judged by the same analysis.
 //!
+//! The semaphore workload (`--workload semaphore`) runs it on
+//! `distlock::semaphore`: a grant is a permit of the semaphore of
+//! `--permits` N named by the key (`Semaphore::acquire`), a lease on the
+//! permit's key `key#i` with that permit's fencing token, kept alive as a
+//! lock's lease is, and ended by `release()`. The worker reports which
+//! permit it holds, and writes to that permit's register and counter: each
+//! permit is a lock of its own, fenced by its own tokens.
+//!
 //! The hold honours the lost signal the way distlock asks users to
 //! (`lost_signal().early_by(drift_margin(ttl))`, as `with_lock` does): a
 //! running process stops its work before the lock can be someone else's.
@@ -32,6 +40,7 @@ use std::time::Duration;
 
 use clap::Args;
 use distlock::elect::{Election, Term};
+use distlock::semaphore::Semaphore;
 use distlock::{drift_margin, KeepAlive, Lease, Locker, LostSignal};
 use rand::Rng;
 use tokio::signal::unix::{signal, SignalKind};
@@ -83,10 +92,13 @@ pub struct WorkerArgs {
     /// of a plain tokio-postgres connection, instead of a `Locker`.
     #[arg(long)]
     pub xact: bool,
-    /// How a hold is obtained and ended: a lock's lease, or an election's
-    /// term.
+    /// How a hold is obtained and ended: a lock's lease, an election's
+    /// term, or a semaphore's permit.
     #[arg(long, value_enum, default_value_t = Workload::Lock)]
     pub workload: Workload,
+    /// The semaphore's permits (N), in the semaphore workload.
+    #[arg(long, default_value_t = 2)]
+    pub permits: u32,
 }
 
 /// Runs the worker until SIGTERM; the exit code is 0, or 2 if it could not
@@ -161,8 +173,16 @@ async fn contend(
     let mut register = connect_register(args, emitter).await?;
     let ttl = Duration::from_millis(args.ttl_ms);
     let wait = Duration::from_millis(args.wait_ms);
+    // Kept alive as `with_lock` does; a lock that neither expires nor
+    // refreshes has nothing to keep alive.
+    let keep_alive = locker.capabilities().expires && locker.capabilities().refresh;
     let contender = match args.workload {
-        Workload::Lock => Contender::Lock(locker),
+        Workload::Lock => Contender::Lock { locker, keep_alive },
+        Workload::Semaphore => Contender::Semaphore {
+            semaphore: Semaphore::new(locker, args.key.clone(), args.permits)
+                .map_err(|err| format!("semaphore {:?}: {err}", args.key))?,
+            keep_alive,
+        },
         Workload::Election => Contender::Election(
             Election::new(locker, args.key.clone())
                 .ttl(ttl)
@@ -177,8 +197,8 @@ async fn contend(
         let attempt = crate::events::now_ns();
         let outcome = tokio::select! {
             outcome = contender.obtain(&args.key, ttl, wait) => outcome,
-            // A dropped lock() or campaign() is cancel-safe: nothing is
-            // granted to us.
+            // A dropped lock(), acquire() or campaign() is cancel-safe:
+            // nothing is granted to us.
             _ = stop.changed() => break,
         };
         match outcome {
@@ -188,11 +208,13 @@ async fn contend(
                     grant,
                     token: held.fencing_token(),
                     attempt,
+                    permit: held.permit(),
                 });
                 let hold = Hold {
                     args,
                     emitter,
                     grant,
+                    permit: held.permit(),
                     linger,
                 };
                 hold.run(held, &mut register).await?;
@@ -216,9 +238,17 @@ async fn contend(
 }
 
 /// How a contender obtains a hold: the workload's one difference at the
-/// start of a hold.
+/// start of a hold. `keep_alive`: the lease is kept alive (the backend's
+/// locks expire and can be refreshed).
 enum Contender {
-    Lock(Arc<dyn Locker>),
+    Lock {
+        locker: Arc<dyn Locker>,
+        keep_alive: bool,
+    },
+    Semaphore {
+        semaphore: Semaphore,
+        keep_alive: bool,
+    },
     Election(Election),
 }
 
@@ -226,16 +256,26 @@ impl Contender {
     /// One attempt: waits up to `wait`.
     async fn obtain(&self, key: &str, ttl: Duration, wait: Duration) -> distlock::Result<Grant> {
         match self {
-            Contender::Lock(locker) => {
-                let mut lease = locker.lock(key, ttl, wait).await?;
-                // Kept alive as `with_lock` does; a lock that neither
-                // expires nor refreshes has nothing to keep alive.
-                if locker.capabilities().expires && locker.capabilities().refresh {
-                    // It fails only outside a runtime; the dropped lease is
-                    // then released in the background.
-                    lease.keep_alive(KeepAlive::default())?;
-                }
-                Ok(Grant::Lease(lease))
+            Contender::Lock { locker, keep_alive } => {
+                let lease = locker.lock(key, ttl, wait).await?;
+                kept_alive(lease, *keep_alive).map(Grant::Lease)
+            }
+            Contender::Semaphore {
+                semaphore,
+                keep_alive,
+            } => {
+                let lease = semaphore.acquire(ttl, wait).await?;
+                // Which permit: the one whose key the lease holds.
+                let permit = (0..semaphore.permits())
+                    .find(|&index| semaphore.permit_key(index) == lease.key())
+                    .ok_or_else(|| {
+                        distlock::Error::invalid(
+                            "permit",
+                            format!("{:?} is none of the semaphore's permit keys", lease.key()),
+                        )
+                    })?;
+                let lease = kept_alive(lease, *keep_alive)?;
+                Ok(Grant::Permit { lease, permit })
             }
             // The term comes kept alive by the election itself.
             Contender::Election(election) => election.campaign(Some(wait)).await.map(Grant::Term),
@@ -243,31 +283,54 @@ impl Contender {
     }
 }
 
-/// A hold obtained by either workload: what the hold's work needs of it, and
+/// `lease`, kept alive if `keep_alive` (as `with_lock` does).
+fn kept_alive(mut lease: Lease, keep_alive: bool) -> distlock::Result<Lease> {
+    if keep_alive {
+        // It fails only outside a runtime; the dropped lease is then
+        // released in the background.
+        lease.keep_alive(KeepAlive::default())?;
+    }
+    Ok(lease)
+}
+
+/// A hold obtained by any workload: what the hold's work needs of it, and
 /// how it ends (the workload's other difference).
 enum Grant {
     Lease(Lease),
+    /// A semaphore's permit `permit`: a lease on its permit key.
+    Permit {
+        lease: Lease,
+        permit: u32,
+    },
     Term(Term),
 }
 
 impl Grant {
     fn fencing_token(&self) -> Option<u64> {
         match self {
-            Grant::Lease(lease) => lease.fencing_token(),
+            Grant::Lease(lease) | Grant::Permit { lease, .. } => lease.fencing_token(),
             Grant::Term(term) => term.fencing_token(),
+        }
+    }
+
+    /// The semaphore permit held, if it is one.
+    fn permit(&self) -> Option<u32> {
+        match self {
+            Grant::Permit { permit, .. } => Some(*permit),
+            Grant::Lease(_) | Grant::Term(_) => None,
         }
     }
 
     fn lost_signal(&self) -> LostSignal {
         match self {
-            Grant::Lease(lease) => lease.lost_signal(),
+            Grant::Lease(lease) | Grant::Permit { lease, .. } => lease.lost_signal(),
             Grant::Term(term) => term.lost_signal(),
         }
     }
 
     fn ttl(&self) -> Duration {
         match self {
-            Grant::Lease(lease) => lease.ttl(),
+            Grant::Lease(lease) | Grant::Permit { lease, .. } => lease.ttl(),
             Grant::Term(term) => term.lease().ttl(),
         }
     }
@@ -275,7 +338,7 @@ impl Grant {
     /// `release()` or `resign()`.
     async fn end(self) -> distlock::Result<()> {
         match self {
-            Grant::Lease(lease) => lease.release().await,
+            Grant::Lease(lease) | Grant::Permit { lease, .. } => lease.release().await,
             Grant::Term(term) => term.resign().await,
         }
     }
@@ -327,11 +390,13 @@ async fn contend_xact(
                     grant,
                     token: None,
                     attempt,
+                    permit: None,
                 });
                 let hold = Hold {
                     args,
                     emitter,
                     grant,
+                    permit: None,
                     linger: &linger,
                 };
                 let lost = hold.work(&mut register, None, None).await?;
@@ -393,6 +458,8 @@ struct Hold<'a> {
     args: &'a WorkerArgs,
     emitter: Emitter,
     grant: u64,
+    /// The semaphore permit held: the register and counter it writes.
+    permit: Option<u32>,
     linger: &'a AtomicBool,
 }
 
@@ -459,7 +526,7 @@ impl Hold<'_> {
                 reason = lost_fired => return Ok(Some(reason.to_string())),
             }
             let accepted = register
-                .write(self.grant, token)
+                .write(self.grant, token, self.permit)
                 .await
                 .map_err(|err| format!("register write: {err}"))?;
             self.emitter.emit(EventKind::Wrote {
@@ -496,12 +563,12 @@ impl Hold<'_> {
         pause: Duration,
     ) -> Result<(), String> {
         let read = register
-            .read_counter()
+            .read_counter(self.permit)
             .await
             .map_err(|err| format!("register read: {err}"))?;
         tokio::time::sleep(pause).await;
         register
-            .set_counter(read.saturating_add(1))
+            .set_counter(self.permit, read.saturating_add(1))
             .await
             .map_err(|err| format!("register set: {err}"))?;
         self.emitter.emit(EventKind::Incremented {

@@ -29,7 +29,8 @@ pub use sentinel::SentinelDeployment;
 /// The process holding the lock when a fault is injected.
 #[derive(Debug, Clone)]
 pub struct Holder {
-    /// The lock's key.
+    /// The key of the lock it holds (in the semaphore workload, its
+    /// permit's key, `name#i`).
     pub key: String,
     /// The worker's process id.
     pub pid: u32,

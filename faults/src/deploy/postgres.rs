@@ -29,19 +29,27 @@ impl Deployment for PostgresDeployment {
         vec![self.server.port()]
     }
 
-    /// Terminates the backend holding the advisory lock (the run's only one)
-    /// and waits up to 5 s for it to exit: without the timeout,
-    /// `pg_terminate_backend` returns before the lock is freed (Postgres 14+
-    /// `pg_terminate_backend(pid, timeout)`, "Server Signaling Functions" in
-    /// the manual).
-    fn end_session(&mut self, _holder: &Holder) -> Result<(), String> {
-        let output = self.server.try_psql(
+    /// Terminates the backend holding the holder's advisory lock (its key's,
+    /// `distlock::postgres::advisory_key` without a namespace, as the URL
+    /// has none; `pg_locks` shows a bigint key as its high and low halves),
+    /// and no other: a semaphore's other permits are held on other
+    /// sessions. It waits up to 5 s for the backend to exit: without the
+    /// timeout, `pg_terminate_backend` returns before the lock is freed
+    /// (Postgres 14+ `pg_terminate_backend(pid, timeout)`, "Server Signaling
+    /// Functions" in the manual).
+    fn end_session(&mut self, holder: &Holder) -> Result<(), String> {
+        let key = distlock::postgres::advisory_key("", &holder.key);
+        let output = self.server.try_psql(&format!(
             "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_locks \
-             WHERE locktype = 'advisory' AND granted",
-        );
+             WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+             AND ((classid::int8 << 32) | objid::int8) = {key}"
+        ));
         let stdout = String::from_utf8_lossy(&output.stdout);
         match (output.status.success(), stdout.trim()) {
-            (true, "0") => Err("no session holds an advisory lock".to_owned()),
+            (true, "0") => Err(format!(
+                "no session holds the advisory lock of {:?}",
+                holder.key
+            )),
             (true, _) => Ok(()),
             (false, _) => Err(format!(
                 "pg_terminate_backend failed: {}",
