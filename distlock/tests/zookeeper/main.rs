@@ -1,0 +1,2 @@
+//! The ZooKeeper backend against real servers (behaviour under faults,
+//! interop with kazoo): one binary, a module per concern.
