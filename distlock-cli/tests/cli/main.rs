@@ -22,3 +22,5 @@ mod postgres;
 mod redis;
 #[cfg(feature = "redlock")]
 mod redlock;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
