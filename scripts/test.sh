@@ -27,6 +27,10 @@ command -v unshare >/dev/null 2>&1 || packages+=(util-linux)  # private network 
 command -v python3 >/dev/null 2>&1 || packages+=(python3)  # redis-py, for the Redis interop test
 python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)  # the fault suite's Postgres-behind-PgBouncer cell
+# The ZooKeeper backend's tests spawn private servers from Debian's jars
+# (test-servers/src/zookeeper.rs), which need a Java runtime.
+[ -f /usr/share/java/zookeeper.jar ] || packages+=(zookeeper)
+command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -45,6 +49,14 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
   echo "scripts/test.sh: installing redis-py (pip install redis)" >&2
   python3 -m pip install --quiet --user redis 2>/dev/null \
     || python3 -m pip install --quiet --user --break-system-packages redis
+fi
+
+# kazoo, for the ZooKeeper interop test (a lock path shared with kazoo's
+# `Lock`); the test installs it too if it is missing.
+if ! python3 -c 'import kazoo' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing kazoo (pip install kazoo)" >&2
+  python3 -m pip install --quiet --user kazoo 2>/dev/null \
+    || python3 -m pip install --quiet --user --break-system-packages kazoo
 fi
 
 # The build below fills about 1.9 GiB of an empty target directory (`du -sh

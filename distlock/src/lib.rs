@@ -73,6 +73,7 @@
 //! | `postgres://user@host/db`, `postgresql://` | `postgres` | `postgres` | when the server ends the session: at once if the process dies, about 11 s if its host vanishes |
 //! | `etcd://host1:2379,host2:2379`, `etcd+https://` | `etcd` | `etcd` | at lease expiry: one ttl (whole seconds) after the last keep-alive, up to one more after a leader change |
 //! | `mysql://user@host:3306/db`, `mariadb://` | `mysql` | `mysql` | when the server ends the session: at once if the process dies, 14 to 15 s if its host vanishes |
+//! | `zookeeper://host1:2181,host2:2181[/chroot]` | `zookeeper` | `zookeeper` | at session expiry: one negotiated session timeout after the server last heard from the holder |
 //!
 //! Every server backend reads its settings through [`config`]: one syntax per
 //! kind of value and one name per concept, from a URL, `DISTLOCK_<BACKEND>_*`
@@ -153,6 +154,8 @@ mod sql;
 pub mod validate;
 mod wait;
 mod with_lock;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 #[cfg(test)]
 mod test_support;

@@ -25,6 +25,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
     "etcd+https",
     "mysql",
     "mariadb",
+    "zookeeper",
 ];
 
 /// Opens the backend a URL names and returns it ready to use.
@@ -41,6 +42,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// | `postgres://[user[:pass]@]host[:port][,host2...]/db[?...]`, `postgresql://...` | `distlock::postgres::PostgresLocker` (feature `postgres`; parameters in its module docs) |
 /// | `etcd://[user:pass@]host[:port][,host2...][?prefix=..]`, `etcd+https://...` | `distlock::etcd::EtcdLocker` (feature `etcd`; see `distlock::etcd::Config::from_url`) |
 /// | `mysql://[user[:pass]@]host[:port]/db[?...]`, `mariadb://...` | `distlock::mysql::MysqlLocker` (feature `mysql`; parameters in its module docs) |
+/// | `zookeeper://[user:pass@]host[:port][,host2...][/chroot][?session_timeout=..]` | `distlock::zookeeper::ZooKeeperLocker` (feature `zookeeper`; see `distlock::zookeeper::Config::from_url`) |
 ///
 /// Fails with [`Error::InvalidInput`] for a malformed URL or an unknown scheme
 /// (the message lists the supported ones, and the cargo feature that enables a
@@ -49,7 +51,7 @@ pub const SUPPORTED_SCHEMES: &[&str] = &[
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let err = distlock::connect("zookeeper://zk:2181").await.unwrap_err();
+/// let err = distlock::connect("consul://consul:8500").await.unwrap_err();
 /// assert!(err.to_string().contains("unsupported scheme"));
 /// # }
 /// ```
@@ -186,6 +188,12 @@ const FEATURE_BACKENDS: &[FeatureBackend] = &[
         feature: "mysql",
         before_parsing: false,
         open: opener!("mysql", crate::mysql::MysqlLocker),
+    },
+    FeatureBackend {
+        schemes: &["zookeeper"],
+        feature: "zookeeper",
+        before_parsing: true,
+        open: opener!("zookeeper", crate::zookeeper::ZooKeeperLocker),
     },
 ];
 

@@ -4,7 +4,7 @@
 //! they die with it ([`test_servers::spawn_tied_to_this_process`]).
 //!
 //! ```sh
-//! cargo run -p test-servers --example serve -- postgres mysql redis etcd
+//! cargo run -p test-servers --example serve -- postgres mysql redis etcd zookeeper
 //! ```
 
 use std::io::{Read, Write};
@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 fn main() {
     let names: Vec<String> = std::env::args().skip(1).collect();
     if names.is_empty() {
-        eprintln!("usage: serve postgres|mysql|redis|etcd...");
+        eprintln!("usage: serve postgres|mysql|redis|etcd|zookeeper|zookeeper-ensemble...");
         std::process::exit(64);
     }
     // Kept until the end: dropping a server stops it.
@@ -29,8 +29,16 @@ fn main() {
                 s.url()
             }),
             "etcd" => keep(&mut servers, test_servers::EtcdServer::start(), |s| s.url()),
+            "zookeeper" => keep(&mut servers, test_servers::ZooKeeperServer::start(), |s| {
+                s.url()
+            }),
+            "zookeeper-ensemble" => keep(
+                &mut servers,
+                test_servers::ZooKeeperEnsemble::start(3),
+                |s| s.url(),
+            ),
             other => {
-                eprintln!("serve: unknown server {other:?}: postgres, mysql, redis or etcd");
+                eprintln!("serve: unknown server {other:?}: postgres, mysql, redis, etcd, zookeeper or zookeeper-ensemble");
                 std::process::exit(64);
             }
         };

@@ -26,6 +26,7 @@ mod redis;
 mod redis_cluster;
 mod redis_sentinel;
 mod tls;
+mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdServer};
 pub use mariadb::{MariaDbOptions, MariaDbServer};
@@ -36,6 +37,9 @@ pub use redis::{RedisOptions, RedisServer, RedisTls};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinelSet, SENTINEL_MASTER_NAME};
 pub use tls::TestCertificates;
+pub use zookeeper::{
+    four_letter_word, ZooKeeperEnsemble, ZooKeeperServer, TICK_MS as ZOOKEEPER_TICK_MS,
+};
 
 /// Gives each listed server type a `shared()` accessor: one server of its
 /// kind per test binary, started on first use.
@@ -69,6 +73,7 @@ shared_servers!(
     RedisCluster,
     RedisSentinelSet,
     RedisServer,
+    ZooKeeperServer,
 );
 
 /// A TCP port on 127.0.0.1 that was free a moment ago, for a server to

@@ -23,3 +23,5 @@ mod redis;
 #[cfg(feature = "redlock")]
 mod redlock;
 mod shared;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;

@@ -55,6 +55,7 @@
     not(all(
         feature = "redis",
         feature = "etcd",
+        feature = "zookeeper",
         feature = "postgres",
         feature = "mysql"
     )),
@@ -62,7 +63,7 @@
 )]
 
 mod address;
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) mod constructors;
 mod password;
 mod serde_value;
@@ -74,7 +75,7 @@ mod text;
 pub(crate) use address::{
     display_url, format_address, host_of, parse_address, split_authority, split_list,
 };
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) use constructors::serde_config;
 pub(crate) use password::duration_text;
 pub use password::Password;

@@ -86,7 +86,7 @@ mod record;
 pub use label::command_label;
 use label::{command_line, truncate};
 // Server times arrive as Unix milliseconds only on the backends that read them.
-#[cfg(any(feature = "redis", feature = "mysql"))]
+#[cfg(any(feature = "redis", feature = "mysql", feature = "zookeeper"))]
 pub(crate) use record::from_unix_millis;
 pub(crate) use record::{push_field, record_field, HolderRecord};
 

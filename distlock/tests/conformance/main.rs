@@ -25,3 +25,5 @@ mod redis_cluster;
 mod redis_sentinel;
 #[cfg(feature = "redlock")]
 mod redlock;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;

@@ -1,0 +1,267 @@
+//! Client wiring: opening sessions, the request helpers every call goes
+//! through (each bounded by the request timeout), and creating lock paths.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use zookeeper_client::{self as zk, Acls, CreateMode};
+
+use super::session::{Registry, Session};
+use super::{errors, Config, Inner, ZooKeeperLocker};
+use crate::Result;
+
+impl ZooKeeperLocker {
+    /// Opens a session with the ensemble `config` names and checks that the
+    /// chroot (if any) exists, within `connect_timeout + request_timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a config that names no endpoint or is
+    /// otherwise unusable (TLS, a relative `key_prefix`);
+    /// [`Error::Backend`] if no server can be reached, the credentials are
+    /// refused, or the chroot does not exist (the message says which, and
+    /// what to do); [`Error::DeadlineExceeded`] if no session was
+    /// established within the bound.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: nothing is written while connecting; a session being
+    /// opened is closed when its future is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use distlock::zookeeper::{Config, ZooKeeperLocker};
+    ///
+    /// # async fn demo() -> Result<(), distlock::Error> {
+    /// let locker = ZooKeeperLocker::from_config(Config::from_env()?).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_config(config: Config) -> Result<Self> {
+        let connect = config.connect_string()?;
+        let prefix = config.key_prefix.clone();
+        let parent = match prefix.rsplit_once('/') {
+            Some((dir, _)) => dir.to_owned(),
+            None => String::new(),
+        };
+        let auth = config.username.as_ref().map(|user| {
+            let password = config.password.as_ref().map_or("", |p| p.expose());
+            format!("{user}:{password}")
+        });
+        let inner = Arc::new(Inner {
+            leases: crate::SharedLocker::default(),
+            connect,
+            auth,
+            ensemble: config.display_url(),
+            chroot: config.chroot().map(str::to_owned),
+            session_timeout: config.session_timeout,
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            prefix,
+            parent,
+            session: tokio::sync::Mutex::new(None),
+            registry: Arc::new(Registry::default()),
+            holder_record: config.holder_record,
+        });
+        inner.session().await?;
+        Ok(ZooKeeperLocker { inner })
+    }
+
+    /// Opens a session with the ensemble a `zookeeper://` URL names (see
+    /// [`Config::from_url`] for the format).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_config`](Self::from_config), and [`Error::InvalidInput`]
+    /// for a malformed URL (the message never contains the password).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`from_config`](Self::from_config).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), distlock::Error> {
+    /// let locker =
+    ///     distlock::zookeeper::ZooKeeperLocker::from_url("zookeeper://127.0.0.1:2181?session_timeout=6s").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::from_config(Config::from_url(url)?).await
+    }
+
+    /// Closes the session, which deletes every contender node this locker
+    /// has (so every lock it holds is freed at once, and their lost signals
+    /// fire with [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost)).
+    /// Later acquires open a new session.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the session is closed when this is called; the close
+    /// reaches the server in the background.
+    pub async fn close(&self) {
+        let session = self.inner.session.lock().await.take();
+        if let Some(session) = session {
+            session.lost(
+                &self.inner.registry,
+                "the locker was closed",
+                Duration::ZERO,
+            );
+        }
+    }
+
+    /// The id of the session this locker's locks live on now (as
+    /// ZooKeeper's `cons` and a node's `ephemeralOwner` show it), `None`
+    /// if none is open. For operators and tests.
+    pub async fn session_id(&self) -> Option<i64> {
+        let session = self.inner.session.lock().await;
+        session.as_ref().filter(|s| !s.is_closed()).map(|s| s.id)
+    }
+
+    /// The session timeout the ensemble negotiated for the current session
+    /// (`None` if none is open): how long it outlives a client that stopped
+    /// answering.
+    pub async fn negotiated_session_timeout(&self) -> Option<Duration> {
+        let session = self.inner.session.lock().await;
+        session
+            .as_ref()
+            .filter(|s| !s.is_closed())
+            .map(|s| s.timeout)
+    }
+}
+
+impl Inner {
+    /// The live session, opening one if there is none (the first call, or
+    /// after the last one expired or was given up).
+    pub(super) async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.session.lock().await;
+        if let Some(session) = current.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(session.clone());
+        }
+        let since = Instant::now();
+        let client = self.connect().await?;
+        let session = Session::start(client, self.registry.clone(), since, self.request_timeout);
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Connects a new session and checks the chroot.
+    async fn connect(&self) -> Result<zk::Client> {
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(self.session_timeout)
+            // Fail at once when every server refused, rather than retrying
+            // until the session timeout.
+            .with_fail_eagerly();
+        if let Some(auth) = &self.auth {
+            connector = connector.with_auth("digest", auth.as_bytes());
+        }
+        let client = match tokio::time::timeout(
+            self.connect_timeout,
+            connector.connect(&self.connect),
+        )
+        .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(errors::backend(&self.ensemble, "connect", error, false)),
+            Err(_) => {
+                return Err(errors::plain(
+                    "connect",
+                    format!(
+                        "{}: no ZooKeeper session within connect_timeout ({:?}); is the ensemble running and reachable?",
+                        self.ensemble, self.connect_timeout
+                    ),
+                ))
+            }
+        };
+        if let Some(chroot) = &self.chroot {
+            let exists = self
+                .request("connect", false, client.check_stat("/"))
+                .await?;
+            if exists.is_none() {
+                return Err(errors::plain(
+                    "connect",
+                    format!(
+                        "{}: the chroot {chroot} does not exist; create it (`zkCli.sh create {chroot}`) or drop it from the URL",
+                        self.ensemble
+                    ),
+                ));
+            }
+        }
+        Ok(client)
+    }
+
+    /// Runs one request under the request timeout: a zookeeper-client error
+    /// becomes [`Error::Backend`] (`outcome_unknown` if the request writes
+    /// and may have been applied), the timeout [`Error::DeadlineExceeded`].
+    pub(super) async fn request<T>(
+        &self,
+        operation: &'static str,
+        writes: bool,
+        call: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> Result<T> {
+        match self.call(call).await {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => Err(errors::backend(&self.ensemble, operation, error, writes)),
+            None => Err(errors::deadline(operation, self.request_timeout)),
+        }
+    }
+
+    /// `call` under the request timeout; `None` once it passed. (The
+    /// request itself was sent when `call` was made: zookeeper-client sends
+    /// synchronously and only the answer is awaited.)
+    pub(super) async fn call<T>(
+        &self,
+        call: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> Option<std::result::Result<T, zk::Error>> {
+        tokio::time::timeout(self.request_timeout, call).await.ok()
+    }
+
+    /// Creates the lock path `path` as a container node (ZooKeeper deletes
+    /// it once its last child is gone, as Curator creates its lock paths),
+    /// and its parents as persistent nodes if they are missing.
+    pub(super) async fn ensure_lock_path(&self, client: &zk::Client, path: &str) -> Result<()> {
+        let container = CreateMode::Container.with_acls(Acls::anyone_all());
+        for _ in 0..2 {
+            match self.call(client.create(path, &[], &container)).await {
+                Some(Ok(_)) | Some(Err(zk::Error::NodeExists)) => return Ok(()),
+                Some(Err(zk::Error::NoNode)) if !self.parent.is_empty() => {
+                    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    self.request("acquire", true, client.mkdir(&self.parent, &persistent))
+                        .await?;
+                }
+                Some(Err(zk::Error::NoNode)) => {
+                    return Err(errors::plain(
+                        "acquire",
+                        format!("cannot create {path}: its parent is missing"),
+                    ))
+                }
+                Some(Err(error)) => {
+                    return Err(errors::backend(&self.ensemble, "acquire", error, true))
+                }
+                None => return Err(errors::deadline("acquire", self.request_timeout)),
+            }
+        }
+        Err(errors::plain(
+            "acquire",
+            format!(
+                "{} was deleted again as soon as it was created",
+                self.parent
+            ),
+        ))
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last clone and the last lease are gone: close the session, so
+        // its nodes are deleted now rather than at its expiry.
+        if let Some(session) = self.session.get_mut().take() {
+            session.stop();
+        }
+    }
+}

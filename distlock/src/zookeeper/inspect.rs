@@ -1,0 +1,201 @@
+//! Who holds a lock: the first contender of its lock path (lowest sequence
+//! number, as acquire orders them), the holder record in its data, and its
+//! stat; operator release by deleting that node.
+
+use zookeeper_client as zk;
+
+use super::recipe::{self, MARK_SUFFIX};
+use super::{errors, ZooKeeperLocker, BACKEND};
+use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, HolderRecord};
+use crate::{Error, Result};
+
+/// How often inspect looks again when the first contender vanished between
+/// the listing and the read (it was released meanwhile).
+const ATTEMPTS: usize = 3;
+
+/// The holder's node as found: enough to describe and to delete it.
+struct Found {
+    node: String,
+    held: HeldLock,
+}
+
+impl ZooKeeperLocker {
+    /// The first contender of `key`'s lock path, described as `key`.
+    async fn holder_of(
+        &self,
+        client: &zk::Client,
+        key: &str,
+        operation: &'static str,
+    ) -> Result<Option<Found>> {
+        let path = self.backend_key(key);
+        for _ in 0..ATTEMPTS {
+            let children = match self.inner.call(client.list_children(&path)).await {
+                Some(Ok(children)) => children,
+                Some(Err(zk::Error::NoNode)) => return Ok(None),
+                Some(Err(error)) => {
+                    return Err(errors::backend(
+                        &self.inner.ensemble,
+                        operation,
+                        error,
+                        false,
+                    ))
+                }
+                None => return Err(errors::deadline(operation, self.inner.request_timeout)),
+            };
+            let Some(first) = recipe::queue(&children).into_iter().next() else {
+                return Ok(None);
+            };
+            let node = format!("{path}/{}", first.name);
+            match self.inner.call(client.get_data(&node)).await {
+                Some(Ok((data, stat))) => {
+                    return Ok(Some(Found {
+                        held: describe(key, &data, &stat),
+                        node,
+                    }))
+                }
+                // Released since the listing: look again.
+                Some(Err(zk::Error::NoNode)) => continue,
+                Some(Err(error)) => {
+                    return Err(errors::backend(
+                        &self.inner.ensemble,
+                        operation,
+                        error,
+                        false,
+                    ))
+                }
+                None => return Err(errors::deadline(operation, self.inner.request_timeout)),
+            }
+        }
+        Err(errors::plain(
+            operation,
+            format!("{key:?} changed hands {ATTEMPTS} times while being inspected; try again"),
+        ))
+    }
+
+    async fn client(&self, operation: &'static str) -> Result<zk::Client> {
+        let session = self.inner.session().await?;
+        session
+            .client()
+            .ok_or_else(|| super::acquire::session_gone(operation, &session))
+    }
+
+    pub(super) async fn inspect_key(&self, key: &str) -> Result<Option<HeldLock>> {
+        let client = self.client("inspect").await?;
+        Ok(self
+            .holder_of(&client, key, "inspect")
+            .await?
+            .map(|found| found.held))
+    }
+
+    /// The children of the lock paths' parent whose key starts with
+    /// `prefix` (marks skipped), each inspected; all requests sent at once.
+    pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let client = self.client("list").await?;
+        let parent = match self.inner.parent.as_str() {
+            "" => "/",
+            parent => parent,
+        };
+        // The part of the key prefix after the parent: every lock node's
+        // name starts with it.
+        let name_prefix = &self.inner.prefix[self.inner.parent.len() + 1..];
+        let children = match self.inner.call(client.list_children(parent)).await {
+            Some(Ok(children)) => children,
+            Some(Err(zk::Error::NoNode)) => return Ok(Vec::new()),
+            Some(Err(error)) => {
+                return Err(errors::backend(&self.inner.ensemble, "list", error, false))
+            }
+            None => return Err(errors::deadline("list", self.inner.request_timeout)),
+        };
+        let keys: Vec<String> = children
+            .iter()
+            .filter(|name| !name.ends_with(MARK_SUFFIX))
+            .filter_map(|name| recipe::unescape(name.strip_prefix(name_prefix)?))
+            .filter(|key| key.starts_with(prefix) && crate::validate::key(key).is_ok())
+            .collect();
+        let found = futures_util::future::join_all(
+            keys.iter().map(|key| self.holder_of(&client, key, "list")),
+        )
+        .await;
+        let mut listed = Vec::with_capacity(keys.len());
+        for found in found {
+            if let Some(found) = found? {
+                listed.push(found.held);
+            }
+        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
+    }
+
+    pub(super) async fn force_release_key(
+        &self,
+        key: &str,
+        how: ForceRelease,
+    ) -> Result<Option<HeldLock>> {
+        if how != ForceRelease::Lock {
+            return Err(Error::unsupported(
+                BACKEND,
+                "force_release",
+                format!(
+                    "{how:?}: a ZooKeeper client cannot end another client's session (it would \
+                     need the session's password); use ForceRelease::Lock, which deletes the \
+                     holder's node"
+                ),
+            ));
+        }
+        let client = self.client("force_release").await?;
+        for _ in 0..ATTEMPTS {
+            let Some(found) = self.holder_of(&client, key, "force_release").await? else {
+                return Ok(None);
+            };
+            // By name: a node name is never reused, so a newer holder's node
+            // cannot be deleted by this.
+            match self.inner.call(client.delete(&found.node, None)).await {
+                Some(Ok(())) => {
+                    inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
+                    return Ok(Some(found.held));
+                }
+                // Released meanwhile: look again.
+                Some(Err(zk::Error::NoNode)) => continue,
+                Some(Err(error)) => {
+                    return Err(errors::backend(
+                        &self.inner.ensemble,
+                        "force_release",
+                        error,
+                        true,
+                    ))
+                }
+                None => {
+                    return Err(errors::deadline(
+                        "force_release",
+                        self.inner.request_timeout,
+                    ))
+                }
+            }
+        }
+        Err(errors::plain(
+            "force_release",
+            format!("{key:?} changed hands {ATTEMPTS} times while being force-released; inspect it again"),
+        ))
+    }
+}
+
+/// What a contender node says of its grant.
+fn describe(key: &str, data: &[u8], stat: &zk::Stat) -> HeldLock {
+    let mut held = HeldLock::new(key);
+    held.fencing_token = u64::try_from(stat.czxid).ok();
+    held.session = Some(format!("session {:#x}", stat.ephemeral_owner));
+    let text = std::str::from_utf8(data).ok();
+    match text.and_then(HolderRecord::decode) {
+        Some(record) => record.fill(&mut held),
+        None => held.value = text.filter(|t| !t.is_empty()).map(str::to_owned),
+    }
+    // The node's creation time, on the server's clock: one clock for every
+    // holder of the lock.
+    if let Ok(millis) = u64::try_from(stat.ctime) {
+        held.granted = Some(GrantTime {
+            at: inspect::from_unix_millis(millis),
+            clock: Clock::Server,
+        });
+    }
+    held
+}

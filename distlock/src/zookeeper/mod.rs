@@ -1,0 +1,577 @@
+//! Locks in a ZooKeeper ensemble (`zookeeper://`; feature `zookeeper`), by
+//! ZooKeeper's own lock recipe as Apache Curator's `InterProcessMutex`
+//! implements it, so they interoperate with Curator and (see below) with
+//! kazoo's `Lock`.
+//!
+//! - **Paths**: the distlock key `K` is the lock path `<key_prefix>K`
+//!   (default prefix `/distlock/locks/`), with `/` and `%` in `K`
+//!   percent-encoded so every key is one node
+//!   ([`ZooKeeperLocker::backend_key`] gives the path to hand another
+//!   client). The lock path is a container node, which the server deletes
+//!   once it has no child; its parent is created when missing.
+//! - **Acquire**: create an ephemeral sequential child
+//!   `<lock path>/_c_<uuid>-lock-<sequence>` (Curator's protected lock
+//!   name), holding the holder record as its data; list the children; the
+//!   contender with the lowest sequence number holds the lock. A
+//!   [`Locker::try_lock`] that is not first deletes its node again and
+//!   reports contention.
+//! - **Waiting** ([`Locker::lock`]) keeps its node and watches only the
+//!   contender just ahead of it (an `exists` watch), then looks again when
+//!   that one is deleted: no herd, FIFO, no polling. At the deadline (or
+//!   when the future is dropped) its node is deleted.
+//! - **Contenders of other clients.** A child counts as a contender when its
+//!   name ends in `-lock-<digits>` (Curator's, and ours) or `__lock__<digits>`
+//!   (kazoo's). Sequence numbers are one counter per parent, whatever the
+//!   name, so they order contenders of every client.
+//! - **Fencing token**: the holder node's **czxid** (the zxid of the
+//!   transaction that created it), not its sequence number. Sequence
+//!   numbers are per parent and start again at 0 when the lock path is
+//!   deleted and created again (which the container node makes routine),
+//!   so they go backwards; a zxid is the ensemble's one transaction counter
+//!   (epoch in the high 32 bits, counter in the low 32), every write gets a
+//!   larger one, it is persisted in the transaction log and snapshots, and
+//!   a new leader starts a higher epoch: czxids strictly increase across
+//!   every grant of every key, restarts and leader changes included. They
+//!   are large numbers (`0x100000002a` after the first restart), never 1.
+//! - **Release** deletes the holder's node by name. The name's random part
+//!   is never reused, so a retried or stale unlock never deletes another
+//!   grant's node.
+//! - **Owner tokens** are `<czxid hex>/<node name>`, so [`Locker::unlock`]
+//!   and [`Locker::refresh`] work from any process that has the token
+//!   ([`Capabilities::unlock_by_owner`]).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock::Locker;
+//! use distlock::zookeeper::ZooKeeperLocker;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::Error> {
+//! let locker = ZooKeeperLocker::from_url("zookeeper://10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181/apps?session_timeout=10s").await?;
+//! assert_eq!(locker.backend_key("nightly"), "/distlock/locks/nightly");
+//! let lease = locker.lock("nightly", Duration::from_secs(30), Duration::from_secs(30)).await?;
+//! // ... work, passing lease.fencing_token() (a czxid) to what you write to ...
+//! lease.release().await?;
+//! locker.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! - **Sessions and what ttl means.** Every lock of a locker lives on its
+//!   one ZooKeeper session, kept alive by zookeeper-client (it pings, and
+//!   moves to another server after a connection loss). **A holder that
+//!   crashes, hangs or is cut off keeps its locks until the ensemble expires
+//!   its session: one negotiated session timeout after the server last
+//!   heard from it** (`session_timeout` in the URL; the ensemble negotiates
+//!   it into its `minSessionTimeout`..`maxSessionTimeout`, 2 to 20 ticks by
+//!   default). A live holder keeps a lock until it releases it, however long
+//!   that is ([`Capabilities::expires`] is false, as on Postgres and etcd).
+//!   The `ttl` given to an acquire is only validated and recorded in the
+//!   holder record; it does not bound anything. Bound a live holder with
+//!   [`KeepAlive::max_hold`](crate::KeepAlive::max_hold).
+//! - **Losing a lock.** The lost signal ([`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost))
+//!   fires when the session expires (the server deleted the nodes), and,
+//!   before that, when no server has answered for so long that the session
+//!   may be expiring: at *the send time of the last answered heartbeat +
+//!   the session timeout − [`drift_margin`](crate::drift_margin)*, with
+//!   what is left as grace. Heartbeats go every fifth of the session
+//!   timeout, so a holder cut off from the ensemble stops between 4/5 of a
+//!   session timeout and a session timeout after the cut (the table of
+//!   states is in `session.rs`). The session is then abandoned (closed if
+//!   a server answers again), so a lock is never kept by a holder that
+//!   stopped working under it; later acquires open a new session.
+//! - **Ownership (CURATOR-696).** Curator once granted a lock to a client
+//!   whose node had been created by an earlier, expired session. Here a
+//!   node counts as ours only if its `ephemeralOwner` is the session id of
+//!   the session the lease was granted on: [`Locker::refresh`] checks it
+//!   (and the czxid), and a node found again after a lost create answer is
+//!   checked the same way.
+//! - **Refresh** ([`Locker::refresh`], and so the keepalive) confirms in one
+//!   request that the holder's node exists with its czxid and is owned by
+//!   the holding session: [`Error::NotHeld`] once it is not. The `ttl`
+//!   argument is only validated. [`Locker::refresh_many`] sends every
+//!   check at once (zookeeper-client pipelines requests on its one
+//!   connection).
+//! - **Contention vs outage**: a held lock is `Ok(None)`; an unreachable
+//!   ensemble or one without quorum is [`Error::Backend`] or
+//!   [`Error::DeadlineExceeded`], never contention. A [`Locker::lock`]
+//!   whose wait outlived a failure ends at its deadline as
+//!   [`Error::Timeout`]; only a failure still current at the deadline makes
+//!   it an outage.
+//! - **Timeouts** ([`Config`]): `connect_timeout` bounds opening a session,
+//!   `request_timeout` every request (zookeeper-client has none: a request
+//!   made while disconnected waits for the reconnection). [`Locker::try_lock`]
+//!   is bounded by [`ZooKeeperLocker::operation_bound`];
+//!   [`Locker::lock`] by its timeout + [`DEADLINE_GRACE`].
+//! - **A create whose outcome is unknown** (the connection was lost under
+//!   it, its answer timed out, or its future was dropped) may have made the
+//!   node: it is found by its protection prefix (`_c_<uuid>`; after a
+//!   `sync`, so the server read from has caught up) and used, or deleted in
+//!   the background until that succeeds or the session ends.
+//! - **Closing.** [`ZooKeeperLocker::close`] (or dropping the last clone
+//!   of the locker and every lease it granted) closes the session, which
+//!   deletes its nodes at once.
+//! - **Cancel safety**: dropping a `try_lock` or `lock` future is safe: a
+//!   node it may have created is deleted in the background. Dropping a
+//!   release or refresh leaves the lock as the request left it.
+//!
+//! # Interoperability
+//!
+//! distlock names its nodes as Curator does; kazoo names its
+//! `<uuid hex>__lock__<sequence>`, and one name cannot be both: kazoo
+//! counts as contenders only names matching `__lock__\d{10}$` plus the
+//! `extra_lock_patterns` it is given, and Curator orders children by what
+//! follows their last `lock-` (a kazoo name has none, so Curator misorders
+//! it). distlock follows Curator, the recipe the JVM services that run
+//! ZooKeeper use (Kafka, HBase, Solr), and reads both namings:
+//!
+//! - a Curator or kazoo holder excludes distlock, and a distlock holder
+//!   excludes Curator;
+//! - a distlock holder excludes kazoo when kazoo's lock is made with
+//!   `Lock(client, path, extra_lock_patterns=["-lock-"])` (kazoo 2.7.1+,
+//!   the option kazoo added "for cross-implementation compatibility");
+//!   **a kazoo `Lock` without it does not see distlock's nodes and can be
+//!   granted the lock while distlock holds it** (checked in the test
+//!   `zookeeper::interop`).
+//!
+//! # Inspection
+//!
+//! - **The record** is the holder node's data: host, pid, label, grant
+//!   time and ttl ([`Config::holder_record`] off: empty). [`Locker::inspect`]
+//!   reads the first contender: its czxid is the fencing token, `session`
+//!   is `session 0x…` (its `ephemeralOwner`, as `cons` shows it), `granted`
+//!   is the node's creation time on the **server's** clock, and `ttl_left`
+//!   is `None` (nothing expires while the session lives). A node written
+//!   by kazoo or Curator is held by an unknown holder (its data, if text,
+//!   in `value`), never free.
+//! - [`Locker::list`] lists the children of the lock paths' parent whose
+//!   keys start with the prefix (marks are skipped), and inspects each.
+//! - [`Locker::force_release`] with [`ForceRelease::Lock`](crate::inspect::ForceRelease::Lock)
+//!   deletes the holder's node (by name, so a newer holder's node is never
+//!   deleted), which wakes the next waiter. The evicted holder learns it at
+//!   its next refresh. [`ForceRelease::TerminateSession`](crate::inspect::ForceRelease::TerminateSession)
+//!   is [`Error::Unsupported`]: a client cannot end another client's
+//!   session without its password.
+//! - **Marks** ([`Locker::advance_mark`]): a persistent node
+//!   `<key_prefix><escaped name>%mark` (a `%` followed by a letter never
+//!   comes out of a key's escaping), its data raised by a `setData` with
+//!   the version read (compare-and-set).
+//!
+//! # What it does not guarantee
+//!
+//! - **A lock without fencing cannot guarantee mutual exclusion.** A holder
+//!   paused (GC, SIGSTOP) or partitioned past its session timeout keeps
+//!   running while the ensemble expires its session and grants the lock to
+//!   the next contender; its lost signal fires only when it runs again.
+//!   The fencing token (the czxid) is the remedy: pass it to the protected
+//!   resource and have it reject writes with a smaller one.
+//! - **The give-up bound assumes the server's clock runs no faster than
+//!   the holder's by more than the drift margin.** In an ensemble, a
+//!   follower reports the sessions it heard from to the leader (which
+//!   expires them) about every half tick; the drift margin (1 % + 100 ms)
+//!   is meant to cover that with ticks of 2 s and less.
+//! - **Shared locks** are not done yet ([`Error::Unsupported`]):
+//!   ZooKeeper's read-write lock recipe (Curator's
+//!   `InterProcessReadWriteLock`) is the way to add them.
+//! - **TLS** is not supported yet (see [`Config::tls`]).
+//! - **A create retried after a connection loss** can, in a rare race (the
+//!   lost create is applied by the old server after the new one was
+//!   synced and listed), leave a second node of the attempt: it lives until
+//!   the session ends, and a waiter behind it waits until its timeout.
+//!   Curator's protected mode has the same window.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::deadline::{bounded, checked_deadline};
+use crate::inspect as inspect_api;
+use crate::util::decode_mark;
+use crate::{
+    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
+    DEADLINE_GRACE,
+};
+
+mod acquire;
+mod client;
+mod config;
+mod errors;
+mod inspect;
+mod marks;
+mod recipe;
+mod session;
+
+pub use config::{
+    Config, Password, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TIMEOUT, ENV_PREFIX,
+};
+
+use acquire::{delete_in_background, Target};
+use recipe::Token;
+use session::{Registry, Session};
+
+const BACKEND: &str = "zookeeper";
+
+/// How many refreshes of one [`Locker::refresh_many`] batch are on their
+/// way at once: zookeeper-client pipelines them on its one connection.
+const REFRESHES_IN_FLIGHT: usize = 1024;
+
+/// The ZooKeeper backend. Cheap to clone; clones share the session and the
+/// registry of held locks.
+///
+/// Build it with [`ZooKeeperLocker::from_config`] or
+/// [`ZooKeeperLocker::from_url`]; [`crate::connect`] does the latter for
+/// `zookeeper://` URLs. See the [module docs](self) for what it guarantees
+/// and what it does not.
+#[derive(Clone)]
+pub struct ZooKeeperLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The `Arc` every lease of this locker and its clones shares.
+    leases: crate::SharedLocker,
+    /// zookeeper-client's connect string (`h1:p1,h2:p2[/chroot]`).
+    connect: String,
+    /// `user:password` for the `digest` scheme.
+    auth: Option<String>,
+    /// The ensemble, without the password, for messages.
+    ensemble: String,
+    chroot: Option<String>,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    /// Prepended to every escaped key.
+    prefix: String,
+    /// The parent of every lock path (the prefix up to its last `/`; empty
+    /// for the root).
+    parent: String,
+    /// The session the locks live on; replaced when it ends.
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    registry: Arc<Registry>,
+    /// Grants write their holder record as their node's data.
+    holder_record: bool,
+}
+
+impl fmt::Debug for ZooKeeperLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperLocker")
+            .field("ensemble", &self.inner.ensemble)
+            .field("key_prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZooKeeperLocker {
+    /// The lock path of `key` (relative to the chroot, if any): the path to
+    /// give Curator's `InterProcessMutex` or kazoo's `Lock` to share the
+    /// lock.
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: distlock::zookeeper::ZooKeeperLocker) {
+    /// assert_eq!(locker.backend_key("reports/daily"), "/distlock/locks/reports%2Fdaily");
+    /// # }
+    /// ```
+    pub fn backend_key(&self, key: &str) -> String {
+        format!("{}{}", self.inner.prefix, recipe::escape(key))
+    }
+
+    /// The prefix of every lock path this locker uses.
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The bound on [`Locker::try_lock`]: opening a session (when the last
+    /// one ended) and four requests (creating the lock path, the create,
+    /// the listing, and deleting the node again on contention).
+    /// 10 s with the default timeouts.
+    pub fn operation_bound(&self) -> Duration {
+        self.inner
+            .connect_timeout
+            .saturating_add(self.inner.request_timeout.saturating_mul(4))
+    }
+
+    /// The contender node a refresh or unlock of `key` by `owner` names.
+    fn node_of(&self, key: &str, token: &Token) -> String {
+        format!("{}/{}", self.backend_key(key), token.node)
+    }
+
+    /// Whether `owner`'s node of `key` still holds: it exists with the
+    /// token's czxid, and (when this locker granted it) is owned by the
+    /// session it was granted on.
+    async fn still_held(&self, key: &str, owner: &str) -> Result<bool> {
+        let Some(token) = Token::parse(owner) else {
+            return Ok(false);
+        };
+        let holding = self.inner.registry.session_of(owner);
+        if holding.as_ref().is_some_and(|s| s.is_closed()) {
+            return Ok(false);
+        }
+        let session = match &holding {
+            Some(session) => session.clone(),
+            None => self.inner.session().await?,
+        };
+        let Some(client) = session.client() else {
+            return Ok(false);
+        };
+        let stat = self
+            .inner
+            .request(
+                "refresh",
+                false,
+                client.check_stat(&self.node_of(key, &token)),
+            )
+            .await?;
+        Ok(stat.is_some_and(|stat| {
+            stat.czxid == token.czxid
+                && holding
+                    .as_ref()
+                    .is_none_or(|session| stat.ephemeral_owner == session.id)
+        }))
+    }
+}
+
+#[async_trait]
+impl Locker for ZooKeeperLocker {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expires: false,
+            release_notifications: false,
+            shared: false,
+            ..Capabilities::ALL
+        }
+    }
+
+    /// [`Error::Unsupported`]: ZooKeeper's read-write lock recipe is not
+    /// written yet.
+    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        Err(Error::unsupported(
+            BACKEND,
+            "try_lock_shared",
+            "shared locks are not done yet on ZooKeeper (they need the read-write lock recipe: \
+             read and write contenders under the lock path, each waiting on the older ones that \
+             conflict, as Curator's InterProcessReadWriteLock); use the memory or file backend \
+             for shared locks",
+        ))
+    }
+
+    fn backend_key(&self, key: &str) -> String {
+        ZooKeeperLocker::backend_key(self, key)
+    }
+
+    /// One attempt, bounded by [`ZooKeeperLocker::operation_bound`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a node the attempt may have created is deleted in the
+    /// background (see the [module docs](self)).
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        validate::acquire(key, ttl)?;
+        bounded(
+            BACKEND,
+            "acquire",
+            self.operation_bound(),
+            self.acquire(key, ttl, None),
+        )
+        .await
+    }
+
+    /// Waits in the lock's queue (woken by the deletion of the contender
+    /// just ahead, in FIFO order), bounded by `timeout` + [`DEADLINE_GRACE`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the waiter's node is deleted in the background.
+    async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        validate::acquire(key, ttl)?;
+        if timeout.is_zero() {
+            return match self.try_lock(key, ttl).await? {
+                Some(lease) => Ok(lease),
+                None => Err(Error::not_acquired(key)),
+            };
+        }
+        let deadline = checked_deadline(Instant::now(), timeout);
+        let limit = timeout.saturating_add(DEADLINE_GRACE);
+        match bounded(
+            BACKEND,
+            "acquire",
+            limit,
+            self.acquire(key, ttl, Some(deadline)),
+        )
+        .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: timeout,
+            }),
+        }
+    }
+
+    /// Deletes `owner`'s node of `key` (one request). A delete that fails
+    /// (no server answers) is retried in the background until a server
+    /// answers or the session ends.
+    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
+        validate::key(key)?;
+        let Some(token) = Token::parse(owner) else {
+            return Err(Error::not_held(key));
+        };
+        let held = self.inner.registry.take(owner);
+        let session = match &held {
+            Some(held) if !held.session.is_closed() => held.session.clone(),
+            // Its session ended: so did its node.
+            Some(_) => return Err(Error::not_held(key)),
+            None => self.inner.session().await?,
+        };
+        let Some(client) = session.client() else {
+            return Err(Error::not_held(key));
+        };
+        let node = self.node_of(key, &token);
+        match self.inner.call(client.delete(&node, None)).await {
+            Some(Ok(())) => Ok(()),
+            Some(Err(zookeeper_client::Error::NoNode)) => Err(Error::not_held(key)),
+            other => {
+                let error = match other {
+                    Some(Err(error)) => {
+                        errors::backend(&self.inner.ensemble, "release", error, true)
+                    }
+                    _ => errors::deadline("release", self.inner.request_timeout),
+                };
+                // Keep deleting in the background, so a lock whose session
+                // stays alive is not kept for ever.
+                let (path, name) = node.rsplit_once('/').unwrap_or(("", &node));
+                let target = Target {
+                    path: path.to_owned(),
+                    prefix: name.to_owned(),
+                    node: Some(name.to_owned()),
+                };
+                delete_in_background(client, session, target, "a failed release's");
+                Err(error)
+            }
+        }
+    }
+
+    /// One `exists` of the holder's node: its czxid and `ephemeralOwner`
+    /// must match (see the [module docs](self)). The ttl is only validated.
+    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
+        validate::acquire(key, ttl)?;
+        let held = self.still_held(key, owner).await?;
+        if !held {
+            if let Some(gone) = self.inner.registry.take(owner) {
+                gone.lost.notify(crate::LostReason::NotHeld);
+            }
+        }
+        Error::unless_held(key, held)
+    }
+
+    /// Every refresh at once (up to 1,024 in flight), pipelined on the
+    /// session's one connection: 100,000 held leases cost about 100
+    /// round-trip times per keepalive round, not 100,000.
+    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
+        let mut answers = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(REFRESHES_IN_FLIGHT) {
+            let answered = futures_util::future::join_all(
+                chunk
+                    .iter()
+                    .map(|request| self.refresh(request.key, request.owner, request.ttl)),
+            )
+            .await;
+            answers.extend(answered);
+        }
+        answers
+    }
+
+    /// Deletes `key`'s lock path if it has no contender (fencing tokens are
+    /// czxids, which nothing resets: there is nothing else to forget);
+    /// [`Error::NotAcquired`] if anyone holds or waits for `key`.
+    async fn forget(&self, key: &str) -> Result<()> {
+        validate::key(key)?;
+        let session = self.inner.session().await?;
+        let client = session
+            .client()
+            .ok_or_else(|| acquire::session_gone("forget", &session))?;
+        match self
+            .inner
+            .call(client.delete(&self.backend_key(key), None))
+            .await
+        {
+            Some(Ok(()) | Err(zookeeper_client::Error::NoNode)) => Ok(()),
+            Some(Err(zookeeper_client::Error::NotEmpty)) => Err(Error::not_acquired(key)),
+            Some(Err(error)) => Err(errors::backend(&self.inner.ensemble, "forget", error, true)),
+            None => Err(errors::deadline("forget", self.inner.request_timeout)),
+        }
+    }
+
+    /// A persistent node per mark (`<key prefix><escaped name>%mark`),
+    /// raised by `setData` with the version read (see `marks.rs`). A write
+    /// whose answer is lost leaves the outcome unknown.
+    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        let path = format!(
+            "{}{}{}",
+            self.inner.prefix,
+            recipe::escape(name),
+            recipe::MARK_SUFFIX
+        );
+        let session = self.inner.session().await?;
+        let client = session
+            .client()
+            .ok_or_else(|| acquire::session_gone("advance_mark", &session))?;
+        let raw = marks::advance(&self.inner, &client, &path, value).await?;
+        let decode = |stored: &str| {
+            decode_mark(stored).ok_or_else(|| {
+                errors::plain(
+                    "advance_mark",
+                    format!("{path} holds {stored:?}, which distlock did not write"),
+                )
+            })
+        };
+        match raw {
+            marks::Raw::Advanced { previous: None } => Ok(MarkAdvance::Advanced { previous: None }),
+            marks::Raw::Advanced {
+                previous: Some(previous),
+            } => Ok(MarkAdvance::Advanced {
+                previous: Some(decode(&previous)?),
+            }),
+            marks::Raw::AlreadyAt { current } => Ok(MarkAdvance::AlreadyAt {
+                current: decode(&current)?,
+            }),
+        }
+    }
+
+    /// Two requests: the lock path's children, and the first contender's
+    /// data and stat (see the [module docs](self#inspection)).
+    async fn inspect(&self, key: &str) -> Result<Option<inspect_api::HeldLock>> {
+        validate::key(key)?;
+        self.inspect_key(key).await
+    }
+
+    /// The children of the lock paths' parent, then [`inspect`](Locker::inspect)
+    /// of each lock under `prefix`, all pipelined.
+    async fn list(&self, prefix: &str) -> Result<Vec<inspect_api::HeldLock>> {
+        self.list_keys(prefix).await
+    }
+
+    /// [`ForceRelease::Lock`](inspect_api::ForceRelease::Lock) deletes the
+    /// holder's node, handing the lock to the next waiter;
+    /// [`ForceRelease::TerminateSession`](inspect_api::ForceRelease::TerminateSession)
+    /// is [`Error::Unsupported`] (see the [module docs](self#inspection)).
+    async fn force_release(
+        &self,
+        key: &str,
+        how: inspect_api::ForceRelease,
+    ) -> Result<Option<inspect_api::HeldLock>> {
+        validate::key(key)?;
+        self.force_release_key(key, how).await
+    }
+}

@@ -1,0 +1,7 @@
+//! The ZooKeeper backend beyond the shared conformance suite, against real
+//! ZooKeeper processes test-servers starts: the server killed, restarted
+//! and frozen under a holder, a holder process SIGKILLed, and interop with
+//! kazoo's `Lock` both ways.
+
+mod faults;
+mod interop;
