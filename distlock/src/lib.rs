@@ -219,6 +219,17 @@ pub struct Capabilities {
     /// them and they exclude it. Where false, both are
     /// [`Error::Unsupported`] with the reason.
     pub shared: bool,
+    /// With [`shared`](Self::shared): a writer waiting in [`Locker::lock`]
+    /// is queued ahead of the readers that come after it. While it waits,
+    /// [`Locker::try_lock_shared`] is contention and [`Locker::lock_shared`]
+    /// waits behind it, whichever client asks, so overlapping readers
+    /// cannot starve it (Postgres: the server queues the wait; not while
+    /// every waiter connection is in use and the writer polls). False where
+    /// a waiting writer gets the key only once no reader holds it, new
+    /// readers coming in meanwhile (memory, file, and any locker whose
+    /// `lock` is the polling loop of a [`WaitLocker`]). Meaningless without
+    /// `shared`.
+    pub writer_priority: bool,
 }
 
 impl Capabilities {
@@ -244,6 +255,7 @@ impl Capabilities {
         list: true,
         force_release: true,
         shared: true,
+        writer_priority: true,
     };
 }
 
@@ -404,11 +416,22 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// state they only read: on the file backend, concurrent readers would
     /// clobber one record.)
     ///
-    /// **A waiting writer does not block new readers** on the backends that
-    /// have shared locks now (memory, file): a writer waiting in
-    /// [`lock`](Locker::lock) polls (or is woken) and gets the key only when
-    /// no reader holds it, so a steady overlap of readers can starve it.
-    /// Each backend's docs say so; the conformance suite checks it.
+    /// **A waiting writer and new readers**: as
+    /// [`Capabilities::writer_priority`] says.
+    ///
+    /// - Where it is false (memory, file), a waiting writer does not block
+    ///   new readers: it polls (or is woken) and gets the key only when no
+    ///   reader holds it, so a steady overlap of readers can starve it.
+    /// - Where it is true (Postgres), the server queues a writer waiting in
+    ///   [`lock`](Locker::lock), and readers that come after it, from any
+    ///   client, are contention here and wait behind it in
+    ///   [`lock_shared`](Locker::lock_shared), until it has had the key:
+    ///   readers cannot starve a writer. The price, as for a
+    ///   writer-preferring `RwLock`: a reader that asks for the key again
+    ///   while it holds it (the same task, or one it waits for) can wait for
+    ///   a writer that waits for it. Do not nest readers of one key.
+    ///
+    /// Each backend's docs say which; the conformance suite checks it.
     ///
     /// The default is [`Error::Unsupported`] ([`Capabilities::shared`]
     /// false); backends without a reader mode say why.

@@ -274,7 +274,11 @@ impl Locker for MemoryLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities {
+            // A waiting writer polls (woken by releases) beside new readers.
+            writer_priority: false,
+            ..Capabilities::ALL
+        }
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {

@@ -369,8 +369,11 @@ impl<T: SqlKeys> Locker for T {
     }
 
     fn capabilities(&self) -> Capabilities {
+        let shared = <T::Dialect as Dialect>::NO_SHARED_LOCKS.is_none();
         Capabilities {
-            shared: <T::Dialect as Dialect>::NO_SHARED_LOCKS.is_none(),
+            shared,
+            // The server queues a native wait: later readers wait behind it.
+            writer_priority: shared,
             ..dialect(self).core().capabilities()
         }
     }

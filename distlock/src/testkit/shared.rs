@@ -214,11 +214,18 @@ pub async fn lock_shared_waits_for_the_writer(h: &Harness) {
     reader.release().await.expect("release the reader");
 }
 
-/// **A waiting writer does not block new readers** on every backend with
-/// shared locks today (memory, file): while a writer waits in `lock` for a
-/// reader, another client's `try_lock_shared` is granted at once. The
-/// writer gets in once both readers are gone.
-pub async fn a_waiting_writer_does_not_block_new_readers(h: &Harness) {
+/// A writer waiting in `lock`, and readers that come after it, as
+/// [`Capabilities::writer_priority`](crate::Capabilities::writer_priority)
+/// says.
+///
+/// - Without writer priority (memory, file): another client's
+///   `try_lock_shared` is granted at once while the writer waits, and the
+///   writer gets in once both readers are gone.
+/// - With it (Postgres): a later reader is contention from every client
+///   (the first reader's own included), a later `lock_shared` waits behind
+///   the writer, and the writer gets in as soon as the first reader leaves,
+///   before that waiting reader.
+pub async fn a_waiting_writer_and_later_readers(h: &Harness) {
     let (a, b, w) = (h.locker().await, h.locker().await, h.locker().await);
     let key = h.key("shared-writer-waits");
     if !has_shared_locks(&*a, &key).await {
@@ -228,17 +235,56 @@ pub async fn a_waiting_writer_does_not_block_new_readers(h: &Harness) {
     let writer = spawn_writer(&w, &key);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished(), "the writer waits for the reader");
-    let late = acquire_shared(&*b, &key, LONG_TTL).await;
-    first.release().await.expect("release the first reader");
+    if !a.capabilities().writer_priority {
+        let late = acquire_shared(&*b, &key, LONG_TTL).await;
+        first.release().await.expect("release the first reader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!writer.is_finished(), "the late reader still holds the key");
+        late.release().await.expect("release the late reader");
+        let (lease, _) = writer.await.expect("writer task");
+        lease
+            .expect("the writer gets the key once both readers left")
+            .release()
+            .await
+            .expect("release the writer");
+        return;
+    }
+    let queued = "a writer waits: later readers queue behind it";
+    assert_shared_contended(&*b, &key, queued).await;
+    assert_shared_contended(&*a, &key, queued).await;
+    let late = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = b.lock_shared(&key, LONG_TTL, Duration::from_secs(10)).await;
+            (lease, Instant::now())
+        })
+    };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!writer.is_finished(), "the late reader still holds the key");
-    late.release().await.expect("release the late reader");
-    let (lease, _) = writer.await.expect("writer task");
-    lease
-        .expect("the writer gets the key once both readers left")
-        .release()
-        .await
-        .expect("release the writer");
+    assert!(
+        !late.is_finished(),
+        "a later lock_shared waits behind the writer"
+    );
+    let released = Instant::now();
+    first.release().await.expect("release the first reader");
+    let (lease, at) = writer.await.expect("writer task");
+    let lease = lease.expect("the writer gets the key when the first reader leaves");
+    assert!(
+        at.saturating_duration_since(released) < WAKE_WITHIN,
+        "the writer got in {:?} after the reader left",
+        at.saturating_duration_since(released)
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!late.is_finished(), "the later reader waits for the writer");
+    let writer_left = Instant::now();
+    lease.release().await.expect("release the writer");
+    let (reader, at) = late.await.expect("reader task");
+    let reader = reader.expect("the later reader gets the key after the writer");
+    assert!(
+        at.saturating_duration_since(writer_left) < WAKE_WITHIN,
+        "the later reader got in {:?} after the writer left",
+        at.saturating_duration_since(writer_left)
+    );
+    reader.release().await.expect("release the later reader");
 }
 
 /// A shared lease dropped without `release` is released: a writer waiting
