@@ -733,4 +733,100 @@ mod tests {
         let third = lease();
         assert!(registry.grant(9, held(&third, &waiter_session)).is_err());
     }
+
+    fn reader(lease: &Lease, owner: &str, session: &Arc<FakeSession>) -> Reader<FakeSession> {
+        Reader {
+            held: Held {
+                owner: owner.into(),
+                session: session.clone(),
+                lost: lease.lost_notifier(),
+            },
+            fencing_token: Some(5),
+        }
+    }
+
+    /// Readers of one key: the first on a session attempts, later ones join
+    /// its hold, only the last to leave a session releases it there, an
+    /// exclusive attempt is refused beside them, a reader beside an
+    /// exclusive hold, and a reader waits for an attempt in flight.
+    #[test]
+    fn readers_join_one_hold_per_session_and_the_last_releases_it() {
+        let (shared, waiter) = (
+            Arc::new(FakeSession {
+                id: 1,
+                ..FakeSession::default()
+            }),
+            Arc::new(FakeSession {
+                id: 2,
+                ..FakeSession::default()
+            }),
+        );
+        let registry = Registry::<i64, FakeSession>::new("test");
+        let ForReader::Attempt(ticket) = registry.reserve_shared(7, shared.id).unwrap() else {
+            panic!("nobody holds it: an attempt");
+        };
+        assert_eq!(
+            registry.reserve_shared(7, shared.id),
+            Ok(ForReader::Settling)
+        );
+        let (a, b, c) = (lease(), lease(), lease());
+        registry.grant_shared(7, reader(&a, "a", &shared)).unwrap();
+        registry.release(ticket);
+        assert_eq!(
+            registry.reserve_shared(7, shared.id),
+            Ok(ForReader::Join {
+                fencing_token: Some(5)
+            })
+        );
+        assert!(registry.join(&7, reader(&b, "b", &shared)));
+        // A native wait's reader, on a connection of its own.
+        registry.grant_shared(7, reader(&c, "c", &waiter)).unwrap();
+        assert_eq!(registry.held_count(), 3);
+        assert_eq!(
+            registry.reserve(7),
+            Err(Busy::Contended),
+            "no writer beside readers"
+        );
+        assert_eq!(registry.session_of(&7, "c").map(|s| s.id), Some(2));
+
+        let (_, hold) = registry.take_hold(&7, "a").unwrap();
+        assert_eq!(
+            hold,
+            Hold::Shared {
+                last_on_session: false
+            },
+            "b is still on it"
+        );
+        let (_, hold) = registry.take_hold(&7, "c").unwrap();
+        assert_eq!(
+            hold,
+            Hold::Shared {
+                last_on_session: true
+            },
+            "alone on its session"
+        );
+        // The shared session's death loses the reader left on it.
+        registry.session_closed(shared.id, "test", Duration::ZERO);
+        assert_eq!(b.lost_signal().reason(), Some(LostReason::ConnectionLost));
+        assert_eq!(registry.held_count(), 0);
+        assert!(
+            !registry.join(&7, reader(&lease(), "d", &shared)),
+            "no hold to join"
+        );
+
+        // An exclusive hold refuses readers; a shared grant displaces it as
+        // stale (the server granted the key shared, so it is gone).
+        let writer = lease();
+        let ticket = registry.reserve(8).unwrap();
+        registry.grant(8, held(&writer, &shared)).unwrap();
+        registry.release(ticket);
+        assert_eq!(registry.reserve_shared(8, shared.id), Err(Busy::Contended));
+        registry
+            .grant_shared(8, reader(&lease(), "e", &waiter))
+            .unwrap();
+        assert_eq!(
+            writer.lost_signal().reason(),
+            Some(LostReason::ConnectionLost)
+        );
+    }
 }

@@ -486,6 +486,32 @@ mod tests {
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
         assert!(!sql.wait(7, 100, 5000, "ab", &record).contains("INSERT"));
         assert!(!sql.try_lock.contains("INSERT"));
+        assert!(sql.reader_token.is_none());
+    }
+
+    #[test]
+    fn readers_never_write_the_fencing_table() {
+        let sql = Sql::new(Some(&FencingTable::default()));
+        let reader_statements = [
+            sql.try_lock_shared.as_str(),
+            sql.reader_token.as_deref().unwrap_or_default(),
+            sql.unlock_shared.as_str(),
+            sql.unlock_shared_if_held.as_str(),
+            sql.writer_queued.as_str(),
+        ];
+        for text in reader_statements
+            .into_iter()
+            .chain([sql.wait_shared(-5, 250, 5000).as_str()])
+        {
+            for write in ["INSERT", "UPDATE", "DELETE", "FOR UPDATE", "FOR SHARE"] {
+                assert!(!text.contains(write), "{text}");
+            }
+        }
+        assert_eq!(
+            sql.wait_shared(-5, 250, 5000),
+            "SET lock_timeout = 250; SELECT pg_advisory_lock_shared('-5'::int8); \
+             SET lock_timeout = 5000;"
+        );
     }
 
     #[test]
