@@ -161,9 +161,10 @@ pub(crate) struct RunArgs {
     /// of `--shared` runs of KEY hold it at once, and none while an
     /// exclusive `run` holds it (nor an exclusive one while any of them
     /// does). Everything else (supervision, --wait, exit codes) is as for
-    /// an exclusive run. A waiting exclusive run does not hold new readers
-    /// back. On a backend without shared locks (Redis, Redlock, etcd,
-    /// Postgres, MySQL for now) it exits 64 with the reason.
+    /// an exclusive run. A waiting exclusive run holds new readers back on
+    /// Postgres (the server queues it), not on file. On a backend without
+    /// shared locks (Redis, Redlock, etcd, MySQL for now) it exits 64 with
+    /// the reason.
     #[arg(long, conflicts_with = "limit")]
     pub(crate) shared: bool,
 
