@@ -540,12 +540,18 @@ impl Dialect for Inner {
         ids: &[&i64],
     ) -> impl Future<Output = Result<Vec<bool>>> + Send + use<'s> {
         let ids: Vec<i64> = ids.iter().map(|&&id| id).collect();
+        // Each key once: readers of one locker on one session share its one
+        // hold, and `EXCEPT ALL` would count a key asked twice but held once
+        // as lost.
+        let mut asked = ids.clone();
+        asked.sort_unstable();
+        asked.dedup();
         async move {
             let target = &self.settings.target;
-            let context = || format!("verify {} held locks on {target}", ids.len());
+            let context = || format!("verify {} held locks on {target}", asked.len());
             let limit = self.settings.query_timeout;
             let lost: HashSet<i64> =
-                errors::within("refresh", limit, context, session.lost_among(&ids))
+                errors::within("refresh", limit, context, session.lost_among(&asked))
                     .await?
                     .into_iter()
                     .collect();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use distlock::inspect::ForceRelease;
 use distlock::postgres::{advisory_key, lock_shared_xact, try_lock_shared_xact, try_lock_xact};
-use distlock::{Error, Locker, LostReason};
+use distlock::{Error, Locker, LostReason, RefreshRequest};
 use futures_util::FutureExt;
 use test_servers::{unique_key, PostgresServer};
 use tokio::time::Instant;
@@ -99,6 +99,25 @@ async fn readers_of_one_locker_share_one_server_hold_released_by_the_last() {
         locker.forget(&key).await,
         Err(Error::NotAcquired { .. })
     ));
+
+    // Both confirmed in one keepalive batch, though the server holds the
+    // key once for them.
+    let batch = [
+        RefreshRequest {
+            key: &key,
+            owner: first.owner(),
+            ttl: TTL,
+        },
+        RefreshRequest {
+            key: &key,
+            owner: second.owner(),
+            ttl: TTL,
+        },
+    ];
+    for answer in locker.refresh_many(&batch).await {
+        answer.expect("each reader confirmed");
+    }
+    assert!(!first.is_lost() && !second.is_lost());
 
     // Each is refreshed (asking the server) and released on its own; the
     // server's hold goes with the last.
