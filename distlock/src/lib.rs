@@ -100,10 +100,12 @@
 //!   mode (`flock(LOCK_SH)`, a reader count beside the exclusive entry), so
 //!   they are trait methods, not a module over [`Locker`]: override
 //!   [`Locker::try_lock_shared`] (and [`Locker::lock_shared`] for a
-//!   server-side wait), set [`Capabilities::shared`], and make
-//!   [`Locker::unlock`] and [`Locker::refresh`] find shared holders by
-//!   their owner token too; the suite's shared checks (`testkit/shared.rs`)
-//!   then run on it.
+//!   server-side wait), set [`Capabilities::shared`] (and
+//!   [`Capabilities::writer_priority`]: does a waiting writer hold later
+//!   readers back?), and make [`Locker::unlock`] and [`Locker::refresh`]
+//!   find shared holders by their owner token too; the suite's shared
+//!   checks (`testkit/shared.rs`) then run on it. A SQL dialect implements
+//!   the shared steps of its `Dialect` (Postgres: `postgres/dialect.rs`).
 //! - **Cross-cutting behaviour**: a wrapper like [`MetricsLocker`], with
 //!   the pass-through methods from `forward.rs`.
 

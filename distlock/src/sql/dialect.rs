@@ -313,7 +313,8 @@ macro_rules! sql_locker {
                 config.builder()?.build().await
             }
 
-            /// How many locks this locker (and its clones) holds right now.
+            /// How many locks this locker (and its clones) holds right now
+            /// (each shared lease counts).
             pub fn held_count(&self) -> usize {
                 self.inner.core.registry.held_count()
             }
