@@ -19,7 +19,7 @@ use super::keys::LockKey;
 use super::pool::Connect;
 use super::session::{Session, WaitError};
 use super::Inner;
-use crate::deadline::bounded;
+use crate::deadline::{bounded, saturating_deadline};
 use crate::inspect::HeldLock;
 use crate::session_registry::{Busy, ForReader};
 use crate::sql::core::{Core, Tried, WaitGuard, WaitOn};
@@ -174,7 +174,7 @@ impl Dialect for Inner {
     ) -> Result<Tried> {
         let session = self.core.pool.shared(&lock.id).await?;
         let registry = &self.core.registry;
-        let give_up_at = Instant::now() + self.settings.query_timeout;
+        let give_up_at = saturating_deadline(Instant::now(), self.settings.query_timeout);
         loop {
             let settled = registry.settled();
             tokio::pin!(settled);
