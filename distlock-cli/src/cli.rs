@@ -162,9 +162,9 @@ pub(crate) struct RunArgs {
     /// exclusive `run` holds it (nor an exclusive one while any of them
     /// does). Everything else (supervision, --wait, exit codes) is as for
     /// an exclusive run. A waiting exclusive run holds new readers back on
-    /// etcd (readers and writers queue in order), not on memory or file. On
-    /// a backend without shared locks (Redis, Redlock, Postgres, MySQL for
-    /// now) it exits 64 with the reason.
+    /// Postgres (the server queues it) and etcd (readers and writers queue
+    /// in order), not on file. On a backend without shared locks (Redis,
+    /// Redlock, MySQL, ZooKeeper for now) it exits 64 with the reason.
     #[arg(long, conflicts_with = "limit")]
     pub(crate) shared: bool,
 

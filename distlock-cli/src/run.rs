@@ -27,6 +27,9 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     // secret-looking values redacted (it is stored beside the lock).
     inspect::set_process_label(inspect::command_label(&args.command));
     let wait = effective_wait(args.wait);
+    // Whether a refused reader may have met a waiting writer rather than a
+    // holder (Postgres queues a writer's wait ahead of later readers).
+    let mut writer_priority = false;
     let acquired = match args.wait {
         // With --wait, one deadline bounds connecting and acquiring: a
         // server that does not answer is an outage once the wait is over,
@@ -54,6 +57,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                     Ok(Err(error)) => return fail(&error),
                     Err(_) => return unanswered("connecting; nothing was acquired"),
                 };
+            writer_priority = locker.capabilities().writer_priority;
             let left = wait.saturating_sub(started.elapsed());
             // The library returns within `left + DEADLINE_GRACE` whatever the
             // server does; this only guards against a backend that does not.
@@ -73,6 +77,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         None => {
             async {
                 let locker = open(&args.backend).await?;
+                writer_priority = locker.capabilities().writer_priority;
                 let lease = acquire(&locker, &args, wait).await?;
                 Ok::<_, Error>((locker, lease))
             }
@@ -94,9 +99,13 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                     args.key
                 ),
                 None => {
-                    let how = if args.shared { " exclusively" } else { "" };
+                    let (how, or) = match (args.shared, writer_priority) {
+                        (true, true) => (" exclusively", ", or an exclusive run waits for it"),
+                        (true, false) => (" exclusively", ""),
+                        (false, _) => ("", ""),
+                    };
                     eprintln!(
-                        "distlock: lock {:?} is held{how} elsewhere{waited}",
+                        "distlock: lock {:?} is held{how} elsewhere{or}{waited}",
                         args.key
                     );
                 }

@@ -102,10 +102,11 @@
 //!   they are trait methods, not a module over [`Locker`]: override
 //!   [`Locker::try_lock_shared`] (and [`Locker::lock_shared`] for a
 //!   server-side wait), set [`Capabilities::shared`] (and
-//!   [`Capabilities::shared_fair`] to the order it keeps), and make
-//!   [`Locker::unlock`] and [`Locker::refresh`] find shared holders by
-//!   their owner token too; the suite's shared checks (`testkit/shared.rs`)
-//!   then run on it.
+//!   [`Capabilities::writer_priority`]: does a waiting writer hold later
+//!   readers back?), and make [`Locker::unlock`] and [`Locker::refresh`]
+//!   find shared holders by their owner token too; the suite's shared
+//!   checks (`testkit/shared.rs`) then run on it. A SQL dialect implements
+//!   the shared steps of its `Dialect` (Postgres: `postgres/dialect.rs`).
 //! - **Cross-cutting behaviour**: a wrapper like [`MetricsLocker`], with
 //!   the pass-through methods from `forward.rs`.
 
@@ -223,14 +224,18 @@ pub struct Capabilities {
     /// them and they exclude it. Where false, both are
     /// [`Error::Unsupported`] with the reason.
     pub shared: bool,
-    /// Shared and exclusive requests are served in the order they queue: a
-    /// writer waiting in [`Locker::lock`] holds back the readers that come
-    /// after it (their [`Locker::try_lock_shared`] is contention, their
-    /// [`Locker::lock_shared`] waits behind it), so readers cannot starve
-    /// it (etcd). False where a waiting writer does not block new readers
-    /// (memory, file), and through a [`WaitLocker`], whose waits poll.
-    /// Meaningful only where [`shared`](Self::shared) is true.
-    pub shared_fair: bool,
+    /// With [`shared`](Self::shared): a writer waiting in [`Locker::lock`]
+    /// is queued ahead of the readers that come after it. While it waits,
+    /// [`Locker::try_lock_shared`] is contention and [`Locker::lock_shared`]
+    /// waits behind it, whichever client asks, so overlapping readers
+    /// cannot starve it (Postgres: the server queues the wait, not while
+    /// every waiter connection is in use and the writer polls; etcd:
+    /// readers and writers queue in revision order). False where
+    /// a waiting writer gets the key only once no reader holds it, new
+    /// readers coming in meanwhile (memory, file, and any locker whose
+    /// `lock` is the polling loop of a [`WaitLocker`]). Meaningless without
+    /// `shared`.
+    pub writer_priority: bool,
 }
 
 impl Capabilities {
@@ -256,7 +261,7 @@ impl Capabilities {
         list: true,
         force_release: true,
         shared: true,
-        shared_fair: true,
+        writer_priority: true,
     };
 }
 
@@ -472,14 +477,22 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// state they only read: on the file backend, concurrent readers would
     /// clobber one record.)
     ///
-    /// **Whether a waiting writer blocks new readers** is the backend's, and
-    /// [`Capabilities::shared_fair`] says which. On memory and file it does
-    /// not: a writer waiting in [`lock`](Locker::lock) polls (or is woken)
-    /// and gets the key only when no reader holds it, so a steady overlap
-    /// of readers can starve it. On etcd it does: readers and writers queue
-    /// in etcd's revision order, a reader waits for every writer queued
-    /// before it, and a writer for every key. Each backend's docs say
-    /// which; the conformance suite checks it.
+    /// **A waiting writer and new readers**: as
+    /// [`Capabilities::writer_priority`] says.
+    ///
+    /// - Where it is false (memory, file), a waiting writer does not block
+    ///   new readers: it polls (or is woken) and gets the key only when no
+    ///   reader holds it, so a steady overlap of readers can starve it.
+    /// - Where it is true (Postgres, etcd), the server queues a writer waiting in
+    ///   [`lock`](Locker::lock), and readers that come after it, from any
+    ///   client, are contention here and wait behind it in
+    ///   [`lock_shared`](Locker::lock_shared), until it has had the key:
+    ///   readers cannot starve a writer. The price, as for a
+    ///   writer-preferring `RwLock`: a reader that asks for the key again
+    ///   while it holds it (the same task, or one it waits for) can wait for
+    ///   a writer that waits for it. Do not nest readers of one key.
+    ///
+    /// Each backend's docs say which; the conformance suite checks it.
     ///
     /// The default is [`Error::Unsupported`] ([`Capabilities::shared`]
     /// false); backends without a reader mode say why.

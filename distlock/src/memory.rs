@@ -275,8 +275,8 @@ impl Locker for MemoryLocker {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            // A waiting writer does not block new readers.
-            shared_fair: false,
+            // A waiting writer polls (woken by releases) beside new readers.
+            writer_priority: false,
             ..Capabilities::ALL
         }
     }

@@ -37,6 +37,22 @@
 //!   other session, this locker's included, and grants it only once the key
 //!   is free there. Only its grant is recorded (`held`), beside whatever
 //!   reservation an attempt on the shared session has.
+//! - **Shared (reader) holds.** A key is held either by one exclusive
+//!   holder or by any number of readers, each a lease of its own (owner
+//!   token, session, lost signal). The server holds a key shared **once per
+//!   session**, however many readers of this locker are on that session:
+//!   the first reader's attempt takes it (reserved like any attempt, so an
+//!   abandoned one is cleaned up exactly), later readers on the same session
+//!   *join* that hold without a server lock of their own
+//!   ([`Registry::reserve_shared`], [`Registry::join`]), and only the last
+//!   reader on a session to leave releases it there
+//!   ([`Hold::Shared`]`{ last_on_session }`). One hold per session, not one
+//!   per reader, because the server counts re-entrant holds but cannot say
+//!   how many a session has: an abandoned attempt's cleanup could not tell
+//!   whether its own hold is among them. An exclusive attempt is refused
+//!   while this locker has a reader of the key (a server would grant it
+//!   re-entrantly on the reader's session), and a reader while it holds the
+//!   key exclusively.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +62,9 @@ use std::time::Duration;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 
 use crate::{Error, LostNotifier, LostReason};
 
@@ -63,6 +82,10 @@ pub(crate) struct Registry<K, S> {
     backend: &'static str,
     entries: Mutex<HashMap<K, Entry<S>>>,
     next_ticket: AtomicU64,
+    /// Notified whenever a reservation ends ([`Registry::release`]): a
+    /// reader waiting for an attempt in flight ([`ForReader::Settling`])
+    /// asks again then.
+    settled: Notify,
 }
 
 impl<K, S> fmt::Debug for Registry<K, S> {
@@ -82,7 +105,10 @@ impl<K, S> fmt::Debug for Registry<K, S> {
 struct Entry<S> {
     /// The ticket of the attempt in flight (or being cleaned up).
     attempt: Option<(u64, Reservation)>,
+    /// The exclusive hold, if any.
     held: Option<Held<S>>,
+    /// The shared holds, one per reader (never beside `held`).
+    readers: Vec<Reader<S>>,
 }
 
 impl<S> Default for Entry<S> {
@@ -90,24 +116,52 @@ impl<S> Default for Entry<S> {
         Entry {
             attempt: None,
             held: None,
+            readers: Vec::new(),
         }
     }
 }
 
-impl<S> Entry<S> {
+impl<S: HoldingSession> Entry<S> {
     fn is_empty(&self) -> bool {
-        self.attempt.is_none() && self.held.is_none()
+        self.attempt.is_none() && self.held.is_none() && self.readers.is_empty()
     }
 
     /// A hold wins over a pending cleanup: the key is then held here (the
     /// server granted it to that session alone, so the abandoned attempt
-    /// cannot hold it too), and "contention" is the truth.
+    /// cannot hold it too), and "contention" is the truth. Readers are a
+    /// hold too: an exclusive attempt is refused beside them.
     fn busy(&self) -> Option<Busy> {
-        match (self.attempt, &self.held) {
-            (_, Some(_)) | (Some((_, Reservation::InFlight)), None) => Some(Busy::Contended),
-            (Some((_, Reservation::CleaningUp)), None) => Some(Busy::CleaningUp),
-            (None, None) => None,
+        if self.held.is_some() || !self.readers.is_empty() {
+            return Some(Busy::Contended);
         }
+        match self.attempt {
+            Some((_, Reservation::InFlight)) => Some(Busy::Contended),
+            Some((_, Reservation::CleaningUp)) => Some(Busy::CleaningUp),
+            None => None,
+        }
+    }
+
+    /// A live reader on session `session_id`, if any: the session holds
+    /// the key shared.
+    fn reader_on(&self, session_id: u64) -> Option<&Reader<S>> {
+        self.readers
+            .iter()
+            .find(|r| r.held.session.id() == session_id && !r.held.session.is_closed())
+    }
+
+    /// Removes `owner`'s hold, exclusive or shared, saying which.
+    fn take_hold(&mut self, owner: &str) -> Option<(Held<S>, Hold)> {
+        if self.held.as_ref().is_some_and(|held| held.owner == owner) {
+            return self.held.take().map(|held| (held, Hold::Exclusive));
+        }
+        let index = self.readers.iter().position(|r| r.held.owner == owner)?;
+        let reader = self.readers.swap_remove(index);
+        let session_id = reader.held.session.id();
+        let last_on_session = self
+            .readers
+            .iter()
+            .all(|r| r.held.session.id() != session_id);
+        Some((reader.held, Hold::Shared { last_on_session }))
     }
 }
 
@@ -116,6 +170,41 @@ pub(crate) struct Held<S> {
     pub(crate) owner: String,
     pub(crate) session: Arc<S>,
     pub(crate) lost: LostNotifier,
+}
+
+/// A shared hold this locker has: the reader's lease, and the fencing token
+/// it carries (the key's counter when its session took the key shared;
+/// unchanged while the session holds it, since no writer can be granted
+/// meanwhile), which a reader joining the same session's hold carries too.
+pub(crate) struct Reader<S> {
+    pub(crate) held: Held<S>,
+    pub(crate) fencing_token: Option<u64>,
+}
+
+/// What kind of hold [`Registry::take_hold`] removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// The exclusive hold: the server lock is to be released.
+    Exclusive,
+    /// A reader's. Only when it was the last reader on its session is the
+    /// server's shared lock (one per session) to be released; otherwise the
+    /// readers left on that session still need it.
+    Shared { last_on_session: bool },
+}
+
+/// How a reader of a key may proceed ([`Registry::reserve_shared`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ForReader<K> {
+    /// The session already holds the key shared for a reader of this
+    /// locker: a new reader joins that hold ([`Registry::join`]), carrying
+    /// its fencing token. No server lock is taken for it.
+    Join { fencing_token: Option<u64> },
+    /// Nobody here holds it shared on that session: one attempt, reserved.
+    Attempt(Ticket<K>),
+    /// Another attempt of this locker on the key is in flight: its outcome
+    /// decides (a reader may then join it); ask again once it settles
+    /// ([`Registry::settled`]).
+    Settling,
 }
 
 /// A reservation of one key: proof that no other attempt of this locker is
@@ -176,6 +265,7 @@ where
             backend,
             entries: Mutex::default(),
             next_ticket: AtomicU64::new(0),
+            settled: Notify::new(),
         }
     }
 
@@ -198,6 +288,56 @@ where
         Ok(Ticket { key, id })
     }
 
+    /// How a reader of `key` on session `session_id` (the key's shared
+    /// session) may proceed: join the shared hold a reader of this locker
+    /// has there, make the one attempt (reserved as [`reserve`](Self::reserve)
+    /// reserves), or wait for an attempt in flight to settle. Refused
+    /// ([`Busy::Contended`]) while this locker holds the key exclusively,
+    /// and ([`Busy::CleaningUp`]) while an abandoned attempt is cleaned up.
+    pub(crate) fn reserve_shared(&self, key: K, session_id: u64) -> Result<ForReader<K>, Busy> {
+        let mut entries = self.entries();
+        let entry = entries.entry(key.clone()).or_default();
+        if entry.held.is_some() {
+            return Err(Busy::Contended);
+        }
+        match entry.attempt {
+            Some((_, Reservation::InFlight)) => return Ok(ForReader::Settling),
+            Some((_, Reservation::CleaningUp)) => return Err(Busy::CleaningUp),
+            None => {}
+        }
+        if let Some(reader) = entry.reader_on(session_id) {
+            return Ok(ForReader::Join {
+                fencing_token: reader.fencing_token,
+            });
+        }
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        entry.attempt = Some((id, Reservation::InFlight));
+        Ok(ForReader::Attempt(Ticket { key, id }))
+    }
+
+    /// Records `reader` as joining the shared hold of `key` on its session,
+    /// if a live reader of this locker still holds it there (else `false`:
+    /// the last one left meanwhile, and the server lock with it; make an
+    /// attempt instead).
+    pub(crate) fn join(&self, key: &K, reader: Reader<S>) -> bool {
+        let mut entries = self.entries();
+        let Some(entry) = entries.get_mut(key) else {
+            return false;
+        };
+        if entry.held.is_some() || entry.reader_on(reader.held.session.id()).is_none() {
+            return false;
+        }
+        entry.readers.push(reader);
+        true
+    }
+
+    /// Resolves once a reservation of any key ends: enable it, then ask
+    /// [`reserve_shared`](Self::reserve_shared) again, so that a reservation
+    /// ending in between is not missed.
+    pub(crate) fn settled(&self) -> Notified<'_> {
+        self.settled.notified()
+    }
+
     /// Marks `ticket`'s attempt abandoned: its reservation stays until
     /// [`release`](Self::release), after the cleanup.
     pub(crate) fn cleaning_up(&self, ticket: Ticket<K>) {
@@ -218,6 +358,7 @@ where
                 entry.attempt = None;
             }
         });
+        self.settled.notify_waiters();
     }
 
     /// Why `key` cannot be reserved right now, if it cannot.
@@ -228,8 +369,9 @@ where
     /// Records a granted lock. A reservation of the key stays in place.
     ///
     /// The server granted `key` to `held.session`, so no other session holds
-    /// it: a lock still recorded here is on a session that died without its
-    /// death being processed yet. That lease is lost, and is told so now.
+    /// it: a lock still recorded here (exclusive or shared) is on a session
+    /// that died without its death being processed yet. That lease is lost,
+    /// and is told so now.
     ///
     /// Fails if the session has died since: its death was (or is being)
     /// processed without this entry, so recording it would leave a lease that
@@ -240,29 +382,67 @@ where
             if held.session.is_closed() {
                 return Err(SessionClosed);
             }
-            entries.entry(key.clone()).or_default().held.replace(held)
+            let entry = entries.entry(key.clone()).or_default();
+            let mut stale: Vec<Held<S>> = entry.readers.drain(..).map(|r| r.held).collect();
+            stale.extend(entry.held.replace(held));
+            stale
         };
-        if let Some(stale) = displaced {
-            tracing::warn!(
-                component = "distlock",
-                backend = self.backend,
-                server_key = ?key,
-                "a lock was granted while this locker still recorded it as held on another session; that lease is lost"
-            );
-            // Outside the map's lock: firing a lost signal may run callbacks.
-            stale.lost.notify(LostReason::ConnectionLost);
-        }
+        self.lose_displaced(&key, displaced);
         Ok(())
     }
 
-    /// Removes and returns the lock on `key` if `owner` holds it here.
-    pub(crate) fn take(&self, key: &K, owner: &str) -> Option<Held<S>> {
-        let mut taken = None;
-        self.update(key, |entry| {
-            if entry.held.as_ref().is_some_and(|held| held.owner == owner) {
-                taken = entry.held.take();
+    /// Records a granted shared hold of `key` (one attempt's or one native
+    /// wait's; a reader joining a hold is [`join`](Self::join)). A
+    /// reservation of the key stays in place.
+    ///
+    /// The server granted it shared to `reader`'s session, so no session
+    /// holds it exclusively: an exclusive hold still recorded here is on a
+    /// dead session, and its lease is told so now. Fails as
+    /// [`grant`](Self::grant) does.
+    pub(crate) fn grant_shared(&self, key: K, reader: Reader<S>) -> Result<(), SessionClosed> {
+        let displaced = {
+            let mut entries = self.entries();
+            if reader.held.session.is_closed() {
+                return Err(SessionClosed);
             }
-        });
+            let entry = entries.entry(key.clone()).or_default();
+            entry.readers.push(reader);
+            entry.held.take()
+        };
+        self.lose_displaced(&key, displaced.into_iter().collect());
+        Ok(())
+    }
+
+    /// Tells the leases of holds a grant showed to be stale that they are
+    /// lost, outside the map's lock (a lost signal may run callbacks).
+    fn lose_displaced(&self, key: &K, displaced: Vec<Held<S>>) {
+        if displaced.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            component = "distlock",
+            backend = self.backend,
+            server_key = ?key,
+            leases = displaced.len(),
+            "a lock was granted while this locker still recorded a conflicting hold of it on another session; that lease is lost"
+        );
+        for stale in displaced {
+            stale.lost.notify(LostReason::ConnectionLost);
+        }
+    }
+
+    /// Removes and returns the lock on `key` if `owner` holds it here,
+    /// exclusive or shared.
+    pub(crate) fn take(&self, key: &K, owner: &str) -> Option<Held<S>> {
+        self.take_hold(key, owner).map(|(held, _)| held)
+    }
+
+    /// [`take`](Self::take), saying what kind of hold it was and, for a
+    /// reader, whether it was the last on its session (so the server lock
+    /// is to be released: see [`Hold`]).
+    pub(crate) fn take_hold(&self, key: &K, owner: &str) -> Option<(Held<S>, Hold)> {
+        let mut taken = None;
+        self.update(key, |entry| taken = entry.take_hold(owner));
         taken
     }
 
@@ -295,11 +475,17 @@ where
         Some((held, Some(Ticket { key, id })))
     }
 
-    /// The session holding `key` for `owner`, if this locker holds it.
+    /// The session holding `key` for `owner` (exclusive or shared), if this
+    /// locker holds it.
     pub(crate) fn session_of(&self, key: &K, owner: &str) -> Option<Arc<S>> {
         let entries = self.entries();
-        let held = entries.get(key)?.held.as_ref()?;
-        (held.owner == owner).then(|| held.session.clone())
+        let entry = entries.get(key)?;
+        let held = entry
+            .held
+            .iter()
+            .chain(entry.readers.iter().map(|r| &r.held))
+            .find(|held| held.owner == owner)?;
+        Some(held.session.clone())
     }
 
     /// The keepalive batch ([`Locker::refresh_many`](crate::Locker::refresh_many))
@@ -410,6 +596,13 @@ where
             {
                 lost.extend(entry.held.take().map(|held| held.lost));
             }
+            entry.readers.retain(|reader| {
+                let on_it = reader.held.session.id() == session_id;
+                if on_it {
+                    lost.push(reader.held.lost.clone());
+                }
+                !on_it
+            });
             !entry.is_empty()
         });
         if !lost.is_empty() {
@@ -439,13 +632,13 @@ where
         }
     }
 
-    /// How many locks this locker holds.
+    /// How many locks this locker holds (each reader of a key counts).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn held_count(&self) -> usize {
         self.entries()
             .values()
-            .filter(|entry| entry.held.is_some())
-            .count()
+            .map(|entry| usize::from(entry.held.is_some()) + entry.readers.len())
+            .sum()
     }
 }
 
@@ -539,5 +732,101 @@ mod tests {
         waiter_session.closed.store(true, Ordering::SeqCst);
         let third = lease();
         assert!(registry.grant(9, held(&third, &waiter_session)).is_err());
+    }
+
+    fn reader(lease: &Lease, owner: &str, session: &Arc<FakeSession>) -> Reader<FakeSession> {
+        Reader {
+            held: Held {
+                owner: owner.into(),
+                session: session.clone(),
+                lost: lease.lost_notifier(),
+            },
+            fencing_token: Some(5),
+        }
+    }
+
+    /// Readers of one key: the first on a session attempts, later ones join
+    /// its hold, only the last to leave a session releases it there, an
+    /// exclusive attempt is refused beside them, a reader beside an
+    /// exclusive hold, and a reader waits for an attempt in flight.
+    #[test]
+    fn readers_join_one_hold_per_session_and_the_last_releases_it() {
+        let (shared, waiter) = (
+            Arc::new(FakeSession {
+                id: 1,
+                ..FakeSession::default()
+            }),
+            Arc::new(FakeSession {
+                id: 2,
+                ..FakeSession::default()
+            }),
+        );
+        let registry = Registry::<i64, FakeSession>::new("test");
+        let ForReader::Attempt(ticket) = registry.reserve_shared(7, shared.id).unwrap() else {
+            panic!("nobody holds it: an attempt");
+        };
+        assert_eq!(
+            registry.reserve_shared(7, shared.id),
+            Ok(ForReader::Settling)
+        );
+        let (a, b, c) = (lease(), lease(), lease());
+        registry.grant_shared(7, reader(&a, "a", &shared)).unwrap();
+        registry.release(ticket);
+        assert_eq!(
+            registry.reserve_shared(7, shared.id),
+            Ok(ForReader::Join {
+                fencing_token: Some(5)
+            })
+        );
+        assert!(registry.join(&7, reader(&b, "b", &shared)));
+        // A native wait's reader, on a connection of its own.
+        registry.grant_shared(7, reader(&c, "c", &waiter)).unwrap();
+        assert_eq!(registry.held_count(), 3);
+        assert_eq!(
+            registry.reserve(7),
+            Err(Busy::Contended),
+            "no writer beside readers"
+        );
+        assert_eq!(registry.session_of(&7, "c").map(|s| s.id), Some(2));
+
+        let (_, hold) = registry.take_hold(&7, "a").unwrap();
+        assert_eq!(
+            hold,
+            Hold::Shared {
+                last_on_session: false
+            },
+            "b is still on it"
+        );
+        let (_, hold) = registry.take_hold(&7, "c").unwrap();
+        assert_eq!(
+            hold,
+            Hold::Shared {
+                last_on_session: true
+            },
+            "alone on its session"
+        );
+        // The shared session's death loses the reader left on it.
+        registry.session_closed(shared.id, "test", Duration::ZERO);
+        assert_eq!(b.lost_signal().reason(), Some(LostReason::ConnectionLost));
+        assert_eq!(registry.held_count(), 0);
+        assert!(
+            !registry.join(&7, reader(&lease(), "d", &shared)),
+            "no hold to join"
+        );
+
+        // An exclusive hold refuses readers; a shared grant displaces it as
+        // stale (the server granted the key shared, so it is gone).
+        let writer = lease();
+        let ticket = registry.reserve(8).unwrap();
+        registry.grant(8, held(&writer, &shared)).unwrap();
+        registry.release(ticket);
+        assert_eq!(registry.reserve_shared(8, shared.id), Err(Busy::Contended));
+        registry
+            .grant_shared(8, reader(&lease(), "e", &waiter))
+            .unwrap();
+        assert_eq!(
+            writer.lost_signal().reason(),
+            Some(LostReason::ConnectionLost)
+        );
     }
 }

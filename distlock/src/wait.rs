@@ -266,7 +266,9 @@ where
 /// It replaces the inner locker's own `lock`, including a server-side wait
 /// (Postgres), with polling plus the inner locker's release notifications;
 /// its [`Capabilities::release_wakeup`] says whether any are left
-/// ([`Capabilities::release_notifications`] of the inner locker).
+/// ([`Capabilities::release_notifications`] of the inner locker). A writer
+/// polling here is queued nowhere, so new readers are not held back
+/// ([`Capabilities::writer_priority`] is false).
 #[derive(Debug)]
 pub struct WaitLocker<L> {
     inner: Arc<L>,
@@ -307,8 +309,8 @@ impl<L: Locker> Locker for WaitLocker<L> {
             // This `lock` is the shared loop: it wakes only on notifications,
             // whatever native wait the inner locker's own `lock` has.
             release_wakeup: inner.release_notifications,
-            // Nor does a waiting writer queue: readers get in beside it.
-            shared_fair: false,
+            // And a writer polling in it is in no server's queue.
+            writer_priority: false,
             ..inner
         }
     }

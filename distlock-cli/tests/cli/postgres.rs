@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use test_servers::{netns, FaultProxy, PostgresServer};
 
-use crate::support::{stderr, wait_until, BIN};
+use crate::support::{stderr, wait_for_exit, wait_until, BIN};
 
 fn run(url: &str, key: &str, command: &[&str]) -> Child {
     Command::new(BIN)
@@ -524,4 +524,145 @@ fn elect_fails_over_after_kill_9_at_once_without_overlap() {
 fn limit_never_runs_more_than_three_and_a_killed_permit_returns_at_once() {
     let server = PostgresServer::start();
     crate::limit::eight_loops_and_a_killed_holder(&server.url(), "15s", Duration::from_secs(2));
+}
+
+/// `run --shared` on Postgres: two readers hold the key at once (each
+/// waits, holding it, until it sees the other has started); an exclusive
+/// `run` meanwhile exits 75 without running its command; a writer with
+/// `--wait` queues on the server, and holds back a reader that comes after
+/// it (a `--shared` run exits 75, one with `--wait` runs after the writer),
+/// so that, in the log every run appends to, the writer's run overlaps no
+/// reader's; and a `--shared` run while a writer holds the key exits 75.
+#[test]
+fn shared_runs_overlap_and_an_exclusive_run_never_overlaps_a_reader() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let (log, go) = (path("log"), path("go"));
+    let distlock = |args: &[&str], command: &str| {
+        Command::new(BIN)
+            .args(["run", "--url", &url, "--key", "report"])
+            .args(args)
+            .args(["--", "sh", "-c", command])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn distlock")
+    };
+    let reader = |me: &str, other: &str| {
+        // Holding its shared lease, a reader waits (at most 20 s) to see the
+        // other one started, then for the test's go, then logs its end.
+        let script = format!(
+            "echo {me}-start >> {log}; touch {started}; \
+             i=0; while [ ! -e {other} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 3; sleep 0.05; done; \
+             i=0; while [ ! -e {go} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 4; sleep 0.05; done; \
+             echo {me}-end >> {log}",
+            started = path(&format!("started-{me}")).display(),
+            other = path(&format!("started-{other}")).display(),
+            go = go.display(),
+            log = log.display(),
+        );
+        distlock(&["--shared"], &script)
+    };
+    let mut readers = [reader("a", "b"), reader("b", "a")];
+    wait_until("both readers hold the key", Duration::from_secs(20), || {
+        path("started-a").exists() && path("started-b").exists()
+    });
+    let modes = || {
+        server.psql(
+            "SELECT string_agg(mode || ':' || granted, ',' ORDER BY granted DESC, mode) \
+             FROM pg_locks WHERE locktype = 'advisory'",
+        )
+    };
+    assert_eq!(modes(), "ShareLock:true,ShareLock:true", "two readers");
+
+    let status = Command::new(BIN)
+        .args(["status", "--url", &url, "--key", "report"])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(shown.contains("\"report\" is held shared"), "{shown}");
+
+    let marker = path("ran");
+    let touch = format!("touch {}", marker.display());
+    let output = distlock(&[], &touch).wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("lock \"report\" is held elsewhere"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!marker.exists(), "the exclusive command must not run");
+
+    let write = format!(
+        "echo writer-start >> {log}; sleep 0.3; echo writer-end >> {log}",
+        log = log.display()
+    );
+    let mut writer = distlock(&["--wait", "30s"], &write);
+    wait_until(
+        "the writer waits on the server",
+        Duration::from_secs(20),
+        || modes().contains("ExclusiveLock:false"),
+    );
+    // A reader after the writer: refused at once, or queued behind it.
+    let output = distlock(&["--shared"], &touch).wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(
+            "lock \"report\" is held exclusively elsewhere, or an exclusive run waits for it"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!marker.exists(), "the late reader's command must not run");
+    let late = format!(
+        "echo late-start >> {log}; echo late-end >> {log}",
+        log = log.display()
+    );
+    let mut late = distlock(&["--shared", "--wait", "30s"], &late);
+    wait_until("the late reader queues", Duration::from_secs(20), || {
+        modes().contains("ShareLock:false")
+    });
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "the writer waits while readers hold the key"
+    );
+
+    std::fs::write(&go, "").expect("go");
+    for reader in &mut readers {
+        assert_eq!(wait_for_exit(reader, Duration::from_secs(30)), 0);
+    }
+    assert_eq!(wait_for_exit(&mut writer, Duration::from_secs(30)), 0);
+    assert_eq!(wait_for_exit(&mut late, Duration::from_secs(30)), 0);
+    let order = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<&str> = order.lines().collect();
+    assert_eq!(lines.len(), 8, "{order}");
+    assert_eq!(
+        &lines[4..],
+        ["writer-start", "writer-end", "late-start", "late-end"],
+        "the writer runs after both readers ended, alone, then the late reader: {order}"
+    );
+    assert!(
+        lines[..4].iter().all(|line| line.starts_with(['a', 'b'])),
+        "{order}"
+    );
+
+    // And the other way round: a writer holding the key keeps readers out.
+    let (holds, done) = (path("writer-holds"), path("writer-done"));
+    let hold = format!(
+        "touch {}; i=0; while [ ! -e {} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 4; sleep 0.05; done",
+        holds.display(),
+        done.display()
+    );
+    let mut holder = distlock(&[], &hold);
+    wait_until("the writer holds the key", Duration::from_secs(20), || {
+        holds.exists()
+    });
+    let output = distlock(&["--shared"], &touch).wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(!marker.exists(), "the shared command must not run");
+    std::fs::write(&done, "").expect("done");
+    assert_eq!(wait_for_exit(&mut holder, Duration::from_secs(30)), 0);
+    assert!(server.advisory_locks().is_empty(), "all released");
 }

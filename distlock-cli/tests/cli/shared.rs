@@ -47,7 +47,7 @@ fn reader(url: &str, dir: &Path, me: &str, other: &str) -> Child {
 /// exits 75 without running its command, and with `--wait` starts only
 /// after both readers have finished. While that writer waits, a third
 /// `--shared` run is held back (exits 75) if `fair`
-/// (`Capabilities::shared_fair`: readers and writers queue in order), and
+/// (`Capabilities::writer_priority`: readers and writers queue in order), and
 /// runs beside the readers otherwise. A `--shared` run while a writer holds
 /// the key exits 75 too.
 pub fn shared_runs_overlap_and_exclude_an_exclusive_run(url: &str, fair: bool) {

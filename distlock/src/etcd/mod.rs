@@ -45,7 +45,7 @@
 //!   follow etcd's reader-writer recipe in the same queue: a reader's key
 //!   `<name>/read-<lease id in hex>-<n>` waits only for the writers' keys
 //!   ahead of it, and every writer waits for it. **A waiting writer blocks
-//!   the readers that come after it** ([`Capabilities::shared_fair`]): see
+//!   the readers that come after it** ([`Capabilities::writer_priority`]): see
 //!   [shared locks](#shared-locks).
 //! - **Marks** ([`Locker::advance_mark`]): a key per mark,
 //!   `<key prefix><name>:mark` with `/` and `%` in the name
@@ -199,7 +199,7 @@
 //!   while a writer waits for readers, a new reader's `try_lock_shared` is
 //!   contention and its `lock_shared` waits until that writer has held and
 //!   released the lock: readers cannot starve a writer, and a writer waits
-//!   only for the readers already queued ([`Capabilities::shared_fair`]).
+//!   only for the readers already queued ([`Capabilities::writer_priority`]).
 //!   This differs from the memory and file backends, where a waiting writer
 //!   does not hold readers back. A writer waiting behind several readers
 //!   watches the newest of them, then looks again, so it may wake once per

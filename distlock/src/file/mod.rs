@@ -341,8 +341,8 @@ impl Locker for FileLocker {
             inspect: cfg!(target_os = "linux"),
             list: cfg!(target_os = "linux"),
             force_release: false,
-            // Waits poll with `LOCK_NB`: new readers get in beside them.
-            shared_fair: false,
+            // Waits poll with `LOCK_NB`: new readers get in meanwhile.
+            writer_priority: false,
             ..Capabilities::ALL
         }
     }

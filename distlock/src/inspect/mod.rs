@@ -199,7 +199,7 @@ pub struct HeldLock {
     /// Held by shared (reader) holders ([`Locker::try_lock_shared`](crate::Locker::try_lock_shared)),
     /// not by one exclusive holder. [`holder`](Self::holder) is then one of
     /// the readers where the backend records them (memory: the longest
-    /// held), or `None` where readers leave no record (file).
+    /// held), or `None` where readers leave no record (file, Postgres).
     pub shared: bool,
 }
 

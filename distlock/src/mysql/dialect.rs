@@ -35,8 +35,8 @@ impl Dialect for Inner {
     type Holder = u64;
     type Id = String;
 
-    const NO_SHARED_LOCKS: &'static str =
-        "MySQL's GET_LOCK has no shared mode: a named lock is exclusive only";
+    const NO_SHARED_LOCKS: Option<&'static str> =
+        Some("MySQL's GET_LOCK has no shared mode: a named lock is exclusive only");
 
     /// A column each: a statement of about 30 KB, far under the default
     /// `max_allowed_packet` (16 MB on MariaDB 10.11, 64 MB on MySQL 8).

@@ -108,6 +108,11 @@
 //!   `GET_LOCK` is re-entrant within a session, so the locker itself refuses
 //!   a second grant of a name it holds: a second `try_lock` through the same
 //!   locker is contention, as from any other client.
+//! - **No shared locks.** `GET_LOCK` has no shared mode: a named lock is
+//!   exclusive only, so [`Locker::try_lock_shared`] and
+//!   [`Locker::lock_shared`] are [`Error::Unsupported`] with that reason
+//!   ([`Capabilities::shared`](crate::Capabilities::shared) is false). The
+//!   Postgres backend has them.
 //! - **Dropped leases** are released in the background on the current tokio
 //!   runtime. A lease dropped outside a runtime stays held until its session
 //!   closes.

@@ -26,8 +26,8 @@ use super::keys::LockKey;
 use super::pool::{Registry, Ticket};
 use super::session::Session;
 use super::Inner;
-use crate::sql::core::AbandonWait;
-use crate::{Error, Lease, Locker, Result};
+use crate::sql::core::{AbandonWait, Tried};
+use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
 /// about 24.8 days). Longer waits are several consecutive waits.
@@ -80,20 +80,7 @@ impl Inner {
         session: Arc<Session>,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let fencing_token = token
-            .map(|t| {
-                u64::try_from(t).map_err(|_| {
-                    Error::backend(
-                        BACKEND,
-                        "acquire",
-                        format!(
-                            "the fencing counter of {:?} is negative ({t}); was the table edited?",
-                            lock.key
-                        ),
-                    )
-                })
-            })
-            .transpose()?;
+        let fencing_token = fencing_token(lock, token)?;
         let core = &self.core;
         core.grant(
             lock.id,
@@ -105,6 +92,129 @@ impl Inner {
             lease_locker,
         )
     }
+}
+
+impl Inner {
+    /// The one shared attempt on `session` that `ticket` reserves (no
+    /// reader of this locker holds the key there): `pg_try_advisory_lock_shared`
+    /// and, with fencing, the read of the key's counter, in one round trip;
+    /// a grant is recorded. The guard releases a shared hold the attempt may
+    /// have left if its answer never arrives.
+    pub(super) async fn attempt_shared(
+        &self,
+        lock: LockKey<'_>,
+        ttl: Duration,
+        session: Arc<Session>,
+        ticket: Ticket,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Tried> {
+        let attempt = Attempt {
+            registry: self.core.registry.clone(),
+            ticket,
+            sent_on: Some(session.clone()),
+            query_timeout: self.settings.query_timeout,
+            shared: true,
+        };
+        let owner = new_owner_token();
+        let context = || format!("try {:?} (shared) on {}", lock.key, self.settings.target);
+        // On an error or no answer, `attempt` cleans up as it drops.
+        let answer = errors::within(
+            "acquire",
+            self.settings.query_timeout,
+            context,
+            session.try_lock_shared(lock.id),
+        )
+        .await
+        // The statement was sent: it may have taken the lock.
+        .map_err(Error::with_outcome_unknown)?;
+        let tried = match answer {
+            Some(token) => Tried::Granted(self.record_shared_grant(
+                lock,
+                ttl,
+                owner,
+                token,
+                session,
+                lease_locker,
+            )?),
+            None => Tried::Contended,
+        };
+        attempt.finish();
+        Ok(tried)
+    }
+
+    /// A reader joining the shared hold `session` has of the key for other
+    /// readers of this locker, carrying their `fencing_token`: `None` if
+    /// that hold ended meanwhile (ask again). Refused (contention) while an
+    /// exclusive request waits for the key on the server, as the server
+    /// refuses a new reader from any other session then: re-entrant
+    /// requests would skip its queue, and this locker's readers would
+    /// starve the writer. Cancel-safe: the question changes nothing.
+    pub(super) async fn join(
+        &self,
+        lock: LockKey<'_>,
+        ttl: Duration,
+        session: &Arc<Session>,
+        fencing_token: Option<u64>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Option<Tried>> {
+        let context = || format!("try {:?} (shared) on {}", lock.key, self.settings.target);
+        let queued = session.writer_queued(lock.id);
+        if errors::within("acquire", self.settings.query_timeout, context, queued).await? {
+            return Ok(Some(Tried::Contended));
+        }
+        let core = &self.core;
+        let joined = core.join(
+            &lock.id,
+            lock.key,
+            ttl,
+            fencing_token,
+            session.clone(),
+            lease_locker,
+        );
+        Ok(joined.map(Tried::Granted))
+    }
+
+    /// Turns a shared grant on `session` into a reader's lease and records
+    /// it; `token` is the key's counter as read after the grant.
+    pub(super) fn record_shared_grant(
+        &self,
+        lock: LockKey<'_>,
+        ttl: Duration,
+        owner: String,
+        token: Option<i64>,
+        session: Arc<Session>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        let fencing_token = fencing_token(lock, token)?;
+        let core = &self.core;
+        core.grant_shared(
+            lock.id,
+            lock.key,
+            ttl,
+            owner,
+            fencing_token,
+            session,
+            lease_locker,
+        )
+    }
+}
+
+/// A counter read from the fencing table as a lease's token.
+fn fencing_token(lock: LockKey<'_>, token: Option<i64>) -> Result<Option<u64>> {
+    token
+        .map(|t| {
+            u64::try_from(t).map_err(|_| {
+                Error::backend(
+                    BACKEND,
+                    "acquire",
+                    format!(
+                        "the fencing counter of {:?} is negative ({t}); was the table edited?",
+                        lock.key
+                    ),
+                )
+            })
+        })
+        .transpose()
 }
 
 /// The `lock_timeout` for a wait with `remaining` left: rounded up (a wait
@@ -125,6 +235,11 @@ pub(super) struct Attempt {
     /// Set once the statement may have reached the server.
     pub(super) sent_on: Option<Arc<Session>>,
     pub(super) query_timeout: Duration,
+    /// A shared attempt (`pg_try_advisory_lock_shared`): its cleanup
+    /// releases a shared hold. The reservation guarantees no reader of this
+    /// locker holds the key on that session, so any shared hold there is
+    /// the attempt's own.
+    pub(super) shared: bool,
 }
 
 impl Attempt {
@@ -147,8 +262,12 @@ impl Drop for Attempt {
         // cleanup would then release *that* lock); marked as cleaning up, so
         // callers asking meanwhile are told the truth (unknown), not
         // "contention" or "not held".
-        let (registry, ticket, query_timeout) =
-            (self.registry.clone(), self.ticket, self.query_timeout);
+        let (registry, ticket, query_timeout, shared) = (
+            self.registry.clone(),
+            self.ticket,
+            self.query_timeout,
+            self.shared,
+        );
         registry.cleaning_up(ticket);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             session.close();
@@ -156,7 +275,12 @@ impl Drop for Attempt {
             return;
         };
         runtime.spawn(async move {
-            let unlock = session.unlock_if_held(ticket.key);
+            let unlock = async {
+                match shared {
+                    true => session.unlock_shared_if_held(ticket.key).await,
+                    false => session.unlock_if_held(ticket.key).await,
+                }
+            };
             match errors::within("acquire", query_timeout, String::new, unlock).await {
                 Ok(true) => tracing::debug!(
                     component = "distlock",

@@ -9,6 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::acquire::{lock_timeout_ms, Attempt, CancelWait};
 use super::errors::{self, is_concurrent_create, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
@@ -17,9 +19,9 @@ use super::keys::LockKey;
 use super::pool::Connect;
 use super::session::{Session, WaitError};
 use super::Inner;
-use crate::deadline::bounded;
+use crate::deadline::{bounded, saturating_deadline};
 use crate::inspect::HeldLock;
-use crate::session_registry::Busy;
+use crate::session_registry::{Busy, ForReader};
 use crate::sql::core::{Core, Tried, WaitGuard, WaitOn};
 use crate::sql::dialect::{Dialect, HolderAnswer, On, Ours};
 use crate::sql::fencing::owner_digest;
@@ -34,11 +36,8 @@ impl Dialect for Inner {
     type Holder = i32;
     type Id = i64;
 
-    const NO_SHARED_LOCKS: &'static str =
-        "shared locks are not done yet on Postgres: the SQL core's registry of held locks keeps one \
-         holder per key on one session, and Postgres advisory locks are re-entrant per session, so a \
-         shared and an exclusive hold of one key on one session would be granted silently; use the \
-         memory or file backend for shared locks";
+    // `pg_advisory_lock_shared`: see `try_once_shared`.
+    const NO_SHARED_LOCKS: Option<&'static str> = None;
 
     // One scan of `pg_locks` answers for any number of keys.
     const HOLDS_PER_STATEMENT: usize = usize::MAX;
@@ -66,6 +65,7 @@ impl Dialect for Inner {
             ticket,
             sent_on: None,
             query_timeout: self.settings.query_timeout,
+            shared: false,
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(lock.key, ttl, self.settings.holder_record);
@@ -154,6 +154,132 @@ impl Dialect for Inner {
         };
         wait.disarm();
         self.record_grant(lock, ttl, on.owner, token, on.session, on.lease_locker)
+    }
+
+    /// One shared attempt on the key's shared session. That session holds
+    /// the key shared **once**, however many readers of this locker are on
+    /// it (see [`session_registry`](crate::session_registry)): the first
+    /// reader takes it (`pg_try_advisory_lock_shared`, reserved and
+    /// cleaned up like an exclusive attempt), later ones join that hold
+    /// after asking the server whether a writer waits for the key, and
+    /// only the last one to leave releases it. A reader arriving while
+    /// another attempt of this locker on the key is in flight waits (at
+    /// most the query timeout) for its outcome rather than report
+    /// contention that is not there.
+    async fn try_once_shared(
+        &self,
+        &lock: &LockKey<'_>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Tried> {
+        let session = self.core.pool.shared(&lock.id).await?;
+        let registry = &self.core.registry;
+        let give_up_at = saturating_deadline(Instant::now(), self.settings.query_timeout);
+        loop {
+            let settled = registry.settled();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            match registry.reserve_shared(lock.id, session.id) {
+                Err(Busy::Contended) => return Ok(Tried::Contended),
+                Err(Busy::CleaningUp) => return Ok(Tried::CleaningUp),
+                Ok(ForReader::Attempt(ticket)) => {
+                    return self
+                        .attempt_shared(lock, ttl, session, ticket, lease_locker)
+                        .await
+                }
+                Ok(ForReader::Join { fencing_token }) => {
+                    let joined =
+                        self.join(lock, ttl, &session, fencing_token, lease_locker.clone());
+                    if let Some(tried) = joined.await? {
+                        return Ok(tried);
+                    }
+                    // The hold ended before the join was recorded: ask again.
+                }
+                Ok(ForReader::Settling) => {
+                    if tokio::time::timeout_at(give_up_at, settled).await.is_err() {
+                        // Still in flight: as for an exclusive attempt, a
+                        // grant in progress here is contention.
+                        return Ok(Tried::Contended);
+                    }
+                }
+            }
+            if Instant::now() >= give_up_at {
+                return Ok(Tried::Contended);
+            }
+        }
+    }
+
+    /// The wait on the server (`pg_advisory_lock_shared` under
+    /// `lock_timeout`), after the first attempt found the key held
+    /// exclusively (or a writer waiting for it: the server queues this
+    /// reader behind that writer). Nothing is written; the token is read
+    /// after the grant.
+    async fn wait_on_shared(
+        &self,
+        &lock: &LockKey<'_>,
+        ttl: Duration,
+        on: WaitOn<Session>,
+    ) -> Result<Lease> {
+        let session = &on.session;
+        let cancel = CancelWait {
+            tls: self.settings.tls.clone(),
+        };
+        let mut wait = WaitGuard::new(session.clone(), cancel);
+        let context = || {
+            format!(
+                "wait for {:?} (shared) on {}",
+                lock.key, self.settings.target
+            )
+        };
+        loop {
+            let lock_timeout_ms = lock_timeout_ms(on.remaining());
+            let sql = self.sql.wait_shared(
+                lock.id,
+                lock_timeout_ms,
+                self.settings.session_lock_timeout_ms(),
+            );
+            // The server ends the wait itself; this bound only catches a
+            // server that stopped answering.
+            let bound =
+                Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
+            let waited = bounded(BACKEND, "acquire", bound, async {
+                Ok(session.wait(&sql, false).await)
+            })
+            .await?;
+            match waited {
+                Ok(_) => break,
+                Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
+                    // Granted as the timeout fired (see `granted_anyway`):
+                    // kept. The waiter connection holds nothing else.
+                    let holds = session.holds(lock.id);
+                    let query_timeout = self.settings.query_timeout;
+                    if errors::within("acquire", query_timeout, context, holds).await? {
+                        break;
+                    }
+                    if on.remaining().is_zero() {
+                        wait.disarm();
+                        self.core.pool.recycle(on.session.clone());
+                        return Err(on.timed_out(lock.key));
+                    }
+                    // A wait longer than Postgres' largest lock_timeout: go on.
+                }
+                // `wait` closes the connection as it drops: whatever the
+                // failed statement left behind goes with it.
+                Err(e) => return Err(e.into_error(context())),
+            }
+        }
+        // In a statement of its own, after the grant: its snapshot sees
+        // every writer's bump. If it fails, `wait` closes the connection,
+        // and the hold goes with it.
+        let read = session.reader_token(lock.id);
+        let token = errors::within("acquire", self.settings.query_timeout, context, read).await?;
+        wait.disarm();
+        self.record_shared_grant(lock, ttl, on.owner, token, on.session, on.lease_locker)
+    }
+
+    async fn unlock_shared(&self, on: On<'_, Self>) -> Result<bool> {
+        let unlock = on.session.unlock_shared(*on.id);
+        errors::within("release", self.settings.query_timeout, on.context, unlock).await
     }
 
     /// Deletes the key's fencing row in one statement, under a transaction
@@ -313,8 +439,9 @@ impl Dialect for Inner {
             session.query(&self.sql.inspect, &[&lock.id]),
         )
         .await?;
-        // Several rows only for a key held in shared mode
-        // (`pg_advisory_lock_shared`, never distlock): report the first.
+        // Several rows only for a key held shared, by several sessions:
+        // report the first (`shared`; ending its holder ends them all, see
+        // `end_holder`).
         let hold = rows.first().map(|row| Hold::from_row(row, Some(lock.key)));
         let hold = hold.transpose();
         let hold = hold.map_err(|e| errors::backend(operation, context(), e))?;
@@ -322,8 +449,10 @@ impl Dialect for Inner {
     }
 
     /// `pg_terminate_backend` of server process `pid` if it still holds
-    /// the key, waiting for it to exit: true if it did, false if it no
-    /// longer held the key. It frees **every** lock that session holds.
+    /// the key, and of every other session holding it (the readers of a key
+    /// held shared), waiting for each to exit: true if they did, false if
+    /// `pid` no longer held the key. It frees **every** lock those sessions
+    /// hold. Nothing is ended if this locker's own session is among them.
     async fn end_holder(&self, &lock: &LockKey<'_>, pid: i32) -> Result<bool> {
         let session = self.core.pool.shared(&lock.id).await?;
         let wait_ms = i64::try_from(TERMINATE_WAIT.as_millis()).unwrap_or(i64::MAX);
@@ -411,12 +540,18 @@ impl Dialect for Inner {
         ids: &[&i64],
     ) -> impl Future<Output = Result<Vec<bool>>> + Send + use<'s> {
         let ids: Vec<i64> = ids.iter().map(|&&id| id).collect();
+        // Each key once: readers of one locker on one session share its one
+        // hold, and `EXCEPT ALL` would count a key asked twice but held once
+        // as lost.
+        let mut asked = ids.clone();
+        asked.sort_unstable();
+        asked.dedup();
         async move {
             let target = &self.settings.target;
-            let context = || format!("verify {} held locks on {target}", ids.len());
+            let context = || format!("verify {} held locks on {target}", asked.len());
             let limit = self.settings.query_timeout;
             let lost: HashSet<i64> =
-                errors::within("refresh", limit, context, session.lost_among(&ids))
+                errors::within("refresh", limit, context, session.lost_among(&asked))
                     .await?
                     .into_iter()
                     .collect();

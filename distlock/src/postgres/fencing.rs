@@ -169,9 +169,27 @@ pub(crate) struct Sql {
     /// hold: one scan of `pg_locks`, taken from the array (the keepalive's
     /// batch, see `Inner::verify_many`).
     pub(super) lost_among: String,
-    /// Releases the key only if this session holds it, without the server
-    /// warning `pg_advisory_unlock` logs otherwise.
+    /// Releases the key only if this session holds it exclusively, without
+    /// the server warning `pg_advisory_unlock` logs otherwise.
     pub(super) unlock_if_held: String,
+    /// Takes the key shared if no session holds it exclusively and no
+    /// exclusive request waits for it: `true` if taken. Nothing is
+    /// written: a reader's fencing token is read by [`Sql::reader_token`].
+    pub(super) try_lock_shared: String,
+    /// With fencing: the key's counter (0 without a row), read, never
+    /// advanced: a reader's token. Sent after the grant, in a statement
+    /// (and snapshot) of its own, so it sees the bump of every writer that
+    /// released the key before the reader got it.
+    pub(super) reader_token: Option<String>,
+    /// Releases one shared hold of the key on this session: `true` if it
+    /// held it shared.
+    pub(super) unlock_shared: String,
+    /// Releases the key's shared hold only if this session has one.
+    pub(super) unlock_shared_if_held: String,
+    /// True if an exclusive request for the key waits on the server: the
+    /// server would then refuse a new reader from any session but one that
+    /// already holds the key shared (re-entrant requests skip the queue).
+    pub(super) writer_queued: String,
     /// With fencing: the pid of the session holding the key if its last
     /// grant was to this owner digest. Without fencing: the holder's pid.
     pub(super) holder: String,
@@ -217,19 +235,40 @@ const OWN_HOLD: &str = "locktype = 'advisory' AND pid = pg_backend_pid() AND gra
 const OWN_HOLDS: &str = "SELECT (classid::int8 << 32) | objid::int8 FROM pg_locks \
      WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1";
 
+/// [`OWN_HOLD`] in exclusive mode only (`pg_advisory_lock`).
+const OWN_EXCLUSIVE_HOLD: &str = "mode = 'ExclusiveLock' AND locktype = 'advisory' \
+     AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
+     AND classid::int8 = ($1::int8 >> 32) & 4294967295 AND objid::int8 = $1::int8 & 4294967295";
+
+/// [`OWN_HOLD`] in shared mode only (`pg_advisory_lock_shared`).
+const OWN_SHARED_HOLD: &str = "mode = 'ShareLock' AND locktype = 'advisory' \
+     AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
+     AND classid::int8 = ($1::int8 >> 32) & 4294967295 AND objid::int8 = $1::int8 & 4294967295";
+
 const ANY_HOLD: &str = "locktype = 'advisory' AND granted AND objsubid = 1 \
+     AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND classid::int8 = ($1::int8 >> 32) & 4294967295 \
+     AND objid::int8 = $1::int8 & 4294967295";
+
+/// An exclusive request for the bigint advisory key `$1` waiting in this
+/// database.
+const EXCLUSIVE_WAIT: &str = "locktype = 'advisory' AND NOT granted AND mode = 'ExclusiveLock' \
+     AND objsubid = 1 \
      AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      AND classid::int8 = ($1::int8 >> 32) & 4294967295 \
      AND objid::int8 = $1::int8 & 4294967295";
 
 /// What inspection reads of a hold after the holding pid: the fencing
 /// row's record (all NULL without a row), `session_pid` first (the record
-/// is the current holder's only if it equals the holding pid).
+/// is the current holder's only if it equals the holding pid); then
+/// whether the hold is shared, and the token its readers carry (the
+/// counter, 0 without a row).
 const RECORD_SELECT: &str = "f.session_pid, f.token, f.granted_at, f.ttl_ms, f.holder_host, \
-     f.holder_pid, f.holder_label, f.key_name, f.lock_key";
+     f.holder_pid, f.holder_label, f.key_name, f.lock_key, l.mode = 'ShareLock', \
+     COALESCE(f.token, 0)";
 
 const NO_RECORD_SELECT: &str = "NULL::int4, NULL::int8, NULL::timestamptz, NULL::int8, \
-     NULL::text, NULL::int8, NULL::text, NULL::text, NULL::int8";
+     NULL::text, NULL::int8, NULL::text, NULL::text, NULL::int8, l.mode = 'ShareLock', NULL::int8";
 
 impl Sql {
     pub(super) fn new(fencing: Option<&FencingTable>) -> Self {
@@ -268,7 +307,7 @@ impl Sql {
                  LEFT JOIN {table} f ON f.lock_key = $1::int8 WHERE {ANY_HOLD} ORDER BY l.pid"
             ),
             None => format!(
-                "SELECT pid, {NO_RECORD_SELECT} FROM pg_locks WHERE {ANY_HOLD} ORDER BY pid"
+                "SELECT l.pid, {NO_RECORD_SELECT} FROM pg_locks l WHERE {ANY_HOLD} ORDER BY l.pid"
             ),
         };
         // Without a table no lock has a name to list it by: `list` is
@@ -283,10 +322,18 @@ impl Sql {
             ),
             None => String::new(),
         };
+        // Every session holding the key: one exclusive holder, or every
+        // reader (ending one reader would leave the key held). Nothing is
+        // ended if this session is among them, nor if pid `$2` no longer
+        // holds the key (no row: it changed hands). The `CASE` runs the
+        // subquery only when it is needed.
         let terminate = format!(
-            "SELECT pid = pg_backend_pid(), \
-             CASE WHEN pid = pg_backend_pid() THEN NULL ELSE pg_terminate_backend(pid, $3::int8) END \
-             FROM pg_locks WHERE {ANY_HOLD} AND pid = $2::int4"
+            "WITH holders AS MATERIALIZED (SELECT DISTINCT pid FROM pg_locks WHERE {ANY_HOLD}), \
+             checked AS (SELECT bool_or(pid = pg_backend_pid()) AS own FROM holders \
+             HAVING bool_or(pid = $2::int4)) \
+             SELECT c.own, CASE WHEN c.own THEN NULL \
+             ELSE (SELECT bool_and(pg_terminate_backend(h.pid, $3::int8)) FROM holders h) END \
+             FROM checked c"
         );
         // Read by the SELECT, the UPDATE runs before the unlock: the row is
         // cleared while this session still holds the key, so it never
@@ -300,7 +347,6 @@ impl Sql {
         };
         Sql {
             forget,
-            table,
             try_lock,
             unlock,
             holds: format!("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {OWN_HOLD})"),
@@ -311,12 +357,22 @@ impl Sql {
             // with the keys *not* held: usually no row at all.
             lost_among: format!("SELECT unnest($1::int8[]) EXCEPT ALL {OWN_HOLDS}"),
             unlock_if_held: format!(
-                "SELECT pg_advisory_unlock($1::int8) FROM pg_locks WHERE {OWN_HOLD}"
+                "SELECT pg_advisory_unlock($1::int8) FROM pg_locks WHERE {OWN_EXCLUSIVE_HOLD}"
             ),
+            try_lock_shared: "SELECT pg_try_advisory_lock_shared($1::int8)".to_owned(),
+            reader_token: table.as_ref().map(|table| {
+                format!("SELECT COALESCE((SELECT token FROM {table} WHERE lock_key = $1::int8), 0)")
+            }),
+            unlock_shared: "SELECT pg_advisory_unlock_shared($1::int8)".to_owned(),
+            unlock_shared_if_held: format!(
+                "SELECT pg_advisory_unlock_shared($1::int8) FROM pg_locks WHERE {OWN_SHARED_HOLD}"
+            ),
+            writer_queued: format!("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {EXCLUSIVE_WAIT})"),
             holder,
             inspect,
             list,
             terminate,
+            table,
         }
     }
 
@@ -336,6 +392,24 @@ impl Sql {
                  pg_backend_pid()) {GRANT_UPDATE}"
             )
         })
+    }
+
+    /// The native shared wait (`pg_advisory_lock_shared`), as one
+    /// simple-protocol message under `lock_timeout_ms`, the session's own
+    /// `session_lock_timeout_ms` restored after it (as [`Sql::wait`]).
+    /// Nothing is written: the reader's token is read afterwards
+    /// ([`Sql::reader_token`]), in a statement of its own, so that its
+    /// snapshot is taken after the grant whatever the isolation level.
+    pub(super) fn wait_shared(
+        &self,
+        key: i64,
+        lock_timeout_ms: u64,
+        session_lock_timeout_ms: u64,
+    ) -> String {
+        format!(
+            "SET lock_timeout = {lock_timeout_ms}; SELECT pg_advisory_lock_shared('{key}'::int8); \
+             SET lock_timeout = {session_lock_timeout_ms};"
+        )
     }
 
     /// The native wait, as one simple-protocol message: its statements run
@@ -412,6 +486,32 @@ mod tests {
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
         assert!(!sql.wait(7, 100, 5000, "ab", &record).contains("INSERT"));
         assert!(!sql.try_lock.contains("INSERT"));
+        assert!(sql.reader_token.is_none());
+    }
+
+    #[test]
+    fn readers_never_write_the_fencing_table() {
+        let sql = Sql::new(Some(&FencingTable::default()));
+        let reader_statements = [
+            sql.try_lock_shared.as_str(),
+            sql.reader_token.as_deref().unwrap_or_default(),
+            sql.unlock_shared.as_str(),
+            sql.unlock_shared_if_held.as_str(),
+            sql.writer_queued.as_str(),
+        ];
+        for text in reader_statements
+            .into_iter()
+            .chain([sql.wait_shared(-5, 250, 5000).as_str()])
+        {
+            for write in ["INSERT", "UPDATE", "DELETE", "FOR UPDATE", "FOR SHARE"] {
+                assert!(!text.contains(write), "{text}");
+            }
+        }
+        assert_eq!(
+            sql.wait_shared(-5, 250, 5000),
+            "SET lock_timeout = 250; SELECT pg_advisory_lock_shared('-5'::int8); \
+             SET lock_timeout = 5000;"
+        );
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! is the one holding the key now (`session_pid`): a row left by an earlier
 //! holder beside a lock taken with plain `pg_advisory_lock` describes
 //! nobody, so that lock is reported as held by an unknown holder.
+//!
+//! A key held shared (`pg_locks.mode = 'ShareLock'`) is reported
+//! [`HeldLock::shared`], by unknown holders: readers write no record (the
+//! row, if any, is the last writer's), so only the token they carry (the
+//! row's counter) and one reader's session are known.
 
 use std::time::{Duration, SystemTime};
 
@@ -32,12 +37,19 @@ impl Hold {
         let session_pid: Option<i32> = row.try_get(1)?;
         let key_name: Option<String> = row.try_get(8)?;
         let lock_key: Option<i64> = row.try_get(9)?;
+        let shared: bool = row.try_get(10)?;
         let name = key.or(key_name.as_deref()).unwrap_or_default();
         let mut held = HeldLock::new(name);
         held.session = Some(format!("pid {pid}"));
-        // A row written by another session than the holder's describes an
-        // earlier grant, not this one.
-        if session_pid == Some(pid) {
+        held.shared = shared;
+        if shared {
+            // Readers record nothing: the row is the last writer's, and only
+            // its counter, the token every reader carries, is theirs.
+            let reader_token: Option<i64> = row.try_get(11)?;
+            held.fencing_token = reader_token.and_then(|t| u64::try_from(t).ok());
+        } else if session_pid == Some(pid) {
+            // A row written by another session than the holder's describes
+            // an earlier grant, not this one.
             let token: Option<i64> = row.try_get(2)?;
             let granted: Option<SystemTime> = row.try_get(3)?;
             let ttl_ms: Option<i64> = row.try_get(4)?;

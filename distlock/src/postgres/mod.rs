@@ -31,9 +31,12 @@
 //! `pg_try_advisory_lock = true` for a key another client held (PgBouncer's
 //! docs list advisory locks among the session features transaction pooling
 //! breaks: <https://www.pgbouncer.org/features.html>).
-//! Both then run the "exclusive" section. Connect to Postgres directly, or
-//! through a pooler in *session* mode, or use the transaction-scoped
-//! functions [`try_lock_xact`] and [`lock_xact`] inside your own transaction.
+//! Both then run the "exclusive" section. The same holds for shared locks:
+//! a reader and a writer sharing one server session are both granted.
+//! Connect to Postgres directly, or through a pooler in *session* mode, or
+//! use the transaction-scoped functions [`try_lock_xact`] and [`lock_xact`]
+//! (and, for readers, [`try_lock_shared_xact`] and [`lock_shared_xact`])
+//! inside your own transaction.
 //!
 //! **Between the client and the server** (a Cloud SQL or AlloyDB auth proxy,
 //! an Envoy/Istio/Linkerd sidecar, PgBouncer in session mode, an SSH tunnel,
@@ -143,9 +146,45 @@
 //!   [Connections](#connections)).
 //! - **Exclusivity within one locker.** Many locks share a few sessions
 //!   (see [Connections](#connections)) and advisory locks are re-entrant
-//!   within a session, so the locker itself refuses a second grant of a key
-//!   it holds: a second `try_lock` through the same locker is contention, as
-//!   from any other client.
+//!   within a session (in either mode: a session holding a key shared is
+//!   granted it exclusively too), so the locker itself refuses a second
+//!   grant of a key it holds: a second `try_lock` through the same locker,
+//!   or a `try_lock` while it holds the key shared, is contention, as from
+//!   any other client.
+//! - **Shared (reader) locks** ([`Locker::try_lock_shared`],
+//!   [`Locker::lock_shared`]): `pg_try_advisory_lock_shared`, held like an
+//!   exclusive lock on the key's shared session (or, after a wait, on the
+//!   waiter connection that won it) and a lease like any other: owner
+//!   token, [`Locker::unlock`] by it, refresh and keepalive (which confirm
+//!   the session still holds the key), the lost signal when the session
+//!   dies, release of a dropped lease in the background. Readers of any
+//!   client coexist; readers of **one** locker on one session share one
+//!   server hold of the key (the first takes it, the others join it, the
+//!   last to leave releases it), since the server counts re-entrant holds
+//!   but cannot say how many a session has, and an abandoned attempt could
+//!   then not be undone exactly. A reader's fencing token is the key's
+//!   counter (the last writer's token, 0 if none), read in a statement of
+//!   its own after the grant (sent with the attempt: still one round trip),
+//!   never advanced: **readers write nothing** to the fencing table.
+//!   [`lock_shared`](Locker::lock_shared) waits on the server
+//!   (`pg_advisory_lock_shared`) as [`lock`](Locker::lock) does.
+//! - **A waiting writer holds later readers back**
+//!   ([`Capabilities::writer_priority`](crate::Capabilities::writer_priority),
+//!   unlike the memory and file backends): while a writer waits on the
+//!   server in [`Locker::lock`], Postgres queues it, and refuses a later
+//!   `pg_try_advisory_lock_shared` from any other session (and queues a
+//!   later `pg_advisory_lock_shared` behind it); only a session that
+//!   already holds the key shared would be granted it again past the
+//!   queue, so a reader joining its locker's hold first asks the server
+//!   whether a writer waits, and is refused too. So `try_lock_shared` is
+//!   contention, and `lock_shared` waits, until the writer has had the key:
+//!   readers cannot starve a writer. (Observed on Postgres 15; the lock
+//!   manager checks a new request against the waiters' modes.) A writer
+//!   that polls instead (every waiter connection in use, or a
+//!   [`WaitLocker`](crate::WaitLocker)'s `lock`) is in no queue and holds
+//!   no reader back. As with a writer-preferring `RwLock`, a task that
+//!   takes a key shared again while holding it can wait for a writer that
+//!   waits for it: do not nest readers of one key.
 //! - **Dropped leases** are released in the background on the current tokio
 //!   runtime. A lease dropped outside a runtime stays held until its session
 //!   closes (when the locker and all its leases are gone, or the process
@@ -189,8 +228,8 @@
 //!
 //! - `sessions` ([`DEFAULT_SESSIONS`], 4) shared sessions, carrying every
 //!   lock taken without waiting ([`Locker::try_lock`], and [`Locker::lock`]
-//!   when the key is free), however many: **1,000 held leases use 4
-//!   connections**;
+//!   when the key is free; the same for shared locks), however many:
+//!   **1,000 held leases use 4 connections**;
 //! - at most `max_waiters` ([`DEFAULT_MAX_WAITERS`], 16) waiter connections,
 //!   counting every one open: each [`Locker::lock`] call waiting on the
 //!   server for a held key has one, keeps it while it holds the lock it won
@@ -289,11 +328,18 @@
 //!   process exits and the OS gives its pid to a new session that takes the
 //!   same key with plain SQL, that session is taken for the recorded
 //!   holder.)
+//! - A key held shared (`pg_locks.mode = 'ShareLock'`) is reported
+//!   [`HeldLock::shared`](crate::inspect::HeldLock::shared), with one
+//!   reader's session and by unknown holders (readers record nothing; the
+//!   fencing row, if any, is the last writer's), the token readers carry
+//!   (the row's counter, 0 without a row), and no grant time or ttl.
 //! - [`Locker::list`] joins every held advisory lock of the database with
 //!   the fencing rows whose `key_name` starts with the prefix, and keeps
 //!   the keys of this locker's namespace (raw keys through [`RawKeys`]).
 //!   A lock without a fencing row has no name and is not listed; without
-//!   fencing, `list` is [`Error::Unsupported`].
+//!   fencing, `list` is [`Error::Unsupported`]. Readers write no row, so a
+//!   key only ever held shared is not listed (one a writer ever held is,
+//!   as held shared while readers hold it).
 //! - [`Locker::force_release`] supports only
 //!   [`ForceRelease::TerminateSession`]: **`pg_terminate_backend` of the
 //!   holding session, which frees EVERY lock that session holds.** A
@@ -302,7 +348,8 @@
 //!   ([`LostReason::ConnectionLost`](crate::LostReason)), and any
 //!   transaction of a plain-SQL holder is rolled back. The statement checks
 //!   that the session still holds the key and waits up to 5 s for it to exit
-//!   (Postgres 14+), so the lock is free when the call returns. It needs the
+//!   (Postgres 14+), so the lock is free when the call returns. A key held
+//!   shared is freed by ending **every** reader's session. It needs the
 //!   holder's role, membership in `pg_signal_backend` (not for superuser
 //!   sessions), or superuser; the server's refusal is [`Error::Backend`]
 //!   naming them. [`ForceRelease::Lock`] is [`Error::Unsupported`] (only its
@@ -369,7 +416,7 @@ pub use config::{
 pub use fencing::DEFAULT_TABLE as DEFAULT_FENCING_TABLE;
 pub use keys::advisory_key;
 pub use tls::{RootCerts, SslMode};
-pub use xact::{lock_xact, try_lock_xact};
+pub use xact::{lock_shared_xact, lock_xact, try_lock_shared_xact, try_lock_xact};
 
 use self::config::Settings;
 use self::fencing::Sql;

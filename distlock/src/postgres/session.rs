@@ -153,6 +153,16 @@ struct Statements {
     lost_among: Statement,
     unlock_if_held: Statement,
     grant_token: Option<Statement>,
+    shared: SharedStatements,
+}
+
+/// The statements of shared (reader) holds.
+struct SharedStatements {
+    try_lock: Statement,
+    reader_token: Option<Statement>,
+    unlock: Statement,
+    unlock_if_held: Statement,
+    writer_queued: Statement,
 }
 
 impl Session {
@@ -213,7 +223,29 @@ impl Session {
                     None => Ok(None),
                 }
             };
-            let ((), try_lock, unlock, holds, lost_among, unlock_if_held, grant_token) =
+            let shared = async {
+                let reader_token = async {
+                    match &sql.reader_token {
+                        Some(text) => client.prepare(text).await.map(Some),
+                        None => Ok(None),
+                    }
+                };
+                let (try_lock, reader_token, unlock, unlock_if_held, writer_queued) = tokio::try_join!(
+                    client.prepare(&sql.try_lock_shared),
+                    reader_token,
+                    client.prepare(&sql.unlock_shared),
+                    client.prepare(&sql.unlock_shared_if_held),
+                    client.prepare(&sql.writer_queued),
+                )?;
+                Ok(SharedStatements {
+                    try_lock,
+                    reader_token,
+                    unlock,
+                    unlock_if_held,
+                    writer_queued,
+                })
+            };
+            let ((), try_lock, unlock, holds, lost_among, unlock_if_held, grant_token, shared) =
                 tokio::try_join!(
                     setup,
                     client.prepare(&sql.try_lock),
@@ -222,6 +254,7 @@ impl Session {
                     client.prepare(&sql.lost_among),
                     client.prepare(&sql.unlock_if_held),
                     grant_token,
+                    shared,
                 )
                 .map_err(|e| {
                     errors::backend(
@@ -237,6 +270,7 @@ impl Session {
                 lost_among,
                 unlock_if_held,
                 grant_token,
+                shared,
             })
         };
         let statements = match bounded(BACKEND, "connect", settings.query_timeout, prepare).await {
@@ -352,6 +386,90 @@ impl Session {
         let rows = self
             .client
             .query(&self.statements.unlock_if_held, &[&key])
+            .await;
+        Ok(!self.liveness.observe(sent, rows)?.is_empty())
+    }
+
+    /// One shared attempt: `Some(token)` if this session now holds `key`
+    /// shared (`token`, the key's counter, is `None` without fencing),
+    /// `None` if it is held exclusively or an exclusive request waits for
+    /// it. With fencing the counter is read by a second statement sent
+    /// with the first (one round trip): its own snapshot, taken once the
+    /// lock is held, sees every writer's bump before it released the key.
+    pub(super) async fn try_lock_shared(
+        &self,
+        key: i64,
+    ) -> Result<Option<Option<i64>>, tokio_postgres::Error> {
+        let statements = &self.statements.shared;
+        let params: [&(dyn ToSql + Sync); 1] = [&key];
+        let sent = Instant::now();
+        let try_lock = self.client.query_one(&statements.try_lock, &params);
+        let (taken, token) = match &statements.reader_token {
+            // Pipelined: `join` polls the attempt first, and each sends its
+            // request on its first poll, so both are sent in this order
+            // before either answer is awaited; the server runs them in order.
+            Some(read) => {
+                let read = self.client.query_one(read, &params);
+                let (taken, token) = futures_util::future::join(try_lock, read).await;
+                (taken, Some(token))
+            }
+            None => (try_lock.await, None),
+        };
+        let taken: bool = self.liveness.observe(sent, taken)?.try_get(0)?;
+        if !taken {
+            return Ok(None);
+        }
+        match token {
+            Some(row) => Ok(Some(Some(self.liveness.observe(sent, row)?.try_get(0)?))),
+            None => Ok(Some(None)),
+        }
+    }
+
+    /// The key's counter, read (never advanced) for a reader that holds
+    /// `key` shared; `None` without fencing.
+    pub(super) async fn reader_token(
+        &self,
+        key: i64,
+    ) -> Result<Option<i64>, tokio_postgres::Error> {
+        let Some(read) = &self.statements.shared.reader_token else {
+            return Ok(None);
+        };
+        let sent = Instant::now();
+        let row = self.client.query_one(read, &[&key]).await;
+        self.liveness.observe(sent, row)?.try_get(0).map(Some)
+    }
+
+    /// True if an exclusive request for `key` waits on the server.
+    pub(super) async fn writer_queued(&self, key: i64) -> Result<bool, tokio_postgres::Error> {
+        let sent = Instant::now();
+        let row = self
+            .client
+            .query_one(&self.statements.shared.writer_queued, &[&key])
+            .await;
+        self.liveness.observe(sent, row)?.try_get(0)
+    }
+
+    /// Releases one shared hold of `key`: true if this session held it
+    /// shared.
+    pub(super) async fn unlock_shared(&self, key: i64) -> Result<bool, tokio_postgres::Error> {
+        let sent = Instant::now();
+        let row = self
+            .client
+            .query_one(&self.statements.shared.unlock, &[&key])
+            .await;
+        self.liveness.observe(sent, row)?.try_get(0)
+    }
+
+    /// Releases `key`'s shared hold if this session has one; true if it
+    /// did.
+    pub(super) async fn unlock_shared_if_held(
+        &self,
+        key: i64,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let sent = Instant::now();
+        let rows = self
+            .client
+            .query(&self.statements.shared.unlock_if_held, &[&key])
             .await;
         Ok(!self.liveness.observe(sent, rows)?.is_empty())
     }

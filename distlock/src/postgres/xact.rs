@@ -11,7 +11,11 @@
 //! Keys are the same 64-bit keys as the session locks of
 //! [`PostgresLocker`](super::PostgresLocker) (use
 //! [`advisory_key`](super::advisory_key) for strings), and the two exclude
-//! each other.
+//! each other. Shared (reader) locks work here too
+//! ([`try_lock_shared_xact`], [`lock_shared_xact`]): they exclude exclusive
+//! locks of either kind and coexist with shared ones of either kind, as the
+//! session locker's shared leases do, and a waiting exclusive request holds
+//! later ones back as it does there.
 
 use tokio_postgres::Transaction;
 
@@ -66,6 +70,84 @@ pub async fn lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<()> {
             errors::backend(
                 "acquire",
                 format!("wait for advisory key {key} in this transaction"),
+                e,
+            )
+        })
+}
+
+/// Takes advisory `key` **shared** until the end of `transaction`
+/// (`pg_try_advisory_xact_lock_shared`): `true` if taken, `false` if it is
+/// held exclusively, or an exclusive request waits for it (the server
+/// queues later shared requests behind a waiting one). Shared holders, of
+/// transactions or of [`PostgresLocker`](super::PostgresLocker)'s
+/// [`try_lock_shared`](crate::Locker::try_lock_shared), coexist.
+///
+/// Nothing is written: a shared lock here carries no fencing token (read
+/// the key's row in the fencing table yourself if you need the last
+/// writer's).
+///
+/// # Errors
+///
+/// [`Error::Backend`](crate::Error::Backend) with the server's error (the
+/// transaction is then aborted, and its locks go with its rollback).
+///
+/// # Cancel safety
+///
+/// Dropping the future may leave the lock taken, until the transaction
+/// ends: roll it back.
+///
+/// ```no_run
+/// use distlock::postgres::{advisory_key, try_lock_shared_xact};
+///
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let tx = client.transaction().await?;
+/// if try_lock_shared_xact(&tx, advisory_key("", "catalog")).await? {
+///     let rows = tx.query("SELECT * FROM catalog", &[]).await?;
+///     # let _ = rows;
+/// }
+/// tx.commit().await?; // releases the lock
+/// # Ok(())
+/// # }
+/// ```
+pub async fn try_lock_shared_xact(transaction: &Transaction<'_>, key: i64) -> Result<bool> {
+    transaction
+        .query_one("SELECT pg_try_advisory_xact_lock_shared($1::int8)", &[&key])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| {
+            errors::backend(
+                "acquire",
+                format!("try advisory key {key} shared for this transaction"),
+                e,
+            )
+        })
+}
+
+/// Waits until advisory `key` can be held shared, then holds it until the
+/// end of `transaction` (`pg_advisory_xact_lock_shared`); it waits behind
+/// an exclusive request queued before it.
+///
+/// The wait is bounded only by the transaction's own `lock_timeout` or
+/// `statement_timeout`, as for [`lock_xact`].
+///
+/// # Errors
+///
+/// [`Error::Backend`](crate::Error::Backend) with the server's error
+/// (SQLSTATE 55P03 when the transaction's `lock_timeout` runs out).
+///
+/// # Cancel safety
+///
+/// Cancelling this future does not stop the wait on the server: roll the
+/// transaction back.
+pub async fn lock_shared_xact(transaction: &Transaction<'_>, key: i64) -> Result<()> {
+    transaction
+        .execute("SELECT pg_advisory_xact_lock_shared($1::int8)", &[&key])
+        .await
+        .map(drop)
+        .map_err(|e| {
+            errors::backend(
+                "acquire",
+                format!("wait for advisory key {key} shared in this transaction"),
                 e,
             )
         })

@@ -21,7 +21,9 @@ use super::pool::{Connect, Connector, OnClosed, Pool, PoolSize};
 use crate::config::SqlOptions;
 use crate::deadline::{bounded, checked_deadline, DEADLINE_GRACE};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::session_registry::{Busy, Held, HoldingSession, Registry, SessionClosed, Ticket};
+use crate::session_registry::{
+    Busy, Held, HoldingSession, Reader, Registry, SessionClosed, Ticket,
+};
 use crate::{new_owner_token, Capabilities, Error, Lease, LeaseParts, Locker, Result, WaitPolicy};
 
 /// What one attempt on a shared session found.
@@ -107,6 +109,33 @@ impl<S, A: AbandonWait<S>> Drop for WaitGuard<S, A> {
             self.abandon.abandon(session);
         }
     }
+}
+
+/// A grant's lease for `lease_locker`, and the registry's record of it.
+fn lease_for<S>(
+    key: &str,
+    ttl: Duration,
+    owner: String,
+    fencing_token: Option<u64>,
+    session: Arc<S>,
+    lease_locker: Arc<dyn Locker>,
+) -> (Lease, Held<S>) {
+    let lease = Lease::new(
+        LeaseParts {
+            key: key.to_owned(),
+            owner: owner.clone(),
+            fencing_token,
+            ttl,
+            valid_until: None,
+        },
+        lease_locker,
+    );
+    let held = Held {
+        owner,
+        session,
+        lost: lease.lost_notifier(),
+    };
+    (lease, held)
 }
 
 /// What is left of a wait until `deadline` (`None`: no deadline at all).
@@ -259,14 +288,15 @@ where
         }
     }
 
-    /// `lock`: with a zero `timeout`, one attempt (`try_once`), contention
-    /// being [`Error::NotAcquired`]. Otherwise one attempt first (most
-    /// locks are free: one round trip on a shared session, and the lock
-    /// lives there rather than on a connection of its own), then a wait on
-    /// the server on a waiter connection (`wait_on`, given a fresh owner
-    /// token and the deadline in a [`WaitOn`]), or, when all `max_waiters` are in use,
+    /// `lock` (or with `shared`, `lock_shared`): with a zero `timeout`, one
+    /// attempt (`try_once`), contention being [`Error::NotAcquired`].
+    /// Otherwise one attempt first (most locks are free: one round trip on
+    /// a shared session, and the lock lives there rather than on a
+    /// connection of its own), then a wait on the server on a waiter
+    /// connection (`wait_on`, given a fresh owner token and the deadline in
+    /// a [`WaitOn`]), or, when all `max_waiters` are in use,
     /// [`poll`](Self::poll) through `lease_locker`, the locker whose
-    /// `try_lock(key)` is `try_once`.
+    /// `try_lock(key)` (or `try_lock_shared(key)`) is `try_once`.
     ///
     /// A wait returns within `timeout` + [`DEADLINE_GRACE`] whatever the
     /// server does: past that, the call is abandoned (the dialect's guards
@@ -287,6 +317,7 @@ where
         key: &str,
         ttl: Duration,
         timeout: Duration,
+        shared: bool,
         lease_locker: Arc<dyn Locker>,
         try_once: impl FnOnce(Arc<dyn Locker>) -> Once,
         wait_on: impl FnOnce(WaitOn<C::Session>) -> Wait,
@@ -327,7 +358,7 @@ where
                 }
                 None => {
                     let remaining = remaining(deadline);
-                    self.poll(&*lease_locker, key, ttl, started, remaining)
+                    self.poll(&*lease_locker, key, ttl, shared, started, remaining)
                         .await
                 }
             }
@@ -338,9 +369,9 @@ where
 
     /// Waits by polling, when all `max_waiters` waiter connections are in
     /// use: the waiting loop every backend without a server-side wait uses
-    /// (`try_lock` through `lease_locker` with jittered backoff, bounded by
-    /// `remaining`), so contention, timeouts and outages are reported as
-    /// there. It does not switch to a native wait if a connection frees up
+    /// (`try_lock`, or with `shared` `try_lock_shared`, through
+    /// `lease_locker` with jittered backoff, bounded by `remaining`), so
+    /// contention, timeouts and outages are reported as there. It does not switch to a native wait if a connection frees up
     /// meanwhile.
     ///
     /// # Errors
@@ -356,6 +387,7 @@ where
         lease_locker: &dyn Locker,
         key: &str,
         ttl: Duration,
+        shared: bool,
         started: Instant,
         remaining: Duration,
     ) -> Result<Lease> {
@@ -376,7 +408,8 @@ where
             "every waiter connection is in use; polling"
         );
         let policy = WaitPolicy::default();
-        match crate::wait::acquire(lease_locker, key, ttl, remaining, &policy).await {
+        let polled = crate::wait::acquire_as(lease_locker, key, ttl, remaining, &policy, shared);
+        match polled.await {
             // The loop measured only its own part of the wait.
             Err(Error::Timeout { .. }) => Err(timed_out()),
             other => other,
@@ -400,35 +433,86 @@ where
         session: Arc<C::Session>,
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Lease> {
-        let closed_after_grant = || {
-            Error::backend(
-                self.backend,
-                "acquire",
-                (C::WORDING.lost_after_grant)(&self.target, key),
-            )
-        };
         if HoldingSession::is_closed(&*session) {
-            return Err(closed_after_grant());
+            return Err(self.closed_after_grant(key));
         }
-        let lease = Lease::new(
-            LeaseParts {
-                key: key.to_owned(),
-                owner: owner.clone(),
-                fencing_token,
-                ttl,
-                valid_until: None,
-            },
-            lease_locker,
-        );
-        let held = Held {
-            owner,
-            session,
-            lost: lease.lost_notifier(),
-        };
+        let (lease, held) = lease_for(key, ttl, owner, fencing_token, session, lease_locker);
         self.registry
             .grant(id, held)
-            .map_err(|SessionClosed| closed_after_grant())?;
+            .map_err(|SessionClosed| self.closed_after_grant(key))?;
         Ok(lease)
+    }
+
+    /// [`grant`](Self::grant) of a shared hold (one attempt's or one native
+    /// wait's): a reader's lease, carrying `fencing_token` (the key's
+    /// counter, read after the grant, not advanced).
+    ///
+    /// # Errors
+    ///
+    /// As [`grant`](Self::grant).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grant_shared(
+        &self,
+        id: K,
+        key: &str,
+        ttl: Duration,
+        owner: String,
+        fencing_token: Option<u64>,
+        session: Arc<C::Session>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Lease> {
+        if HoldingSession::is_closed(&*session) {
+            return Err(self.closed_after_grant(key));
+        }
+        let (lease, held) = lease_for(key, ttl, owner, fencing_token, session, lease_locker);
+        self.registry
+            .grant_shared(
+                id,
+                Reader {
+                    held,
+                    fencing_token,
+                },
+            )
+            .map_err(|SessionClosed| self.closed_after_grant(key))?;
+        Ok(lease)
+    }
+
+    /// A reader joining the shared hold `session` has of `id` for another
+    /// reader of this locker (see [`Registry::reserve_shared`]): its lease,
+    /// with the hold's `fencing_token`, or `None` if that hold ended
+    /// meanwhile (the caller then makes an attempt of its own).
+    pub(crate) fn join(
+        &self,
+        id: &K,
+        key: &str,
+        ttl: Duration,
+        fencing_token: Option<u64>,
+        session: Arc<C::Session>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Option<Lease> {
+        let owner = new_owner_token();
+        let (lease, held) = lease_for(key, ttl, owner, fencing_token, session, lease_locker);
+        if self.registry.join(
+            id,
+            Reader {
+                held,
+                fencing_token,
+            },
+        ) {
+            return Some(lease);
+        }
+        // Never recorded, so nothing to release: dropped quietly.
+        drop(lease.with_sync_release(|| {}));
+        None
+    }
+
+    /// The error for a grant whose session closed before it was recorded.
+    fn closed_after_grant(&self, key: &str) -> Error {
+        Error::backend(
+            self.backend,
+            "acquire",
+            (C::WORDING.lost_after_grant)(&self.target, key),
+        )
     }
 
     /// Reserves `id` for a [`Locker::forget`], exactly as an attempt would
@@ -573,7 +657,7 @@ where
             release_notifications: false,
             fencing: self.size.fencing,
             list: self.size.fencing,
-            // Exclusive only: see each dialect's `NO_SHARED_LOCKS`.
+            // Each dialect says whether it has shared locks (`NO_SHARED_LOCKS`).
             shared: false,
             ..Capabilities::ALL
         }

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use super::core::{Core, Tried, WaitOn};
 use super::pool::{Connector, SlotKey};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::session_registry::{Busy, Claim};
+use crate::session_registry::{Busy, Claim, Hold};
 use crate::{
     validate, Capabilities, Error, Lease, Locker, LostReason, MarkAdvance, RefreshRequest, Result,
     SharedLocker,
@@ -91,8 +91,11 @@ pub(crate) trait Dialect: Send + Sync + Sized {
     const HOLDS_PER_STATEMENT: usize;
 
     /// Why [`Locker::try_lock_shared`] is [`Error::Unsupported`] on this
-    /// dialect (the core grants exclusive locks only).
-    const NO_SHARED_LOCKS: &'static str;
+    /// dialect, or `None` where it has shared locks: it then implements
+    /// [`try_once_shared`](Self::try_once_shared),
+    /// [`wait_on_shared`](Self::wait_on_shared) and
+    /// [`unlock_shared`](Self::unlock_shared), whose defaults refuse.
+    const NO_SHARED_LOCKS: Option<&'static str>;
 
     /// The locker's pool, registry and shared steps.
     fn core(&self) -> &Core<Self::Connect, Self::Id>;
@@ -116,6 +119,45 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         ttl: Duration,
         on: WaitOn<SessionOf<Self>>,
     ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// One shared attempt, cancel-safe as [`try_once`](Self::try_once): a
+    /// grant is recorded through [`Core::grant_shared`] (or joins a shared
+    /// hold this locker's readers have on the key's shared session:
+    /// [`Core::join`]). The default refuses
+    /// ([`NO_SHARED_LOCKS`](Self::NO_SHARED_LOCKS)).
+    fn try_once_shared(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> impl Future<Output = Result<Tried>> + Send {
+        let _ = (lock, ttl, lease_locker);
+        let refused = no_shared_locks(self, "try_lock_shared");
+        async move { Err(refused) }
+    }
+
+    /// The native shared wait [`Core::lock`] hands over once the first
+    /// shared attempt found the key held exclusively, cancel-safe as
+    /// [`wait_on`](Self::wait_on). The default refuses.
+    fn wait_on_shared(
+        &self,
+        lock: &Lock<'_, Self::Id>,
+        ttl: Duration,
+        on: WaitOn<SessionOf<Self>>,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        let _ = (lock, ttl, on);
+        let refused = no_shared_locks(self, "lock_shared");
+        async move { Err(refused) }
+    }
+
+    /// Releases the shared hold `on` its session (the last reader of this
+    /// locker there has left): true if the session held it. The default
+    /// refuses.
+    fn unlock_shared(&self, on: On<'_, Self>) -> impl Future<Output = Result<bool>> + Send {
+        let _ = on;
+        let refused = no_shared_locks(self, "release");
+        async move { Err(refused) }
+    }
 
     /// [`Locker::forget`].
     fn forget(&self, lock: &Lock<'_, Self::Id>) -> impl Future<Output = Result<()>> + Send;
@@ -179,6 +221,16 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         session: Arc<SessionOf<Self>>,
         ids: &[&Self::Id],
     ) -> impl Future<Output = Result<Vec<bool>>> + Send + use<'s, Self>;
+}
+
+/// [`Error::Unsupported`] for `operation`, a shared-lock call on `dialect`,
+/// with its reason.
+fn no_shared_locks<D: Dialect>(dialect: &D, operation: &'static str) -> Error {
+    Error::unsupported(
+        dialect.core().backend,
+        operation,
+        D::NO_SHARED_LOCKS.unwrap_or("this backend has no shared locks"),
+    )
 }
 
 /// A SQL locker as its callers see it: a dialect, and how their keys name
@@ -261,7 +313,8 @@ macro_rules! sql_locker {
                 config.builder()?.build().await
             }
 
-            /// How many locks this locker (and its clones) holds right now.
+            /// How many locks this locker (and its clones) holds right now
+            /// (each shared lease counts).
             pub fn held_count(&self) -> usize {
                 self.inner.core.registry.held_count()
             }
@@ -317,7 +370,13 @@ impl<T: SqlKeys> Locker for T {
     }
 
     fn capabilities(&self) -> Capabilities {
-        dialect(self).core().capabilities()
+        let shared = <T::Dialect as Dialect>::NO_SHARED_LOCKS.is_none();
+        Capabilities {
+            shared,
+            // The server queues a native wait: later readers wait behind it.
+            writer_priority: shared,
+            ..dialect(self).core().capabilities()
+        }
     }
 
     fn backend_key(&self, key: &str) -> String {
@@ -332,15 +391,46 @@ impl<T: SqlKeys> Locker for T {
         dialect.core().try_answer(tried, key)
     }
 
-    /// [`Error::Unsupported`], with the dialect's reason.
+    /// One shared attempt where the dialect has shared locks (see the
+    /// backend's docs); [`Error::Unsupported`], with the dialect's reason,
+    /// elsewhere.
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        lock_of(self, key)?;
+        let lock = lock_of(self, key)?;
         validate::ttl(ttl)?;
-        Err(Error::unsupported(
-            self.backend(),
-            "try_lock_shared",
-            <T::Dialect as Dialect>::NO_SHARED_LOCKS,
-        ))
+        let dialect = dialect(self);
+        if T::Dialect::NO_SHARED_LOCKS.is_some() {
+            return Err(no_shared_locks(dialect, "try_lock_shared"));
+        }
+        let tried = dialect
+            .try_once_shared(&lock, ttl, lease_locker(self))
+            .await?;
+        dialect.core().try_answer(tried, key)
+    }
+
+    /// Waits on the server, not by polling, unless `max_waiters` waiter
+    /// connections are in use, as [`lock`](Locker::lock) does (see the
+    /// backend's docs); [`Error::Unsupported`] where the dialect has no
+    /// shared locks.
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        let lock = lock_of(self, key)?;
+        validate::ttl(ttl)?;
+        let dialect = dialect(self);
+        if T::Dialect::NO_SHARED_LOCKS.is_some() {
+            return Err(no_shared_locks(dialect, "lock_shared"));
+        }
+        let try_once = |lease_locker| dialect.try_once_shared(&lock, ttl, lease_locker);
+        let wait_on = |on| dialect.wait_on_shared(&lock, ttl, on);
+        let core = dialect.core();
+        core.lock(
+            key,
+            ttl,
+            timeout,
+            true,
+            lease_locker(self),
+            try_once,
+            wait_on,
+        )
+        .await
     }
 
     /// Waits on the server, not by polling, unless `max_waiters` waiter
@@ -352,11 +442,21 @@ impl<T: SqlKeys> Locker for T {
         let try_once = |lease_locker| dialect.try_once(&lock, ttl, lease_locker);
         let wait_on = |on| dialect.wait_on(&lock, ttl, on);
         let core = dialect.core();
-        core.lock(key, ttl, timeout, lease_locker(self), try_once, wait_on)
-            .await
+        core.lock(
+            key,
+            ttl,
+            timeout,
+            false,
+            lease_locker(self),
+            try_once,
+            wait_on,
+        )
+        .await
     }
 
-    /// Releases the lock if `owner` holds it through this locker; otherwise
+    /// Releases the lock if `owner` holds it through this locker (a reader's
+    /// shared hold too: the server's shared lock on its session is released
+    /// once the last of this locker's readers there has left); otherwise
     /// says whether somebody else holds it under that owner:
     /// [`Error::Unsupported`] if another client may hold it under `owner`
     /// (only the session holding a session lock can release it),
@@ -376,8 +476,10 @@ impl<T: SqlKeys> Locker for T {
         };
         // The entry is gone before the unlock is queued, with no await in
         // between: an attempt on this key that now reserves it and reaches
-        // the same session is ordered after the unlock by the server.
-        let Some(held) = core.registry.take(&id, owner) else {
+        // the same session is ordered after the unlock by the server. (Or
+        // just before it: the server then grants it re-entrantly, and the
+        // unlock takes back one of the two holds, leaving the new one.)
+        let Some((held, hold)) = core.registry.take_hold(&id, owner) else {
             return Err(match core.registry.state(&id) {
                 Some(Busy::Contended) => not_held(),
                 Some(Busy::CleaningUp) => core.cleanup_pending(key, "release"),
@@ -405,26 +507,37 @@ impl<T: SqlKeys> Locker for T {
             id: &id,
             context: &context,
         };
-        // The record is cleared before the unlock in the same statement, so
-        // when clearing failed (its row locked by another client past the
-        // session's lock timeout) the unlock never ran, and the lock would
-        // stay on a live session for good: then the unlock alone.
-        let released = match dialect.unlock(on, true).await {
-            Ok(released) => released,
-            Err(error) => match dialect.unlock(on, false).await {
-                Ok(released) => {
-                    tracing::warn!(
-                        component = "distlock",
-                        backend = core.backend,
-                        key,
-                        %error,
-                        "released the lock without clearing its holder record in the fencing row"
-                    );
-                    released
-                }
-                // The first statement's error, when the bare unlock failed
-                // too.
-                Err(_) => return Err(error),
+        let released = match hold {
+            // Other readers of this locker on its session still hold the
+            // key through the session's one shared lock.
+            Hold::Shared {
+                last_on_session: false,
+            } => return Ok(()),
+            // Readers write no record: nothing to clear.
+            Hold::Shared {
+                last_on_session: true,
+            } => dialect.unlock_shared(on).await?,
+            // The record is cleared before the unlock in the same statement,
+            // so when clearing failed (its row locked by another client past
+            // the session's lock timeout) the unlock never ran, and the lock
+            // would stay on a live session for good: then the unlock alone.
+            Hold::Exclusive => match dialect.unlock(on, true).await {
+                Ok(released) => released,
+                Err(error) => match dialect.unlock(on, false).await {
+                    Ok(released) => {
+                        tracing::warn!(
+                            component = "distlock",
+                            backend = core.backend,
+                            key,
+                            %error,
+                            "released the lock without clearing its holder record in the fencing row"
+                        );
+                        released
+                    }
+                    // The first statement's error, when the bare unlock failed
+                    // too.
+                    Err(_) => return Err(error),
+                },
             },
         };
         if !released {

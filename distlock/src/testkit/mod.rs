@@ -1532,7 +1532,7 @@ macro_rules! conformance_suite {
             shared_is_contention_while_exclusive_held,
             last_shared_release_lets_the_writer_in,
             lock_shared_waits_for_the_writer,
-            a_waiting_writer_and_new_readers_keep_the_declared_order,
+            a_waiting_writer_and_later_readers,
             dropped_shared_lease_is_released,
             shared_lease_answers_to_its_owner_token,
             shared_fencing_tokens_sit_between_writers,

@@ -214,16 +214,18 @@ pub async fn lock_shared_waits_for_the_writer(h: &Harness) {
     reader.release().await.expect("release the reader");
 }
 
-/// A writer waiting in `lock` for a reader, and a reader that comes after
-/// it, are served in the order the backend declares
-/// ([`Capabilities::shared_fair`](crate::Capabilities::shared_fair)):
+/// A writer waiting in `lock`, and readers that come after it, as
+/// [`Capabilities::writer_priority`](crate::Capabilities::writer_priority)
+/// says.
 ///
-/// - **not fair** (memory, file): the late reader is granted at once, and
-///   the writer gets in once both readers are gone;
-/// - **fair** (etcd): the late reader's `try_lock_shared` is contention and
-///   its `lock_shared` waits; the writer gets in when the first reader
-///   leaves, and the late reader once the writer has released.
-pub async fn a_waiting_writer_and_new_readers_keep_the_declared_order(h: &Harness) {
+/// - Without writer priority (memory, file): another client's
+///   `try_lock_shared` is granted at once while the writer waits, and the
+///   writer gets in once both readers are gone.
+/// - With it (Postgres, etcd): a later reader is contention from every client
+///   (the first reader's own included), a later `lock_shared` waits behind
+///   the writer, and the writer gets in as soon as the first reader leaves,
+///   before that waiting reader.
+pub async fn a_waiting_writer_and_later_readers(h: &Harness) {
     let (a, b, w) = (h.locker().await, h.locker().await, h.locker().await);
     let key = h.key("shared-writer-waits");
     if !has_shared_locks(&*a, &key).await {
@@ -233,7 +235,7 @@ pub async fn a_waiting_writer_and_new_readers_keep_the_declared_order(h: &Harnes
     let writer = spawn_writer(&w, &key);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished(), "the writer waits for the reader");
-    if !a.capabilities().shared_fair {
+    if !a.capabilities().writer_priority {
         let late = acquire_shared(&*b, &key, LONG_TTL).await;
         first.release().await.expect("release the first reader");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -247,33 +249,42 @@ pub async fn a_waiting_writer_and_new_readers_keep_the_declared_order(h: &Harnes
             .expect("release the writer");
         return;
     }
-    assert_shared_contended(&*b, &key, "a writer is queued ahead of a new reader").await;
+    let queued = "a writer waits: later readers queue behind it";
+    assert_shared_contended(&*b, &key, queued).await;
+    assert_shared_contended(&*a, &key, queued).await;
     let late = {
         let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move { b.lock_shared(&key, LONG_TTL, Duration::from_secs(10)).await })
+        tokio::spawn(async move {
+            let lease = b.lock_shared(&key, LONG_TTL, Duration::from_secs(10)).await;
+            (lease, Instant::now())
+        })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         !late.is_finished(),
-        "the late reader waits behind the writer"
+        "a later lock_shared waits behind the writer"
     );
+    let released = Instant::now();
     first.release().await.expect("release the first reader");
-    let (lease, _) = writer.await.expect("writer task");
-    let lease = lease.expect("the writer gets the key once the first reader left");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (lease, at) = writer.await.expect("writer task");
+    let lease = lease.expect("the writer gets the key when the first reader leaves");
     assert!(
-        !late.is_finished(),
-        "the late reader waits for the writer's release"
+        at.saturating_duration_since(released) < WAKE_WITHIN,
+        "the writer got in {:?} after the reader left",
+        at.saturating_duration_since(released)
     );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!late.is_finished(), "the later reader waits for the writer");
+    let writer_left = Instant::now();
     lease.release().await.expect("release the writer");
-    tokio::time::timeout(WAKE_WITHIN, late)
-        .await
-        .expect("the late reader gets in soon after the writer's release")
-        .expect("reader task")
-        .expect("lock_shared succeeds")
-        .release()
-        .await
-        .expect("release the late reader");
+    let (reader, at) = late.await.expect("reader task");
+    let reader = reader.expect("the later reader gets the key after the writer");
+    assert!(
+        at.saturating_duration_since(writer_left) < WAKE_WITHIN,
+        "the later reader got in {:?} after the writer left",
+        at.saturating_duration_since(writer_left)
+    );
+    reader.release().await.expect("release the later reader");
 }
 
 /// A shared lease dropped without `release` is released: a writer waiting

@@ -23,3 +23,33 @@ async fn connect() -> Arc<dyn Locker> {
             .expect("connect to the test server"),
     )
 }
+
+/// The shared-lock checks through every wrapper at once: their `lock` is
+/// the polling loop of a `WaitLocker`, in no server queue, so the waiting
+/// writer check takes its branch without writer priority here.
+mod shared_through_every_wrapper {
+    use super::*;
+    use distlock::{BreakerConfig, LockerExt, WaitPolicy};
+
+    distlock::conformance_suite!(@checks || async {
+        connect()
+            .await
+            .with_prefix("wrapped:")
+            .with_wait_policy(WaitPolicy::default())
+            .with_circuit_breaker(BreakerConfig::default())
+            .with_metrics()
+            .with_tracing()
+            .shared()
+    };
+        shared_holders_coexist,
+        exclusive_is_contention_while_shared_held,
+        shared_is_contention_while_exclusive_held,
+        last_shared_release_lets_the_writer_in,
+        lock_shared_waits_for_the_writer,
+        a_waiting_writer_and_later_readers,
+        dropped_shared_lease_is_released,
+        shared_lease_answers_to_its_owner_token,
+        shared_fencing_tokens_sit_between_writers,
+        shared_keepalive_holds_and_reports_loss,
+    );
+}

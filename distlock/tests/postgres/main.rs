@@ -1,6 +1,7 @@
 //! What the Postgres backend promises beyond the shared contract (which
 //! `tests/conformance` checks), on real servers: behaviour on a healthy
-//! server, faults of a misbehaving one, and a real network partition. One
+//! server, faults of a misbehaving one, a real network partition, and
+//! shared (reader) locks. One
 //! binary with a module per area, built with the `postgres` feature only.
 
 #[path = "../common/mod.rs"]
@@ -12,3 +13,4 @@ mod faults;
 mod hop;
 mod inspect;
 mod partition;
+mod shared;
