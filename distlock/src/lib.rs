@@ -97,7 +97,8 @@
 //!   backend-native path only where it measures better or a backend's own
 //!   tools must interoperate.
 //! - **Shared locks on a backend**: they need the backend's own reader
-//!   mode (`flock(LOCK_SH)`, a reader count beside the exclusive entry), so
+//!   mode (`flock(LOCK_SH)`, readers beside the exclusive entry, a reader
+//!   set beside the Redis lock key), so
 //!   they are trait methods, not a module over [`Locker`]: override
 //!   [`Locker::try_lock_shared`] (and [`Locker::lock_shared`] for a
 //!   server-side wait), set [`Capabilities::shared`], and make
@@ -405,7 +406,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// clobber one record.)
     ///
     /// **A waiting writer does not block new readers** on the backends that
-    /// have shared locks now (memory, file): a writer waiting in
+    /// have shared locks now (memory, file, Redis): a writer waiting in
     /// [`lock`](Locker::lock) polls (or is woken) and gets the key only when
     /// no reader holds it, so a steady overlap of readers can starve it.
     /// Each backend's docs say so; the conformance suite checks it.

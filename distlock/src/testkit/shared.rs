@@ -215,9 +215,9 @@ pub async fn lock_shared_waits_for_the_writer(h: &Harness) {
 }
 
 /// **A waiting writer does not block new readers** on every backend with
-/// shared locks today (memory, file): while a writer waits in `lock` for a
-/// reader, another client's `try_lock_shared` is granted at once. The
-/// writer gets in once both readers are gone.
+/// shared locks today (memory, file, Redis): while a writer waits in `lock`
+/// for a reader, another client's `try_lock_shared` is granted at once.
+/// The writer gets in once both readers are gone.
 pub async fn a_waiting_writer_does_not_block_new_readers(h: &Harness) {
     let (a, b, w) = (h.locker().await, h.locker().await, h.locker().await);
     let key = h.key("shared-writer-waits");
