@@ -162,8 +162,8 @@ pub(crate) struct RunArgs {
     /// exclusive `run` holds it (nor an exclusive one while any of them
     /// does). Everything else (supervision, --wait, exit codes) is as for
     /// an exclusive run. A waiting exclusive run does not hold new readers
-    /// back. On a backend without shared locks (Redis, Redlock, etcd,
-    /// Postgres, MySQL for now) it exits 64 with the reason.
+    /// back. On a backend without shared locks (Redlock, etcd, Postgres,
+    /// MySQL for now) it exits 64 with the reason.
     #[arg(long, conflicts_with = "limit")]
     pub(crate) shared: bool,
 
