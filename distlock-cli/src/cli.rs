@@ -163,8 +163,8 @@ pub(crate) struct RunArgs {
     /// does). Everything else (supervision, --wait, exit codes) is as for
     /// an exclusive run. A waiting exclusive run holds new readers back on
     /// Postgres (the server queues it) and etcd (readers and writers queue
-    /// in order), not on file. On a backend without shared locks (Redis,
-    /// Redlock, MySQL, ZooKeeper for now) it exits 64 with the reason.
+    /// in order), not on file or Redis. On a backend without shared locks
+    /// (Redlock, MySQL, ZooKeeper for now) it exits 64 with the reason.
     #[arg(long, conflicts_with = "limit")]
     pub(crate) shared: bool,
 

@@ -98,7 +98,8 @@
 //!   backend-native path only where it measures better or a backend's own
 //!   tools must interoperate.
 //! - **Shared locks on a backend**: they need the backend's own reader
-//!   mode (`flock(LOCK_SH)`, a reader count beside the exclusive entry), so
+//!   mode (`flock(LOCK_SH)`, readers beside the exclusive entry, a reader
+//!   set beside the Redis lock key), so
 //!   they are trait methods, not a module over [`Locker`]: override
 //!   [`Locker::try_lock_shared`] (and [`Locker::lock_shared`] for a
 //!   server-side wait), set [`Capabilities::shared`] (and
@@ -480,7 +481,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// **A waiting writer and new readers**: as
     /// [`Capabilities::writer_priority`] says.
     ///
-    /// - Where it is false (memory, file), a waiting writer does not block
+    /// - Where it is false (memory, file, Redis), a waiting writer does not block
     ///   new readers: it polls (or is woken) and gets the key only when no
     ///   reader holds it, so a steady overlap of readers can starve it.
     /// - Where it is true (Postgres, etcd), the server queues a writer waiting in

@@ -6,7 +6,7 @@ use std::time::Duration;
 use distlock::Locker;
 use test_servers::{RedisCluster, RedisSentinelSet, RedisServer};
 
-use crate::support::{alive, stderr, BIN};
+use crate::support::{alive, code, stderr, wait_for_exit, wait_until, BIN};
 
 #[tokio::test]
 async fn run_holds_the_redis_lock_while_the_command_runs_and_frees_it_after() {
@@ -81,30 +81,127 @@ fn run_works_on_a_redis_cluster_and_behind_sentinel() {
     );
 }
 
-/// Redis has no shared locks yet: `run --shared` exits 64 with the
-/// reason, and never runs the command.
+/// `run --shared` on Redis: two readers hold the key at once (each waits,
+/// holding it, until it sees the other has started), and the lock key
+/// holds the shared marker meanwhile; `status` says held shared; an
+/// exclusive `run` exits 75 without running its command, and with `--wait`
+/// starts only after both readers have finished (woken by the last one's
+/// release); a `--shared` run while a writer holds the key exits 75 too,
+/// and the readers carry the last writer's fencing token.
 #[test]
-fn run_shared_exits_64_with_the_reason_on_a_backend_without_shared_locks() {
+fn shared_runs_overlap_and_exclude_an_exclusive_run_on_redis() {
     let server = RedisServer::start();
-    let output = Command::new(BIN)
-        .args([
-            "run",
-            "--shared",
-            "--url",
-            &server.url(),
-            "--key",
-            "readers",
-            "--",
-            "false",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name);
+    let distlock = || {
+        let mut command = Command::new(BIN);
+        command.env("DISTLOCK_URL", server.url());
+        command
+    };
+    let run = |args: &[&str]| distlock().args(args).output().expect("run distlock");
+    let (log, go) = (path("log"), path("go"));
+    let started = |name: &str| path(&format!("started-{name}"));
+    let reader = |me: &str, other: &str| {
+        // Holding its shared lease, a reader waits (at most 20 s) to see the
+        // other one started, then for the test's go, then logs its end and
+        // its fencing token.
+        let script = format!(
+            "touch {me}; \
+             i=0; while [ ! -e {other} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 3; sleep 0.05; done; \
+             i=0; while [ ! -e {go} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 4; sleep 0.05; done; \
+             echo reader-end-$DISTLOCK_FENCING_TOKEN >> {log}",
+            me = started(me).display(),
+            other = started(other).display(),
+            go = go.display(),
+            log = log.display(),
+        );
+        distlock()
+            .args([
+                "run", "--shared", "--key", "report", "--", "sh", "-c", &script,
+            ])
+            .spawn()
+            .expect("spawn a reader")
+    };
+    // One writer first: the readers carry its fencing token.
+    assert_eq!(code(&run(&["run", "--key", "report", "--", "true"])), 0);
+    let mut readers = [reader("a", "b"), reader("b", "a")];
+    wait_until("both readers hold the key", Duration::from_secs(20), || {
+        started("a").exists() && started("b").exists()
+    });
+    assert_eq!(server.cli(&["GET", "lock:{report}"]), "shared:readers");
+    assert_eq!(server.cli(&["ZCARD", "lock:{report}:readers"]), "2");
+
+    let status = run(&["status", "--key", "report"]);
+    assert_eq!(code(&status), 0, "{}", stderr(&status));
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(shown.contains("\"report\" is held shared"), "{shown}");
+
+    let marker = path("ran");
+    let touch = format!("touch {}", marker.display());
+    let output = run(&["run", "--key", "report", "--", "sh", "-c", &touch]);
+    assert_eq!(code(&output), 75, "{}", stderr(&output));
     assert!(
-        stderr(&output).contains("shared locks are not done yet on Redis"),
+        stderr(&output).contains("lock \"report\" is held elsewhere"),
         "{}",
         stderr(&output)
     );
+    assert!(!marker.exists(), "the exclusive command must not run");
+
+    let write = format!(
+        "echo writer-start-$DISTLOCK_FENCING_TOKEN >> {}",
+        log.display()
+    );
+    let mut writer = distlock()
+        .args([
+            "run", "--key", "report", "--wait", "30s", "--", "sh", "-c", &write,
+        ])
+        .spawn()
+        .expect("spawn the writer");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        writer.try_wait().expect("try_wait").is_none(),
+        "the writer waits while readers hold the key"
+    );
+    std::fs::write(&go, "").expect("go");
+    for reader in &mut readers {
+        assert_eq!(wait_for_exit(reader, Duration::from_secs(30)), 0);
+    }
+    assert_eq!(wait_for_exit(&mut writer, Duration::from_secs(30)), 0);
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "reader-end-1\nreader-end-1\nwriter-start-2\n",
+        "the writer starts only after both readers finished, with a larger token"
+    );
+    for redis_key in ["lock:{report}", "lock:{report}:readers"] {
+        assert_eq!(server.cli(&["EXISTS", redis_key]), "0", "{redis_key}");
+    }
+
+    // And the other way round: a writer holding the key keeps readers out.
+    let (holds, done) = (path("writer-holds"), path("writer-done"));
+    let hold = format!(
+        "touch {}; i=0; while [ ! -e {} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 4; sleep 0.05; done",
+        holds.display(),
+        done.display()
+    );
+    let mut holder = distlock()
+        .args(["run", "--key", "report", "--", "sh", "-c", &hold])
+        .spawn()
+        .expect("spawn a holding writer");
+    wait_until("the writer holds the key", Duration::from_secs(20), || {
+        holds.exists()
+    });
+    let output = run(&[
+        "run", "--shared", "--key", "report", "--", "sh", "-c", &touch,
+    ]);
+    assert_eq!(code(&output), 75, "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("lock \"report\" is held exclusively elsewhere"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!marker.exists(), "the shared command must not run");
+    std::fs::write(&done, "").expect("done");
+    assert_eq!(wait_for_exit(&mut holder, Duration::from_secs(30)), 0);
 }
 
 #[tokio::test]

@@ -107,3 +107,22 @@ fn bench_over_redlock_leaves_no_key_behind() {
         );
     }
 }
+
+/// Redlock has no shared locks: `run --shared` exits 64 with the reason,
+/// and never runs the command.
+#[test]
+fn run_shared_exits_64_with_the_reason_on_redlock() {
+    let (_servers, url) = start();
+    let output = Command::new(BIN)
+        .args([
+            "run", "--shared", "--url", &url, "--key", "readers", "--", "false",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("shared locks are not done on Redlock"),
+        "{}",
+        stderr(&output)
+    );
+}

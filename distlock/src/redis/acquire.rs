@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::errors::{self, Outcome};
-use super::scripts::ACQUIRE_SCRIPT;
+use super::scripts::{ACQUIRE_SCRIPT, ACQUIRE_SHARED_SCRIPT, READER_TOKEN_PREFIX};
 use super::{inspect, ttl_millis, RedisLocker, BACKEND};
 use crate::inspect::{current_label, host_name};
 use crate::pending::PendingAcquire;
@@ -22,29 +22,46 @@ pub(super) struct ReplicaAck {
     pub(super) timeout: Duration,
 }
 
+/// What an acquire asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// The lock key, alone ([`Locker::try_lock`]).
+    Exclusive,
+    /// A place in the reader set ([`Locker::try_lock_shared`]).
+    Shared,
+}
+
 impl RedisLocker {
-    /// One try: the acquire script, and once more with the same owner token
-    /// if the connection was found broken. Not bounded by itself (see
-    /// [`Locker::try_lock`]); every exit that leaves the outcome unknown,
-    /// including being dropped, undoes the attempt by its token.
-    pub(super) async fn acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+    /// One try: the acquire script (exclusive or shared), and once more
+    /// with the same owner token if the connection was found broken. Not
+    /// bounded by itself (see [`Locker::try_lock`]); every exit that leaves
+    /// the outcome unknown, including being dropped, undoes the attempt by
+    /// its token.
+    pub(super) async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Option<Lease>> {
+        let owner = match mode {
+            Mode::Exclusive => new_owner_token(),
+            // The prefix sends its unlock and refresh to the reader scripts
+            // (see `scripts.rs`, "Shared locks").
+            Mode::Shared => format!("{READER_TOKEN_PREFIX}{}", new_owner_token()),
+        };
         // Armed from here on: the request may be on the wire at any await below.
-        let pending = PendingAcquire::arm(
-            self,
-            key,
-            new_owner_token(),
-            ttl,
-            "an acquire whose outcome is unknown",
-        );
+        let pending =
+            PendingAcquire::arm(self, key, owner, ttl, "an acquire whose outcome is unknown");
         let owner = pending.owner();
         // Read on the caller's task, before anything is sent: its label scope.
-        let value = self.inner.record_holder.then(|| {
+        // Readers leave no record: the reader set holds their tokens only.
+        let value = (self.inner.record_holder && mode == Mode::Exclusive).then(|| {
             let label = current_label();
             inspect::recorded_value(owner, ttl, std::process::id(), host_name(), &label)
         });
         let value = value.as_deref().unwrap_or(owner);
         let mut sent_at = Instant::now();
-        let mut granted = self.run_acquire_script(key, value, ttl).await;
+        let mut granted = self.run_grant_script(key, value, ttl, mode).await;
         let mut retried = false;
         if let Err(err) = &granted {
             // The connection was found broken (a restart, a failover or a
@@ -56,16 +73,16 @@ impl RedisLocker {
             if err.is_connection_dropped() && !err.is_connection_refusal() {
                 retried = true;
                 sent_at = Instant::now();
-                granted = self.run_acquire_script(key, value, ttl).await;
+                granted = self.run_grant_script(key, value, ttl, mode).await;
             }
         }
         let fencing_token = match granted {
             // Held by another token: ours is not in the key, nothing to undo.
-            Ok(0) => {
+            Ok(None) => {
                 pending.settle();
                 return Ok(None);
             }
-            Ok(token) => token,
+            Ok(Some(token)) => token,
             Err(err) => {
                 let outcome_unknown = retried || errors::outcome(&err) == Outcome::Unknown;
                 if !outcome_unknown {
@@ -127,6 +144,38 @@ impl RedisLocker {
             Err(err) => {
                 let unknown = errors::outcome(&err) == Outcome::Unknown;
                 Err(self.inner.target.error("acquire", err, unknown))
+            }
+        }
+    }
+
+    /// The acquire script of `mode`: the fencing token of the grant, or
+    /// `None` for contention. Exclusive, it writes `value` into the lock;
+    /// shared, `value` is the reader's owner token.
+    async fn run_grant_script(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+        mode: Mode,
+    ) -> redis::RedisResult<Option<u64>> {
+        match mode {
+            // 0: held by another token.
+            Mode::Exclusive => {
+                Ok(Some(self.run_acquire_script(key, value, ttl).await?)
+                    .filter(|&fence| fence != 0))
+            }
+            Mode::Shared => {
+                let keys = &self.inner.keys;
+                let fence: i64 = ACQUIRE_SHARED_SCRIPT
+                    .key(keys.lock_key(key))
+                    .key(keys.readers_key(key))
+                    .key(keys.fence_key(key))
+                    .arg(value)
+                    .arg(ttl_millis(ttl))
+                    .invoke_async(&mut self.connection())
+                    .await?;
+                // -1: a writer holds the key.
+                Ok(u64::try_from(fence).ok())
             }
         }
     }

@@ -106,14 +106,15 @@ impl RedisLocker {
         Ok(held.into_iter().flatten().collect())
     }
 
-    /// One script deletes the lock and its record whoever holds it,
-    /// publishes the release (waiters wake) and returns what it deleted
+    /// One script deletes the lock and its record whoever holds it (every
+    /// reader, when readers hold it), publishes the release (waiters wake) and returns what it deleted
     /// (`None`: the lock was free, nothing done). Bounded; not logged.
     pub(crate) async fn delete_lock(&self, key: &str) -> Result<Option<LockView>> {
         validate::key(key)?;
         let mut delete = FORCE_RELEASE_SCRIPT.key(self.inner.keys.lock_key(key));
         delete
             .key(self.inner.keys.fence_key(key))
+            .key(self.inner.keys.readers_key(key))
             .arg(self.inner.keys.release_channel(key))
             .arg(self.inner.publish);
         self.read_view("force_release", key, &delete).await
@@ -121,10 +122,12 @@ impl RedisLocker {
 }
 
 /// Decodes what the inspect and force-release scripts return for a held
-/// lock: `{pttl, grant}`, or `{pttl, grant, ttl_ms, granted_ms, "pid \n
-/// host \n label", fence}` when the lock's value carries a holder record
-/// (see `scripts.rs`). A record that does not decode (written by something
-/// else) leaves the holder unknown; a reply of another shape is an error.
+/// lock: `{pttl, grant}`, `{pttl, grant, fence}` when readers hold it
+/// (shared, holders unknown: readers leave no record), or `{pttl, grant,
+/// ttl_ms, granted_ms, "pid \n host \n label", fence}` when the lock's
+/// value carries a holder record (see `scripts.rs`). A record that does
+/// not decode (written by something else) leaves the holder unknown; a
+/// reply of another shape is an error.
 fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
     let malformed = || {
         Error::backend(
@@ -148,7 +151,14 @@ fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
     let record: Vec<String> = fields
         .filter_map(|field| redis::from_redis_value(field).ok())
         .collect();
-    if let [ttl_ms, granted_ms, holder, fence] = record.as_slice() {
+    if let [fence] = record.as_slice() {
+        held.shared = true;
+        // Empty: no writer ever held the key, so the readers carry 0.
+        held.fencing_token = match fence.as_str() {
+            "" => Some(0),
+            fence => fence.parse().ok(),
+        };
+    } else if let [ttl_ms, granted_ms, holder, fence] = record.as_slice() {
         if let Some(record) = decode_record(ttl_ms, granted_ms, holder, fence) {
             held.holder = Some(record.holder);
             held.granted = Some(GrantTime {
@@ -253,6 +263,26 @@ mod tests {
         assert_eq!(held.ttl_left, Some(Duration::from_millis(29_500)));
         assert_eq!(held.fencing_token, Some(7));
         assert_eq!(held.session, None);
+    }
+
+    #[test]
+    fn a_key_held_by_readers_is_shared_with_unknown_holders_and_their_token() {
+        let held = lock_view("k", vec![Value::Int(29_000), text("ab"), text("7")])
+            .expect("decodes")
+            .held;
+        assert!(held.shared);
+        assert_eq!(held.holder, None, "readers leave no record");
+        assert_eq!(held.fencing_token, Some(7));
+        assert_eq!(held.ttl_left, Some(Duration::from_secs(29)));
+        assert_eq!((held.granted, held.ttl), (None, None));
+        let never_written = lock_view("k", vec![Value::Int(1), text("ab"), text("")])
+            .expect("decodes")
+            .held;
+        assert_eq!(
+            never_written.fencing_token,
+            Some(0),
+            "no writer yet: readers carry 0"
+        );
     }
 
     #[test]

@@ -4,17 +4,20 @@
 const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the per-key release channel, after the lock key.
 const RELEASED_SUFFIX: &str = ":released";
+/// Suffix of the per-key reader set (shared holders), after the lock key.
+const READERS_SUFFIX: &str = ":readers";
 /// Suffix of a mark ([`crate::Locker::advance_mark`]), after the lock key of
 /// the same name.
 const MARK_SUFFIX: &str = ":mark";
 
 /// Names the Redis keys of a lock: `<prefix>{<key>}` for the lock itself,
-/// `<prefix>{<key>}:fence` for its fencing counter and `<prefix>{<key>}:released`
-/// for the channel its releases are published on.
+/// `<prefix>{<key>}:fence` for its fencing counter, `<prefix>{<key>}:readers`
+/// for its shared holders and `<prefix>{<key>}:released` for the channel its
+/// releases are published on.
 ///
-/// The braces are a Redis Cluster hash tag: the fence key extends the lock key,
-/// so both hash to the slot of the lock key's tag and one script may touch both
-/// on a cluster. (A key starting with `}` gives an empty tag, which Redis
+/// The braces are a Redis Cluster hash tag: the companion keys extend the
+/// lock key, so all of them hash to the slot of the lock key's tag and one
+/// script may touch them together on a cluster. (A key starting with `}` gives an empty tag, which Redis
 /// Cluster ignores; a single node does not care.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeySpace {
@@ -43,6 +46,13 @@ impl KeySpace {
         self.lock_key(key) + FENCE_SUFFIX
     }
 
+    /// The sorted set of `key`'s shared holders: their owner tokens, each
+    /// scored by its expiry in milliseconds on the server's clock (see
+    /// `scripts.rs`, "Shared locks").
+    pub(crate) fn readers_key(&self, key: &str) -> String {
+        self.lock_key(key) + READERS_SUFFIX
+    }
+
     /// The key holding the mark `name`, in the slot of the lock of that name.
     pub(crate) fn mark_key(&self, name: &str) -> String {
         self.lock_key(name) + MARK_SUFFIX
@@ -51,7 +61,9 @@ impl KeySpace {
     /// The `SCAN ... MATCH` pattern of every lock key whose caller's key
     /// starts with `key_prefix`: `<prefix>{<key_prefix>*}`, glob characters of
     /// both escaped. Lock keys end with `}`; the companion keys (fence,
-    /// mark) end with their suffix, so the pattern leaves them out.
+    /// readers, mark) end with their suffix, so the pattern leaves them
+    /// out. A key held only by readers is still found: its lock key holds
+    /// the shared marker while any reader does.
     pub(crate) fn lock_pattern(&self, key_prefix: &str) -> String {
         format!(
             "{}{{{}*}}",
@@ -100,6 +112,10 @@ mod tests {
         assert_eq!(keys.fence_key("jobs/nightly"), "lock:{jobs/nightly}:fence");
         assert_eq!(keys.mark_key("jobs/nightly"), "lock:{jobs/nightly}:mark");
         assert_eq!(
+            keys.readers_key("jobs/nightly"),
+            "lock:{jobs/nightly}:readers"
+        );
+        assert_eq!(
             keys.release_channel("jobs/nightly"),
             "lock:{jobs/nightly}:released"
         );
@@ -117,7 +133,13 @@ mod tests {
         assert_eq!(keys.lock_pattern(""), r"a\*\[x\]:{*}");
         assert_eq!(keys.key_of("a*[x]:{jobs/1}"), Some("jobs/1"));
         assert_eq!(keys.key_of("a*[x]:{k}}"), Some("k}"));
-        for companion in ["a*[x]:{k}:fence", "a*[x]:{k}:holder", "b:{k}", "a*[x]:k"] {
+        for companion in [
+            "a*[x]:{k}:fence",
+            "a*[x]:{k}:readers",
+            "a*[x]:{k}:holder",
+            "b:{k}",
+            "a*[x]:k",
+        ] {
             assert_eq!(keys.key_of(companion), None, "{companion}");
         }
     }

@@ -13,9 +13,12 @@
 //! - **release** is a compare-and-delete script: it deletes the key only if
 //!   it still holds this owner's token, then publishes on
 //!   `<prefix>{<key>}:released` so waiters wake at once;
-//! - **refresh** is a compare-and-`PEXPIRE` script.
+//! - **refresh** is a compare-and-`PEXPIRE` script;
+//! - **shared (reader) locks** keep their readers in a sorted set beside the
+//!   lock key, `<prefix>{<key>}:readers`, and mark the lock key as held by
+//!   readers (see "Shared locks" below).
 //!
-//! The lock key, the fence key and the channel share one
+//! The lock key, the fence key, the reader set and the channel share one
 //! Redis Cluster hash tag (the braces). Scripts are sent by `EVALSHA` and loaded again when the
 //! server has forgotten them (`NOSCRIPT` after a restart, a failover or
 //! `SCRIPT FLUSH`).
@@ -103,10 +106,10 @@
 //!   to leave unsubscribes; [`Locker::try_lock`] never subscribes.
 //! - **Keys**: `<prefix>{<key>}`; see [`RedisLocker::backend_key`]. On a
 //!   cluster, a key starting with `}` has an empty hash tag, which Redis
-//!   ignores (then lock and fence key may land in different slots and the
-//!   scripts fail with `CROSSSLOT`: an error, never a wrong answer). A key
-//!   containing `{` or `}` is hashed by Redis' first-brace rule, still one
-//!   tag for all of the lock's keys.
+//!   ignores (then lock, fence and reader keys may land in different slots
+//!   and the scripts fail with `CROSSSLOT`: an error, never a wrong answer).
+//!   A key containing `{` or `}` is hashed by Redis' first-brace rule, still
+//!   one tag for all of the lock's keys.
 //! - **Marks** ([`Locker::advance_mark`]): `<prefix>{<name>}:mark`, without
 //!   expiry, raised by one script. **A mark is as durable as the server's
 //!   persistence**: without `appendonly yes` a restart forgets it (an RDB
@@ -118,6 +121,71 @@
 //!   whose outcome is unknown (the mark stays advanced on the master; the
 //!   scheduler then does not run that tick). See "What the server must be
 //!   configured with".
+//!
+//! # Shared locks
+//!
+//! [`Locker::try_lock_shared`] and [`Locker::lock_shared`] grant reader
+//! leases, one script per operation, as for exclusive locks:
+//!
+//! - **Readers** are the members of a sorted set beside the lock key,
+//!   `<prefix>{<key>}:readers` ([`RedisLocker::readers_key`]): each reader's
+//!   owner token, scored by its expiry in milliseconds on the **server's**
+//!   clock (`TIME` plus its ttl; never the client's). While any reader
+//!   holds the key, **the lock key holds the marker `shared:readers`** and
+//!   expires with the last reader (`PEXPIREAT` of the highest score; the set
+//!   expires at the same instant). A shared acquire succeeds unless a writer
+//!   holds the lock key: it drops the readers that expired, adds itself,
+//!   and re-arms the set and the marker to the last reader's expiry.
+//! - **Writers are kept out by the marker.** The exclusive acquire script
+//!   is unchanged: its `SET NX` fails while the marker is there, as it does
+//!   while another writer holds the key, so exclusive locks cost what they
+//!   did (no command, key or argument more per acquire, release or
+//!   refresh). Every script that changes the reader set first drops the
+//!   expired readers and re-arms the marker to the highest live score (or
+//!   deletes it with the last reader), so the marker outlives its last
+//!   reader by at most a millisecond. Clients of other libraries that lock
+//!   with `SET NX` (redis-py's `Lock`) are kept out by readers too.
+//! - **Reader or writer, told by the owner token**: a reader's token is
+//!   `shared:` followed by 32 hex digits, a writer's the 32 hex digits
+//!   alone. [`Locker::unlock`] and [`Locker::refresh`] send a token with
+//!   the prefix to the reader scripts (remove it from the set; move its
+//!   score and the marker's expiry), any other to the exclusive scripts,
+//!   which are unchanged. A reader script that finds no reader by its
+//!   token but the key held by a writer with that token (a client of
+//!   another library whose tokens happen to start with `shared:`) acts as
+//!   the exclusive script would, so a token is found whichever it is, in
+//!   one script. [`Locker::refresh_many`] carries both kinds in one batch.
+//!   Refreshing or releasing a reader whose ttl ran out is
+//!   [`Error::NotHeld`]: it is not revived.
+//! - **Fencing**: a reader's fencing token is the fence counter's value,
+//!   read, not advanced: the last writer's (0 if no writer ever held the
+//!   key). The next writer's `INCR` gives it a larger one.
+//! - **Release notifications**: the reader leaving last deletes the marker
+//!   and publishes on the release channel, which wakes waiting writers; a
+//!   writer's release wakes waiting readers as it wakes writers. A reader
+//!   that leaves others behind publishes nothing (only writers wait for
+//!   readers, and they wait for the last one). Readers that expire publish
+//!   nothing; waiters find the key free by polling, as after a writer's
+//!   expiry.
+//! - **A waiting writer does not block new readers**: a writer waiting in
+//!   [`Locker::lock`] is woken (or polls) and gets the key only once no
+//!   reader holds it, so readers that keep overlapping can starve it.
+//! - **Loss** is found as for a writer: a reader whose entry or marker is
+//!   gone (a restart without persistence, a failover that lost it, a forced
+//!   release, an operator's `DEL`) gets [`Error::NotHeld`] at its next
+//!   refresh, and under a keepalive its lost signal fires. Eviction is as
+//!   dangerous as for writers (the marker has a ttl, so a `volatile-*`
+//!   policy can evict it and let a writer in beside readers) and refused
+//!   the same way (see "What the server must be configured with").
+//! - **Inspection**: a key held by readers is reported held,
+//!   [`HeldLock::shared`], `ttl_left` running until the last reader's
+//!   expiry, with the fencing token the readers carry. Readers write no
+//!   holder record (their grant writes the token alone), so `holder`,
+//!   `granted` and `ttl` are `None`. [`Locker::list`] finds it (its lock
+//!   key holds the marker), [`RedisLocker::remaining_ttl`] is the last
+//!   reader's, [`Locker::forget`] refuses it as held, and
+//!   [`ForceRelease::Lock`] evicts every reader.
+//! - Redlock has no shared locks (see its docs).
 //!
 //! # Deployments
 //!
@@ -262,15 +330,18 @@
 //! `PTTL` ([`RedisLocker::remaining_ttl`]), `SELECT` when `db` is not 0, and
 //! `HELLO`/`AUTH` (allowed to every user), `SCAN` ([`Locker::list`]); its
 //! scripts call `SET`, `GET`, `INCR`, `PEXPIRE`, `DEL`, `EXISTS`,
-//! `PUBLISH`, `PTTL` and, for the holder record's grant time (at a
-//! refresh and at inspection, never at acquire), `TIME`, which
+//! `PUBLISH`, `PTTL`, for shared locks `ZADD`, `ZREM`, `ZSCORE`,
+//! `ZREMRANGEBYSCORE`, `ZREVRANGE` and `PEXPIREAT`, and `TIME` (the
+//! holder record's grant time, at a refresh and at inspection, never at an
+//! exclusive acquire; the readers' expiries), which
 //! Redis checks against the user as well. With the default prefix
 //! `lock:`:
 //!
 //! ```text
 //! ACL SETUSER lockuser on >PASSWORD resetkeys ~lock:* resetchannels &lock:* -@all
 //!     +evalsha +script|load +set +get +incr +pexpire +del +exists +publish
-//!     +ping +subscribe +unsubscribe +pttl +time +scan +info
+//!     +ping +subscribe +unsubscribe +pttl +time +scan +info +zadd +zrem
+//!     +zscore +zremrangebyscore +zrevrange +pexpireat
 //! ```
 //!
 //! `+info` lets the locker read the server's eviction and persistence
@@ -409,12 +480,15 @@ pub use config::{
 #[cfg(feature = "redlock")]
 pub(crate) use inspect::LockView;
 
-use acquire::ReplicaAck;
+use acquire::{Mode, ReplicaAck};
 use connection::Connection;
 use errors::Target;
 use keys::KeySpace;
 use releases::ReleaseHub;
-use scripts::{FORGET_SCRIPT, REFRESH_SCRIPT, RELEASE_SCRIPT};
+use scripts::{
+    FORGET_SCRIPT, READER_TOKEN_PREFIX, REFRESH_SCRIPT, REFRESH_SHARED_SCRIPT, RELEASE_SCRIPT,
+    RELEASE_SHARED_SCRIPT,
+};
 use server::ServerReport;
 
 use crate::inspect::{ForceRelease, HeldLock};
@@ -429,7 +503,8 @@ const BACKEND: &str = "redis";
 /// assert!(distlock::redis::ACL_RULES.starts_with("-@all +evalsha"));
 /// ```
 pub const ACL_RULES: &str = "-@all +evalsha +script|load +set +get +incr +pexpire +del +exists \
-     +publish +ping +subscribe +unsubscribe +pttl +time +scan +info";
+     +publish +ping +subscribe +unsubscribe +pttl +time +scan +info +zadd +zrem +zscore \
+     +zremrangebyscore +zrevrange +pexpireat";
 
 /// What a lock user on a Redis Cluster needs on top of [`ACL_RULES`] (see
 /// the module docs, "ACL"): the slot map, sharded publish from the release
@@ -513,6 +588,14 @@ impl RedisLocker {
         self.inner.keys.fence_key(key)
     }
 
+    /// The sorted set of `key`'s shared (reader) holders:
+    /// `<prefix>{<key>}:readers`, each member a reader's owner token scored
+    /// by its expiry in milliseconds on the server's clock (see the [module
+    /// docs](self), "Shared locks").
+    pub fn readers_key(&self, key: &str) -> String {
+        self.inner.keys.readers_key(key)
+    }
+
     /// The channel `key`'s releases are published on:
     /// `<prefix>{<key>}:released`.
     pub fn release_channel(&self, key: &str) -> String {
@@ -534,7 +617,8 @@ impl RedisLocker {
     }
 
     /// How long `key`'s lock has left on the server's clock (`PTTL`), or
-    /// `None` if it is not held. A key without expiry (only a foreign client
+    /// `None` if it is not held; held by readers, until the last reader's
+    /// expiry. A key without expiry (only a foreign client
     /// can set one) reports [`Duration::MAX`]. Bounded like every call (see
     /// the module docs' "Connections"); read-only, so safe to cancel.
     pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>> {
@@ -589,6 +673,12 @@ impl RedisLocker {
     }
 }
 
+/// Whether `owner` is a reader's token, which the reader scripts handle
+/// (see `scripts.rs`, "Shared locks").
+fn is_reader_token(owner: &str) -> bool {
+    owner.starts_with(READER_TOKEN_PREFIX)
+}
+
 /// The ttl in whole milliseconds, rounded up: the server then holds the lock
 /// at least as long as the lease believes.
 fn ttl_millis(ttl: Duration) -> u64 {
@@ -603,7 +693,9 @@ impl Locker for RedisLocker {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            shared: false,
+            // A waiting writer polls (woken by releases) beside new readers:
+            // nothing queues it ahead of them.
+            writer_priority: false,
             ..Capabilities::ALL
         }
     }
@@ -612,15 +704,32 @@ impl Locker for RedisLocker {
         RedisLocker::backend_key(self, key)
     }
 
-    /// [`Error::Unsupported`]: a reader-count script is not written yet.
+    /// One attempt at a shared (reader) lease: one script adds the reader
+    /// to `<prefix>{<key>}:readers` unless a writer holds the key (see the
+    /// [module docs](self), "Shared locks"). Bounded, retried and undone
+    /// like [`try_lock`](Locker::try_lock). The lease's owner token starts
+    /// with `shared:`; its fencing token is the key's last writer's.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Locker::try_lock): `Ok(None)` while a writer holds
+    /// the key; [`Error::Backend`] or [`Error::DeadlineExceeded`] on an
+    /// outage; [`Error::InvalidInput`] for a bad key or ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Locker::try_lock): a dropped attempt is undone by
+    /// its owner token in the background (failing that, the reader expires
+    /// at its ttl).
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        Err(Error::unsupported(
+        bounded(
             BACKEND,
-            "try_lock_shared",
-            "shared locks are not done yet on Redis (they need a reader set beside the lock key, \
-             in one script); use the memory or file backend for shared locks",
-        ))
+            "acquire_shared",
+            self.inner.acquire_bound,
+            self.acquire(key, ttl, Mode::Shared),
+        )
+        .await
     }
 
     /// One attempt, bounded by [`RedisLocker::operation_bound`] (retry
@@ -638,24 +747,69 @@ impl Locker for RedisLocker {
             BACKEND,
             "acquire",
             self.inner.acquire_bound,
-            self.acquire(key, ttl),
+            self.acquire(key, ttl, Mode::Exclusive),
         )
         .await
     }
 
+    /// One script: compare-and-delete for a writer's token; for a reader's
+    /// (it starts with `shared:`), removal from the reader set, the last
+    /// reader deleting the marker and publishing the release (see the
+    /// [module docs](self), "Shared locks"). Bounded like every call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `owner` holds no live grant of `key` (nothing
+    /// changed; an expired reader's leftover entry is cleared);
+    /// [`Error::Backend`] or [`Error::DeadlineExceeded`] on an outage (the
+    /// grant then expires at its ttl).
+    ///
+    /// # Cancel safety
+    ///
+    /// The script is atomic: a dropped unlock released the grant or left
+    /// it as it was. Releasing again by the token is safe.
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         validate::key(key)?;
-        let mut release = RELEASE_SCRIPT.key(self.inner.keys.lock_key(key));
+        let keys = &self.inner.keys;
+        let mut release = if is_reader_token(owner) {
+            let mut release = RELEASE_SHARED_SCRIPT.key(keys.lock_key(key));
+            release.key(keys.readers_key(key));
+            release
+        } else {
+            RELEASE_SCRIPT.key(keys.lock_key(key))
+        };
         release
             .arg(owner)
-            .arg(self.inner.keys.release_channel(key))
+            .arg(keys.release_channel(key))
             .arg(self.inner.publish);
         Error::unless_held(key, self.script_did("release", &release).await?)
     }
 
+    /// One script: compare-and-`PEXPIRE` for a writer's token; for a
+    /// reader's (it starts with `shared:`), a new score in the reader set,
+    /// the marker re-armed to the last reader's expiry (see the [module
+    /// docs](self), "Shared locks"). Bounded like every call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if `owner` holds no live grant of `key` (nothing
+    /// changed: an expired reader is not revived); [`Error::Backend`] or
+    /// [`Error::DeadlineExceeded`] on an outage.
+    ///
+    /// # Cancel safety
+    ///
+    /// The script is atomic: a dropped refresh extended the grant or left
+    /// it as it was.
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let mut refresh = REFRESH_SCRIPT.key(self.inner.keys.lock_key(key));
+        let keys = &self.inner.keys;
+        let mut refresh = if is_reader_token(owner) {
+            let mut refresh = REFRESH_SHARED_SCRIPT.key(keys.lock_key(key));
+            refresh.key(keys.readers_key(key));
+            refresh
+        } else {
+            REFRESH_SCRIPT.key(keys.lock_key(key))
+        };
         refresh.arg(owner).arg(ttl_millis(ttl));
         Error::unless_held(key, self.script_did("refresh", &refresh).await?)
     }

@@ -1,11 +1,13 @@
 //! [`Locker::refresh_many`](crate::Locker::refresh_many) on Redis: one script per batch, or one per slot
 //! on a cluster (a script may only touch keys of one slot), sent at once.
+//! Writers' and readers' leases go in the same batch: a reader's lock key
+//! is followed by its reader set (see `scripts.rs`, `REFRESH_MANY`).
 
 use std::time::Duration;
 
 use super::connection::Connection;
 use super::scripts::REFRESH_MANY_SCRIPT;
-use super::{ttl_millis, RedisLocker, BACKEND};
+use super::{is_reader_token, ttl_millis, RedisLocker, BACKEND};
 use crate::{validate, Error, RefreshRequest, Result};
 
 /// Why one script of a [`Locker::refresh_many`](crate::Locker::refresh_many) batch failed: every key it
@@ -111,6 +113,11 @@ impl RedisLocker {
                 .key(self.inner.keys.lock_key(request.key))
                 .arg(request.owner)
                 .arg(ttl_millis(request.ttl));
+            // The script gives a reader's token (by the same rule) its
+            // reader set, the key after its lock key.
+            if is_reader_token(request.owner) {
+                invocation.key(self.inner.keys.readers_key(request.key));
+            }
         }
         let mut connection = self.connection();
         let call = invocation.invoke_async(&mut connection);

@@ -1,5 +1,5 @@
-//! The Lua scripts behind acquire, release, refresh, forget, marks, and
-//! inspection and operator release.
+//! The Lua scripts behind acquire, release, refresh, forget, marks, shared
+//! (reader) locks, and inspection and operator release.
 //!
 //! Each runs atomically on the server, so "check the owner token, then act" is
 //! one step no other client can interleave with. They are sent by `EVALSHA`
@@ -11,6 +11,93 @@
 use std::sync::LazyLock;
 
 use redis::Script;
+
+/// # Shared locks
+///
+/// Readers are members of a sorted set beside the lock key,
+/// `<prefix>{<key>}:readers`: each reader's owner token, scored by its
+/// expiry in milliseconds on the server's clock (`TIME` when it was
+/// granted or refreshed, plus its ttl; never the client's clock). While any
+/// reader holds the key, **the lock key itself holds [`SHARED_MARKER`]**
+/// and expires with the last reader (`PEXPIREAT` of the highest score; the
+/// set expires at the same instant). So the exclusive scripts need no
+/// change and cost nothing more: a writer's `SET NX` fails while the
+/// marker is there, exactly as it does while another writer holds the key,
+/// and a foreign client's `SET NX` (redis-py's `Lock`) is kept out by
+/// readers too. The marker outlives no live reader: every script that
+/// changes a score (grant, refresh, release) first drops the readers
+/// expired at `TIME`, then re-arms both keys to the highest remaining
+/// score, or deletes them when none is left. (A reader is live while its
+/// score is above `TIME` in milliseconds; Redis keeps a key until its
+/// clock passes the `PEXPIREAT` instant, and a script's expiry clock is
+/// never ahead of `TIME`: the marker lives at least as long as the last
+/// live reader, and at most the millisecond after it.)
+///
+/// **Reader and writer tokens.** A reader's owner token is
+/// [`READER_TOKEN_PREFIX`] and 32 hex digits; a writer's is the 32 hex
+/// digits alone (`crate::new_owner_token`). `unlock` and `refresh` get only
+/// the token: the client sends a token with the prefix to the reader
+/// scripts ([`RELEASE_SHARED`], [`REFRESH_SHARED`]), any other to the
+/// exclusive ones, which are unchanged. A reader script that finds no
+/// reader by that token, and the key held by a writer, treats the token
+/// as a writer's (a client of another library whose tokens happen to start
+/// with the prefix); so an owner token is found whichever it is, in one
+/// script. The marker starts with the prefix too, so an owner token equal
+/// to the marker reaches the reader scripts, which never release or
+/// re-arm the marker by it.
+///
+/// **Fencing**: a reader's token is the fence counter's value, read, not
+/// advanced (0 if no writer ever held the key): the last writer's.
+macro_rules! reader_prefix {
+    () => {
+        "shared:"
+    };
+}
+
+/// The lock key's value while readers hold the key: see `reader_prefix`.
+macro_rules! shared_marker {
+    () => {
+        concat!(reader_prefix!(), "readers")
+    };
+}
+
+/// What every reader's owner token starts with (see "Shared locks" on
+/// `reader_prefix`).
+pub(crate) const READER_TOKEN_PREFIX: &str = reader_prefix!();
+
+/// Lua helpers over the reader set (see "Shared locks" on
+/// `reader_prefix`), for the scripts that change it:
+///
+/// - `now_millis()`: the server's clock (`TIME`) in whole milliseconds.
+///   Lua numbers are doubles, exact for milliseconds since 1970.
+/// - `millis(n)`: `n` as an integer string, for scores and `PEXPIREAT`.
+/// - `expire_readers(readers, now)`: drops the readers expired at `now`,
+///   sets the set to expire with the last one left and returns its score
+///   (a string), or `false` if none is left (the set is then gone).
+macro_rules! readers_lua {
+    () => {
+        r"
+local function now_millis()
+    local now = redis.call('TIME')
+    return now[1] * 1000 + math.floor(now[2] / 1000)
+end
+
+local function millis(n)
+    return string.format('%.0f', n)
+end
+
+local function expire_readers(readers, now)
+    redis.call('ZREMRANGEBYSCORE', readers, '-inf', millis(now))
+    local last = redis.call('ZREVRANGE', readers, 0, 0, 'WITHSCORES')[2]
+    if last then
+        redis.call('PEXPIREAT', readers, last)
+        return last
+    end
+    return false
+end
+"
+    };
+}
 
 /// Lua helpers over the lock key's value, which is the owner token of the
 /// grant, followed, when the holder is recorded, by its holder record:
@@ -121,8 +208,10 @@ macro_rules! owns_lua {
 }
 
 /// Reads what is known of the lock `lock`, with its fence counter `fence`:
-/// `false` when the lock is free, `{pttl, grant}` when its value carries no
-/// record (a foreign client such as redis-py's `Lock`, or a holder with
+/// `false` when the lock is free, `{pttl, grant, fence}` when readers hold
+/// it (its value is the shared marker; `pttl` runs until the last reader's
+/// expiry; readers leave no holder record), `{pttl, grant}` when its value
+/// carries no record (a foreign client such as redis-py's `Lock`, or a holder with
 /// recording off), else `{pttl, grant, ttl_ms, granted_ms, 'pid \n host \n label',
 /// fence}` (the counter's value is the grant's fencing token: it moves only
 /// when a grant is made). `grant` is the SHA-1 of the owner token: it tells
@@ -130,13 +219,19 @@ macro_rules! owns_lua {
 /// revealing the token.
 macro_rules! describe_lua {
     () => {
-        r"
+        concat!(
+            r"
 local function describe(lock, fence)
     local value = redis.call('GET', lock)
     if not value then
         return false
     end
     local pttl = redis.call('PTTL', lock)
+    if value == '",
+            shared_marker!(),
+            r"' then
+        return {pttl, redis.sha1hex(value), redis.call('GET', fence) or ''}
+    end
     local owner_end = string.find(value, '\n', 1, true)
     local ttl_end = owner_end and string.find(value, '\n', owner_end + 1, true)
     local granted_end = ttl_end and string.find(value, '\n', ttl_end + 1, true)
@@ -152,6 +247,7 @@ local function describe(lock, fence)
         string.sub(value, granted_end + 1), redis.call('GET', fence) or ''}
 end
 "
+        )
     };
 }
 
@@ -178,6 +274,11 @@ end
 /// Without this the retry would find its own orphan and report contention
 /// while nobody else holds the lock. (A counter deleted by a foreign client
 /// is started again by `INCR`.)
+///
+/// **Readers keep a writer out with no extra command**: while readers hold
+/// the key its value is the shared marker (see "Shared locks" on
+/// `reader_prefix`), so the `SET NX` fails and the script answers 0, as for
+/// a writer's hold; the marker expires with the last reader.
 const ACQUIRE: &str = concat!(
     r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -266,12 +367,12 @@ return describe(KEYS[1], KEYS[2])
 "
 );
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` release channel,
-/// `ARGV[2]` the publish command (as for `RELEASE`). Deletes the lock
-/// whoever holds it, publishes the release so waiters wake, and returns
-/// what it evicted (as `INSPECT` reads it), or nil if the lock was free
-/// (nothing done). One script, so what it returns is exactly what it
-/// deleted.
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` reader set; `ARGV[1]`
+/// release channel, `ARGV[2]` the publish command (as for `RELEASE`).
+/// Deletes the lock whoever holds it (every reader, when readers hold it),
+/// publishes the release so waiters wake, and returns what it evicted (as
+/// `INSPECT` reads it), or nil if the lock was free (nothing done). One
+/// script, so what it returns is exactly what it deleted.
 const FORCE_RELEASE: &str = concat!(
     lock_value_lua!(),
     describe_lua!(),
@@ -280,31 +381,184 @@ local evicted = describe(KEYS[1], KEYS[2])
 if not evicted then
     return false
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[3])
 redis.pcall(ARGV[2], ARGV[1], 'released')
 return evicted
 "
 );
 
-/// `KEYS[i]` lock keys; `ARGV[2i - 1]` the owner token of lock `i`,
-/// `ARGV[2i]` its new ttl in milliseconds. Returns one integer per lock, in
-/// order: what [`REFRESH`] returns for it. [`REFRESH`] for many locks in
-/// one round trip: the keepalive scheduler's batch. On a cluster every key
-/// of one call is in one slot.
+/// `KEYS[1]` lock key, `KEYS[2]` reader set, `KEYS[3]` fence key; `ARGV[1]`
+/// the reader's owner token (see "Shared locks" on `reader_prefix`),
+/// `ARGV[2]` ttl in milliseconds. Returns the fencing token the reader
+/// carries (the counter's value, not advanced; 0 if no writer ever held
+/// the key), or -1 if a writer (or a client of another library) holds the
+/// key (contention).
+///
+/// A free key's reader set is deleted first: a set whose marker is gone
+/// holds no live reader (they expire together), only the orphans of a
+/// marker deleted behind the readers' backs (an operator's `DEL`). Writes
+/// are ordered so that a script stopped half-way (a command refused by an
+/// ACL, a full server) never leaves the marker without its expiry: the
+/// reader set is written and given its expiry before the marker is set,
+/// and `PEXPIREAT` is not refused under `maxmemory`. (A set left without
+/// its expiry by a refused `PEXPIREAT` holds no one: without the marker it
+/// keeps no writer out, and the key's next shared acquire deletes it.)
+///
+/// **Idempotent per owner token**, like [`ACQUIRE`]: a retry with the same
+/// token after a lost reply re-adds the reader with a new expiry (`ZADD`
+/// updates its score) and returns the same fencing token (no writer can
+/// have come between: the reader held the key).
+const ACQUIRE_SHARED: &str = concat!(
+    readers_lua!(),
+    r"
+local value = redis.call('GET', KEYS[1])
+if value and value ~= '",
+    shared_marker!(),
+    r"' then
+    return -1
+end
+if not value then
+    redis.call('DEL', KEYS[2])
+end
+local now = now_millis()
+redis.call('ZADD', KEYS[2], millis(now + tonumber(ARGV[2])), ARGV[1])
+local last = expire_readers(KEYS[2], now)
+if not value then
+    redis.call('SET', KEYS[1], '",
+    shared_marker!(),
+    r"')
+end
+redis.call('PEXPIREAT', KEYS[1], last)
+return tonumber(redis.call('GET', KEYS[3]) or '0')
+"
+);
+
+/// `KEYS[1]` lock key, `KEYS[2]` reader set; `ARGV[1]` an owner token with
+/// the reader prefix, `ARGV[2]` release channel, `ARGV[3]` the publish
+/// command (as for [`RELEASE`]). Returns 1 if the token was a live reader
+/// and was removed (or held the key as a writer and released it), else 0
+/// (nothing changed, or an expired reader's leftover entry was cleared).
+///
+/// The reader leaving last deletes the marker and publishes the release,
+/// so a writer waiting for the key wakes at once; one that leaves others
+/// behind re-arms the marker to the last remaining reader's expiry and
+/// publishes nothing (only writers wait for readers, and they wait for all
+/// of them).
+const RELEASE_SHARED: &str = concat!(
+    readers_lua!(),
+    r"
+local value = redis.call('GET', KEYS[1])
+if value ~= '",
+    shared_marker!(),
+    r"' then
+    if ",
+    owns_lua!("value", "ARGV[1]"),
+    r" then
+        redis.call('DEL', KEYS[1])
+        redis.pcall(ARGV[3], ARGV[2], 'released')
+        return 1
+    end
+    return 0
+end
+local expires = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not expires then
+    return 0
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+local now = now_millis()
+local last = expire_readers(KEYS[2], now)
+if last then
+    redis.call('PEXPIREAT', KEYS[1], last)
+else
+    redis.call('DEL', KEYS[1])
+    redis.pcall(ARGV[3], ARGV[2], 'released')
+end
+if tonumber(expires) > now then
+    return 1
+end
+return 0
+"
+);
+
+/// Extends the reader `owner` of the lock `lock`, whose reader set is
+/// `readers`, to `ttl` milliseconds from now on the server's clock, and
+/// the marker and the set with it: 1 if it was a live reader, else 0
+/// (nothing touched; an expired reader is not revived, as an expired
+/// writer's key is not). A key held by a writer is refreshed as
+/// `refresh_lua` does, for a writer whose token starts with the reader
+/// prefix. Needs `lock_value_lua`, `refresh_lua` and `readers_lua`.
+macro_rules! refresh_reader_lua {
+    () => {
+        concat!(
+            r"
+local function refresh_reader(lock, readers, owner, ttl)
+    if redis.call('GET', lock) ~= '",
+            shared_marker!(),
+            r"' then
+        return refresh(lock, owner, ttl)
+    end
+    local now = now_millis()
+    local expires = redis.call('ZSCORE', readers, owner)
+    if not expires or tonumber(expires) <= now then
+        return 0
+    end
+    redis.call('ZADD', readers, millis(now + tonumber(ttl)), owner)
+    redis.call('PEXPIREAT', lock, expire_readers(readers, now))
+    return 1
+end
+"
+        )
+    };
+}
+
+/// `KEYS[1]` lock key, `KEYS[2]` reader set; `ARGV[1]` an owner token with
+/// the reader prefix, `ARGV[2]` new ttl in milliseconds. Returns 1 if the
+/// reader (or a writer with that token) was extended, else 0 (see
+/// `refresh_reader_lua`).
+const REFRESH_SHARED: &str = concat!(
+    lock_value_lua!(),
+    refresh_lua!(),
+    readers_lua!(),
+    refresh_reader_lua!(),
+    r"
+return refresh_reader(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+"
+);
+
+/// `ARGV[2i - 1]` the owner token of request `i`, `ARGV[2i]` its new ttl in
+/// milliseconds; `KEYS` the lock key of each request, in order, each
+/// followed by its reader set where the owner token has the reader prefix
+/// (the client adds it by the same rule). Returns one integer per request,
+/// in order: what [`REFRESH`] (or, for a reader, [`REFRESH_SHARED`])
+/// returns for it. Many refreshes in one round trip: the keepalive
+/// scheduler's batch. On a cluster every key of one call is in one slot.
 const REFRESH_MANY: &str = concat!(
     lock_value_lua!(),
     refresh_lua!(),
+    readers_lua!(),
+    refresh_reader_lua!(),
     r"
-local refreshed = {}
-for i = 1, #KEYS do
-    refreshed[i] = refresh(KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])
+local prefix = '",
+    reader_prefix!(),
+    r"'
+local refreshed, k = {}, 1
+for i = 1, #ARGV / 2 do
+    local owner, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+    if string.sub(owner, 1, #prefix) == prefix then
+        refreshed[i] = refresh_reader(KEYS[k], KEYS[k + 1], owner, ttl)
+        k = k + 2
+    else
+        refreshed[i] = refresh(KEYS[k], owner, ttl)
+        k = k + 1
+    end
 end
 return refreshed
 "
 );
 
 /// `KEYS[1]` lock key, `KEYS[2]` fence key. Deletes the fencing counter if
-/// the lock is free and returns 1; returns 0 (nothing deleted) if it is held.
+/// the lock is free and returns 1; returns 0 (nothing deleted) if it is held
+/// (by a writer, or by readers: the lock key then holds the shared marker).
 /// One script, so no grant can slip in between the check and the `DEL`.
 const FORGET: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -334,6 +588,12 @@ return {1, current or ''}
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));
+pub(crate) static ACQUIRE_SHARED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_SHARED));
+pub(crate) static RELEASE_SHARED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_SHARED));
+pub(crate) static REFRESH_SHARED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(REFRESH_SHARED));
 pub(crate) static REFRESH_MANY_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(REFRESH_MANY));
 pub(crate) static FORGET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET));
@@ -342,3 +602,34 @@ pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE));
 pub(crate) static ADVANCE_MARK_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ADVANCE_MARK));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The safety of telling readers from writers by the token (see
+    /// "Shared locks" on `reader_prefix`): the marker and readers' tokens
+    /// reach the reader scripts only, writers' tokens never do, and no
+    /// owner token but the marker itself could `owns` the marker (it has
+    /// no line break).
+    #[test]
+    fn the_marker_and_reader_tokens_go_to_the_reader_scripts_and_writers_never_do() {
+        let marker = shared_marker!();
+        assert!(marker.starts_with(READER_TOKEN_PREFIX));
+        assert!(!marker.contains('\n'));
+        for _ in 0..100 {
+            assert!(!crate::new_owner_token().starts_with(READER_TOKEN_PREFIX));
+        }
+        for script in [ACQUIRE_SHARED, RELEASE_SHARED, REFRESH_SHARED, REFRESH_MANY] {
+            assert!(script.contains(marker) || script.contains(READER_TOKEN_PREFIX));
+        }
+        assert!(
+            !ACQUIRE.contains(READER_TOKEN_PREFIX),
+            "the exclusive acquire is unchanged"
+        );
+        assert!(
+            !RELEASE.contains(READER_TOKEN_PREFIX),
+            "the exclusive release is unchanged"
+        );
+    }
+}

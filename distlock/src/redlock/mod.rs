@@ -149,6 +149,18 @@
 //! not be the linearizable high-water mark the scheduler relies on. Use a
 //! single-node backend's marks (Redis, Postgres, file) beside a Redlock.
 //!
+//! # Shared locks: none
+//!
+//! [`Locker::try_lock_shared`] and [`Locker::lock_shared`] are
+//! [`Error::Unsupported`] ([`Capabilities::shared`] false). The single-node
+//! Redis backend's reader set and marker could be taken on each node, but a
+//! reader would then need them on a majority within the drift-adjusted
+//! validity, and a writer's majority would have to intersect every
+//! reader's: that recipe, and its failure analysis, is not written. The
+//! nodes' scripts are the Redis backend's, so a key that readers of a
+//! single-node Redis locker hold on a node (the same server and prefix)
+//! is contention there for a Redlock writer, never a second holder.
+//!
 //! # Inspection
 //!
 //! Every grant records its holder on each node that takes it, as the Redis
@@ -483,15 +495,18 @@ impl Locker for RedlockLocker {
         }
     }
 
-    /// [`Error::Unsupported`]: the Redis backend has no shared locks yet,
-    /// and Redlock is its scheme on N nodes.
+    /// [`Error::Unsupported`]: a reader would need a place in the reader
+    /// set of a majority of nodes, within the drift-adjusted validity, and
+    /// every writer's quorum to see it; that recipe is not written. The
+    /// single-node Redis backend has shared locks.
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
         Err(Error::unsupported(
             BACKEND,
             "try_lock_shared",
-            "shared locks are not done yet on Redlock (nor on the single-node Redis backend it \
-             builds on); use the memory or file backend for shared locks",
+            "shared locks are not done on Redlock (a reader needs a majority of the nodes' \
+             reader sets, and every writer's quorum must see it: that recipe is not written); \
+             the single-node Redis backend (redis://), memory and file have shared locks",
         ))
     }
 

@@ -218,7 +218,7 @@ pub async fn lock_shared_waits_for_the_writer(h: &Harness) {
 /// [`Capabilities::writer_priority`](crate::Capabilities::writer_priority)
 /// says.
 ///
-/// - Without writer priority (memory, file): another client's
+/// - Without writer priority (memory, file, Redis): another client's
 ///   `try_lock_shared` is granted at once while the writer waits, and the
 ///   writer gets in once both readers are gone.
 /// - With it (Postgres, etcd): a later reader is contention from every client

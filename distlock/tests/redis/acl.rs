@@ -67,6 +67,22 @@ async fn the_minimal_user_can_do_everything_the_backend_does() {
     );
     next.unwrap().release().await.unwrap();
     locker.forget("k").await.expect("forget");
+    // Shared locks: the reader set (ZADD, ZREMRANGEBYSCORE, ZREVRANGE,
+    // PEXPIREAT; ZSCORE and ZREM at refresh and release), inspected too.
+    let mut reader = locker
+        .try_lock_shared("s", TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    let second = locker
+        .try_lock_shared("s", TTL)
+        .await
+        .unwrap()
+        .expect("readers beside readers");
+    reader.refresh(TTL).await.expect("refresh a reader");
+    assert!(locker.inspect("s").await.unwrap().expect("held").shared);
+    reader.release().await.expect("release a reader");
+    second.release().await.expect("release the last reader");
     assert_eq!(
         locker.advance_mark("k", 5).await.unwrap(),
         MarkAdvance::Advanced { previous: None }
@@ -120,8 +136,15 @@ async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
         ("+pttl", "remaining_ttl"),
         ("+time", "inspect"),
         ("+scan", "list"),
+        ("+zadd", "acquire_shared"),
+        ("+pexpireat", "acquire_shared"),
     ] {
-        let rules = ACL_RULES.replace(&format!(" {missing}"), "");
+        // Whole rules only: `+pexpire` is a prefix of `+pexpireat`.
+        let rules = ACL_RULES
+            .split_whitespace()
+            .filter(|rule| *rule != missing)
+            .collect::<Vec<_>>()
+            .join(" ");
         assert_ne!(rules, ACL_RULES, "{missing} is in ACL_RULES");
         let user = format!("no-{}", &missing[1..]);
         create_user(&server, &user, &rules);
@@ -133,6 +156,11 @@ async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
             "acquire" => match locker.try_lock(&key, TTL).await {
                 Ok(None) => panic!("without {missing}: contention reported for a free key"),
                 Ok(Some(_)) => panic!("without {missing}: acquired"),
+                Err(error) => Err(error),
+            },
+            "acquire_shared" => match locker.try_lock_shared(&key, TTL).await {
+                Ok(None) => panic!("without {missing}: contention reported for a free key"),
+                Ok(Some(_)) => panic!("without {missing}: acquired shared"),
                 Err(error) => Err(error),
             },
             "release" | "refresh" => {
@@ -167,6 +195,14 @@ async fn a_user_lacking_one_command_gets_a_clear_error_not_contention() {
             "without {missing}: {message}"
         );
         assert!(message.contains("+evalsha"), "names the rules: {message}");
+        if operation == "acquire_shared" {
+            // Refused before the marker is written: no writer is kept out.
+            assert_eq!(
+                server.cli(&["EXISTS", &format!("lock:{{{key}}}")]),
+                "0",
+                "without {missing}: no marker left behind"
+            );
+        }
         if missing == "+incr" {
             // SET ran before INCR was refused: undone by the owner token.
             let lock_key = format!("lock:{{{key}}}");

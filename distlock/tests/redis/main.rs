@@ -2,7 +2,8 @@
 //! `tests/conformance` checks), on real redis-servers each test starts:
 //! configuration and authentication, the circuit breaker over a dying
 //! server, faults, release notifications, Redis Cluster (slot migration, a
-//! killed master), Sentinel (a failover) and replica acknowledgement. One binary with a module per
+//! killed master), Sentinel (a failover), replica acknowledgement and shared
+//! (reader) locks. One binary with a module per
 //! area, built with the `redis` feature only.
 
 #[path = "../common/mod.rs"]
@@ -23,6 +24,7 @@ mod interop;
 mod redlock;
 mod replicas;
 mod sentinel;
+mod shared;
 #[cfg(feature = "redlock")]
 mod tls;
 mod wakeup;
