@@ -54,9 +54,10 @@ const LEADER_CMD: &str = r#"echo "term $DISTLOCK_TERM"; exec sleep 86400"#;
 /// of its own on a thread and runtime of its own, as a second replica's
 /// process would be, so its wake-up does not wait for the leader's thread.
 /// Each run also times, by the leader's client on a free key, a cycle
-/// (`try_lock`, then `release`) and an `inspect`, so the handoff can be
+/// (`try_lock`, then `release`), an `inspect`, and a release after the
+/// same quiet the resign follows (nobody waiting), so the handoff can be
 /// compared with the backend's own round trips measured in the same
-/// seconds.
+/// seconds, like with like.
 pub(crate) async fn handoff(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
     let key = format!("{}-election", plan.prefix);
     let free = format!("{}-free", plan.prefix);
@@ -92,6 +93,23 @@ pub(crate) async fn handoff(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<
                 Ok(()) => tally.cycle.record(before.elapsed()),
                 Err(error) => tally.error(&error),
             },
+            Ok(None) => tally.note(format!("the free key {free:?} was held")),
+            Err(error) => tally.error(&error),
+        }
+        // The resign below is a release after CAMPAIGN_SETTLE of quiet: time
+        // the same, with nobody waiting, as its like-for-like reference. A
+        // round trip after a pause costs several times a back-to-back one
+        // (the client's threads and the server wake from idle), so the hot
+        // cycle above is no yardstick for it.
+        match locker.try_lock(&free, plan.ttl).await {
+            Ok(Some(lease)) => {
+                tokio::time::sleep(CAMPAIGN_SETTLE).await;
+                let before = Instant::now();
+                match lease.release().await {
+                    Ok(()) => tally.idle_release.record(before.elapsed()),
+                    Err(error) => tally.error(&error),
+                }
+            }
             Ok(None) => tally.note(format!("the free key {free:?} was held")),
             Err(error) => tally.error(&error),
         }
@@ -492,6 +510,8 @@ struct ElectionTally {
     /// Handoffs or failovers.
     measured: Latencies,
     resign: Latencies,
+    /// A release after [`CAMPAIGN_SETTLE`] of quiet, nobody waiting.
+    idle_release: Latencies,
     inspect: Latencies,
     cycle: Latencies,
     done: u64,
@@ -504,6 +524,7 @@ impl ElectionTally {
         ElectionTally {
             measured: Latencies::new(),
             resign: Latencies::new(),
+            idle_release: Latencies::new(),
             inspect: Latencies::new(),
             cycle: Latencies::new(),
             done: 0,
@@ -551,6 +572,7 @@ impl ElectionTally {
     fn handoff_run(&self, locker: &dyn Locker, plan: &Plan, elapsed: Duration) -> Run {
         let handoff_us = self.measured.summary();
         let cycle_us = self.cycle.summary();
+        let idle_release_us = self.idle_release.summary();
         Run::Handoff(HandoffRun {
             common: self.common(locker, plan, CANDIDATES, elapsed),
             handoffs: self.done,
@@ -559,6 +581,9 @@ impl ElectionTally {
             cycle_us,
             inspect_us: self.inspect.summary(),
             handoff_per_cycle: (cycle_us.p50 > 0.0).then(|| handoff_us.p50 / cycle_us.p50),
+            idle_release_us,
+            handoff_per_idle_release: (idle_release_us.p50 > 0.0)
+                .then(|| handoff_us.p50 / idle_release_us.p50),
         })
     }
 

@@ -140,6 +140,15 @@ pub(crate) struct HandoffRun {
     /// the wake-up and an acquire, about a cycle and one hop, so 1.5
     /// cycles is about three round trips.
     pub(crate) handoff_per_cycle: Option<f64>,
+    /// A `release` of a free key the same client took, after the same
+    /// quiet the resign follows (the waiting candidate's 100 ms) and with
+    /// nobody waiting: one round trip from idle, the resign's
+    /// like-for-like reference.
+    pub(crate) idle_release_us: Summary,
+    /// The median handoff over the median idle release: the handoff in
+    /// round trips from idle (a release, the waiter's wake-up and its
+    /// acquire).
+    pub(crate) handoff_per_idle_release: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -264,7 +273,7 @@ impl Printer {
             Workload::Handoff => {
                 println!("backend {backend}, handoff (the leader resigns to a waiting candidate), {} runs, ttl {ttl}; latencies in ms", args.runs);
                 println!(
-                    "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7}",
+                    "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7}",
                     "handoffs",
                     "p50",
                     "p99",
@@ -273,6 +282,8 @@ impl Printer {
                     "cycle",
                     "inspect",
                     "p50/cycle",
+                    "idle rel",
+                    "p50/idle",
                     "errors"
                 );
             }
@@ -357,7 +368,7 @@ impl Printer {
             )
             }
             Run::Handoff(r) => println!(
-                "{:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>7}",
+                "{:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>9.2} {:>9} {:>7}",
                 r.handoffs,
                 millis(r.handoff_us.p50),
                 millis(r.handoff_us.p99),
@@ -366,6 +377,8 @@ impl Printer {
                 millis(r.cycle_us.p50),
                 millis(r.inspect_us.p50),
                 optional(r.handoff_per_cycle.map(|n| format!("{n:.1}"))),
+                millis(r.idle_release_us.p50),
+                optional(r.handoff_per_idle_release.map(|n| format!("{n:.1}"))),
                 r.common.errors
             ),
             Run::Failover(r) => println!(
