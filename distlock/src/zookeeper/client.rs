@@ -154,6 +154,7 @@ impl Inner {
     async fn connect(&self) -> Result<zk::Client> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(connection_timeout(self.session_timeout))
             // Fail at once when every server refused, rather than retrying
             // until the session timeout.
             .with_fail_eagerly();
@@ -254,6 +255,26 @@ impl Inner {
             ),
         ))
     }
+}
+
+/// How long zookeeper-client waits on a connection that says nothing (a
+/// connect request unanswered, or no answer to its pings) before it gives
+/// that connection up and tries the next server: a tenth of the session
+/// timeout, between 250 ms and 1 s.
+///
+/// zookeeper-client's default is 2/5 of the *requested* session timeout
+/// (4 s for 10 s, 8 s for 20 s), and it applies to a reconnect too: a
+/// reconnect that reached a server still starting up (its port bound, the
+/// connect request never answered) waited that long before the next try,
+/// so a holder whose server was back after ~1 s reconnected ~9.7 s after
+/// the kill (20 s session), close to the time a 10 s session's holder gives
+/// up. The crate derives its pings from this timeout (one once the
+/// connection was idle for 3/8 of it), and gives a connection up when
+/// nothing arrived on it for the whole timeout: a server stalled longer
+/// than this costs a reconnect (to it or another server), never the
+/// session, whose expiry is the session timeout's business.
+pub(super) fn connection_timeout(session_timeout: Duration) -> Duration {
+    (session_timeout / 10).clamp(Duration::from_millis(250), Duration::from_secs(1))
 }
 
 impl Drop for Inner {
