@@ -286,3 +286,29 @@ impl Drop for Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_timeout_is_one_zookeeper_client_honours() {
+        // zookeeper-client ignores a connection timeout above 3/5 of the
+        // session timeout (`calc_tick_timeout`) and falls back to 2/5 of
+        // it: the slow reconnect this setting exists to avoid.
+        for ms in [2_000u64, 4_000, 6_000, 10_000, 20_000, 60_000] {
+            let session = Duration::from_millis(ms);
+            let connection = connection_timeout(session);
+            assert!(connection <= session * 3 / 5, "{session:?}: {connection:?}");
+            assert!(connection <= Duration::from_secs(1));
+        }
+        assert_eq!(
+            connection_timeout(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            connection_timeout(Duration::from_secs(2)),
+            Duration::from_millis(250)
+        );
+    }
+}
