@@ -154,6 +154,7 @@ impl Inner {
     async fn connect(&self) -> Result<zk::Client> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(connection_timeout(self.session_timeout))
             // Fail at once when every server refused, rather than retrying
             // until the session timeout.
             .with_fail_eagerly();
@@ -256,6 +257,26 @@ impl Inner {
     }
 }
 
+/// How long zookeeper-client waits on a connection that says nothing (a
+/// connect request unanswered, or no answer to its pings) before it gives
+/// that connection up and tries the next server: a tenth of the session
+/// timeout, between 250 ms and 1 s.
+///
+/// zookeeper-client's default is 2/5 of the *requested* session timeout
+/// (4 s for 10 s, 8 s for 20 s), and it applies to a reconnect too: a
+/// reconnect that reached a server still starting up (its port bound, the
+/// connect request never answered) waited that long before the next try,
+/// so a holder whose server was back after ~1 s reconnected ~9.7 s after
+/// the kill (20 s session), close to the time a 10 s session's holder gives
+/// up. The crate derives its pings from this timeout (one once the
+/// connection was idle for 3/8 of it), and gives a connection up when
+/// nothing arrived on it for the whole timeout: a server stalled longer
+/// than this costs a reconnect (to it or another server), never the
+/// session, whose expiry is the session timeout's business.
+pub(super) fn connection_timeout(session_timeout: Duration) -> Duration {
+    (session_timeout / 10).clamp(Duration::from_millis(250), Duration::from_secs(1))
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // The last clone and the last lease are gone: close the session, so
@@ -263,5 +284,31 @@ impl Drop for Inner {
         if let Some(session) = self.session.get_mut().take() {
             session.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_timeout_is_one_zookeeper_client_honours() {
+        // zookeeper-client ignores a connection timeout above 3/5 of the
+        // session timeout (`calc_tick_timeout`) and falls back to 2/5 of
+        // it: the slow reconnect this setting exists to avoid.
+        for ms in [2_000u64, 4_000, 6_000, 10_000, 20_000, 60_000] {
+            let session = Duration::from_millis(ms);
+            let connection = connection_timeout(session);
+            assert!(connection <= session * 3 / 5, "{session:?}: {connection:?}");
+            assert!(connection <= Duration::from_secs(1));
+        }
+        assert_eq!(
+            connection_timeout(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            connection_timeout(Duration::from_secs(2)),
+            Duration::from_millis(250)
+        );
     }
 }

@@ -82,6 +82,17 @@
 //!   states is in `session.rs`). The session is then abandoned (closed if
 //!   a server answers again), so a lock is never kept by a holder that
 //!   stopped working under it; later acquires open a new session.
+//! - **Reconnecting.** After a connection loss zookeeper-client retries
+//!   the servers with a doubling backoff (100 ms × 2^n for one server,
+//!   from min(1 s, 100 ms × servers) for several; not configurable), and
+//!   gives up a connection that says nothing after a connection timeout
+//!   this backend sets to a tenth of the session timeout, 250 ms to 1 s
+//!   (the crate's default, 2/5 of the session timeout, once kept a holder
+//!   off its restarted server for ~9 s). So a holder is back on its
+//!   session within one connection timeout + one backoff step of a server
+//!   answering again: under 2 s after an outage of about a second, but
+//!   the backoff step grows with the outage (about as long as the outage
+//!   so far), so a long outage can cost a holder near its give-up time.
 //! - **Ownership (CURATOR-696).** Curator once granted a lock to a client
 //!   whose node had been created by an earlier, expired session. Here a
 //!   node counts as ours only if its `ephemeralOwner` is the session id of

@@ -27,3 +27,5 @@ mod redis_sentinel;
 mod redlock;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
+#[cfg(feature = "zookeeper")]
+mod zookeeper_ensemble;

@@ -1,7 +1,9 @@
 //! The ZooKeeper backend beyond the shared conformance suite, against real
 //! ZooKeeper processes test-servers starts: the server killed, restarted
-//! and frozen under a holder, a holder process SIGKILLed, and interop with
+//! and frozen under a holder, a three-server ensemble losing a server and
+//! its quorum, a holder process SIGKILLed, and interop with
 //! kazoo's `Lock` both ways.
 
+mod ensemble;
 mod faults;
 mod interop;
