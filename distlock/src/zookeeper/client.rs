@@ -18,11 +18,11 @@ impl ZooKeeperLocker {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a config that names no endpoint or is
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a config that names no endpoint or is
     /// otherwise unusable (TLS, a relative `key_prefix`);
-    /// [`Error::Backend`] if no server can be reached, the credentials are
+    /// [`Error::Backend`](crate::Error::Backend) if no server can be reached, the credentials are
     /// refused, or the chroot does not exist (the message says which, and
-    /// what to do); [`Error::DeadlineExceeded`] if no session was
+    /// what to do); [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded) if no session was
     /// established within the bound.
     ///
     /// # Cancel safety
@@ -75,7 +75,7 @@ impl ZooKeeperLocker {
     ///
     /// # Errors
     ///
-    /// As [`from_config`](Self::from_config), and [`Error::InvalidInput`]
+    /// As [`from_config`](Self::from_config), and [`Error::InvalidInput`](crate::Error::InvalidInput)
     /// for a malformed URL (the message never contains the password).
     ///
     /// # Cancel safety
@@ -197,8 +197,8 @@ impl Inner {
     }
 
     /// Runs one request under the request timeout: a zookeeper-client error
-    /// becomes [`Error::Backend`] (`outcome_unknown` if the request writes
-    /// and may have been applied), the timeout [`Error::DeadlineExceeded`].
+    /// becomes [`Error::Backend`](crate::Error::Backend) (`outcome_unknown` if the request writes
+    /// and may have been applied), the timeout [`Error::DeadlineExceeded`](crate::Error::DeadlineExceeded).
     pub(super) async fn request<T>(
         &self,
         operation: &'static str,
