@@ -462,9 +462,7 @@ impl Supervisor<'_> {
         }
         if self.kill_at().is_some_and(|at| now >= at) {
             if !self.killed {
-                eprintln!(
-                    "distlock: the command's process group did not exit after SIGTERM; killing it before the lock can lapse or the kill-after grace ends"
-                );
+                self.report_kill(now);
             }
             self.killed = true;
         }
@@ -475,6 +473,43 @@ impl Supervisor<'_> {
             process_group::signal_group(self.leader_pid, libc::SIGKILL);
             self.report_survivors(now);
         }
+    }
+
+    /// Says why the group gets SIGKILL now: its kill-after grace is over, or
+    /// the lease's validity is about to end first (then the grace does not
+    /// count: a command still running when the lock lapses would run
+    /// beside the next holder).
+    fn report_kill(&self, now: Instant) {
+        let grace_over = self
+            .stop
+            .as_ref()
+            .is_some_and(|stop| now.saturating_duration_since(stop.since) >= self.kill_after);
+        if grace_over {
+            eprintln!(
+                "distlock: the command's process group did not exit within --kill-after {} of SIGTERM; killing it (SIGKILL)",
+                humantime::format_duration(self.kill_after)
+            );
+            return;
+        }
+        let left = self
+            .lease
+            .valid_until()
+            .map(|until| until.saturating_duration_since(now))
+            .unwrap_or_default();
+        let why = if left <= self.drift {
+            "the lock may already be someone else's (its validity is over, less its drift margin)"
+                .to_owned()
+        } else {
+            format!(
+                "the lock is valid for only {} more and the group must be gone a drift margin ({}) before it can lapse",
+                humantime::format_duration(round_ms(left)),
+                humantime::format_duration(round_ms(self.drift))
+            )
+        };
+        eprintln!(
+            "distlock: killing the command's process group (SIGKILL) without waiting out --kill-after {}: {why}",
+            humantime::format_duration(self.kill_after),
+        );
     }
 
     /// Names the members of CMD's group still alive [`SURVIVOR_QUIET`] after

@@ -240,3 +240,51 @@ fn status_names_a_cron_jobs_claims_by_job_and_command() {
     unsafe { libc::kill(cron.id() as i32, libc::SIGTERM) };
     let _ = wait_for_exit(&mut cron, Duration::from_secs(40));
 }
+
+/// A holder force-released while its command ignores SIGTERM: the lock's
+/// validity is over, so the group is SIGKILLed at once whatever
+/// `--kill-after` says, and distlock says that is why (not that the
+/// command "did not exit after SIGTERM").
+#[test]
+fn a_forced_release_says_why_the_command_was_killed_before_kill_after() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = "stubborn";
+    let mut holder = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--key",
+            key,
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; sleep 60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start distlock run");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while code(&distlock(&["status", "--url", &url, "--key", key])) != 0 {
+        assert!(Instant::now() < deadline, "distlock run never took {key:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = distlock(&["release", "--url", &url, "--key", key, "--force"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(wait_for_exit(&mut holder, Duration::from_secs(10)), 76);
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().expect("piped"), &mut said)
+        .expect("read stderr");
+    assert!(
+        said.contains("without waiting out --kill-after 1s")
+            && said.contains("the lock may already be someone else's"),
+        "{said}"
+    );
+    assert!(!said.contains("did not exit within"), "{said}");
+}
