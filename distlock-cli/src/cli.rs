@@ -17,12 +17,15 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = crate::exit::TABLE)]
 pub(crate) struct Cli {
-    /// Log filter for distlock's own messages (RUST_LOG wins): error, warn, info, debug, trace.
-    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
+    /// Log filter for distlock's own messages (RUST_LOG wins): error, warn,
+    /// info, debug, trace or off, or directives such as `warn,distlock=debug`.
+    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL", value_parser = parse_log_level)]
     pub(crate) log_level: String,
 
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics while distlock runs.
-    #[arg(long, global = true, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics while distlock
+    /// runs. HOST is an IP address or a name (`localhost:9100`), resolved
+    /// once at start: its first IPv4 address, else its first address.
+    #[arg(long, global = true, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub(crate) metrics_addr: Option<SocketAddr>,
 
     #[command(subcommand)]
@@ -128,8 +131,9 @@ pub(crate) struct RunArgs {
     pub(crate) backend: Backend,
 
     /// How long the lock outlives a holder that stops refreshing it; it is
-    /// refreshed every ttl/3 while CMD runs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    /// refreshed every ttl/3 while CMD runs. At least 250ms (see
+    /// --kill-after); a second or more on backends whose locks expire.
+    #[arg(long, default_value = "30s", value_parser = parse_supervised_ttl, value_name = "DURATION")]
     pub(crate) ttl: Duration,
 
     /// Wait up to this long for the lock [default: one attempt, no waiting].
@@ -175,8 +179,9 @@ pub(crate) struct RunArgs {
     /// starts at most ttl/2 before the lease would lapse never fires while
     /// refreshes succeed, yet leaves ttl/6 to retry a failing one. SIGKILL
     /// never comes later than drift margin before the lease's validity ends.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
-    pub(crate) kill_after: Duration,
+    /// [default: 10s, or the cap if that is shorter, without a warning]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) kill_after: Option<Duration>,
 
     /// The command and its arguments, run directly (no shell), as the leader
     /// of its own process group: signals and stops go to the whole group, and
@@ -213,8 +218,8 @@ pub(crate) struct ElectArgs {
 
     /// How long a leader that stops refreshing (paused, cut off, killed)
     /// blocks the election on backends whose locks expire; the term is
-    /// refreshed every ttl/3.
-    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    /// refreshed every ttl/3. At least 250ms, as for `distlock run`.
+    #[arg(long, default_value = "15s", value_parser = parse_supervised_ttl, value_name = "DURATION")]
     pub(crate) ttl: Duration,
 
     /// What the leader publishes to observers (its address, for example),
@@ -476,6 +481,73 @@ impl std::fmt::Display for Workload {
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{e} (expected a duration such as 500ms, 30s or 5m)"))
+}
+
+/// The shortest `--ttl` a supervised command (`run`, `elect`) can hold a
+/// lease for. CMD is stopped a drift margin (ttl/100 + 100ms) before the
+/// lease could lapse and the kill-after grace is capped at ttl/2 − drift
+/// (`supervise::kill_after_cap`); below 250ms that leaves a grace of a few
+/// milliseconds or none, and the lease is "about to lapse" the moment it
+/// is granted, so CMD would never start.
+pub(crate) const MIN_SUPERVISED_TTL: Duration = Duration::from_millis(250);
+
+/// `--ttl` of a supervised command: a duration of at least
+/// [`MIN_SUPERVISED_TTL`].
+fn parse_supervised_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    if ttl < MIN_SUPERVISED_TTL {
+        return Err(format!(
+            "{} is too short for a command run under the lock: it is stopped a drift margin \
+             (ttl/100 + 100ms) before the lock could lapse, which leaves it no time below {}; \
+             use 1s or more (a second or more on Redis and etcd, whose locks expire)",
+            humantime::format_duration(ttl),
+            humantime::format_duration(MIN_SUPERVISED_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// `--log-level`: level names, or `tracing` filter directives with a
+/// target (`distlock=debug`). A bare word that is no level would be read
+/// by `EnvFilter` as a *target* name and silently hide every warning.
+fn parse_log_level(text: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for directive in text.split(',').map(str::trim) {
+        if LEVELS
+            .iter()
+            .any(|level| directive.eq_ignore_ascii_case(level))
+        {
+            continue;
+        }
+        if !directive.contains('=') {
+            return Err(format!(
+                "unknown level {directive:?}: use one of {}, or a directive such as distlock=debug",
+                LEVELS.join(", ")
+            ));
+        }
+        tracing_subscriber::EnvFilter::try_new(directive)
+            .map_err(|error| format!("bad filter directive {directive:?}: {error}"))?;
+    }
+    Ok(text.to_owned())
+}
+
+/// `--metrics-addr`: `HOST:PORT`, HOST an IP address or a name to resolve.
+/// A name's IPv4 address comes first: `localhost` usually resolves to `::1`
+/// first, and a scraper told `localhost:9100` may well try 127.0.0.1.
+fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|error| {
+            format!("{text:?} is not HOST:PORT or HOST does not resolve ({error}); e.g. 127.0.0.1:9100 or localhost:9100")
+        })?
+        .collect();
+    addrs
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
 }
 
 #[cfg(test)]

@@ -14,16 +14,12 @@ use tokio::sync::Notify;
 use crate::cli::ElectArgs;
 use crate::exit;
 use crate::run::{capped_kill_after, fail, open, report_release};
-use crate::supervise::{kill_after_cap, supervise, Command};
+use crate::supervise::{supervise, Command};
 
 /// How long a replica whose term just ended waits before campaigning again,
 /// so that a standby already waiting takes over rather than the replica
 /// whose command just exited or lost its term.
 const STAND_BACK: Duration = Duration::from_millis(500);
-
-/// SIGTERM to SIGKILL unless `--kill-after` says otherwise (`distlock
-/// run`'s default), capped for short ttls.
-const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
 
 /// After a failed campaign (the backend down), the first and the longest
 /// pause before the next.
@@ -53,11 +49,7 @@ pub(crate) async fn elect(args: ElectArgs) -> u8 {
     if let Some(value) = &args.proclaim {
         election = election.proclaim(value.clone());
     }
-    // Only a --kill-after the user chose is worth a warning when capped.
-    let kill_after = match args.kill_after {
-        Some(kill_after) => capped_kill_after(kill_after, args.ttl),
-        None => DEFAULT_KILL_AFTER.min(kill_after_cap(args.ttl)),
-    };
+    let kill_after = capped_kill_after(args.kill_after, args.ttl);
     let leader = args
         .proclaim
         .clone()

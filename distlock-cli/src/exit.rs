@@ -37,7 +37,8 @@ Exit status of `distlock run`:
   64              bad usage: flags, URL, key or ttl; --shared on a backend
                   without shared locks
   69              the backend is unreachable or failed
-  70              distlock could not set up (signal handlers, watchdog)
+  70              distlock could not set up (signal handlers, watchdog,
+                  the --metrics-addr listener)
   126 / 127       CMD could not be executed / was not found
 `distlock elect` exits as `distlock run` with --once; without it, it campaigns
 again after each term and exits only on SIGINT/SIGTERM (CMD's status if it

@@ -47,8 +47,12 @@ fn main() -> ExitCode {
     let code = runtime.block_on(async {
         if let Some(addr) = cli.metrics_addr {
             if let Err(error) = serve_metrics(addr) {
-                eprintln!("distlock: cannot serve metrics on {addr}: {error}");
-                return exit::UNAVAILABLE;
+                // distlock's own set-up failed (a port in use, say), not the
+                // backend: EX_SOFTWARE, as for the signal handlers.
+                eprintln!(
+                    "distlock: cannot serve metrics on {addr}: {error} (is the port in use? choose another --metrics-addr)"
+                );
+                return exit::SOFTWARE;
             }
         }
         match cli.command {
@@ -84,14 +88,20 @@ fn serve_metrics(
     Ok(())
 }
 
-/// Logs go to stderr; `RUST_LOG` wins over `--log-level`.
+/// Logs go to stderr; `RUST_LOG` wins over `--log-level`. Colours only when
+/// stderr is a terminal and `NO_COLOR` is unset (<https://no-color.org>):
+/// escape codes in a log file or a journal are noise.
 fn init_logging(level: &str) {
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_target(false)
         .init();
 }

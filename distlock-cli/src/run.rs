@@ -231,9 +231,18 @@ fn effective_max_hold(max_hold: Option<Duration>) -> Option<Duration> {
     max_hold.filter(|hold| *hold <= FOREVER)
 }
 
-/// `--kill-after`, capped at [`kill_after_cap`] with a warning (once).
-pub(crate) fn capped_kill_after(kill_after: Duration, ttl: Duration) -> Duration {
+/// SIGTERM to SIGKILL when `--kill-after` is not given (capped for short
+/// ttls without a word: the user chose nothing that could be overridden).
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
+
+/// The kill-after grace for a lease of `ttl`: `--kill-after` if given,
+/// else [`DEFAULT_KILL_AFTER`], capped at [`kill_after_cap`]; a chosen
+/// value that is capped gets a warning (once).
+pub(crate) fn capped_kill_after(chosen: Option<Duration>, ttl: Duration) -> Duration {
     let cap = kill_after_cap(ttl);
+    let Some(kill_after) = chosen else {
+        return DEFAULT_KILL_AFTER.min(cap);
+    };
     if kill_after <= cap {
         return kill_after;
     }
@@ -263,7 +272,7 @@ mod tests {
             }
             let cap = kill_after_cap(huge);
             prop_assert!(cap <= huge / 2);
-            prop_assert!(capped_kill_after(huge, huge) <= cap);
+            prop_assert!(capped_kill_after(Some(huge), huge) <= cap);
         }
     }
 

@@ -398,11 +398,19 @@ fn bad_input_is_one_clear_line() {
         ),
         (
             &["run", "--key", "k", "--ttl", "0s", "--", "true"],
-            "invalid ttl",
+            "0s is too short",
         ),
         (&["run", "--key", "", "--", "true"], "invalid key"),
         (
-            &["run", "--key", "k", "--url", "zookeeper://zk", "--", "true"],
+            &[
+                "run",
+                "--key",
+                "k",
+                "--url",
+                "consul://consul",
+                "--",
+                "true",
+            ],
             "unsupported scheme",
         ),
         (
@@ -971,10 +979,11 @@ fn an_interactive_command_owns_the_terminal_while_it_runs() {
     assert!(stdout.contains("foreground"), "{stdout}");
 }
 
-/// A lease whose validity already ends within its drift margin when CMD
-/// would be spawned (a ttl at or under the 100 ms the margin adds) must not
-/// start CMD: distlock exits 76 and says why. (Before, CMD was spawned and
-/// stopped at once.)
+/// A ttl at or under the 100 ms the drift margin adds would give a lease
+/// whose validity ends within its drift margin when CMD is spawned: CMD
+/// must not start. (At first CMD was spawned and stopped at once; then
+/// distlock exited 76 after the grant; now such a ttl is refused before
+/// anything is acquired, a usage error naming the minimum.)
 #[test]
 fn a_lease_already_within_its_drift_margin_never_starts_the_command() {
     let fixture = Fixture::new();
@@ -994,11 +1003,11 @@ fn a_lease_already_within_its_drift_margin_never_starts_the_command() {
         .arg(&marker)
         .output()
         .unwrap();
-    assert_eq!(code(&output), 76, "{}", stderr(&output));
+    assert_eq!(code(&output), 64, "{}", stderr(&output));
     let said = stderr(&output);
     assert!(
-        said.contains("lock \"short\" is valid for only")
-            && said.contains("not starting the command"),
+        said.contains("50ms is too short for a command run under the lock")
+            && said.contains("250ms"),
         "{said}"
     );
     assert!(!marker.exists(), "the command ran: {said}");

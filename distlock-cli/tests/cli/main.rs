@@ -6,6 +6,7 @@
 mod support;
 
 mod bench;
+mod conventions;
 mod cron;
 mod elect;
 #[cfg(feature = "etcd")]
