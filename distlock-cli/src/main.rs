@@ -81,7 +81,14 @@ fn main() -> ExitCode {
 fn serve_metrics(
     addr: std::net::SocketAddr,
 ) -> Result<(), metrics_exporter_prometheus::BuildError> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    // Histograms, not the exporter's default summaries: only histograms
+    // aggregate across replicas (`histogram_quantile(sum by (le) ...)`).
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_owned()),
+            distlock::DURATION_BUCKETS,
+        )?
         .with_http_listener(addr)
         .install()?;
     distlock::describe_metrics();

@@ -173,7 +173,7 @@ pub use lease::{
     drift_margin, new_owner_token, KeepAlive, Lease, LeaseInfo, LeaseParts, LostNotifier,
     LostReason, LostSignal, SharedLocker, DEFAULT_RELEASE_TIMEOUT,
 };
-pub use metrics::{describe_metrics, MetricsLocker};
+pub use metrics::{describe_metrics, MetricsLocker, DURATION_BUCKETS};
 pub use parse::{connect, SUPPORTED_SCHEMES};
 pub use prefix::PrefixLocker;
 pub use trace::TraceLocker;
