@@ -111,6 +111,7 @@
 //! - **Cross-cutting behaviour**: a wrapper like [`MetricsLocker`], with
 //!   the pass-through methods from `forward.rs`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
