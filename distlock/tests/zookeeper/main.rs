@@ -2,7 +2,7 @@
 //! ZooKeeper processes test-servers starts: the server killed, restarted
 //! and frozen under a holder, a three-server ensemble losing a server and
 //! its quorum, a holder process SIGKILLed, and interop with
-//! kazoo's `Lock` both ways.
+//! kazoo's `Lock`, `ReadLock` and `WriteLock` both ways.
 
 mod ensemble;
 mod faults;
