@@ -173,6 +173,9 @@
 //!   readers wait only for `__WRIT__` names, its writers order a `-lock-`
 //!   name by its whole text, after their own). No name serves both of
 //!   Curator's recipes; distlock keeps the mutex's, the one in wide use.
+//!   Likewise Curator's `InterProcessMutex` does not see any reader (it
+//!   orders a `__READ__` name by its whole text too): it can be granted
+//!   while distlock's, or Curator's own, readers hold.
 //!
 //! # Shared locks
 //!
@@ -384,10 +387,11 @@ impl ZooKeeperLocker {
         &self.inner.prefix
     }
 
-    /// The bound on [`Locker::try_lock`]: opening a session (when the last
-    /// one ended) and four requests (creating the lock path, the create,
-    /// the listing, and deleting the node again on contention).
-    /// 10 s with the default timeouts.
+    /// The bound on [`Locker::try_lock`] and [`Locker::try_lock_shared`]:
+    /// opening a session (when the last one ended) and four requests
+    /// (creating the lock path, the create, the listing, and deleting the
+    /// node again on contention, or, for a reader granted behind readers,
+    /// reading the first one's czxid). 10 s with the default timeouts.
     pub fn operation_bound(&self) -> Duration {
         self.inner
             .connect_timeout

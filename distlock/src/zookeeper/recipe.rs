@@ -52,7 +52,8 @@
 //! distlock writer holds. distlock itself counts every name in the table,
 //! so a distlock writer never holds while any of those clients' readers or
 //! writers holds, and a distlock reader never while any of their writers
-//! does.
+//! does. (Curator's mutex, for its part, sees no reader at all: it orders
+//! a `__READ__` name by its whole text.)
 
 use std::cmp::Ordering;
 
@@ -135,12 +136,30 @@ pub(super) enum Kind {
 /// Curator and kazoo both use), and makes the node's name unique for ever,
 /// so a node name is an identity.
 pub(super) fn contender_prefix(kind: Kind) -> String {
-    let guid = rand::random::<u128>();
+    let guid = guid();
     match kind {
-        Kind::Write => format!("{PROTECTED}{guid:032x}{CURATOR_LOCK}"),
+        Kind::Write => format!("{PROTECTED}{guid}{CURATOR_LOCK}"),
         // Curator ends a protected name's prefix with `-`, then the lock name.
-        Kind::Read => format!("{PROTECTED}{guid:032x}-{CURATOR_READ}"),
+        Kind::Read => format!("{PROTECTED}{guid}-{CURATOR_READ}"),
     }
+}
+
+/// A random GUID in the text form Curator's protection uses
+/// (`UUID.toString()`: 8-4-4-4-12 hex digits), so that Curator's
+/// `ProtectedUtils.isProtectedZNode` (curator-framework,
+/// `imps/ProtectedUtils.java`: `_c_`, 36 characters, `-`) takes distlock's
+/// nodes for protected ones, as it does its own.
+fn guid() -> String {
+    let hex = format!("{:032x}", rand::random::<u128>());
+    // 32 ASCII hex digits: every slice below is in bounds.
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 /// One contender of a lock: a child of the lock path named by distlock,
@@ -354,6 +373,22 @@ mod tests {
         assert_eq!(holding, [first, "k__rlock__0000000002"]);
         assert_eq!(holders(&queue[2..]).len(), 1, "a first writer holds alone");
         assert!(holders(&[]).is_empty());
+    }
+
+    /// Curator's `ProtectedUtils.isProtectedZNode`: longer than 40
+    /// characters, `_c_`, a UUID's 36, then `-` at index 39.
+    #[test]
+    fn contender_names_are_protected_names_to_curator() {
+        for kind in [Kind::Write, Kind::Read] {
+            let name = format!("{}0000000001", contender_prefix(kind));
+            assert!(name.len() > 40 && name.starts_with("_c_"), "{name}");
+            assert_eq!(name.as_bytes()[39], b'-', "{name}");
+            let groups: Vec<usize> = name[3..39].split('-').map(str::len).collect();
+            assert_eq!(groups, [8, 4, 4, 4, 12], "{name}");
+            assert!(name[3..39]
+                .bytes()
+                .all(|b| b == b'-' || b.is_ascii_hexdigit()));
+        }
     }
 
     #[test]
