@@ -65,7 +65,8 @@ impl ZooKeeperLocker {
     /// Step 1: creates the attempt's ephemeral sequential node
     /// `<lock path>/_c_<uuid>-lock-<sequence>` (a reader's:
     /// `_c_<uuid>-__READ__<sequence>`), creating the lock path
-    /// first if it is missing, and returns its czxid (the fencing token).
+    /// first if it is missing, and returns its czxid (the owner token's,
+    /// and a writer's fencing token).
     /// A create whose connection was lost may have been applied: the node
     /// is then looked for by its protection prefix (after a `sync`, so the
     /// server read from has caught up with the leader), as Curator's
