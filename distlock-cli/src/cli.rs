@@ -166,9 +166,9 @@ pub(crate) struct RunArgs {
     /// exclusive `run` holds it (nor an exclusive one while any of them
     /// does). Everything else (supervision, --wait, exit codes) is as for
     /// an exclusive run. A waiting exclusive run holds new readers back on
-    /// Postgres (the server queues it) and etcd (readers and writers queue
-    /// in order), not on file or Redis. On a backend without shared locks
-    /// (Redlock, MySQL, ZooKeeper for now) it exits 64 with the reason.
+    /// Postgres (the server queues it), etcd and ZooKeeper (readers and
+    /// writers queue in order), not on file or Redis. On a backend without
+    /// shared locks (Redlock, MySQL) it exits 64 with the reason.
     #[arg(long, conflicts_with = "limit")]
     pub(crate) shared: bool,
 

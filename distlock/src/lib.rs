@@ -232,7 +232,8 @@ pub struct Capabilities {
     /// waits behind it, whichever client asks, so overlapping readers
     /// cannot starve it (Postgres: the server queues the wait, not while
     /// every waiter connection is in use and the writer polls; etcd:
-    /// readers and writers queue in revision order). False where
+    /// readers and writers queue in revision order; ZooKeeper: in sequence
+    /// order). False where
     /// a waiting writer gets the key only once no reader holds it, new
     /// readers coming in meanwhile (memory, file, and any locker whose
     /// `lock` is the polling loop of a [`WaitLocker`]). Meaningless without
@@ -468,7 +469,8 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// advanced (0 if the key was never locked exclusively; memory's counter
     /// is shared by every key, so there it is that counter; etcd's is its
     /// cluster-wide revision, so there it is the oldest reader's revision,
-    /// between the writers' as its docs show). Shared holders
+    /// between the writers' as its docs show; ZooKeeper's is the ensemble's
+    /// zxid, so there it is the oldest reader's node's czxid, likewise). Shared holders
     /// do not exclude each other, so nothing among them needs ordering; what
     /// a resource needs is their order against writers, and that holds: a
     /// shared lease's token is at least every earlier writer's and less than
@@ -485,7 +487,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// - Where it is false (memory, file, Redis), a waiting writer does not block
     ///   new readers: it polls (or is woken) and gets the key only when no
     ///   reader holds it, so a steady overlap of readers can starve it.
-    /// - Where it is true (Postgres, etcd), the server queues a writer waiting in
+    /// - Where it is true (Postgres, etcd, ZooKeeper), the server queues a writer waiting in
     ///   [`lock`](Locker::lock), and readers that come after it, from any
     ///   client, are contention here and wait behind it in
     ///   [`lock_shared`](Locker::lock_shared), until it has had the key:

@@ -100,3 +100,14 @@ async fn run_exits_76_when_its_node_is_force_released() {
     );
     assert_eq!(code, 76);
 }
+
+/// `distlock run --shared` on ZooKeeper: readers overlap, an exclusive run
+/// never overlaps them, and a writer waiting for them holds a new reader
+/// back (readers and writers queue in sequence order). Under a key prefix
+/// of its own, since the helper's key is fixed and the server is shared.
+#[test]
+fn shared_runs_overlap_and_exclude_an_exclusive_run() {
+    let server = ZooKeeperServer::shared();
+    let url = format!("{}?key_prefix=/{}/", server.url(), unique_key("cli-shared"));
+    crate::shared::shared_runs_overlap_and_exclude_an_exclusive_run(&url, true);
+}

@@ -221,7 +221,7 @@ pub async fn lock_shared_waits_for_the_writer(h: &Harness) {
 /// - Without writer priority (memory, file, Redis): another client's
 ///   `try_lock_shared` is granted at once while the writer waits, and the
 ///   writer gets in once both readers are gone.
-/// - With it (Postgres, etcd): a later reader is contention from every client
+/// - With it (Postgres, etcd, ZooKeeper): a later reader is contention from every client
 ///   (the first reader's own included), a later `lock_shared` waits behind
 ///   the writer, and the writer gets in as soon as the first reader leaves,
 ///   before that waiting reader.

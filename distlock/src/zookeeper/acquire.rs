@@ -1,5 +1,7 @@
-//! The acquire recipe in steps: create this attempt's contender node, await
-//! the turn (no contender ahead, watching only the one just ahead), grant.
+//! The acquire recipe in steps: create this attempt's contender node (a
+//! writer's or a reader's), await the turn (a writer: no contender ahead,
+//! watching only the one just ahead; a reader: no writer ahead, watching
+//! only the closest writer ahead), grant.
 //! Every step that may leave a node behind is undone by the [`Attempt`]
 //! guard, at once or in the background.
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, Acls, CreateMode};
 
-use super::recipe::{self, Token};
+use super::recipe::{self, Kind, Token, Turn};
 use super::session::{Held, Session};
 use super::{errors, Inner, ZooKeeperLocker, BACKEND};
 use crate::inspect::HolderRecord;
@@ -23,14 +25,15 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 const CREATE_ROUNDS: usize = 4;
 
 impl ZooKeeperLocker {
-    /// One acquire: `wait` is `None` for a single attempt, or the deadline
-    /// (`None`: for ever) to wait in the queue until. `Ok(None)` is
+    /// One acquire of `kind`: `wait` is `None` for a single attempt, or the
+    /// deadline (`None`: for ever) to wait in the queue until. `Ok(None)` is
     /// contention (or, when waiting, the deadline).
     pub(super) async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
         wait: Option<Option<Instant>>,
+        kind: Kind,
     ) -> Result<Option<Lease>> {
         let path = self.backend_key(key);
         let session = self.inner.session().await?;
@@ -47,20 +50,23 @@ impl ZooKeeperLocker {
             client,
             session,
             path,
-            prefix: recipe::contender_prefix(),
+            prefix: recipe::contender_prefix(kind),
+            kind,
             node: None,
             armed: false,
         };
         let czxid = self.create_contender(&mut attempt, data.as_bytes()).await?;
-        if !self.await_turn(&mut attempt, wait).await? {
+        let Some(fencing) = self.await_turn(&mut attempt, wait, czxid).await? else {
             return Ok(None);
-        }
-        self.grant(key, ttl, czxid, attempt).map(Some)
+        };
+        self.grant(key, ttl, czxid, fencing, attempt).map(Some)
     }
 
     /// Step 1: creates the attempt's ephemeral sequential node
-    /// `<lock path>/_c_<uuid>-lock-<sequence>`, creating the lock path
-    /// first if it is missing, and returns its czxid (the fencing token).
+    /// `<lock path>/_c_<uuid>-lock-<sequence>` (a reader's:
+    /// `_c_<uuid>-__READ__<sequence>`), creating the lock path
+    /// first if it is missing, and returns its czxid (the owner token's,
+    /// and a writer's fencing token).
     /// A create whose connection was lost may have been applied: the node
     /// is then looked for by its protection prefix (after a `sync`, so the
     /// server read from has caught up with the leader), as Curator's
@@ -157,17 +163,25 @@ impl ZooKeeperLocker {
         Ok(None)
     }
 
-    /// Step 2: true once no contender is ahead of ours. A single attempt
-    /// that is not first deletes its node (contention); a waiting one
-    /// watches the contender just ahead of it until that one is deleted,
-    /// then looks again, until `wait`'s deadline (false, its node
-    /// deleted). A failure still current at the deadline is reported as
-    /// that error, not as a timeout: an outage is not contention.
+    /// Step 2: the grant's fencing token once nothing that excludes ours is
+    /// ahead of it (a writer: any contender; a reader: a writer). A single
+    /// attempt that must wait deletes its node (contention, `None`); a
+    /// waiting one watches the one node it waits for ([`recipe::turn`])
+    /// until that one is deleted, then looks again, until `wait`'s deadline
+    /// (`None`, its node deleted). A failure still current at the deadline
+    /// is reported as that error, not as a timeout: an outage is not
+    /// contention.
+    ///
+    /// The token is the czxid of the queue's first contender when the turn
+    /// came: `czxid` (our node's) for a writer, which is first; for a
+    /// reader, the oldest reader ahead of it, or its own when it is first
+    /// (why: the [module docs](super#shared-locks)).
     async fn await_turn(
         &self,
         attempt: &mut Attempt,
         wait: Option<Option<Instant>>,
-    ) -> Result<bool> {
+        czxid: i64,
+    ) -> Result<Option<i64>> {
         let node = attempt.node.clone().unwrap_or_default();
         let mut last_error: Option<Error> = None;
         loop {
@@ -176,12 +190,19 @@ impl ZooKeeperLocker {
                 attempt.undo_now().await;
                 return match last_error {
                     Some(error) => Err(error),
-                    None => Ok(false),
+                    None => Ok(None),
                 };
             }
-            let step = self.look(attempt, &node).await;
+            let step = match self.look(attempt, &node).await {
+                Ok(Look::AfterReaders(first)) => self.first_czxid(attempt, first).await,
+                other => other,
+            };
             let ahead = match step {
-                Ok(Look::First) => return Ok(true),
+                Ok(Look::First) => return Ok(Some(czxid)),
+                Ok(Look::Token(token)) => return Ok(Some(token)),
+                // The first reader left between the listing and its read:
+                // look again.
+                Ok(Look::AfterReaders(_)) => continue,
                 Ok(Look::Behind(ahead)) => ahead,
                 Ok(Look::Gone) => {
                     attempt.armed = false;
@@ -201,11 +222,11 @@ impl ZooKeeperLocker {
                 }
             };
             let Some(deadline) = wait else {
-                // Not first: leave the queue and report contention.
+                // Must wait: leave the queue and report contention.
                 attempt.undo_now().await;
-                return Ok(false);
+                return Ok(None);
             };
-            // Watch only the contender just ahead (no herd).
+            // Watch only the one node we wait for (no herd).
             let ahead_path = format!("{}/{ahead}", attempt.path);
             let watched = self
                 .inner
@@ -248,25 +269,54 @@ impl ZooKeeperLocker {
             )
             .await?;
         let queue = recipe::queue(&children);
-        Ok(match recipe::ahead_of(&queue, node) {
-            Ok(None) => Look::First,
-            Ok(Some(ahead)) => Look::Behind(ahead.to_owned()),
+        Ok(match recipe::turn(&queue, node, attempt.kind) {
+            Ok(Turn::Holds { first }) if first == node => Look::First,
+            Ok(Turn::Holds { first }) => Look::AfterReaders(first.to_owned()),
+            Ok(Turn::Behind(ahead)) => Look::Behind(ahead.to_owned()),
             Err(()) => Look::Gone,
         })
     }
 
-    /// Step 3: our node is first, so the lock is ours. The owner token names
-    /// the node and its czxid (also the fencing token); the registry records
-    /// the grant, which fails if the session died meanwhile (it took the
-    /// node with it).
-    fn grant(&self, key: &str, ttl: Duration, czxid: i64, mut attempt: Attempt) -> Result<Lease> {
+    /// A holding reader's token: the czxid of `first`, the oldest reader
+    /// ahead of it; `AfterReaders` again if that one has gone since the
+    /// listing.
+    async fn first_czxid(&self, attempt: &Attempt, first: String) -> Result<Look> {
+        let stat = self
+            .inner
+            .request(
+                "acquire",
+                false,
+                attempt
+                    .client
+                    .check_stat(&format!("{}/{first}", attempt.path)),
+            )
+            .await?;
+        Ok(match stat {
+            Some(stat) => Look::Token(stat.czxid),
+            None => Look::AfterReaders(first),
+        })
+    }
+
+    /// Step 3: our turn came, so the lock is ours. The owner token names
+    /// the node and its czxid (a writer's fencing token too; a reader's is
+    /// `fencing`, from [`await_turn`](Self::await_turn)); the registry
+    /// records the grant, which fails if the session died meanwhile (it
+    /// took the node with it).
+    fn grant(
+        &self,
+        key: &str,
+        ttl: Duration,
+        czxid: i64,
+        fencing: i64,
+        mut attempt: Attempt,
+    ) -> Result<Lease> {
         let node = attempt.node.clone().unwrap_or_default();
         let owner = Token { czxid, node }.encode();
         let lease = Lease::new(
             LeaseParts {
                 key: key.to_owned(),
                 owner: owner.clone(),
-                fencing_token: u64::try_from(czxid).ok(),
+                fencing_token: u64::try_from(fencing).ok(),
                 ttl,
                 valid_until: None,
             },
@@ -289,7 +339,14 @@ impl ZooKeeperLocker {
 
 /// Where an attempt's node stands.
 enum Look {
+    /// Its turn, first in the queue: its own czxid is the fencing token.
     First,
+    /// Its turn, a reader behind these readers: the fencing token is the
+    /// czxid of the first of them, still to be read.
+    AfterReaders(String),
+    /// Its turn, with the fencing token read from the first reader.
+    Token(i64),
+    /// It waits for this node to go.
     Behind(String),
     /// Not among the children: the session expired, or someone deleted it.
     Gone,
@@ -323,6 +380,8 @@ struct Attempt {
     path: String,
     /// The protection prefix of the node's name.
     prefix: String,
+    /// A writer's or a reader's.
+    kind: Kind,
     /// The node's name, once the create's answer gave it.
     node: Option<String>,
     armed: bool,

@@ -1,10 +1,12 @@
 //! Who holds a lock: the first contender of its lock path (lowest sequence
 //! number, as acquire orders them), the holder record in its data, and its
-//! stat; operator release by deleting that node.
+//! stat; operator release by deleting that node. A first contender that is
+//! a reader means the lock is held shared, by every reader ahead of the
+//! first writer: a forced release deletes them all.
 
 use zookeeper_client as zk;
 
-use super::recipe::{self, MARK_SUFFIX};
+use super::recipe::{self, Kind, MARK_SUFFIX};
 use super::{errors, ZooKeeperLocker, BACKEND};
 use crate::inspect::{self, Clock, ForceRelease, GrantTime, HeldLock, HolderRecord};
 use crate::{Error, Result};
@@ -13,9 +15,11 @@ use crate::{Error, Result};
 /// the listing and the read (it was released meanwhile).
 const ATTEMPTS: usize = 3;
 
-/// The holder's node as found: enough to describe and to delete it.
+/// The holders' nodes as found: enough to describe and to delete them.
 struct Found {
-    node: String,
+    /// Every holder's node (one writer's, or every holding reader's),
+    /// first first.
+    nodes: Vec<String>,
     held: HeldLock,
 }
 
@@ -42,16 +46,20 @@ impl ZooKeeperLocker {
                 }
                 None => return Err(errors::deadline(operation, self.inner.request_timeout)),
             };
-            let Some(first) = recipe::queue(&children).into_iter().next() else {
+            let queue = recipe::queue(&children);
+            let nodes: Vec<String> = recipe::holders(&queue)
+                .iter()
+                .map(|holder| format!("{path}/{}", holder.name))
+                .collect();
+            let Some((first, shared)) = queue.first().map(|c| (&nodes[0], c.kind == Kind::Read))
+            else {
                 return Ok(None);
             };
-            let node = format!("{path}/{}", first.name);
-            match self.inner.call(client.get_data(&node)).await {
+            match self.inner.call(client.get_data(first)).await {
                 Some(Ok((data, stat))) => {
-                    return Ok(Some(Found {
-                        held: describe(key, &data, &stat),
-                        node,
-                    }))
+                    let mut held = describe(key, &data, &stat);
+                    held.shared = shared;
+                    return Ok(Some(Found { held, nodes }));
                 }
                 // Released since the listing: look again.
                 Some(Err(zk::Error::NoNode)) => continue,
@@ -148,29 +156,41 @@ impl ZooKeeperLocker {
                 return Ok(None);
             };
             // By name: a node name is never reused, so a newer holder's node
-            // cannot be deleted by this.
-            match self.inner.call(client.delete(&found.node, None)).await {
-                Some(Ok(())) => {
-                    inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
-                    return Ok(Some(found.held));
-                }
-                // Released meanwhile: look again.
-                Some(Err(zk::Error::NoNode)) => continue,
-                Some(Err(error)) => {
-                    return Err(errors::backend(
-                        &self.inner.ensemble,
-                        "force_release",
-                        error,
-                        true,
-                    ))
-                }
-                None => {
-                    return Err(errors::deadline(
-                        "force_release",
-                        self.inner.request_timeout,
-                    ))
+            // cannot be deleted by this. Every holding reader, all at once.
+            let deleted = futures_util::future::join_all(
+                found
+                    .nodes
+                    .iter()
+                    .map(|node| self.inner.call(client.delete(node, None))),
+            )
+            .await;
+            let mut evicted = false;
+            for outcome in deleted {
+                match outcome {
+                    Some(Ok(())) => evicted = true,
+                    // Released meanwhile.
+                    Some(Err(zk::Error::NoNode)) => {}
+                    Some(Err(error)) => {
+                        return Err(errors::backend(
+                            &self.inner.ensemble,
+                            "force_release",
+                            error,
+                            true,
+                        ))
+                    }
+                    None => {
+                        return Err(errors::deadline(
+                            "force_release",
+                            self.inner.request_timeout,
+                        ))
+                    }
                 }
             }
+            if evicted {
+                inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
+                return Ok(Some(found.held));
+            }
+            // Every one released meanwhile: look again.
         }
         Err(errors::plain(
             "force_release",

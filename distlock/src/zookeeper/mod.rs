@@ -1,7 +1,8 @@
 //! Locks in a ZooKeeper ensemble (`zookeeper://`; feature `zookeeper`), by
 //! ZooKeeper's own lock recipe as Apache Curator's `InterProcessMutex`
 //! implements it, so they interoperate with Curator and (see below) with
-//! kazoo's `Lock`.
+//! kazoo's `Lock`; shared (reader) locks by ZooKeeper's read-write lock
+//! recipe in the same queue ([shared locks](#shared-locks)).
 //!
 //! - **Paths**: the distlock key `K` is the lock path `<key_prefix>K`
 //!   (default prefix `/distlock/locks/`), with `/` and `%` in `K`
@@ -20,9 +21,13 @@
 //!   that one is deleted: no herd, FIFO, no polling. At the deadline (or
 //!   when the future is dropped) its node is deleted.
 //! - **Contenders of other clients.** A child counts as a contender when its
-//!   name ends in `-lock-<digits>` (Curator's, and ours) or `__lock__<digits>`
-//!   (kazoo's). Sequence numbers are one counter per parent, whatever the
-//!   name, so they order contenders of every client.
+//!   name ends in `-lock-<digits>` (Curator's mutex, and ours),
+//!   `__lock__<digits>` (kazoo's `Lock` and `WriteLock`), or, from
+//!   read-write locks, `__WRIT__<digits>`, `__READ__<digits>` (Curator's)
+//!   or `__rlock__<digits>` (kazoo's); the last two (and distlock's
+//!   readers) are readers. Sequence numbers are one counter per parent,
+//!   whatever the name, so they order contenders of every client, and a
+//!   writer waits for every one of them.
 //! - **Fencing token**: the holder node's **czxid** (the zxid of the
 //!   transaction that created it), not its sequence number. Sequence
 //!   numbers are per parent and start again at 0 when the lock path is
@@ -147,6 +152,83 @@
 //!   granted the lock while distlock holds it** (checked in the test
 //!   `zookeeper::interop`).
 //!
+//! Read-write locks of other clients on the same path (the table of names
+//! is in `recipe.rs`):
+//!
+//! - a distlock writer waits for every reader and writer of kazoo
+//!   (`ReadLock`, `WriteLock`) and Curator (`InterProcessReadWriteLock`)
+//!   queued before it, and a distlock reader for every writer of theirs;
+//! - distlock's readers coexist with theirs: a Curator or kazoo reader
+//!   never waits for a distlock reader, nor a distlock reader for one;
+//! - a Curator `InterProcessReadWriteLock` writer waits for distlock's
+//!   readers (their names carry `__READ__` before the sequence, as
+//!   Curator's own readers' do), and a kazoo `WriteLock` does given
+//!   `extra_lock_patterns=["-lock-", "__READ__"]`; a kazoo `ReadLock`
+//!   waits for distlock's writers given `extra_lock_patterns=["-lock-"]`
+//!   (checked in `zookeeper::interop`); without those patterns kazoo does
+//!   not see distlock's nodes, as above;
+//! - **Curator's `InterProcessReadWriteLock` does not see distlock's
+//!   writers**: they are named for Curator's `InterProcessMutex` (so that
+//!   one keeps working), which Curator's read-write lock passes by (its
+//!   readers wait only for `__WRIT__` names, its writers order a `-lock-`
+//!   name by its whole text, after their own). No name serves both of
+//!   Curator's recipes; distlock keeps the mutex's, the one in wide use.
+//!   Likewise Curator's `InterProcessMutex` does not see any reader (it
+//!   orders a `__READ__` name by its whole text too): it can be granted
+//!   while distlock's, or Curator's own, readers hold.
+//!
+//! # Shared locks
+//!
+//! [`Locker::try_lock_shared`] and [`Locker::lock_shared`] follow
+//! ZooKeeper's "Shared Locks" recipe
+//! (<https://zookeeper.apache.org/doc/r3.8.4/recipes.html>) in the same
+//! lock path as the exclusive lock:
+//!
+//! - **A reader** creates an ephemeral sequential node
+//!   `<lock path>/_c_<uuid>-__READ__<sequence>` (Curator's
+//!   `InterProcessReadWriteLock` reader's protected name), lists the
+//!   children, and holds when no writer's node has a lower sequence
+//!   number. Otherwise [`Locker::try_lock_shared`] deletes its node again
+//!   (contention), and [`Locker::lock_shared`] watches only the closest
+//!   writer ahead of it (an `exists` watch), looking again when that one
+//!   is deleted. A writer (an exclusive [`Locker::lock`]) waits for every
+//!   node ahead of it, readers' included, watching the one just ahead.
+//!   So a release wakes one waiter, or the readers that waited for that
+//!   writer: no herd.
+//! - **Order: a waiting writer holds later readers back**
+//!   ([`Capabilities::writer_priority`]). Readers and writers queue in
+//!   sequence order, and a reader waits for every writer queued before it,
+//!   *waiting or holding*. So while a writer waits for readers, a new
+//!   reader's `try_lock_shared` is contention and its `lock_shared` waits
+//!   until that writer has held and released the lock: readers cannot
+//!   starve a writer, as on etcd and Postgres (not on memory, file or
+//!   Redis). A writer waiting behind several readers watches the newest
+//!   of them, then looks again, so it may wake once per reader.
+//! - **Fencing token**: the czxid of the queue's first contender when the
+//!   reader's turn came: its own node's when it is first, else the oldest
+//!   reader's ahead of it (one `exists` more), the rule etcd's readers
+//!   follow with revisions. Every writer granted before the reader's turn
+//!   was granted only once every older node had gone, so its czxid is
+//!   below every node still queued; every writer granted after it was
+//!   queued after the reader (a writer queued before it would have held it
+//!   back), so its czxid is above the reader's node, which is at or above
+//!   the first one. So a reader's token is above every earlier writer's
+//!   and below every later writer's (the reader's own czxid would satisfy
+//!   that too), and, since the first node only moves forward, tokens never
+//!   decrease over all grants and readers granted while one first node
+//!   stays share its token. A reader writes nothing for it.
+//! - **Everything else is a lease's**: the owner token
+//!   `<czxid hex>/<node name>` of the reader's own node releases and
+//!   refreshes it from any process ([`Locker::unlock`] deletes the node,
+//!   [`Locker::refresh`] checks its czxid and `ephemeralOwner`); it lives on
+//!   the locker's session, whose watchdog fires its lost signal as a
+//!   writer's; dropping the lease deletes the node; a dropped or timed-out
+//!   attempt's node is deleted at once or in the background.
+//! - **One locker, both modes.** A reader of a key this locker holds
+//!   exclusively is contention (its writer is ahead); an exclusive
+//!   [`Locker::lock`] of a key this locker holds shared waits behind its
+//!   own reader until that reader is released (or the timeout).
+//!
 //! # Inspection
 //!
 //! - **The record** is the holder node's data: host, pid, label, grant
@@ -157,12 +239,19 @@
 //!   is `None` (nothing expires while the session lives). A node written
 //!   by kazoo or Curator is held by an unknown holder (its data, if text,
 //!   in `value`), never free.
+//! - **Held shared**: a first contender that is a reader (distlock's,
+//!   Curator's or kazoo's) means the lock is held by every reader ahead of
+//!   the first writer, reported with
+//!   [`HeldLock::shared`](inspect_api::HeldLock::shared) set and the oldest
+//!   reader's record, session and czxid as `fencing_token` (the token a
+//!   reader granted now gets). [`Locker::list`] reports it so too.
 //! - [`Locker::list`] lists the children of the lock paths' parent whose
 //!   keys start with the prefix (marks are skipped), and inspects each.
 //! - [`Locker::force_release`] with [`ForceRelease::Lock`](crate::inspect::ForceRelease::Lock)
 //!   deletes the holder's node (by name, so a newer holder's node is never
-//!   deleted), which wakes the next waiter. The evicted holder learns it at
-//!   its next refresh. [`ForceRelease::TerminateSession`](crate::inspect::ForceRelease::TerminateSession)
+//!   deleted), which wakes the next waiter; a lock held shared loses every
+//!   holding reader's node. The evicted holder learns it at its next
+//!   refresh. [`ForceRelease::TerminateSession`](crate::inspect::ForceRelease::TerminateSession)
 //!   is [`Error::Unsupported`]: a client cannot end another client's
 //!   session without its password.
 //! - **Marks** ([`Locker::advance_mark`]): a persistent node
@@ -183,9 +272,10 @@
 //!   follower reports the sessions it heard from to the leader (which
 //!   expires them) about every half tick; the drift margin (1 % + 100 ms)
 //!   is meant to cover that with ticks of 2 s and less.
-//! - **Shared locks** are not done yet ([`Error::Unsupported`]):
-//!   ZooKeeper's read-write lock recipe (Curator's
-//!   `InterProcessReadWriteLock`) is the way to add them.
+//! - **Nested readers deadlock behind a writer**: with writer priority, a
+//!   reader that asks for the key again while holding it waits behind a
+//!   writer queued meanwhile, which waits for the first read. Do not nest
+//!   readers of one key.
 //! - **TLS** is not supported yet (see [`Config::tls`]).
 //! - **A create retried after a connection loss** can, in a rare race (the
 //!   lost create is applied by the old server after the new one was
@@ -223,7 +313,7 @@ pub use config::{
 };
 
 use acquire::{delete_in_background, Target};
-use recipe::Token;
+use recipe::{Kind, Token};
 use session::{Registry, Session};
 
 const BACKEND: &str = "zookeeper";
@@ -297,14 +387,51 @@ impl ZooKeeperLocker {
         &self.inner.prefix
     }
 
-    /// The bound on [`Locker::try_lock`]: opening a session (when the last
-    /// one ended) and four requests (creating the lock path, the create,
-    /// the listing, and deleting the node again on contention).
-    /// 10 s with the default timeouts.
+    /// The bound on [`Locker::try_lock`] and [`Locker::try_lock_shared`]:
+    /// opening a session (when the last one ended) and four requests
+    /// (creating the lock path, the create, the listing, and deleting the
+    /// node again on contention, or, for a reader granted behind readers,
+    /// reading the first one's czxid). 10 s with the default timeouts.
     pub fn operation_bound(&self) -> Duration {
         self.inner
             .connect_timeout
             .saturating_add(self.inner.request_timeout.saturating_mul(4))
+    }
+
+    /// [`Locker::lock`] or [`Locker::lock_shared`], as `kind` says: a zero
+    /// timeout is one attempt (bounded by [`operation_bound`](Self::operation_bound));
+    /// otherwise a wait in the queue until the deadline, bounded by
+    /// `timeout` + [`DEADLINE_GRACE`].
+    async fn lock_as(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+        kind: Kind,
+    ) -> Result<Lease> {
+        validate::acquire(key, ttl)?;
+        let (wait, limit) = match timeout.is_zero() {
+            true => (None, self.operation_bound()),
+            false => (
+                Some(checked_deadline(Instant::now(), timeout)),
+                timeout.saturating_add(DEADLINE_GRACE),
+            ),
+        };
+        match bounded(
+            BACKEND,
+            "acquire",
+            limit,
+            self.acquire(key, ttl, wait, kind),
+        )
+        .await?
+        {
+            Some(lease) => Ok(lease),
+            None if timeout.is_zero() => Err(Error::not_acquired(key)),
+            None => Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: timeout,
+            }),
+        }
     }
 
     /// The contender node a refresh or unlock of `key` by `owner` names.
@@ -353,27 +480,59 @@ impl Locker for ZooKeeperLocker {
         BACKEND
     }
 
+    /// Everything but expiry and release notifications (waiters are woken
+    /// by watches on the node ahead, not by a stream of releases); shared
+    /// locks with writer priority (readers and writers queue in sequence
+    /// order: see [shared locks](self#shared-locks)).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             expires: false,
             release_notifications: false,
-            shared: false,
             ..Capabilities::ALL
         }
     }
 
-    /// [`Error::Unsupported`]: ZooKeeper's read-write lock recipe is not
-    /// written yet.
+    /// One attempt at a shared (reader) lock by ZooKeeper's "Shared Locks"
+    /// recipe: create a reader's node in `key`'s queue and list the queue;
+    /// with a writer ahead (holding or *waiting*: see
+    /// [shared locks](self#shared-locks)), delete the node again and
+    /// report contention. Bounded by [`ZooKeeperLocker::operation_bound`]
+    /// (a reader behind readers reads the first one's czxid instead of
+    /// deleting its node: four requests still).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Locker::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a node the attempt may have created is deleted in the
+    /// background (see the [module docs](self)).
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
         validate::acquire(key, ttl)?;
-        Err(Error::unsupported(
+        bounded(
             BACKEND,
-            "try_lock_shared",
-            "shared locks are not done yet on ZooKeeper (they need the read-write lock recipe: \
-             read and write contenders under the lock path, each waiting on the older ones that \
-             conflict, as Curator's InterProcessReadWriteLock); use the memory or file backend \
-             for shared locks",
-        ))
+            "acquire",
+            self.operation_bound(),
+            self.acquire(key, ttl, None, Kind::Read),
+        )
+        .await
+    }
+
+    /// Waits in `key`'s queue for a shared (reader) lock, watching only the
+    /// closest writer ahead (woken by its deletion, then looking again),
+    /// bounded by `timeout` + [`DEADLINE_GRACE`]. Readers never wait for
+    /// readers; they do wait for writers queued before them.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Locker::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the waiter's node is deleted in the background.
+    async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
+        self.lock_as(key, ttl, timeout, Kind::Read).await
     }
 
     fn backend_key(&self, key: &str) -> String {
@@ -392,7 +551,7 @@ impl Locker for ZooKeeperLocker {
             BACKEND,
             "acquire",
             self.operation_bound(),
-            self.acquire(key, ttl, None),
+            self.acquire(key, ttl, None, Kind::Write),
         )
         .await
     }
@@ -404,29 +563,7 @@ impl Locker for ZooKeeperLocker {
     ///
     /// Cancel-safe: the waiter's node is deleted in the background.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        if timeout.is_zero() {
-            return match self.try_lock(key, ttl).await? {
-                Some(lease) => Ok(lease),
-                None => Err(Error::not_acquired(key)),
-            };
-        }
-        let deadline = checked_deadline(Instant::now(), timeout);
-        let limit = timeout.saturating_add(DEADLINE_GRACE);
-        match bounded(
-            BACKEND,
-            "acquire",
-            limit,
-            self.acquire(key, ttl, Some(deadline)),
-        )
-        .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: timeout,
-            }),
-        }
+        self.lock_as(key, ttl, timeout, Kind::Write).await
     }
 
     /// Deletes `owner`'s node of `key` (one request). A delete that fails
