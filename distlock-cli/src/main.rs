@@ -6,6 +6,7 @@ mod cron;
 mod cron_config;
 mod elect;
 mod exit;
+mod generated;
 mod inspect;
 mod process_group;
 mod reaper;
@@ -25,9 +26,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return exit::usage_error(err),
     };
-    // The watchdog is distlock re-executed by itself: no runtime, no logging.
+    // The watchdog is distlock re-executed by itself, and the generated
+    // documents are text from the clap definitions: no runtime, no logging.
     let cli = match cli.command {
         Command::Watchdog(args) => return ExitCode::from(watchdog::main(args)),
+        Command::Completions(args) => return ExitCode::from(generated::completions(args.shell)),
+        Command::Man(args) => return ExitCode::from(generated::man(args.subcommand.as_deref())),
         _ => cli,
     };
     init_logging(&cli.log_level);
@@ -71,7 +75,7 @@ fn main() -> ExitCode {
             Command::List(args) => inspect::list(args).await,
             Command::Cron(args) => cron::cron(args).await,
             Command::Bench(args) => bench::bench(args).await,
-            Command::Watchdog(_) => exit::USAGE,
+            Command::Watchdog(_) | Command::Completions(_) | Command::Man(_) => exit::USAGE,
         }
     });
     ExitCode::from(code)
