@@ -104,7 +104,10 @@ mod tests {
             "lock:scheduler:owner:694d77a1b2c3"
         );
         assert_eq!(owner_key("lock:", "jobs/a", 0x1f), "lock:jobs%2Fa:owner:1f");
-        assert_eq!(owner_key("lock:", "100%/x", 0x1f), "lock:100%25%2Fx:owner:1f");
+        assert_eq!(
+            owner_key("lock:", "100%/x", 0x1f),
+            "lock:100%25%2Fx:owner:1f"
+        );
         let owner = owner_key("lock:", "a/b/c", 0x1f);
         assert!(!owner["lock:".len()..].contains('/'), "{owner}");
         // A mark key ends in `:mark`, never in a hex lease id.

@@ -744,10 +744,13 @@ async fn still_ours_batch(
         }
         Err(error) => return Err(error),
     };
-    let mut answers = response.op_responses().into_iter().map(|answer| match answer {
-        TxnOpResponse::Get(get) => get.kvs().first().cloned(),
-        _ => None,
-    });
+    let mut answers = response
+        .op_responses()
+        .into_iter()
+        .map(|answer| match answer {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
     Ok(grants
         .iter()
         .map(|grant| {

@@ -92,7 +92,11 @@ async fn the_key_holds_the_proclamation_and_the_owner_key_the_secret_and_record(
     assert_eq!(listed[0].value.as_deref(), Some("node-a"));
 
     term.resign().await.expect("resign");
-    assert_eq!(keys(&server, "lock:E"), Vec::<String>::new(), "both keys go");
+    assert_eq!(
+        keys(&server, "lock:E"),
+        Vec::<String>::new(),
+        "both keys go"
+    );
 }
 
 /// With holder records off, the key still holds what the candidate
@@ -183,10 +187,10 @@ async fn a_refresh_batch_checks_each_election_grant_in_its_place() {
         .await
         .expect("try_lock")
         .expect("free");
-    let forged = terms[40].lease().owner().replace(
-        secret_of(terms[40].lease().owner()),
-        &"0".repeat(32),
-    );
+    let forged = terms[40]
+        .lease()
+        .owner()
+        .replace(secret_of(terms[40].lease().owner()), &"0".repeat(32));
     let mut requests: Vec<RefreshRequest<'_>> = terms
         .iter()
         .map(|term| RefreshRequest {
@@ -257,7 +261,10 @@ async fn a_forced_release_deletes_the_owner_key_too() {
     let b_lease = b.session_leases().await.pop().expect("b's session");
     assert_eq!(
         keys(&server, "lock:E"),
-        [format!("lock:E/{b_lease}"), format!("lock:E:owner:{b_lease}")],
+        [
+            format!("lock:E/{b_lease}"),
+            format!("lock:E:owner:{b_lease}")
+        ],
         "node-a's owner key went with its key"
     );
     drop(term);

@@ -351,10 +351,10 @@ mod election {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcdctl_elect_listen_prints_a_distlock_leaders_proclaimed_value() {
         let server = EtcdServer::start();
-        let node_a = Election::new(distlock::connect(&server.url()).await.unwrap(), "E")
-            .proclaim("node-a");
-        let node_b = Election::new(distlock::connect(&server.url()).await.unwrap(), "E")
-            .proclaim("node-b");
+        let node_a =
+            Election::new(distlock::connect(&server.url()).await.unwrap(), "E").proclaim("node-a");
+        let node_b =
+            Election::new(distlock::connect(&server.url()).await.unwrap(), "E").proclaim("node-b");
         let term = node_a.campaign(WAIT).await.expect("node-a is elected");
         let listener = Listener::start(&server, "lock:E");
         let (key_a, value) = listener.next_leader();
