@@ -1,10 +1,11 @@
 //! Who holds a lock: the first contender key of its queue (lowest create
 //! revision, as the acquire transaction sees it), the holder record in its
 //! value (an election candidate's: in its owner key, its value being what
-//! it proclaims), and its lease's time to live; operator release by deleting that
-//! key (compared on its create revision) or revoking its lease. A first key
-//! that is a reader's means the lock is held shared, by every reader older
-//! than the oldest writer: a forced release evicts them all.
+//! it proclaims), and its lease's time to live; operator release by
+//! deleting that key (compared on its create revision; an owner key goes
+//! with it) or revoking its lease. A first key that is a reader's means the
+//! lock is held shared, by every reader older than the oldest writer: a
+//! forced release evicts them all.
 
 use std::collections::HashMap;
 use std::time::Duration;
