@@ -135,7 +135,8 @@
 //!   It does not change the ttl (the session's keep-alive renews the
 //!   lease); the `ttl` argument is only validated. A keepalive batch
 //!   ([`Locker::refresh_many`]) reads up to 128 keys (etcd's default
-//!   `--max-txn-ops`) in one read-only transaction; on a cluster started
+//!   `--max-txn-ops`; an election candidate's grant reads two, its key and
+//!   its owner key) in one read-only transaction; on a cluster started
 //!   with a lower `--max-txn-ops`, which refuses it, it checks them one
 //!   transaction each.
 //! - **Contention vs outage**: a held lock is `Ok(None)`; an unreachable
@@ -282,8 +283,8 @@
 //!   record is there and the key's value is the proclaimed value
 //!   ([`HeldLock::value`](inspect_api::HeldLock::value)). A key written by
 //!   `etcdctl lock` or Go's `concurrency.Mutex` (an empty value) is held by
-//!   an unknown holder, never free; one written by `etcdctl elect` (its
-//!   proposal as the value) too, with the proposal as the value.
+//!   an unknown holder, never free; so is one written by `etcdctl elect`,
+//!   whose proposal is reported as the value.
 //! - **Held shared**: a first key that is a reader's means the lock is held
 //!   by every reader older than the oldest writer, reported with
 //!   [`HeldLock::shared`](inspect_api::HeldLock::shared) set, and the oldest
@@ -557,7 +558,8 @@ impl EtcdLocker {
     }
 
     /// [`Locker::refresh_many`] of at most [`recipe::MAX_TXN_OPS`] leases:
-    /// the ones that need a read are read in one transaction.
+    /// the ones that need a read are read in one transaction (two when
+    /// election candidates' owner keys take the reads past 128).
     async fn refresh_chunk(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
         let checks: Vec<Result<(String, Token, SecretAt)>> = requests
             .iter()
@@ -743,7 +745,8 @@ impl Locker for EtcdLocker {
     }
 
     /// One read-only transaction per 128 leases (etcd's default
-    /// `--max-txn-ops`), sent four at a time, instead of
+    /// `--max-txn-ops`; per 64 election candidates' terms, which read their
+    /// owner keys too), sent four at a time, instead of
     /// [`refresh`](Locker::refresh)'s transaction per lease: 100,000 held
     /// leases cost about 800 requests per keepalive round, not 100,000.
     /// Each lease answers as `refresh` would; a failed transaction fails
