@@ -243,7 +243,12 @@ async fn a_forced_release_deletes_the_owner_key_too() {
         let next = election(&b, "E", "node-b");
         async move { next.campaign(WAIT).await }
     });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while keys(&server, "lock:E/").len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node-b never queued"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let evicted = b
