@@ -141,7 +141,8 @@ impl Replicas {
     }
 }
 
-fn signal(pid: i32, signal: libc::c_int) {
+/// Sends `signal` to the child process `pid`.
+pub fn signal(pid: i32, signal: libc::c_int) {
     // SAFETY: kill(2) with a pid of a child this test started.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid} {signal}");
 }

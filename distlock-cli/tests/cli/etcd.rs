@@ -1,7 +1,8 @@
 //! `distlock run --url etcd://...` end to end against real etcd processes:
 //! conflict (75), a lease revoked from outside (76), how long a SIGKILLed
 //! holder keeps the lock (the orphan bound), on one node and across a
-//! leader kill, and `run --shared`.
+//! leader kill, `run --shared`, and an `elect` leader's proclaimed value
+//! as its etcd key's value.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -250,6 +251,62 @@ fn three_etcd_cron_replicas_run_every_second_exactly_once_through_a_kill_9() {
 
 /// Three `distlock elect` replicas on etcd: the SIGKILLed leader's lease
 /// (2 s, whole seconds on etcd) lapses and another replica leads.
+/// `distlock elect --proclaim node-a` on etcd: the leader's key holds
+/// exactly `node-a`, the value `etcdctl elect -l lock:E` prints (Go's
+/// `Election.Observe` reads the lowest-create-revision key's value), and
+/// `distlock status` still shows the leader, its record read from the
+/// owner key beside it.
+#[test]
+fn an_elect_leaders_key_holds_its_proclaimed_value_and_status_shows_it() {
+    let server = EtcdServer::start();
+    let url = server.url();
+    let mut leader = Command::new(BIN)
+        .args([
+            "elect",
+            "--url",
+            &url,
+            "--key",
+            "E",
+            "--ttl",
+            "5s",
+            "--proclaim",
+            "node-a",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn distlock elect");
+    let key = wait_for_holder(
+        || server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:E/"]),
+        "lock:E",
+    );
+    assert_eq!(
+        server.etcdctl_ok(&["get", "--print-value-only", &key]),
+        "node-a"
+    );
+    let status = Command::new(BIN)
+        .args(["status", "--url", &url, "--key", "E"])
+        .output()
+        .expect("run distlock status");
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(code(&status), 0, "{shown}{}", stderr(&status));
+    for row in ["label     node-a", "value     node-a", "token     "] {
+        assert!(shown.contains(row), "{row:?} in {shown}");
+    }
+    let pid = i32::try_from(leader.id()).expect("pid");
+    crate::elect::signal(pid, libc::SIGTERM);
+    // CMD's status: `sleep` ended by the forwarded SIGTERM.
+    assert_eq!(wait_for_exit(&mut leader, Duration::from_secs(10)), 143);
+    assert_eq!(
+        server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:E"]),
+        "",
+        "the key and its owner key are gone"
+    );
+}
+
 #[test]
 fn elect_fails_over_after_kill_9_within_the_lease_without_overlap() {
     let server = EtcdServer::start();

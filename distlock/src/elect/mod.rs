@@ -35,7 +35,16 @@
 //!   `distlock.campaign` span, a line per term).
 //! - **The leader proclaims a value** ([`Election::proclaim`]: its address,
 //!   for example), recorded as the holder label of its lock, where
-//!   [`Observer`]s and `distlock status` read it.
+//!   [`Observer`]s and `distlock status` read it. On etcd it is also the
+//!   whole value of the candidate's key, as Go's `concurrency.Election`
+//!   writes it, so `etcdctl elect -l` prints exactly that (see the etcd
+//!   backend's docs, `distlock::etcd`: the secret and the record are in a
+//!   key beside it). A candidate that proclaims nothing publishes its
+//!   holder label there instead (the label in force, see
+//!   [`crate::inspect`]), or nothing with holder recording off. A
+//!   proclaimed value lasts for the term: there is no `Proclaim` within one
+//!   (the holder label is written once, with the grant, on every backend),
+//!   so a new value comes with the next term.
 //!
 //! # Timings
 //!
@@ -102,6 +111,32 @@ pub const DEFAULT_TERM_TTL: Duration = Duration::from_secs(15);
 /// the file backend, where the kernel frees a dead leader's lock at once.
 const STANDBY_POLL: Duration = Duration::from_millis(20);
 
+tokio::task_local! {
+    /// Set around a campaign's acquire: what the candidate proclaims
+    /// (`None`: nothing). See [`campaign_value`].
+    static CAMPAIGN: Option<String>;
+}
+
+/// What the acquire running on this task publishes as its lock's value on
+/// a backend whose election keys carry the leader's value where the
+/// backend's own tools read it (etcd: `etcdctl elect -l` prints the
+/// leader key's value). `None` outside a campaign. Inside one: the
+/// proclaimed value; else, with holder recording on (`record_holder`), the
+/// label in force on this task (what [`Observer`]s report as proclaimed,
+/// see [`Leader::proclaimed`]); else nothing (an empty value), since the
+/// fallback label is the command line that turning recording off keeps to
+/// itself.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) fn campaign_value(record_holder: bool) -> Option<String> {
+    CAMPAIGN
+        .try_with(|proclaimed| match proclaimed {
+            Some(value) => value.clone(),
+            None if record_holder => inspect::current_label().to_string(),
+            None => String::new(),
+        })
+        .ok()
+}
+
 /// One election: its name (the key of its lock on `locker`) and how its
 /// candidates campaign. Cheap to clone; every clone campaigns as the same
 /// candidate settings.
@@ -151,8 +186,10 @@ impl Election {
     /// What this candidate publishes to followers once it leads (its
     /// address, for example): recorded as the holder label of the term's
     /// lock, at most [`MAX_LABEL_LEN`] bytes, and read by [`Observer`]s as
-    /// [`Leader::proclaimed`]. Anybody who can inspect the lock reads it:
-    /// nothing secret belongs in it.
+    /// [`Leader::proclaimed`]; on etcd also the value of the candidate's
+    /// key, which `etcdctl elect -l` prints (see the [module docs](self)).
+    /// Anybody who can inspect the lock reads it: nothing secret belongs in
+    /// it.
     pub fn proclaim(mut self, value: impl Into<String>) -> Self {
         self.proclaim = Some(value.into());
         self
@@ -218,6 +255,9 @@ impl Election {
                 }
             }
         };
+        // The campaign scope tells a backend whose election keys carry the
+        // leader's value natively (etcd) what to publish there.
+        let acquire = CAMPAIGN.scope(self.proclaim.clone(), acquire);
         let acquired = match &self.proclaim {
             Some(value) => {
                 inspect::with_label(value.clone(), acquire)

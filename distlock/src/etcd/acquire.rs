@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::owner::{self, SecretAt};
 use super::recipe::{self, Enqueued, Role, Token, Turn, WatchFailure, Watched};
 use super::session::Session;
 use super::{errors, EtcdLocker, Inner, Slot, BACKEND};
@@ -100,11 +101,24 @@ impl EtcdLocker {
             written: None,
         };
         let secret = new_owner_token();
-        // Read on the caller's task, where its label scope is.
+        // Read on the caller's task, where its label and campaign scopes are.
         let record = self.inner.holder_record.then(|| HolderRecord::now(ttl));
-        let value = recipe::contender_value(&secret, record.as_ref());
+        let bookkeeping = recipe::contender_value(&secret, record.as_ref());
+        // An election candidate's key holds what it proclaims, as Go's
+        // `concurrency.Election` writes it, so `etcdctl elect -l` prints
+        // that; its secret and record go to its owner key.
+        let values = match crate::elect::campaign_value(self.inner.holder_record) {
+            Some(proclaimed) if !shared => Values {
+                contender: proclaimed,
+                owner: Some(bookkeeping),
+            },
+            _ => Values {
+                contender: bookkeeping,
+                owner: None,
+            },
+        };
         let mut queued = self
-            .enqueue(key, &slot, ttl, &secret, &value, &mut attempt)
+            .enqueue(key, &slot, ttl, &secret, &values, &mut attempt)
             .await?;
         if !self
             .await_turn(&slot, &mut queued, &secret, wait, &mut attempt)
@@ -136,18 +150,19 @@ impl EtcdLocker {
         }
     }
 
-    /// Step 2: writes this attempt's key (`value`) into the queue of
-    /// `slot`'s name under the session lease of `ttl`'s class, arming
-    /// `attempt` first. A lease etcd no longer knows is replaced by a new
-    /// session once; an orphaned key of this lease (no grant owns it: the
-    /// slot is reserved) is deleted and the write tried again once.
+    /// Step 2: writes this attempt's key (`values`, and an election
+    /// candidate's owner key with it) into the queue of `slot`'s name under
+    /// the session lease of `ttl`'s class, arming `attempt` first. A lease
+    /// etcd no longer knows is replaced by a new session once; an orphaned
+    /// key of this lease (no grant owns it: the slot is reserved) is
+    /// deleted and the write tried again once.
     async fn enqueue(
         &self,
         key: &str,
         slot: &Slot,
         ttl: Duration,
         secret: &str,
-        value: &str,
+        values: &Values,
         attempt: &mut Attempt,
     ) -> Result<Queued> {
         let (name, role) = (slot.name(), slot.role());
@@ -155,16 +170,41 @@ impl EtcdLocker {
         loop {
             let session = self.session(ttl).await?;
             let key_name = role.key(name, session.lease);
+            // The owner key an election candidate's key of this name and
+            // lease has: an orphan's is deleted with it.
+            let owner_key = (role == Role::Writer)
+                .then(|| owner::owner_key(&self.inner.prefix, key, session.lease));
+            let at = match (&values.owner, &owner_key) {
+                (Some(_), Some(owner_key)) => SecretAt::OwnerKey(owner_key.clone()),
+                _ => SecretAt::Value,
+            };
+            let owner_write = match &at {
+                SecretAt::OwnerKey(owner_key) => values
+                    .owner
+                    .as_deref()
+                    .map(|value| (owner_key.as_str(), value)),
+                SecretAt::Value => None,
+            };
             // From here on the key may be written: armed.
             attempt.written = Some(Written {
                 key: key_name.clone(),
                 secret: secret.to_owned(),
                 revision: None,
                 session: session.clone(),
+                at: at.clone(),
             });
             let enqueued = self
                 .inner
-                .call(|| recipe::enqueue(self.inner.kv(), name, role, session.lease, value))
+                .call(|| {
+                    recipe::enqueue(
+                        self.inner.kv(),
+                        name,
+                        role,
+                        session.lease,
+                        &values.contender,
+                        owner_write,
+                    )
+                })
                 .await;
             match enqueued {
                 Some(Ok(Enqueued::Written {
@@ -180,6 +220,7 @@ impl EtcdLocker {
                         revision,
                         ahead,
                         fencing,
+                        at,
                     });
                 }
                 Some(Ok(Enqueued::Orphan { revision })) => {
@@ -195,7 +236,12 @@ impl EtcdLocker {
                     );
                     self.inner
                         .request("acquire", true, || {
-                            recipe::delete_orphan(self.inner.kv(), &key_name, revision)
+                            recipe::delete_orphan(
+                                self.inner.kv(),
+                                &key_name,
+                                revision,
+                                owner_key.as_deref(),
+                            )
                         })
                         .await?;
                     if renewed_session {
@@ -297,7 +343,7 @@ impl EtcdLocker {
         let ours = self
             .inner
             .request("acquire", false, || {
-                recipe::still_ours(self.inner.kv(), &key_name, revision, secret)
+                recipe::still_ours(self.inner.kv(), &key_name, revision, secret, &queued.at)
             })
             .await?;
         if !ours {
@@ -329,6 +375,7 @@ impl EtcdLocker {
             session,
             revision,
             fencing,
+            at,
             ..
         } = queued;
         let token = Token {
@@ -336,6 +383,7 @@ impl EtcdLocker {
             role: slot.role(),
             revision,
             secret,
+            in_owner_key: at != SecretAt::Value,
         };
         let key_name = token.key(slot.name());
         let token = token.encode();
@@ -458,16 +506,24 @@ fn cleaning_up(key: &str) -> Error {
     )
 }
 
+/// What an acquire writes: the contender key's value, and an election
+/// candidate's owner key's (`None` for every other lock).
+struct Values {
+    contender: String,
+    owner: Option<String>,
+}
+
 /// An attempt's key, written into the queue: under `session`'s lease, at
 /// `revision`; `ahead` says whether a key it waits for is older, when the
 /// write could tell (`None`: a nested name's key is older, so ask);
 /// `fencing` is the grant's fencing token if its turn is now (set again
-/// when the turn comes later).
+/// when the turn comes later); `at` is where its secret is.
 struct Queued {
     session: Arc<Session>,
     revision: i64,
     ahead: Option<bool>,
     fencing: i64,
+    at: SecretAt,
 }
 
 /// A key an attempt may have written.
@@ -477,6 +533,9 @@ pub(super) struct Written {
     /// Its create revision, once known.
     pub(super) revision: Option<i64>,
     pub(super) session: Arc<Session>,
+    /// Where its secret is (an election candidate's owner key is deleted
+    /// with it).
+    pub(super) at: SecretAt,
 }
 
 /// One attempt's reservation of a name, and the key it may have written:
@@ -513,6 +572,7 @@ impl Attempt {
                     &written.key,
                     written.revision,
                     &written.secret,
+                    &written.at,
                 )
             })
             .await;
@@ -579,13 +639,14 @@ async fn delete_until_done(inner: &Inner, written: &Written) {
         secret,
         revision,
         session,
+        at,
     } = written;
     let key = key.as_str();
     let mut delay = FIRST_RETRY;
     loop {
         match inner
             .request("release", true, || {
-                recipe::delete_if_ours(inner.kv(), key, *revision, secret)
+                recipe::delete_if_ours(inner.kv(), key, *revision, secret, at)
             })
             .await
         {

@@ -1,15 +1,18 @@
 //! Who holds a lock: the first contender key of its queue (lowest create
 //! revision, as the acquire transaction sees it), the holder record in its
-//! value, and its lease's time to live; operator release by deleting that
-//! key (compared on its create revision) or revoking its lease. A first key
-//! that is a reader's means the lock is held shared, by every reader older
-//! than the oldest writer: a forced release evicts them all.
+//! value (an election candidate's: in its owner key, its value being what
+//! it proclaims), and its lease's time to live; operator release by
+//! deleting that key (compared on its create revision; an owner key goes
+//! with it) or revoking its lease. A first key that is a reader's means the
+//! lock is held shared, by every reader older than the oldest writer: a
+//! forced release evicts them all.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 
+use super::owner;
 use super::recipe;
 use super::{errors, EtcdLocker, BACKEND};
 use crate::inspect::{self, ForceRelease, HeldLock};
@@ -62,11 +65,22 @@ impl EtcdLocker {
         // The first key's revision: the holder's token, or for readers the
         // token a reader granted now gets (`recipe::fencing_token`).
         held.fencing_token = u64::try_from(kv.create_revision()).ok();
-        if let Some(record) = recipe::record_of(kv.value()) {
-            record.fill(&mut held);
-        }
-        held.value = recipe::foreign_value(kv.value());
         let lease = kv.lease();
+        match recipe::record_of(kv.value()) {
+            Some(record) => record.fill(&mut held),
+            None => match self.owned_record(key, kv, lease, operation).await? {
+                // A distlock election candidate's key: its value is what it
+                // proclaims, its record is in its owner key.
+                Some(record) => {
+                    if let Some(record) = record {
+                        record.fill(&mut held);
+                    }
+                    held.value = Some(String::from_utf8_lossy(kv.value()).into_owned())
+                        .filter(|value| !value.is_empty());
+                }
+                None => held.value = recipe::foreign_value(kv.value()),
+            },
+        }
         if lease != 0 {
             held.session = Some(format!("lease {lease:x}"));
             held.ttl_left = match ttls.get(&lease) {
@@ -84,6 +98,35 @@ impl EtcdLocker {
             lease,
             held,
         })
+    }
+
+    /// The holder record in the owner key of `kv`, a writer's contender key
+    /// of `key` on lease `lease` whose value holds no record, if `kv` is a
+    /// distlock election candidate's ([`owner::owned_record`]): one read.
+    /// `None` for every other key (`etcdctl lock`'s, `etcdctl elect`'s).
+    async fn owned_record(
+        &self,
+        key: &str,
+        kv: &KeyValue,
+        lease: i64,
+        operation: &'static str,
+    ) -> Result<Option<Option<crate::inspect::HolderRecord>>> {
+        if lease == 0 || is_reader_key(kv.key()) {
+            return Ok(None);
+        }
+        let owner_key = owner::owner_key(&self.inner.prefix, key, lease);
+        let mut response = self
+            .inner
+            .request(operation, false, || {
+                let mut client = self.inner.kv();
+                let owner_key = owner_key.clone();
+                async move { client.get(owner_key, None).await }
+            })
+            .await?;
+        Ok(response
+            .take_kvs()
+            .first()
+            .and_then(|owner| owner::owned_record(owner, kv)))
     }
 
     /// How long lease `lease` lives without a keep-alive (`None` once it is
@@ -187,7 +230,7 @@ impl EtcdLocker {
                 self.evict_readers(key, how).await?
             } else {
                 match how {
-                    ForceRelease::Lock => self.delete_holder(&found).await?,
+                    ForceRelease::Lock => self.delete_holder(key, &found).await?,
                     ForceRelease::TerminateSession => self.revoke_holder(key, &found).await?,
                 }
             };
@@ -225,7 +268,7 @@ impl EtcdLocker {
                 held: HeldLock::new(key),
             };
             evicted |= match how {
-                ForceRelease::Lock => self.delete_holder(&reader).await?,
+                ForceRelease::Lock => self.delete_holder(key, &reader).await?,
                 ForceRelease::TerminateSession if revoked.contains(&reader.lease) => continue,
                 ForceRelease::TerminateSession => {
                     revoked.push(reader.lease);
@@ -238,8 +281,16 @@ impl EtcdLocker {
 
     /// Deletes the holder's key if it still has the create revision read,
     /// so a newer holder's key is never deleted; the next waiter in the
-    /// queue, watching it, takes the lock.
-    async fn delete_holder(&self, found: &Found) -> Result<bool> {
+    /// queue, watching it, takes the lock. A writer's owner key (an
+    /// election candidate's, [`owner::owner_key`]) goes with it: it belongs
+    /// to the grant of that key, or is a leftover of an earlier one of the
+    /// same lease.
+    async fn delete_holder(&self, key: &str, found: &Found) -> Result<bool> {
+        let mut deletes = vec![TxnOp::delete(found.key.clone(), None)];
+        if found.lease != 0 && !is_reader_key(&found.key) {
+            let owner_key = owner::owner_key(&self.inner.prefix, key, found.lease);
+            deletes.push(TxnOp::delete(owner_key, None));
+        }
         let response = self
             .inner
             .request("force_release", true, || {
@@ -250,7 +301,7 @@ impl EtcdLocker {
                         CompareOp::Equal,
                         found.create_revision,
                     )])
-                    .and_then([TxnOp::delete(found.key.clone(), None)]);
+                    .and_then(deletes.clone());
                 async move { kv.txn(txn).await }
             })
             .await?;

@@ -14,8 +14,7 @@ use crate::util::encode_mark;
 
 /// The etcd key of mark `name` under `key_prefix`.
 pub(super) fn mark_key(key_prefix: &str, name: &str) -> String {
-    let escaped = name.replace('%', "%25").replace('/', "%2F");
-    format!("{key_prefix}{escaped}:mark")
+    format!("{key_prefix}{}:mark", super::owner::escaped(name))
 }
 
 /// What the transactions found, values still encoded.

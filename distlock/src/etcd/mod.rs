@@ -52,15 +52,37 @@
 //!   percent-encoded (a `/` would put it inside the queue of another lock),
 //!   without a lease, raised by compare-and-put transactions.
 //! - **Release** deletes the holder's key only if its create revision is
-//!   still the granted one *and* its value is still the grant's secret (a
+//!   still the granted one *and* its value (an election candidate's: its
+//!   owner key's, below) still starts with the grant's secret (a
 //!   compare-and-delete transaction): a retried or stale unlock never
 //!   deletes a newer holder's key (etcd issue
 //!   <https://github.com/etcd-io/etcd/issues/22082> is what deleting by
 //!   name alone did).
 //! - **Owner tokens** are `<lease id hex>:<create revision>:<secret>` (the
-//!   secret is 128 random bits, the first line of the key's value), so
-//!   [`Locker::unlock`] and [`Locker::refresh`] work from any process that
-//!   has the token ([`Capabilities::unlock_by_owner`]).
+//!   secret is 128 random bits, the first line of the key's value), with
+//!   `:owner` after it for an election candidate, so [`Locker::unlock`] and
+//!   [`Locker::refresh`] work from any process that has the token
+//!   ([`Capabilities::unlock_by_owner`]).
+//! - **Elections** ([`crate::elect`]) use the same queue, as Go's
+//!   `concurrency.Election` uses its `Mutex`'s, and their keys carry what
+//!   the election's tools read: `Campaign` writes the candidate's value on
+//!   its key, and `Leader` and `Observe` (so `etcdctl elect -l`) read the
+//!   value of the key with the lowest create revision
+//!   (<https://github.com/etcd-io/etcd/blob/main/client/v3/concurrency/election.go>).
+//!   So a distlock candidate's key `<name>/<lease id in hex>` holds exactly
+//!   its proclaimed value ([`Election::proclaim`](crate::elect::Election::proclaim);
+//!   without one, the holder label it records, or nothing with
+//!   `holder_record=off`), and `etcdctl elect -l <name>` prints it. Its
+//!   secret and holder record go to its **owner key**
+//!   `<key prefix><key>:owner:<lease id in hex>` (`/` and `%` in the key
+//!   percent-encoded, as in a mark's key, so it is in no lock's queue),
+//!   written by the acquire transaction on the same lease: release and
+//!   refresh compare the key's create revision and the owner key's secret,
+//!   and a release (forced ones too) deletes both. Go's election proves
+//!   ownership by the key's create revision alone; the secret is what makes
+//!   the owner token a capability, since the revision is the fencing token
+//!   anybody who inspects the lock reads. distlock has no `Proclaim`
+//!   within a term: a new value comes with the next term.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -113,7 +135,8 @@
 //!   It does not change the ttl (the session's keep-alive renews the
 //!   lease); the `ttl` argument is only validated. A keepalive batch
 //!   ([`Locker::refresh_many`]) reads up to 128 keys (etcd's default
-//!   `--max-txn-ops`) in one read-only transaction; on a cluster started
+//!   `--max-txn-ops`; an election candidate's grant reads two, its key and
+//!   its owner key) in one read-only transaction; on a cluster started
 //!   with a lower `--max-txn-ops`, which refuses it, it checks them one
 //!   transaction each.
 //! - **Contention vs outage**: a held lock is `Ok(None)`; an unreachable
@@ -238,8 +261,10 @@
 //! # Inspection
 //!
 //! - **The record** is the value of the contender's key
-//!   `<name>/<lease hex>`: the grant's secret on the first line, then the
-//!   holder record (host, pid, label, grant time on the **holder's** clock,
+//!   `<name>/<lease hex>` (an election candidate's: of its owner key,
+//!   whose mod revision is the key's create revision): the grant's secret
+//!   on the first line, then the holder record (host, pid, label, grant
+//!   time on the **holder's** clock,
 //!   [`Clock::Holder`](crate::inspect::Clock::Holder): etcd has no server
 //!   time to read, ttl), written by the acquire transaction itself: no
 //!   extra request. `holder=off` ([`Config::holder_record`]) writes only the
@@ -253,8 +278,13 @@
 //!   `session` is `lease <hex>` (as `etcdctl lease list` shows it), and
 //!   `ttl_left` is that lease's `TimeToLive` (whole seconds; one request
 //!   more): how long the lock outlives a holder that stopped renewing now.
-//!   A key written by `etcdctl lock` or Go's `concurrency.Mutex` (an empty
-//!   value) is held by an unknown holder, never free.
+//!   A first key whose value holds no record costs one read more, of the
+//!   owner key its holder would have as an election candidate: found, the
+//!   record is there and the key's value is the proclaimed value
+//!   ([`HeldLock::value`](inspect_api::HeldLock::value)). A key written by
+//!   `etcdctl lock` or Go's `concurrency.Mutex` (an empty value) is held by
+//!   an unknown holder, never free; so is one written by `etcdctl elect`,
+//!   whose proposal is reported as the value.
 //! - **Held shared**: a first key that is a reader's means the lock is held
 //!   by every reader older than the oldest writer, reported with
 //!   [`HeldLock::shared`](inspect_api::HeldLock::shared) set, and the oldest
@@ -353,6 +383,7 @@ mod config;
 mod errors;
 mod inspect;
 mod marks;
+mod owner;
 mod recipe;
 mod session;
 
@@ -362,6 +393,7 @@ pub use config::{
 };
 
 use acquire::{delete_in_background, Written};
+use owner::SecretAt;
 use recipe::{Role, Token};
 use session::Session;
 
@@ -496,6 +528,15 @@ impl EtcdLocker {
         self.backend_key(key)
     }
 
+    /// Where the secret of `token`'s grant of `key` is: its contender key's
+    /// value, or an election candidate's owner key.
+    fn secret_at(&self, key: &str, token: &Token) -> SecretAt {
+        match token.in_owner_key {
+            true => SecretAt::OwnerKey(owner::owner_key(&self.inner.prefix, key, token.lease)),
+            false => SecretAt::Value,
+        }
+    }
+
     /// The contender key and token a refresh of `key` by `owner` reads, or
     /// its answer when no read is needed: the request is invalid, the token
     /// is not one of ours, or its session has ended (its lease is gone).
@@ -517,19 +558,26 @@ impl EtcdLocker {
     }
 
     /// [`Locker::refresh_many`] of at most [`recipe::MAX_TXN_OPS`] leases:
-    /// the ones that need a read are read in one transaction.
+    /// the ones that need a read are read in one transaction (two when
+    /// election candidates' owner keys take the reads past 128).
     async fn refresh_chunk(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let checks: Vec<Result<(String, Token)>> = requests
+        let checks: Vec<Result<(String, Token, SecretAt)>> = requests
             .iter()
-            .map(|request| self.grant_to_check(request.key, request.owner, request.ttl))
+            .map(|request| {
+                let (contender, token) =
+                    self.grant_to_check(request.key, request.owner, request.ttl)?;
+                let at = self.secret_at(request.key, &token);
+                Ok((contender, token, at))
+            })
             .collect();
         let grants: Vec<recipe::Grant<'_>> = checks
             .iter()
             .filter_map(|check| check.as_ref().ok())
-            .map(|(contender, token)| recipe::Grant {
+            .map(|(contender, token, at)| recipe::Grant {
                 key: contender,
                 revision: token.revision,
                 secret: &token.secret,
+                at,
             })
             .collect();
         let read = if grants.is_empty() {
@@ -650,6 +698,7 @@ impl Locker for EtcdLocker {
             return Err(Error::not_held(key));
         };
         let contender = token.key(&name);
+        let at = self.secret_at(key, &token);
         let deleted = self
             .inner
             .request("release", true, || {
@@ -658,6 +707,7 @@ impl Locker for EtcdLocker {
                     &contender,
                     Some(token.revision),
                     &token.secret,
+                    &at,
                 )
             })
             .await;
@@ -670,7 +720,7 @@ impl Locker for EtcdLocker {
             Err(error) => {
                 // Held here: keep deleting in the background, so a lock
                 // whose session stays alive is not kept for ever.
-                self.retry_release(name, contender, owner, token);
+                self.retry_release(name, contender, owner, token, at);
                 Err(error)
             }
         }
@@ -678,17 +728,25 @@ impl Locker for EtcdLocker {
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         let (contender, token) = self.grant_to_check(key, owner, ttl)?;
+        let at = self.secret_at(key, &token);
         let ours = self
             .inner
             .request("refresh", false, || {
-                recipe::still_ours(self.inner.kv(), &contender, token.revision, &token.secret)
+                recipe::still_ours(
+                    self.inner.kv(),
+                    &contender,
+                    token.revision,
+                    &token.secret,
+                    &at,
+                )
             })
             .await?;
         Error::unless_held(key, ours)
     }
 
     /// One read-only transaction per 128 leases (etcd's default
-    /// `--max-txn-ops`), sent four at a time, instead of
+    /// `--max-txn-ops`; per 64 election candidates' terms, which read their
+    /// owner keys too), sent four at a time, instead of
     /// [`refresh`](Locker::refresh)'s transaction per lease: 100,000 held
     /// leases cost about 800 requests per keepalive round, not 100,000.
     /// Each lease answers as `refresh` would; a failed transaction fails
@@ -768,8 +826,9 @@ impl Locker for EtcdLocker {
         }
     }
     /// Two requests: the first key of the queue (its value's holder record,
-    /// its create revision) and its lease's `TimeToLive` (see the
-    /// [module docs](self#inspection)).
+    /// its create revision) and its lease's `TimeToLive`; three when its
+    /// value holds no record (its owner key, an election candidate's, is
+    /// read too; see the [module docs](self#inspection)).
     async fn inspect(&self, key: &str) -> Result<Option<inspect_api::HeldLock>> {
         validate::key(key)?;
         self.inspect_key(key).await
@@ -846,7 +905,14 @@ impl EtcdLocker {
     /// on it with an error (is it free? nobody knows) rather than
     /// contention. Nothing if `owner` no longer holds it here: the release
     /// is already retried, or the session was lost.
-    fn retry_release(&self, name: String, contender: String, owner: &str, token: Token) {
+    fn retry_release(
+        &self,
+        name: String,
+        contender: String,
+        owner: &str,
+        token: Token,
+        at: SecretAt,
+    ) {
         let slot = Slot::of(name, token.role);
         let Some((held, ticket)) = self.inner.registry.release_pending(slot, owner) else {
             return;
@@ -856,6 +922,7 @@ impl EtcdLocker {
             secret: token.secret,
             revision: Some(token.revision),
             session: held.session,
+            at,
         };
         delete_in_background(self.inner.clone(), written, ticket, "a failed release's");
     }

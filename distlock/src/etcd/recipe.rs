@@ -26,7 +26,10 @@
 //! writes an empty value and never reads it. Release and refresh check the
 //! grant's create revision *and* that the value starts with a secret nobody
 //! else has (two range compares, [`secret_compares`]: etcd compares whole
-//! values only).
+//! values only). An election candidate's key holds what it proclaims
+//! instead, as etcd's election's does, and its secret and record go to an
+//! owner key beside it ([`super::owner`]): then the secret compared is the
+//! owner key's ([`SecretAt`]).
 //!
 //! Shared (reader) locks follow etcd's reader-writer recipe
 //! (<https://github.com/etcd-io/etcd/blob/main/client/v3/experimental/recipes/rwmutex.go>)
@@ -47,6 +50,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
+use super::owner::SecretAt;
 use crate::inspect::HolderRecord;
 
 /// The prefix of every contender's key of lock name `name`: `name/`.
@@ -328,14 +332,21 @@ fn secret_compares(key: &str, secret: &str) -> [Compare; 2] {
 /// Format: `<key segment>:<create revision, decimal>:<secret, 32 hex>`,
 /// the key segment being what follows the queue's prefix in the
 /// contender's key: `<lease id, hex>` for a writer, `read-<lease id,
-/// hex>-<n>` for a reader ([`Role::key`]).
+/// hex>-<n>` for a reader ([`Role::key`]); an election candidate's (a
+/// writer whose secret is in its owner key, [`SecretAt::OwnerKey`]) ends in
+/// [`OWNER_KEY_MARK`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Token {
     pub(super) lease: i64,
     pub(super) role: Role,
     pub(super) revision: i64,
     pub(super) secret: String,
+    /// The secret is in the grant's owner key, not its contender's value.
+    pub(super) in_owner_key: bool,
 }
+
+/// The last part of an owner token whose secret is in an owner key.
+const OWNER_KEY_MARK: &str = "owner";
 
 impl Token {
     pub(super) fn encode(&self) -> String {
@@ -343,7 +354,12 @@ impl Token {
             Role::Writer => format!("{:x}", self.lease),
             Role::Reader(n) => format!("{READER_MARK}{:x}-{n}", self.lease),
         };
-        format!("{segment}:{}:{}", self.revision, self.secret)
+        let owner_key = if self.in_owner_key {
+            format!(":{OWNER_KEY_MARK}")
+        } else {
+            String::new()
+        };
+        format!("{segment}:{}:{}{owner_key}", self.revision, self.secret)
     }
 
     /// `None` for anything not in the format: such a token holds nothing.
@@ -367,6 +383,12 @@ impl Token {
             .then(|| i64::from_str_radix(lease, 16).ok())??;
         let revision = parts.next()?.parse().ok()?;
         let secret = parts.next()?.to_owned();
+        let in_owner_key = match parts.next() {
+            None => false,
+            // Only a writer's key is an election candidate's.
+            Some(OWNER_KEY_MARK) if role == Role::Writer => true,
+            Some(_) => return None,
+        };
         let well_formed = parts.next().is_none()
             && lease > 0
             && revision > 0
@@ -377,6 +399,7 @@ impl Token {
             role,
             revision,
             secret,
+            in_owner_key,
         })
     }
 
@@ -406,7 +429,9 @@ pub(super) enum Enqueued {
 }
 
 /// The acquire transaction, in one request: if our key `key` is
-/// absent, write it (with `value`, [`contender_value`], on our lease) and
+/// absent, write it (with `value`, [`contender_value`] or an election
+/// candidate's proclamation, on our lease), and `owner` (an election
+/// candidate's owner key and its value, [`super::owner`]) if given, and
 /// read what decides our turn; otherwise read our key. A writer reads the
 /// queue's first key, as `mutex.go`'s `tryAcquire` does; a reader also the
 /// newest writer's key.
@@ -416,6 +441,7 @@ pub(super) async fn enqueue(
     role: Role,
     lease: i64,
     value: &str,
+    owner: Option<(&str, &str)>,
 ) -> Result<Enqueued, etcd_client::Error> {
     let key = role.key(name, lease);
     let prefix = queue_prefix(name);
@@ -433,7 +459,7 @@ pub(super) async fn enqueue(
         value,
         Some(PutOptions::new().with_lease(lease)),
     );
-    let reads = match role {
+    let mut reads = match role {
         Role::Writer => vec![put, first],
         Role::Reader(_) => {
             let [(from1, end1), (from2, end2)] = writer_ranges(name);
@@ -445,6 +471,14 @@ pub(super) async fn enqueue(
             ]
         }
     };
+    // Last, so that the reads' answers keep their places.
+    if let Some((owner, owner_value)) = owner {
+        reads.push(TxnOp::put(
+            owner,
+            owner_value,
+            Some(PutOptions::new().with_lease(lease)),
+        ));
+    }
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then(reads)
@@ -542,56 +576,69 @@ fn reader_view(prefix: &[u8], members: &[KeyValue], revision: i64, at: i64) -> O
     })
 }
 
-/// Deletes `key` if it still has create revision `revision` (when given)
-/// and its value starts with `secret`; says whether it did. Never deletes a
-/// newer grant's key: that has another create revision and another secret.
+/// Deletes `key` (and its owner key, if `at` is one) if it still has create
+/// revision `revision` (when given) and the value where the secret is
+/// (`at`) starts with `secret`; says whether it did. Never deletes a newer
+/// grant's keys: that has another create revision and another secret.
+///
+/// Without a revision (an acquire whose answer was lost) the secret alone
+/// decides: a contender key with an owner key holding our secret was
+/// written by our transaction, and no other grant of this locker can have
+/// rewritten it (the attempt still holds its name in the registry).
 pub(super) async fn delete_if_ours(
     client: etcd_client::KvClient,
     key: &str,
     revision: Option<i64>,
     secret: &str,
+    at: &SecretAt,
 ) -> Result<bool, etcd_client::Error> {
-    let mut compares = secret_compares(key, secret).to_vec();
+    let mut compares = secret_compares(at.key(key), secret).to_vec();
     if let Some(revision) = revision {
         compares.push(Compare::create_revision(key, CompareOp::Equal, revision));
     }
-    delete_when(client, key, compares).await
+    delete_when(client, compares, at.deletes(key)).await
 }
 
 /// Deletes `key` if its create revision is `revision` (an orphan of ours
-/// whose secret is lost).
+/// whose secret is lost), and with it `owner`, the owner key an election
+/// candidate's key of the same name and lease would have: no grant owns
+/// either (the attempt holds the name in the registry).
 pub(super) async fn delete_orphan(
     client: etcd_client::KvClient,
     key: &str,
     revision: i64,
+    owner: Option<&str>,
 ) -> Result<bool, etcd_client::Error> {
     let created = Compare::create_revision(key, CompareOp::Equal, revision);
-    delete_when(client, key, vec![created]).await
+    let at = match owner {
+        Some(owner) => SecretAt::OwnerKey(owner.to_owned()),
+        None => SecretAt::Value,
+    };
+    delete_when(client, vec![created], at.deletes(key)).await
 }
 
-/// Deletes `key` in one transaction if every one of `compares` holds; says
+/// Runs `deletes` in one transaction if every one of `compares` holds; says
 /// whether it did.
 async fn delete_when(
     mut client: etcd_client::KvClient,
-    key: &str,
     compares: Vec<Compare>,
+    deletes: Vec<TxnOp>,
 ) -> Result<bool, etcd_client::Error> {
-    let txn = Txn::new()
-        .when(compares)
-        .and_then([TxnOp::delete(key, None)]);
+    let txn = Txn::new().when(compares).and_then(deletes);
     Ok(client.txn(txn).await?.succeeded())
 }
 
-/// Whether `key` still holds the grant `revision` with `secret` (its
-/// value starts with it): a
-/// compare-only transaction, one linearizable round trip.
+/// Whether `key` still holds the grant `revision` with `secret` (the value
+/// where the secret is, `at`, starts with it): a compare-only transaction,
+/// one linearizable round trip.
 pub(super) async fn still_ours(
     mut client: etcd_client::KvClient,
     key: &str,
     revision: i64,
     secret: &str,
+    at: &SecretAt,
 ) -> Result<bool, etcd_client::Error> {
-    let [above, below] = secret_compares(key, secret);
+    let [above, below] = secret_compares(at.key(key), secret);
     let txn = Txn::new().when([
         Compare::create_revision(key, CompareOp::Equal, revision),
         above,
@@ -602,30 +649,74 @@ pub(super) async fn still_ours(
 
 /// The most operations etcd accepts in one transaction unless its
 /// `--max-txn-ops` says otherwise (128 by default:
-/// <https://etcd.io/docs/v3.5/op-guide/configuration/>): the size of one
-/// [`still_ours_many`] read.
+/// <https://etcd.io/docs/v3.5/op-guide/configuration/>): the most reads of
+/// one [`still_ours_many`] transaction.
 pub(super) const MAX_TXN_OPS: usize = 128;
 
 /// One grant to check with [`still_ours_many`]: its contender key, create
-/// revision and secret.
+/// revision and secret, and where the secret is.
 pub(super) struct Grant<'a> {
     pub(super) key: &'a str,
     pub(super) revision: i64,
     pub(super) secret: &'a str,
+    pub(super) at: &'a SecretAt,
+}
+
+impl Grant<'_> {
+    /// The keys a check of this grant reads: its contender key, and its
+    /// owner key if the secret is there.
+    fn reads(&self) -> usize {
+        match self.at {
+            SecretAt::Value => 1,
+            SecretAt::OwnerKey(_) => 2,
+        }
+    }
 }
 
 /// For each grant, whether its key still holds it, as [`still_ours`]
-/// answers for one: up to [`MAX_TXN_OPS`] keys read by one read-only
-/// transaction (one linearizable round trip, and no write for the cluster
+/// answers for one: read-only transactions of up to [`MAX_TXN_OPS`] key
+/// reads each (one linearizable round trip, and no write for the cluster
 /// to replicate, where a compare transaction per key is a round trip
-/// each), compared here as [`secret_compares`] compares on the server.
+/// each), compared here as [`secret_compares`] compares on the server. An
+/// election candidate's grant costs two reads (its owner key too), so a
+/// batch of them takes two transactions, one after the other.
 pub(super) async fn still_ours_many(
+    client: etcd_client::KvClient,
+    grants: &[Grant<'_>],
+) -> Result<Vec<bool>, etcd_client::Error> {
+    let mut ours = Vec::with_capacity(grants.len());
+    let mut rest = grants;
+    while !rest.is_empty() {
+        let mut reads = 0;
+        let fit = rest
+            .iter()
+            .take_while(|grant| {
+                reads += grant.reads();
+                reads <= MAX_TXN_OPS
+            })
+            .count()
+            .max(1);
+        let (batch, after) = rest.split_at(fit.min(rest.len()));
+        ours.extend(still_ours_batch(client.clone(), batch).await?);
+        rest = after;
+    }
+    Ok(ours)
+}
+
+/// [`still_ours_many`] of grants whose reads fit one transaction.
+async fn still_ours_batch(
     mut client: etcd_client::KvClient,
     grants: &[Grant<'_>],
 ) -> Result<Vec<bool>, etcd_client::Error> {
     let reads: Vec<TxnOp> = grants
         .iter()
-        .map(|grant| TxnOp::get(grant.key, None))
+        .flat_map(|grant| {
+            let owner = match grant.at {
+                SecretAt::Value => None,
+                SecretAt::OwnerKey(owner) => Some(TxnOp::get(owner.as_str(), None)),
+            };
+            std::iter::once(TxnOp::get(grant.key, None)).chain(owner)
+        })
         .collect();
     let response = match client.txn(Txn::new().and_then(reads)).await {
         Ok(response) => response,
@@ -639,22 +730,37 @@ pub(super) async fn still_ours_many(
             let mut ours = Vec::with_capacity(grants.len());
             for grant in grants {
                 ours.push(
-                    still_ours(client.clone(), grant.key, grant.revision, grant.secret).await?,
+                    still_ours(
+                        client.clone(),
+                        grant.key,
+                        grant.revision,
+                        grant.secret,
+                        grant.at,
+                    )
+                    .await?,
                 );
             }
             return Ok(ours);
         }
         Err(error) => return Err(error),
     };
-    let responses = response.op_responses();
+    let mut answers = response
+        .op_responses()
+        .into_iter()
+        .map(|answer| match answer {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
     Ok(grants
         .iter()
-        .enumerate()
-        .map(|(index, grant)| match responses.get(index) {
-            Some(TxnOpResponse::Get(get)) => get.kvs().first().is_some_and(|kv| {
-                kv.create_revision() == grant.revision && holds_secret(kv.value(), grant.secret)
-            }),
-            _ => false,
+        .map(|grant| {
+            let contender = answers.next().flatten();
+            let holder_of_secret = match grant.at {
+                SecretAt::Value => contender.clone(),
+                SecretAt::OwnerKey(_) => answers.next().flatten(),
+            };
+            contender.is_some_and(|kv| kv.create_revision() == grant.revision)
+                && holder_of_secret.is_some_and(|kv| holds_secret(kv.value(), grant.secret))
         })
         .collect())
 }
@@ -1102,6 +1208,7 @@ mod tests {
             role: Role::Writer,
             revision: 42,
             secret: "0123456789abcdef0123456789abcdef".into(),
+            in_owner_key: false,
         };
         let text = token.encode();
         assert_eq!(text, "75878a1e40b12c03:42:0123456789abcdef0123456789abcdef");
@@ -1118,6 +1225,18 @@ mod tests {
         );
         assert_eq!(Token::parse(&text), Some(reader.clone()));
         assert_eq!(reader.key("lock:k"), "lock:k/read-75878a1e40b12c03-7");
+        let candidate = Token {
+            role: Role::Writer,
+            in_owner_key: true,
+            ..reader
+        };
+        let text = candidate.encode();
+        assert_eq!(
+            text,
+            "75878a1e40b12c03:42:0123456789abcdef0123456789abcdef:owner"
+        );
+        assert_eq!(Token::parse(&text), Some(candidate.clone()));
+        assert_eq!(candidate.key("lock:k"), "lock:k/75878a1e40b12c03");
         for bad in [
             "",
             "0123456789abcdef0123456789abcdef",
@@ -1132,6 +1251,9 @@ mod tests {
             "read-1-x:2:0123456789abcdef0123456789abcdef",
             "read-1-+2:2:0123456789abcdef0123456789abcdef",
             "read-0-1:2:0123456789abcdef0123456789abcdef",
+            "1:2:0123456789abcdef0123456789abcdef:owners",
+            "1:2:0123456789abcdef0123456789abcdef:owner:x",
+            "read-1-2:2:0123456789abcdef0123456789abcdef:owner",
         ] {
             assert_eq!(Token::parse(bad), None, "{bad:?}");
         }

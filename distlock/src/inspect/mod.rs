@@ -190,11 +190,13 @@ pub struct HeldLock {
     /// own tools: `pid 4242` (Postgres: `pg_stat_activity.pid`), `connection
     /// 17` (MySQL: the processlist id), `lease 694d7f1e2a6b3c01` (etcd).
     pub session: Option<String>,
-    /// What a holder that is not distlock wrote as the lock's value, where
-    /// that is non-empty text: on etcd, the proposal of an `etcdctl elect`
+    /// What an election's leader published as its key's value, where that
+    /// is non-empty text: on etcd, the proposal of an `etcdctl elect`
     /// candidate (which [`crate::elect::Observer`] reports as its
-    /// proclaimed value). `None` for distlock's own grants, whose record is
-    /// in [`holder`](Self::holder).
+    /// proclaimed value) or a distlock candidate's proclaimed value (what
+    /// `etcdctl elect -l` prints; its record is in [`holder`](Self::holder)
+    /// as well). `None` for every other lock, distlock's own grants
+    /// included, whose record is in [`holder`](Self::holder).
     pub value: Option<String>,
     /// Held by shared (reader) holders ([`Locker::try_lock_shared`](crate::Locker::try_lock_shared)),
     /// not by one exclusive holder. [`holder`](Self::holder) is then one of

@@ -208,7 +208,7 @@ async fn while_a_reader_holds_the_lock_etcdctl_waits_until_it_releases() {
 /// `lock:E/<lease>`: the layout of Go's `concurrency.Election`, which is
 /// its `Mutex`'s.
 mod election {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufRead, BufReader};
     use std::process::{Child, Stdio};
     use std::sync::mpsc;
     use std::time::Duration;
@@ -295,41 +295,120 @@ mod election {
         interrupt(&mut etcdctl);
     }
 
-    /// `etcdctl elect -l` observes a distlock leader: it prints the leader's
-    /// key and value, whose holder record carries the proclaimed value.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn etcdctl_elect_listen_observes_a_distlock_leader() {
-        let server = EtcdServer::start();
-        let election = Election::new(distlock::connect(&server.url()).await.unwrap(), "E")
-            .proclaim("10.0.0.7:8080");
-        let term = election.campaign(WAIT).await.expect("elected");
-        let mut listener = server
-            .etcdctl_command(&["elect", "-l", "lock:E"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn etcdctl elect -l");
-        let mut stdout = listener.stdout.take().expect("stdout");
-        let (sender, printed) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut text = Vec::new();
-            let mut buffer = [0u8; 4096];
-            while let Ok(read) = stdout.read(&mut buffer) {
-                if read == 0 {
-                    break;
+    /// `etcdctl elect -l NAME`, running: each leader it prints, as the
+    /// pair of lines it prints for it (`<key>\n<value>\n`).
+    struct Listener {
+        child: Child,
+        lines: mpsc::Receiver<String>,
+    }
+
+    impl Listener {
+        fn start(server: &EtcdServer, name: &str) -> Listener {
+            let mut child = server
+                .etcdctl_command(&["elect", "-l", name])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn etcdctl elect -l");
+            let stdout = child.stdout.take().expect("stdout");
+            let (sender, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    let _ = sender.send(line);
                 }
-                text.extend_from_slice(&buffer[..read]);
-                let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
-            }
-        });
-        let mut seen = String::new();
-        while !seen.contains("10.0.0.7:8080") {
-            seen = printed
-                .recv_timeout(Duration::from_secs(10))
-                .unwrap_or_else(|_| panic!("etcdctl elect -l printed only {seen:?}"));
+            });
+            Listener { child, lines }
         }
-        assert!(seen.starts_with("lock:E/"), "{seen}");
-        let _ = listener.kill();
-        let _ = listener.wait();
+
+        /// The next leader it prints: its key and its value.
+        fn next_leader(&self) -> (String, String) {
+            let line = || {
+                self.lines
+                    .recv_timeout(Duration::from_secs(10))
+                    .expect("etcdctl elect -l prints the leader")
+            };
+            (line(), line())
+        }
+
+        /// Whatever it printed meanwhile, waiting `quiet` for more.
+        fn printed_within(&self, quiet: Duration) -> Vec<String> {
+            std::iter::from_fn(|| self.lines.recv_timeout(quiet).ok()).collect()
+        }
+    }
+
+    impl Drop for Listener {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// `etcdctl elect -l` prints exactly a distlock leader's proclaimed
+    /// value, as it prints an `etcdctl elect` leader's proposal (the
+    /// secret and holder record are in the candidate's owner key, outside
+    /// the election's prefix), and the next leader's once the first
+    /// resigns: distlock has no `Proclaim` within a term, so a new value
+    /// comes with a new term. A candidate waiting meanwhile prints nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcdctl_elect_listen_prints_a_distlock_leaders_proclaimed_value() {
+        let server = EtcdServer::start();
+        let node_a =
+            Election::new(distlock::connect(&server.url()).await.unwrap(), "E").proclaim("node-a");
+        let node_b =
+            Election::new(distlock::connect(&server.url()).await.unwrap(), "E").proclaim("node-b");
+        let term = node_a.campaign(WAIT).await.expect("node-a is elected");
+        let listener = Listener::start(&server, "lock:E");
+        let (key_a, value) = listener.next_leader();
+        assert!(key_a.starts_with("lock:E/"), "{key_a}");
+        assert_eq!(value, "node-a", "exactly the proclaimed value");
+
+        let waiting = tokio::spawn(async move { node_b.campaign(WAIT).await });
+        let keys = || server.etcdctl_ok(&["get", "--prefix", "--keys-only", "lock:E/"]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while keys().lines().filter(|line| !line.is_empty()).count() < 2 {
+            assert!(std::time::Instant::now() < deadline, "node-b never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!waiting.is_finished(), "node-b waits while node-a leads");
+        assert_eq!(
+            listener.printed_within(Duration::from_millis(300)),
+            Vec::<String>::new(),
+            "a waiting candidate is no leader"
+        );
+
+        term.resign().await.expect("node-a resigns");
+        let next = waiting
+            .await
+            .expect("candidate task")
+            .expect("node-b is elected once node-a resigned");
+        let (key_b, value) = listener.next_leader();
+        assert!(key_b.starts_with("lock:E/") && key_b != key_a, "{key_b}");
+        assert_eq!(value, "node-b", "the new leader's proclaimed value");
+        assert_eq!(
+            server.etcdctl_ok(&["get", "--print-value-only", &key_b]),
+            "node-b"
+        );
+        next.resign().await.expect("node-b resigns");
+    }
+
+    /// A candidate that proclaims nothing publishes the label in force
+    /// (here a `with_label` scope's), what the distlock observer reports as
+    /// its proclaimed value; `etcdctl elect -l` prints that.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_a_proclaimed_value_the_leader_publishes_its_label() {
+        let server = EtcdServer::start();
+        let election = Election::new(distlock::connect(&server.url()).await.unwrap(), "E");
+        let term = distlock::inspect::with_label("nightly-runner", election.campaign(WAIT))
+            .await
+            .expect("elected");
+        let (_, value) = Listener::start(&server, "lock:E").next_leader();
+        assert_eq!(value, "nightly-runner");
+        let leader = election
+            .observe()
+            .leader()
+            .await
+            .expect("observe")
+            .expect("a leader");
+        assert_eq!(leader.proclaimed.as_deref(), Some("nightly-runner"));
         term.resign().await.expect("resign");
     }
 }
