@@ -49,6 +49,21 @@ use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 /// such a release is neither counted in [`Faults::releases`] nor refused by
 /// an outage.
 ///
+/// # Errors
+///
+/// Besides the wrapped locker's own answers: [`Error::Backend`] from every
+/// call during an outage (every result of a `refresh_many` batch);
+/// [`Error::Timeout`] or [`Error::NotAcquired`] from `lock` under
+/// contention; [`Error::NotHeld`] from the refresh an armed loss falls on.
+/// An acquire with invalid input is still [`Error::InvalidInput`], checked
+/// before any fault.
+///
+/// # Cancel safety
+///
+/// As the wrapped locker's: a call dropped during its injected delay never
+/// reached it. A dropped refresh that an armed loss fell on has spent the
+/// loss, and may or may not have freed the lock.
+///
 /// # Example: a job that must stop when its lock is lost
 ///
 /// ```
@@ -82,12 +97,17 @@ use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 /// let locker = FaultyLocker::new(MemoryLocker::new());
 /// let faults = locker.faults();
 /// faults.lose_lease_after_refreshes(2);
+/// let started = tokio::time::Instant::now();
 /// let outcome = nightly_report(locker.shared()).await;
 /// assert!(matches!(
 ///     outcome,
 ///     Err(Error::Lost { reason: LostReason::NotHeld, .. })
 /// ));
-/// assert_eq!(faults.refreshes(), 3, "two kept it, the third was told it was gone");
+/// // Keepalive refreshes are due every ttl/3 = 1 s: two kept the lock, the
+/// // third was told it was gone, and the job stopped then, not 50 s later.
+/// assert_eq!(started.elapsed(), Duration::from_secs(3));
+/// assert_eq!(faults.refreshes(), 3);
+/// assert_eq!(faults.acquires(), 1);
 /// # }
 /// ```
 #[derive(Debug)]
