@@ -644,6 +644,62 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn one_arming_loses_one_lease_of_a_keepalive_batch() {
+        let (locker, faults) = faulty();
+        let mut first = granted(&locker, "a").await;
+        let mut second = granted(&locker, "b").await;
+        first.keep_alive(KeepAlive::default()).unwrap();
+        second.keep_alive(KeepAlive::default()).unwrap();
+        faults.lose_lease_after_refreshes(0);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let reasons = [first.lost_signal().reason(), second.lost_signal().reason()];
+        assert_eq!(
+            reasons
+                .iter()
+                .filter(|r| **r == Some(LostReason::NotHeld))
+                .count(),
+            1,
+            "{reasons:?}"
+        );
+        assert!(
+            reasons.contains(&None),
+            "the other lease is still held: {reasons:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_longer_than_the_ttl_expires_a_kept_alive_lease() {
+        let (locker, faults) = faulty();
+        let mut lease = granted(&locker, "k").await;
+        let started = Instant::now();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        faults.start_outage();
+        assert_eq!(lease.lost_signal().wait().await, LostReason::Expired);
+        assert!(started.elapsed() <= TTL, "lost at {:?}", started.elapsed());
+        assert!(
+            faults.refreshes() >= 2,
+            "the keepalive retried through the outage"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn invalid_input_is_reported_as_such_during_an_outage() {
+        let (locker, faults) = faulty();
+        faults.start_outage();
+        faults.start_contention();
+        assert!(matches!(
+            locker.try_lock("", TTL).await,
+            Err(Error::InvalidInput { what: "key", .. })
+        ));
+        assert!(matches!(
+            locker
+                .lock("k", Duration::ZERO, Duration::from_secs(1))
+                .await,
+            Err(Error::InvalidInput { what: "ttl", .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn latency_delays_each_call_on_tokio_time() {
         let (locker, faults) = faulty();
         faults.set_latency(Duration::from_millis(250));
