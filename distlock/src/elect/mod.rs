@@ -347,6 +347,14 @@ pub struct TermInfo {
     pub lost: LostSignal,
 }
 
+impl TermInfo {
+    /// The term's number, as [`Term::fencing_token`] spells it: the field,
+    /// by the same name as on [`Term`] and [`crate::Lease`].
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+}
+
 impl Term {
     /// A term on the lease just granted; counts it in the metrics and logs
     /// it, and arranges for its end to be counted and logged too.

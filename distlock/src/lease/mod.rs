@@ -56,6 +56,26 @@ pub struct LeaseInfo {
     pub lost: LostSignal,
 }
 
+impl LeaseInfo {
+    /// The fencing token of this grant, as [`Lease::fencing_token`] and
+    /// `JobContext::fencing_token` (cron) spell it: the field, by the same
+    /// name as everywhere else.
+    ///
+    /// ```
+    /// # use distlock::{memory::MemoryLocker, Locker};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = MemoryLocker::new();
+    /// let lease = locker.try_lock("k", std::time::Duration::from_secs(5)).await?.unwrap();
+    /// assert_eq!(lease.info().fencing_token(), lease.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+}
+
 /// Everything a backend supplies to build a [`Lease`].
 ///
 /// Backend implementors only: applications receive leases from
@@ -257,6 +277,22 @@ impl Lease {
     /// The fencing token of this grant: strictly greater than that of every
     /// earlier grant of the same key on the same backend. `None` only for a
     /// backend configured without fencing.
+    ///
+    /// Pass it with every write the lock guards, and have the resource
+    /// refuse a token lower than one it has seen, so a holder that lost
+    /// the lock (paused, partitioned) cannot overwrite its successor's work.
+    /// In SQL, one conditional statement (no read-then-write race):
+    ///
+    /// ```sql
+    /// UPDATE report SET body = $2, fencing_token = $1
+    ///  WHERE id = 7 AND fencing_token < $1   -- 0 rows: a later holder wrote first
+    /// ```
+    ///
+    /// SQL has no unsigned 64-bit type: convert with `i64::try_from(token)`
+    /// (never `as`, which would wrap a token above `i64::MAX` to a negative
+    /// one that every comparison then refuses or, worse, accepts). Tokens
+    /// are counters and stay far below that on every backend but ZooKeeper,
+    /// whose czxids still fit (`RELIABILITY.md` has the whole pattern).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
