@@ -47,7 +47,10 @@
 //!
 //! A native attempt is thus **at most 2 round trips at any occupancy**
 //! (`BENCHMARKS.md`, "Semaphores: permit cycles", measures both paths;
-//! the Redis tests count the commands). On a backend that cannot inspect
+//! the Redis tests count the commands). Round trips are not the whole
+//! cost: a native request carries all N keys, so where most of many
+//! permits are free it can take longer than the default's one-key round
+//! trip (see the Redis backend's docs, "Semaphores"). On a backend that cannot inspect
 //! its locks the check is skipped, and a full attempt costs the
 //! `try_lock_any` alone. Waiting polls with jittered backoff and wakes on
 //! the permits' release notifications where the backend has them (for up
