@@ -64,11 +64,15 @@ impl<'a> Monitor<'a> {
         loop {
             self.server.cli(&["ECHO", &mark]);
             for _ in 0..20 {
-                let lines = self.lines.lock().unwrap();
-                if let Some(at) = lines.iter().position(|l| l.ends_with(&seen)) {
+                let found = self
+                    .lines
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .position(|l| l.ends_with(&seen));
+                if let Some(at) = found {
                     return at;
                 }
-                drop(lines);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             assert!(Instant::now() < deadline, "MONITOR never showed {mark}");
