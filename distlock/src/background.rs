@@ -29,25 +29,42 @@ pub(crate) fn release(
     timeout: Duration,
     what: &'static str,
 ) {
+    release_first_held(runtime, locker, vec![key], owner, timeout, what);
+}
+
+/// As [`release`], for an attempt that may have taken any one of `keys`
+/// ([`Locker::try_lock_any`] whose outcome is unknown): unlocks them by
+/// `owner` in order until one was held by it (at most one is: an attempt
+/// grants one key), all within `timeout`. Keys `owner` does not hold
+/// answer [`Error::NotHeld`] and change nothing.
+pub(crate) fn release_first_held(
+    runtime: Option<Handle>,
+    locker: Arc<dyn Locker>,
+    keys: Vec<String>,
+    owner: String,
+    timeout: Duration,
+    what: &'static str,
+) {
+    let named = name_keys(&keys);
     let Some(runtime) = runtime else {
         tracing::warn!(
             component = "distlock",
             backend = locker.backend(),
-            key,
+            key = named,
             "release of {what} abandoned: no tokio runtime to send it on; the backend's safety net (ttl or connection death) frees the lock"
         );
         return;
     };
     let abandoned = Abandoned {
         backend: locker.backend(),
-        key: key.clone(),
+        key: named,
         what,
         armed: true,
     };
     // A runtime shutting down drops the task unpolled: `abandoned` then warns.
     runtime.spawn(async move {
         let mut abandoned = abandoned;
-        let outcome = unlock_retrying(&*locker, &key, &owner, timeout).await;
+        let (key, outcome) = unlock_first_held(&*locker, &keys, &owner, timeout).await;
         abandoned.armed = false;
         match outcome {
             Ok(()) => tracing::debug!(component = "distlock", backend = locker.backend(), key, "released {what}"),
@@ -60,6 +77,37 @@ pub(crate) fn release(
             ),
         }
     });
+}
+
+/// The keys of a background release as the log names them: the key, or
+/// the first and last of several.
+fn name_keys(keys: &[String]) -> String {
+    match keys {
+        [] => String::new(),
+        [key] => key.clone(),
+        [first, .., last] => format!("{first} .. {last} ({} keys)", keys.len()),
+    }
+}
+
+/// [`unlock_retrying`] on each of `keys` in turn until one answers other
+/// than [`Error::NotHeld`], all within `timeout`: that key and its answer
+/// (the last key's `NotHeld` if none held `owner`).
+async fn unlock_first_held<'k>(
+    locker: &dyn Locker,
+    keys: &'k [String],
+    owner: &str,
+    timeout: Duration,
+) -> (&'k str, crate::Result<()>) {
+    let started = Instant::now();
+    let mut last = ("", Err(Error::not_held("")));
+    for key in keys {
+        let left = timeout.saturating_sub(started.elapsed());
+        match unlock_retrying(locker, key, owner, left).await {
+            Err(Error::NotHeld { .. }) => last = (key.as_str(), Err(Error::not_held(key))),
+            other => return (key, other),
+        }
+    }
+    last
 }
 
 /// The first and the largest pause between tries of a background release.

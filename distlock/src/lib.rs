@@ -408,10 +408,11 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// the keys one at a time and callers that use this exclude each other.
     ///
     /// This is a [`Semaphore`](semaphore::Semaphore)'s attempt over its
-    /// permit keys. The default tries the keys one at a time, so it costs up
-    /// to one round trip per key; backends that can try them all in one
-    /// request (a Redis script, one SQL statement) override it, and a full
-    /// semaphore then costs one round trip instead of N.
+    /// permit keys. The default ([`try_lock_in_turn`]) tries the keys one at
+    /// a time, so it costs up to one round trip per key; backends that can
+    /// try them all in one request override it (Redis: one script, except on
+    /// a Cluster), and a full semaphore then costs one round trip instead of
+    /// N.
     ///
     /// # Errors
     ///
@@ -445,13 +446,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// # }
     /// ```
     async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
-        validate::keys(keys)?;
-        for key in keys {
-            if let Some(lease) = self.try_lock(key, ttl).await? {
-                return Ok(Some(lease));
-            }
-        }
-        Ok(None)
+        try_lock_in_turn(self, keys, ttl).await
     }
 
     /// One non-blocking attempt to take a **shared** (reader) lease on `key`
@@ -905,6 +900,56 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
         let _ = key;
         Ok(None)
     }
+}
+
+/// The default [`Locker::try_lock_any`]: [`try_lock`](Locker::try_lock)
+/// on each of `keys` in order until one is granted, one round trip per key
+/// tried. Public so that a backend (or a wrapper) can fall back to it where
+/// one request cannot cover the keys (a Redis Cluster spreads them over
+/// slots), and so that a benchmark can set it beside a native override.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] for no keys, more than
+/// [`validate::MAX_KEYS_PER_ATTEMPT`] or a bad key; otherwise the first
+/// error of a `try_lock`, which ends the attempt at that key (keys before
+/// it were held, none was taken).
+///
+/// # Cancel safety
+///
+/// As [`Locker::try_lock`]: only the `try_lock` in flight can have taken a
+/// key, and it undoes itself when dropped.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock::{memory::MemoryLocker, Locker};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), distlock::Error> {
+/// let locker = MemoryLocker::new();
+/// let slots = ["slot#0".to_owned(), "slot#1".to_owned()];
+/// let ttl = Duration::from_secs(30);
+/// let held = locker.try_lock("slot#0", ttl).await?.unwrap();
+/// let lease = distlock::try_lock_in_turn(&locker, &slots, ttl).await?.unwrap();
+/// assert_eq!(lease.key(), "slot#1");
+/// # drop((held, lease));
+/// # Ok(())
+/// # }
+/// ```
+pub async fn try_lock_in_turn<L: Locker + ?Sized>(
+    locker: &L,
+    keys: &[String],
+    ttl: Duration,
+) -> Result<Option<Lease>> {
+    validate::keys(keys)?;
+    for key in keys {
+        if let Some(lease) = locker.try_lock(key, ttl).await? {
+            return Ok(Some(lease));
+        }
+    }
+    Ok(None)
 }
 
 /// One lease to refresh in a [`Locker::refresh_many`] batch: the arguments

@@ -15,7 +15,9 @@ use crate::{Locker, DEFAULT_RELEASE_TIMEOUT};
 /// on a definite answer.
 pub(crate) struct PendingAcquire<'a, L: Locker + Clone> {
     locker: &'a L,
-    key: &'a str,
+    /// The keys the attempt may have taken (at most one of them: see
+    /// [`Locker::try_lock_any`]).
+    keys: &'a [&'a str],
     /// `None` once settled.
     owner: Option<String>,
     ttl: Duration,
@@ -24,18 +26,19 @@ pub(crate) struct PendingAcquire<'a, L: Locker + Clone> {
 }
 
 impl<'a, L: Locker + Clone> PendingAcquire<'a, L> {
-    /// Armed from the start: the caller is about to send an acquire of `key`
-    /// under `owner`, and any await after this may be the last.
+    /// Armed from the start: the caller is about to send an acquire of one
+    /// of `keys` (usually one key) under `owner`, and any await after this
+    /// may be the last.
     pub(crate) fn arm(
         locker: &'a L,
-        key: &'a str,
+        keys: &'a [&'a str],
         owner: String,
         ttl: Duration,
         what: &'static str,
     ) -> Self {
         PendingAcquire {
             locker,
-            key,
+            keys,
             owner: Some(owner),
             ttl,
             what,
@@ -58,11 +61,12 @@ impl<L: Locker + Clone> Drop for PendingAcquire<'_, L> {
         if let Some(owner) = self.owner.take() {
             // Deletes the lock if (and only if) it holds `owner`, a token
             // nobody else has, so retrying is safe; never past the ttl, after
-            // which the server has freed the key anyway.
-            crate::background::release(
+            // which the server has freed the key anyway. Of several keys,
+            // the one that holds it.
+            crate::background::release_first_held(
                 tokio::runtime::Handle::try_current().ok(),
                 Arc::new(self.locker.clone()),
-                self.key.to_owned(),
+                self.keys.iter().map(|&key| key.to_owned()).collect(),
                 owner,
                 self.ttl.min(DEFAULT_RELEASE_TIMEOUT),
                 self.what,

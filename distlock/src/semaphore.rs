@@ -36,14 +36,25 @@
 //! # Cost and order
 //!
 //! One attempt is one [`Locker::try_lock_any`] over the permit keys,
-//! starting at a random one (so contenders spread out): on a backend that
-//! tries them all in one request (see each backend's docs) that is one
-//! round trip at any occupancy, plus one for the check below when all are
-//! held; the default tries them one at a time until one is granted, one
-//! round trip when most permits are free and up to N + 1 when all are
-//! held. Waiting polls with jittered backoff and wakes on the
-//! permits' release notifications where the backend has them (for up to
-//! [`MAX_WATCHED_PERMITS`] permits). Waiters are not served in order: a
+//! starting at a random one (so contenders spread out), plus, only when
+//! every permit is held, one [`Locker::inspect`] of permit N (the check
+//! below). So:
+//!
+//! | backend | round trips of a granted attempt | of an attempt that finds all N held |
+//! | --- | --- | --- |
+//! | Redis, one server or Sentinel: [`try_lock_any`](Locker::try_lock_any) is one script | 1 | 2 |
+//! | the default, one key at a time ([`try_lock_in_turn`](crate::try_lock_in_turn)): backends without an attempt of their own (see each backend's docs), Redis Cluster, Redlock | 1 to N | N + 1 |
+//!
+//! A native attempt is thus **at most 2 round trips at any occupancy**
+//! (`BENCHMARKS.md`, "Semaphores: permit cycles", measures both paths;
+//! the Redis tests count the commands). Round trips are not the whole
+//! cost: a native request carries all N keys, so where most of many
+//! permits are free it can take longer than the default's one-key round
+//! trip (see the Redis backend's docs, "Semaphores"). On a backend that cannot inspect
+//! its locks the check is skipped, and a full attempt costs the
+//! `try_lock_any` alone. Waiting polls with jittered backoff and wakes on
+//! the permits' release notifications where the backend has them (for up
+//! to [`MAX_WATCHED_PERMITS`] permits). Waiters are not served in order: a
 //! released permit goes to whichever waiter tries it first.
 //!
 //! # Holders that disagree about N
@@ -87,7 +98,8 @@ use crate::wait::{acquire_with, ReleaseWatch, WaitPolicy};
 use crate::{validate, Error, Lease, Locker, Result};
 
 /// The most permits a semaphore may have: each is a lock, and a full
-/// semaphore costs a round trip per permit to try.
+/// semaphore costs a round trip per permit to try on a backend without a
+/// native attempt (see "Cost and order" in the [module docs](self)).
 pub const MAX_PERMITS: u32 = crate::validate::MAX_KEYS_PER_ATTEMPT as u32;
 
 /// Up to this many permits, a waiter subscribes to each permit's release

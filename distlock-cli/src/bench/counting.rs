@@ -1,5 +1,8 @@
-//! A locker that counts the refreshes passing through it, so the hold
-//! workload can report keepalive traffic for any backend.
+//! A locker that counts the calls passing through it, so the hold
+//! workload can report keepalive traffic for any backend, and the permits
+//! workload the calls of each attempt; and that can take the trait's
+//! default `try_lock_any` instead of the backend's, so the permits workload
+//! sets the two side by side.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,22 +19,34 @@ use distlock::{
 #[derive(Debug, Clone)]
 pub(crate) struct CountingLocker {
     inner: Arc<dyn Locker>,
-    counts: Arc<RefreshCounts>,
+    counts: Arc<Counts>,
+    /// `try_lock_any` is [`distlock::try_lock_in_turn`] over this locker
+    /// (the trait's default: a `try_lock` per key, each counted), not the
+    /// inner locker's own.
+    in_turn: bool,
     /// One `Arc` for every lease: the keepalive batches per `Arc`, and an
     /// `Arc` per lease would measure a round trip per lease per refresh.
     leases: SharedLocker,
 }
 
-/// Leases refreshed, how many of those refreshes failed, and in how many
-/// calls they reached the backend: the keepalive sends the refreshes due
+/// What passed through: leases refreshed (`calls`), how many of those
+/// refreshes failed, and in how many calls they reached the backend
+/// (`batches`: the keepalive sends the refreshes due
 /// together as one `refresh_many` batch, which a backend sends in as few
 /// round trips as it can (one script on Redis, one statement per session on
-/// Postgres), so batches, not refreshes, are its traffic.
+/// Postgres), so batches, not refreshes, are its traffic); and the calls
+/// of acquire attempts.
 #[derive(Debug, Default)]
-pub(crate) struct RefreshCounts {
+pub(crate) struct Counts {
     pub(crate) calls: AtomicU64,
     pub(crate) failures: AtomicU64,
     pub(crate) batches: AtomicU64,
+    /// Calls that make an acquire attempt's requests: `try_lock`,
+    /// `try_lock_any`, `try_lock_shared` and `inspect` (a semaphore's check
+    /// for a larger limit). On one Redis server each is one script, one
+    /// round trip; a backend without its own `try_lock_any` makes up to a
+    /// request per key inside that one call.
+    pub(crate) attempt_calls: AtomicU64,
 }
 
 impl CountingLocker {
@@ -39,11 +54,26 @@ impl CountingLocker {
         CountingLocker {
             inner,
             counts: Arc::default(),
+            in_turn: false,
             leases: SharedLocker::default(),
         }
     }
 
-    pub(crate) fn counts(&self) -> &RefreshCounts {
+    /// Like [`new`](Self::new), but `try_lock_any` tries the keys one at a
+    /// time through this locker's `try_lock` (the trait's default), whatever
+    /// the inner locker does: the generic path, beside its native one.
+    pub(crate) fn in_turn(inner: Arc<dyn Locker>) -> Self {
+        CountingLocker {
+            in_turn: true,
+            ..CountingLocker::new(inner)
+        }
+    }
+
+    fn attempt_call(&self) {
+        self.counts.attempt_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn counts(&self) -> &Counts {
         &self.counts
     }
 
@@ -70,6 +100,7 @@ impl Locker for CountingLocker {
         self.inner.backend_key(key)
     }
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.attempt_call();
         Ok(self
             .inner
             .try_lock(key, ttl)
@@ -80,6 +111,11 @@ impl Locker for CountingLocker {
         Ok(self.rehome(self.inner.lock(key, ttl, timeout).await?))
     }
     async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        if self.in_turn {
+            // Each `try_lock` is counted (and its lease re-homed) on its way.
+            return distlock::try_lock_in_turn(self, keys, ttl).await;
+        }
+        self.attempt_call();
         Ok(self
             .inner
             .try_lock_any(keys, ttl)
@@ -87,6 +123,7 @@ impl Locker for CountingLocker {
             .map(|lease| self.rehome(lease)))
     }
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.attempt_call();
         Ok(self
             .inner
             .try_lock_shared(key, ttl)
@@ -121,6 +158,7 @@ impl Locker for CountingLocker {
         outcomes
     }
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
+        self.attempt_call();
         self.inner.inspect(key).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {

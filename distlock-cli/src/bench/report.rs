@@ -163,16 +163,37 @@ pub(crate) struct FailoverRun {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct PermitsRun {
-    /// `duration_s` is the whole run: the permit slices and the lock slices.
+    /// `duration_s` is the whole run: every slice.
     #[serde(flatten)]
     pub(crate) common: Common,
     /// The semaphore's permits (N).
     pub(crate) permits: u32,
-    /// The permit and lock halves alternate in slices this long.
+    /// The native, generic and lock slices take turns, each this long.
     pub(crate) slice_s: f64,
+    /// Permits through the locker's own `try_lock_any` (native where the
+    /// backend has its own attempt, else the same default as `generic`);
+    /// its fields are the run's top-level ones.
+    #[serde(flatten)]
+    pub(crate) native: PermitPath,
+    /// Permits through the trait's default `try_lock_any`, one `try_lock`
+    /// per key tried, on the same locker.
+    pub(crate) generic: Box<PermitPath>,
+    /// The lock's own cycle (`try_lock` + `release` of a key per client),
+    /// in the lock slices of the same run.
+    pub(crate) lock_cycles: u64,
+    pub(crate) lock_cycles_per_s: f64,
+    pub(crate) lock_acquire_us: Summary,
+    pub(crate) lock_release_us: Summary,
+    /// Lock attempts that found a client's own key held (should stay 0).
+    pub(crate) lock_contended: u64,
+}
+
+/// One permit path of the permits workload.
+#[derive(Debug, Serialize)]
+pub(crate) struct PermitPath {
     /// `try_acquire` + `release` of a permit, completed.
     pub(crate) cycles: u64,
-    /// Cycles per second of the permit slices.
+    /// Cycles per second of this path's slices.
     pub(crate) cycles_per_s: f64,
     /// `try_acquire` calls that returned a permit.
     pub(crate) acquire_us: Summary,
@@ -183,18 +204,17 @@ pub(crate) struct PermitsRun {
     pub(crate) full: u64,
     /// `full` / `attempts`.
     pub(crate) full_fraction: f64,
-    /// `try_acquire` calls that found every permit held: up to N + 1 round
-    /// trips.
+    /// `try_acquire` calls that found every permit held.
     pub(crate) full_attempt_us: Summary,
-    /// The lock's own cycle (`try_lock` + `release` of a key per client),
-    /// in the other slices of the same run.
-    pub(crate) lock_cycles: u64,
-    pub(crate) lock_cycles_per_s: f64,
-    pub(crate) lock_acquire_us: Summary,
-    pub(crate) lock_release_us: Summary,
-    /// Lock attempts that found a client's own key held (should stay 0).
-    pub(crate) lock_contended: u64,
-    /// Permit cycles per second over lock cycles per second.
+    /// Mean calls to the locker (`try_lock_any`, `try_lock`, `inspect`) per
+    /// `try_acquire` that returned a permit, and per one that found all
+    /// held; the most one attempt made. On one Redis server each call is
+    /// one script, one round trip; a backend without its own
+    /// `try_lock_any` makes up to N requests inside its one call.
+    pub(crate) calls_per_acquire: Option<f64>,
+    pub(crate) calls_per_full: Option<f64>,
+    pub(crate) most_calls: u64,
+    /// Cycles per second over the lock's cycles per second.
     pub(crate) permit_per_lock: Option<f64>,
 }
 
@@ -295,17 +315,21 @@ impl Printer {
                 );
             }
             Workload::Permits => {
-                println!("backend {backend}, permits (semaphore try_acquire + release, 1 ms pause when full) beside the lock's own cycle (try_lock + release, a key per client), interleaved in slices, {duration} per run, ttl {ttl}; latencies in µs");
+                println!("backend {backend}, permits (semaphore try_acquire + release, 1 ms pause when full) through the locker's own try_lock_any (native) and the trait's default one key at a time (generic), beside the lock's own cycle (try_lock + release, a key per client), taking turns in slices, {duration} per run, ttl {ttl}; latencies in µs; calls: to the locker per attempt (mean when granted, when full; most)");
                 println!(
-                    "{:>7} {:>7} {:>9} {:>10} {:>8} {:>8} {:>6} {:>9} {:>11} {:>8} {:>8} {:>8} {:>7}",
+                    "{:>7} {:>7} {:>7} {:>9} {:>10} {:>8} {:>8} {:>9} {:>6} {:>9} {:>10} {:>5} {:>11} {:>8} {:>8} {:>8} {:>7}",
                     "clients",
                     "permits",
+                    "path",
                     "cycles",
                     "cycles/s",
                     "acq p50",
                     "acq p99",
+                    "calls/acq",
                     "full %",
                     "full p50",
+                    "calls/full",
+                    "most",
                     "lock cyc/s",
                     "lock p50",
                     "lock p99",
@@ -390,22 +414,30 @@ impl Printer {
                 millis(r.failover_us.min),
                 r.common.errors
             ),
-            Run::Permits(r) => println!(
-                "{:>7} {:>7} {:>9} {:>10.0} {:>8.1} {:>8.1} {:>6.1} {:>9.1} {:>11.0} {:>8.1} {:>8.1} {:>8} {:>7}",
-                r.common.clients,
-                r.permits,
-                r.cycles,
-                r.cycles_per_s,
-                r.acquire_us.p50,
-                r.acquire_us.p99,
-                r.full_fraction * 100.0,
-                r.full_attempt_us.p50,
-                r.lock_cycles_per_s,
-                r.lock_acquire_us.p50,
-                r.lock_acquire_us.p99,
-                optional(r.permit_per_lock.map(|n| format!("{n:.2}"))),
-                r.common.errors
-            ),
+            Run::Permits(r) => {
+                for (path, p) in [("native", &r.native), ("generic", &r.generic)] {
+                    println!(
+                        "{:>7} {:>7} {:>7} {:>9} {:>10.0} {:>8.1} {:>8.1} {:>9} {:>6.1} {:>9.1} {:>10} {:>5} {:>11.0} {:>8.1} {:>8.1} {:>8} {:>7}",
+                        r.common.clients,
+                        r.permits,
+                        path,
+                        p.cycles,
+                        p.cycles_per_s,
+                        p.acquire_us.p50,
+                        p.acquire_us.p99,
+                        optional(p.calls_per_acquire.map(|n| format!("{n:.2}"))),
+                        p.full_fraction * 100.0,
+                        p.full_attempt_us.p50,
+                        optional(p.calls_per_full.map(|n| format!("{n:.2}"))),
+                        p.most_calls,
+                        r.lock_cycles_per_s,
+                        r.lock_acquire_us.p50,
+                        r.lock_acquire_us.p99,
+                        optional(p.permit_per_lock.map(|n| format!("{n:.2}"))),
+                        r.common.errors
+                    );
+                }
+            }
         }
     }
 }

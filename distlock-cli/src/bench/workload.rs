@@ -1,7 +1,7 @@
 //! The timed workloads (the election ones are in `election.rs`). Each
 //! returns what it measured and the keys it used, which the caller forgets.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use distlock::semaphore::Semaphore;
 use distlock::{Error, KeepAlive, Lease, Locker};
 
 use super::counting::CountingLocker;
-use super::report::{Common, ContendedRun, HoldRun, PermitsRun, Run, UncontendedRun};
+use super::report::{Common, ContendedRun, HoldRun, PermitPath, PermitsRun, Run, UncontendedRun};
 use super::stats::Latencies;
 use super::{probe, Plan, MAX_DURATION};
 
@@ -22,8 +22,9 @@ const CONTENDED_HOLD: Duration = Duration::from_millis(1);
 const PROGRESS_STEP: Duration = Duration::from_millis(250);
 /// How long a permits client waits after finding every permit held.
 const FULL_PAUSE: Duration = Duration::from_millis(1);
-/// The permits workload alternates permit and lock slices of at most this
-/// long (a tenth of the run for a short one), so both see the same load.
+/// The permits workload takes turns between its slices (see [`Slice`]) of
+/// at most this long (a tenth of the run for a short one), so all see the
+/// same load.
 const MAX_SLICE: Duration = Duration::from_millis(250);
 
 /// What one client task counted.
@@ -33,6 +34,12 @@ struct Tally {
     gaps: Latencies,
     /// Permit attempts that found every permit held.
     full: Latencies,
+    /// Calls to the locker (see `counting::Counts::attempt_calls`) made by
+    /// the permit attempts that were granted, by those that found every
+    /// permit held, and the most made by one attempt.
+    granted_calls: u64,
+    full_calls: u64,
+    most_calls: u64,
     done: u64,
     contended: u64,
     timeouts: u64,
@@ -47,6 +54,9 @@ impl Tally {
             release: Latencies::new(),
             gaps: Latencies::new(),
             full: Latencies::new(),
+            granted_calls: 0,
+            full_calls: 0,
+            most_calls: 0,
             done: 0,
             contended: 0,
             timeouts: 0,
@@ -65,6 +75,9 @@ impl Tally {
         self.release.merge(&other.release);
         self.gaps.merge(&other.gaps);
         self.full.merge(&other.full);
+        self.granted_calls += other.granted_calls;
+        self.full_calls += other.full_calls;
+        self.most_calls = self.most_calls.max(other.most_calls);
         self.done += other.done;
         self.contended += other.contended;
         self.timeouts += other.timeouts;
@@ -161,9 +174,29 @@ async fn lock_cycle(locker: &dyn Locker, key: &str, ttl: Duration, tally: &mut T
 
 /// Times one `try_acquire` of a permit + its `release` into `tally`; an
 /// attempt that finds every permit held is timed apart and followed by
-/// [`FULL_PAUSE`]. False after an error that will not pass.
-async fn permit_cycle(semaphore: &Semaphore, ttl: Duration, tally: &mut Tally) -> bool {
-    timed_cycle(semaphore.try_acquire(ttl), tally, Some(FULL_PAUSE)).await
+/// [`FULL_PAUSE`]. `calls` counts the calls the semaphore's locker makes
+/// (this client's own counter): the attempt's share is added to `tally`.
+/// False after an error that will not pass.
+async fn permit_cycle(
+    semaphore: &Semaphore,
+    calls: &AtomicU64,
+    ttl: Duration,
+    tally: &mut Tally,
+) -> bool {
+    let (before, granted, full) = (
+        calls.load(Ordering::Relaxed),
+        tally.acquire.len(),
+        tally.contended,
+    );
+    let going = timed_cycle(semaphore.try_acquire(ttl), tally, Some(FULL_PAUSE)).await;
+    let made = calls.load(Ordering::Relaxed).saturating_sub(before);
+    if tally.acquire.len() > granted {
+        tally.granted_calls += made;
+    } else if tally.contended > full {
+        tally.full_calls += made;
+    }
+    tally.most_calls = tally.most_calls.max(made);
+    going
 }
 
 /// Times `attempt` and the release of what it granted into `tally`. An
@@ -207,50 +240,76 @@ async fn timed_cycle(
     true
 }
 
-/// The permits workload's two halves, alternating in slices of `slice`
-/// from the run's start: permits in even slices, the lock in odd ones.
-fn permit_slice(since_start: Duration, slice: Duration) -> bool {
-    let index = since_start.as_nanos() / slice.as_nanos().max(1);
-    index.is_multiple_of(2)
+/// What the permits workload measures, in turns of one slice each, in
+/// this order, so each sees the same seconds of load as the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slice {
+    /// A permit through the locker's own `try_lock_any` (one request on a
+    /// backend with a native attempt).
+    Native,
+    /// A permit through the trait's default `try_lock_any`: one `try_lock`
+    /// per key tried ([`CountingLocker::in_turn`]).
+    Generic,
+    /// The lock's own cycle, `try_lock` + `release` of a key per client.
+    Lock,
 }
 
-/// Of `elapsed` cut into alternating slices, the time in the permit slices
-/// and in the lock slices.
-fn slice_times(elapsed: Duration, slice: Duration) -> (Duration, Duration) {
+const SLICES: [Slice; 3] = [Slice::Native, Slice::Generic, Slice::Lock];
+
+/// The slice `since_start` falls in, slices of `slice` taking turns from
+/// the run's start.
+fn slice_at(since_start: Duration, slice: Duration) -> Slice {
+    let index = since_start.as_nanos() / slice.as_nanos().max(1);
+    SLICES[(index % SLICES.len() as u128) as usize]
+}
+
+/// Of `elapsed` cut into slices taking turns, the time each kind had, in
+/// the order of [`SLICES`].
+fn slice_times(elapsed: Duration, slice: Duration) -> [Duration; 3] {
     let slice_ns = slice.as_nanos().max(1);
     let total = elapsed.as_nanos();
     let (whole, rest) = (total / slice_ns, total % slice_ns);
-    let permit_slices = whole.div_ceil(2);
-    let lock_slices = whole / 2;
-    let mut permit_ns = permit_slices * slice_ns;
-    let mut lock_ns = lock_slices * slice_ns;
-    if whole.is_multiple_of(2) {
-        permit_ns += rest;
-    } else {
-        lock_ns += rest;
-    }
+    let kinds = SLICES.len() as u128;
     let nanos = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX));
-    (nanos(permit_ns), nanos(lock_ns))
+    std::array::from_fn(|kind| {
+        let kind = kind as u128;
+        // Whole slices: one per full turn, one more if the last turn got
+        // this far; the unfinished slice belongs to the kind after them.
+        let slices = whole / kinds + u128::from(kind < whole % kinds);
+        let partial = if kind == whole % kinds { rest } else { 0 };
+        nanos(slices * slice_ns + partial)
+    })
 }
 
 /// Every client takes a permit of one semaphore of `plan.permits` permits
 /// through `try_acquire` and releases it at once, retrying after
-/// [`FULL_PAUSE`] when all are held; in alternate slices of the same run,
-/// each cycles a lock of its own instead (`try_lock` + `release`, as
-/// [`uncontended`]), so the permit's cost is set beside the lock's under
-/// the same load on the same server.
+/// [`FULL_PAUSE`] when all are held; in turns of one slice each
+/// ([`Slice`]), its attempt is the locker's own `try_lock_any` (native),
+/// the trait's default one key at a time (generic), or, instead of a
+/// permit, a lock of its own (`try_lock` + `release`, as [`uncontended`]).
+/// So the two permit paths and the lock are measured under the same load
+/// on the same server. Each client's semaphores sit on counting lockers of
+/// its own, so each attempt's calls to the locker are counted exactly.
 pub(crate) async fn permits(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<String>) {
     let name = format!("{}-permits", plan.prefix);
-    let semaphore = match Semaphore::new(locker.clone(), name, plan.permits) {
+    let semaphore = |counting: &Arc<CountingLocker>| {
+        Semaphore::new(
+            counting.clone() as Arc<dyn Locker>,
+            name.clone(),
+            plan.permits,
+        )
+    };
+    // Checks the name and N once, before any client starts.
+    let probe = match semaphore(&Arc::new(CountingLocker::new(locker.clone()))) {
         Ok(semaphore) => semaphore,
         Err(error) => {
             let mut tally = Tally::new();
             tally.error(&error);
+            let none = Tally::new();
             let run = permits_run(
                 locker,
                 plan,
-                &tally,
-                &Tally::new(),
+                [&tally, &none, &none],
                 Duration::ZERO,
                 MAX_SLICE,
             );
@@ -263,95 +322,132 @@ pub(crate) async fn permits(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<
     let slice = (plan.duration / 10).clamp(Duration::from_millis(1), MAX_SLICE);
     let started = Instant::now();
     let deadline = deadline(plan);
-    let halves = Arc::new(Mutex::new(Tally::new()));
-    let permit_tally = on_clients(plan, |client| {
-        let (locker, semaphore, halves) = (locker.clone(), semaphore.clone(), halves.clone());
+    // The generic and lock tallies; the native one is what `on_clients` merges.
+    let others = Arc::new(Mutex::new((Tally::new(), Tally::new())));
+    let native_tally = on_clients(plan, |client| {
+        let (locker, others) = (locker.clone(), others.clone());
+        let native = Arc::new(CountingLocker::new(locker.clone()));
+        let generic = Arc::new(CountingLocker::in_turn(locker.clone()));
+        let semaphores = semaphore(&native).and_then(|n| semaphore(&generic).map(|g| (n, g)));
         let key = lock_keys.get(client).cloned().unwrap_or_default();
         let (ttl, progress) = (plan.ttl, plan.progress.clone());
         async move {
-            let (mut permit, mut lock) = (Tally::new(), Tally::new());
+            let (mut tallies, mut lock) = ([Tally::new(), Tally::new()], Tally::new());
+            let (native_semaphore, generic_semaphore) = match semaphores {
+                Ok(semaphores) => semaphores,
+                Err(error) => {
+                    let [mut native, _] = tallies;
+                    native.error(&error);
+                    return native;
+                }
+            };
+            let done = |t: &[Tally; 2], lock: &Tally| t[0].done + t[1].done + lock.done;
             loop {
                 let now = Instant::now();
                 if now >= deadline {
                     break;
                 }
-                let done = permit.done + lock.done;
-                let going = if permit_slice(now.duration_since(started), slice) {
-                    permit_cycle(&semaphore, ttl, &mut permit).await
-                } else {
-                    lock_cycle(&*locker, &key, ttl, &mut lock).await
+                let before = done(&tallies, &lock);
+                let going = match slice_at(now.duration_since(started), slice) {
+                    Slice::Native => {
+                        let calls = &native.counts().attempt_calls;
+                        permit_cycle(&native_semaphore, calls, ttl, &mut tallies[0]).await
+                    }
+                    Slice::Generic => {
+                        let calls = &generic.counts().attempt_calls;
+                        permit_cycle(&generic_semaphore, calls, ttl, &mut tallies[1]).await
+                    }
+                    Slice::Lock => lock_cycle(&*locker, &key, ttl, &mut lock).await,
                 };
                 if !going {
                     break;
                 }
-                progress.fetch_add(permit.done + lock.done - done, Ordering::Relaxed);
+                progress.fetch_add(done(&tallies, &lock) - before, Ordering::Relaxed);
             }
-            halves
+            let [native, generic] = tallies;
+            let mut others = others
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .merge(lock);
-            permit
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            others.0.merge(generic);
+            others.1.merge(lock);
+            native
         }
     })
     .await;
     let elapsed = started.elapsed();
-    let lock_tally = std::mem::replace(
-        &mut *halves
+    let (generic_tally, lock_tally) = std::mem::replace(
+        &mut *others
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
-        Tally::new(),
+        (Tally::new(), Tally::new()),
     );
-    let run = permits_run(locker, plan, &permit_tally, &lock_tally, elapsed, slice);
+    let run = permits_run(
+        locker,
+        plan,
+        [&native_tally, &generic_tally, &lock_tally],
+        elapsed,
+        slice,
+    );
     // Permit N is only inspected, never locked; forgotten all the same.
     let mut keys: Vec<String> = (0..=plan.permits)
-        .map(|index| semaphore.permit_key(index))
+        .map(|index| probe.permit_key(index))
         .collect();
     keys.extend(lock_keys);
     (run, keys)
 }
 
-/// The permits run from the two halves' tallies, `elapsed` cut in slices
-/// of `slice`.
+/// The permits run from the tallies of its slices (in the order of
+/// [`SLICES`]), `elapsed` cut in slices of `slice`.
 fn permits_run(
     locker: &Arc<dyn Locker>,
     plan: &Plan,
-    permit: &Tally,
-    lock: &Tally,
+    [native, generic, lock]: [&Tally; 3],
     elapsed: Duration,
     slice: Duration,
 ) -> Run {
-    let mut common = permit.common(&**locker, plan, elapsed);
-    common.errors += lock.errors;
-    if common.first_error.is_none() {
-        common.first_error.clone_from(&lock.first_error);
+    let mut common = native.common(&**locker, plan, elapsed);
+    for other in [generic, lock] {
+        common.errors += other.errors;
+        if common.first_error.is_none() {
+            common.first_error.clone_from(&other.first_error);
+        }
     }
-    let (permit_time, lock_time) = slice_times(elapsed, slice);
-    let cycles_per_s = per_second(permit.done, permit_time);
+    let [native_time, generic_time, lock_time] = slice_times(elapsed, slice);
     let lock_cycles_per_s = per_second(lock.done, lock_time);
-    let attempts = permit.acquire.len() + permit.contended;
     Run::Permits(PermitsRun {
         common,
         permits: plan.permits,
         slice_s: slice.as_secs_f64(),
-        cycles: permit.done,
-        cycles_per_s,
-        acquire_us: permit.acquire.summary(),
-        release_us: permit.release.summary(),
-        attempts,
-        full: permit.contended,
-        full_fraction: if attempts > 0 {
-            permit.contended as f64 / attempts as f64
-        } else {
-            0.0
-        },
-        full_attempt_us: permit.full.summary(),
+        native: permit_path(native, native_time, lock_cycles_per_s),
+        generic: Box::new(permit_path(generic, generic_time, lock_cycles_per_s)),
         lock_cycles: lock.done,
         lock_cycles_per_s,
         lock_acquire_us: lock.acquire.summary(),
         lock_release_us: lock.release.summary(),
         lock_contended: lock.contended,
-        permit_per_lock: (lock_cycles_per_s > 0.0).then(|| cycles_per_s / lock_cycles_per_s),
     })
+}
+
+/// One permit path's figures from its tally and the time its slices had.
+fn permit_path(tally: &Tally, time: Duration, lock_cycles_per_s: f64) -> PermitPath {
+    let cycles_per_s = per_second(tally.done, time);
+    let granted = tally.acquire.len();
+    let attempts = granted + tally.contended;
+    let mean = |calls: u64, of: u64| (of > 0).then(|| calls as f64 / of as f64);
+    PermitPath {
+        cycles: tally.done,
+        cycles_per_s,
+        acquire_us: tally.acquire.summary(),
+        release_us: tally.release.summary(),
+        attempts,
+        full: tally.contended,
+        full_fraction: mean(tally.contended, attempts).unwrap_or(0.0),
+        full_attempt_us: tally.full.summary(),
+        calls_per_acquire: mean(tally.granted_calls, granted),
+        calls_per_full: mean(tally.full_calls, tally.contended),
+        most_calls: tally.most_calls,
+        permit_per_lock: (lock_cycles_per_s > 0.0).then(|| cycles_per_s / lock_cycles_per_s),
+    }
 }
 
 /// Pairs each grant with the release before it, whichever of the two
@@ -704,15 +800,19 @@ mod tests {
     }
 
     #[test]
-    fn permit_and_lock_slices_alternate_and_share_the_run() {
+    fn permit_and_lock_slices_take_turns_and_share_the_run() {
         let ms = Duration::from_millis;
-        assert!(permit_slice(ms(0), ms(10)));
-        assert!(permit_slice(ms(9), ms(10)));
-        assert!(!permit_slice(ms(10), ms(10)));
-        assert!(permit_slice(ms(25), ms(10)));
-        assert_eq!(slice_times(ms(45), ms(10)), (ms(25), ms(20)));
-        assert_eq!(slice_times(ms(35), ms(10)), (ms(20), ms(15)));
-        assert_eq!(slice_times(ms(5), ms(10)), (ms(5), ms(0)));
+        assert_eq!(slice_at(ms(0), ms(10)), Slice::Native);
+        assert_eq!(slice_at(ms(9), ms(10)), Slice::Native);
+        assert_eq!(slice_at(ms(10), ms(10)), Slice::Generic);
+        assert_eq!(slice_at(ms(25), ms(10)), Slice::Lock);
+        assert_eq!(slice_at(ms(30), ms(10)), Slice::Native);
+        // 4 whole slices (native, generic, lock, native) and 5 ms of a
+        // generic one.
+        assert_eq!(slice_times(ms(45), ms(10)), [ms(20), ms(15), ms(10)]);
+        assert_eq!(slice_times(ms(35), ms(10)), [ms(15), ms(10), ms(10)]);
+        assert_eq!(slice_times(ms(30), ms(10)), [ms(10), ms(10), ms(10)]);
+        assert_eq!(slice_times(ms(5), ms(10)), [ms(5), ms(0), ms(0)]);
     }
 
     #[test]

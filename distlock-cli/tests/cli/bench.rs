@@ -224,8 +224,12 @@ fn each_workload_prints_a_table_with_a_row_per_run() {
 }
 
 /// The permits workload: a run per --permits value, each naming its N, its
-/// permit cycles, acquire latency and full fraction beside the lock's own
-/// cycle; the figures themselves are for BENCHMARKS.md.
+/// permit cycles, acquire latency, full fraction and calls per attempt, for
+/// the locker's own `try_lock_any` (top level) and the trait's default
+/// (`generic`), beside the lock's own cycle; the figures themselves are for
+/// BENCHMARKS.md. The file backend has no native attempt: its own
+/// `try_lock_any` is one call to the locker, the generic one a `try_lock`
+/// per key tried.
 #[test]
 fn permits_report_each_n_beside_the_lock_cycle() {
     let bench = Bench::new();
@@ -268,6 +272,24 @@ fn permits_report_each_n_beside_the_lock_cycle() {
         for quantile in ["p50", "p99", "max"] {
             number(run, &format!("/full_attempt_us/{quantile}"));
         }
+        assert_eq!(
+            number(run, "/calls_per_acquire"),
+            1.0,
+            "one try_lock_any: {run}"
+        );
+        assert!(number(run, "/generic/cycles") >= 1.0, "{run}");
+        assert!(number(run, "/generic/cycles_per_s") > 0.0, "{run}");
+        assert!(number(run, "/generic/permit_per_lock") > 0.0, "{run}");
+        assert_quantiles(&run["generic"], "acquire_us");
+        let generic_calls = number(run, "/generic/calls_per_acquire");
+        assert!(
+            (1.0..=f64::from(permits)).contains(&generic_calls),
+            "a try_lock per key tried, at most N: {run}"
+        );
+        assert!(
+            number(run, "/generic/most_calls") <= f64::from(permits) + 1.0,
+            "N try_locks and the check of permit N at most: {run}"
+        );
     }
     bench.assert_nothing_left();
 
@@ -284,7 +306,11 @@ fn permits_report_each_n_beside_the_lock_cycle() {
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "description, header, a row per N: {stdout}");
+    assert_eq!(
+        lines.len(),
+        6,
+        "description, header, a row per N and path: {stdout}"
+    );
     assert!(lines[0].contains("permits"), "{stdout}");
     for column in [
         "permits",
@@ -292,13 +318,21 @@ fn permits_report_each_n_beside_the_lock_cycle() {
         "acq p50",
         "acq p99",
         "full %",
+        "calls/acq",
         "lock cyc/s",
     ] {
         assert!(lines[1].contains(column), "{column}: {stdout}");
     }
-    let n = |line: &str| line.split_whitespace().nth(1).map(str::to_owned);
-    assert_eq!(n(lines[2]).as_deref(), Some("1"), "{stdout}");
-    assert_eq!(n(lines[3]).as_deref(), Some("10"), "{stdout}");
+    let field = |line: &str, i| line.split_whitespace().nth(i).map(str::to_owned);
+    for (line, n, path) in [
+        (lines[2], "1", "native"),
+        (lines[3], "1", "generic"),
+        (lines[4], "10", "native"),
+        (lines[5], "10", "generic"),
+    ] {
+        assert_eq!(field(line, 1).as_deref(), Some(n), "{stdout}");
+        assert_eq!(field(line, 2).as_deref(), Some(path), "{stdout}");
+    }
     bench.assert_nothing_left();
 }
 

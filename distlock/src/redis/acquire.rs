@@ -37,9 +37,13 @@ impl RedisLocker {
     /// bounded by itself (see [`Locker::try_lock`]); every exit that leaves
     /// the outcome unknown, including being dropped, undoes the attempt by
     /// its token.
+    ///
+    /// Exclusive, `keys` are tried in order in the one script and the first
+    /// free one is granted ([`Locker::try_lock_any`]; one key for
+    /// [`Locker::try_lock`]); shared, `keys` is the one key.
     pub(super) async fn acquire(
         &self,
-        key: &str,
+        keys: &[&str],
         ttl: Duration,
         mode: Mode,
     ) -> Result<Option<Lease>> {
@@ -50,8 +54,13 @@ impl RedisLocker {
             Mode::Shared => format!("{READER_TOKEN_PREFIX}{}", new_owner_token()),
         };
         // Armed from here on: the request may be on the wire at any await below.
-        let pending =
-            PendingAcquire::arm(self, key, owner, ttl, "an acquire whose outcome is unknown");
+        let pending = PendingAcquire::arm(
+            self,
+            keys,
+            owner,
+            ttl,
+            "an acquire whose outcome is unknown",
+        );
         let owner = pending.owner();
         // Read on the caller's task, before anything is sent: its label scope.
         // Readers leave no record: the reader set holds their tokens only.
@@ -61,7 +70,7 @@ impl RedisLocker {
         });
         let value = value.as_deref().unwrap_or(owner);
         let mut sent_at = Instant::now();
-        let mut granted = self.run_grant_script(key, value, ttl, mode).await;
+        let mut granted = self.run_grant_script(keys, value, ttl, mode, false).await;
         let mut retried = false;
         if let Err(err) = &granted {
             // The connection was found broken (a restart, a failover or a
@@ -73,16 +82,31 @@ impl RedisLocker {
             if err.is_connection_dropped() && !err.is_connection_refusal() {
                 retried = true;
                 sent_at = Instant::now();
-                granted = self.run_grant_script(key, value, ttl, mode).await;
+                granted = self.run_grant_script(keys, value, ttl, mode, true).await;
             }
         }
-        let fencing_token = match granted {
-            // Held by another token: ours is not in the key, nothing to undo.
+        let (key, fencing_token) = match granted {
+            // Held by other tokens: ours is in no key, nothing to undo.
             Ok(None) => {
                 pending.settle();
                 return Ok(None);
             }
-            Ok(Some(token)) => token,
+            Ok(Some((index, token))) => match keys.get(index) {
+                Some(&key) => (key, token),
+                // Still armed: the grant, wherever it is, is undone.
+                None => {
+                    return Err(Error::backend(
+                        BACKEND,
+                        "acquire",
+                        format!(
+                            "{}: the acquire script granted key {} of the {} it was sent",
+                            self.inner.target.endpoint,
+                            index + 1,
+                            keys.len()
+                        ),
+                    ))
+                }
+            },
             Err(err) => {
                 let outcome_unknown = retried || errors::outcome(&err) == Outcome::Unknown;
                 if !outcome_unknown {
@@ -137,10 +161,10 @@ impl RedisLocker {
             .filter(|_| self.inner.record_holder)
             .map(|h| inspect::recorded_value(owner, ttl, h.pid, &h.host, &h.label));
         match self
-            .run_acquire_script(key, value.as_deref().unwrap_or(owner), ttl)
+            .run_acquire_script(&[key], value.as_deref().unwrap_or(owner), ttl, false)
             .await
         {
-            Ok(fence) => Ok(fence != 0),
+            Ok(granted) => Ok(granted.is_some()),
             Err(err) => {
                 let unknown = errors::outcome(&err) == Outcome::Unknown;
                 Err(self.inner.target.error("acquire", err, unknown))
@@ -148,23 +172,23 @@ impl RedisLocker {
         }
     }
 
-    /// The acquire script of `mode`: the fencing token of the grant, or
-    /// `None` for contention. Exclusive, it writes `value` into the lock;
-    /// shared, `value` is the reader's owner token.
+    /// The acquire script of `mode`: the index in `keys` of the key granted
+    /// and the grant's fencing token, or `None` for contention. Exclusive,
+    /// it writes `value` into the lock; shared, `value` is the reader's
+    /// owner token and `keys` is one key. `retry`: the same attempt sent
+    /// again (see `scripts::ACQUIRE`).
     async fn run_grant_script(
         &self,
-        key: &str,
+        keys: &[&str],
         value: &str,
         ttl: Duration,
         mode: Mode,
-    ) -> redis::RedisResult<Option<u64>> {
+        retry: bool,
+    ) -> redis::RedisResult<Option<(usize, u64)>> {
         match mode {
-            // 0: held by another token.
-            Mode::Exclusive => {
-                Ok(Some(self.run_acquire_script(key, value, ttl).await?)
-                    .filter(|&fence| fence != 0))
-            }
+            Mode::Exclusive => self.run_acquire_script(keys, value, ttl, retry).await,
             Mode::Shared => {
+                let key = keys.first().copied().unwrap_or_default();
                 let keys = &self.inner.keys;
                 let fence: i64 = ACQUIRE_SHARED_SCRIPT
                     .key(keys.lock_key(key))
@@ -175,27 +199,35 @@ impl RedisLocker {
                     .invoke_async(&mut self.connection())
                     .await?;
                 // -1: a writer holds the key.
-                Ok(u64::try_from(fence).ok())
+                Ok(u64::try_from(fence).ok().map(|fence| (0, fence)))
             }
         }
     }
 
-    /// The acquire script, writing `value` into the lock: the bare owner
-    /// token, or the token and its holder record (see
-    /// [`inspect::recorded_value`]).
+    /// The acquire script over `keys` in order, writing `value` into the
+    /// key it grants: the bare owner token, or the token and its holder
+    /// record (see [`inspect::recorded_value`]). The index in `keys` of the
+    /// key granted and its fencing token, or `None` if every key is held
+    /// by another token. `retry`: the same attempt sent again.
     async fn run_acquire_script(
         &self,
-        key: &str,
+        keys: &[&str],
         value: &str,
         ttl: Duration,
-    ) -> redis::RedisResult<u64> {
-        ACQUIRE_SCRIPT
-            .key(self.inner.keys.lock_key(key))
-            .key(self.inner.keys.fence_key(key))
-            .arg(value)
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await
+        retry: bool,
+    ) -> redis::RedisResult<Option<(usize, u64)>> {
+        let mut invocation = ACQUIRE_SCRIPT.prepare_invoke();
+        for key in keys {
+            invocation
+                .key(self.inner.keys.lock_key(key))
+                .key(self.inner.keys.fence_key(key));
+        }
+        invocation.arg(value).arg(ttl_millis(ttl));
+        if retry {
+            invocation.arg("retry");
+        }
+        let reply: redis::Value = invocation.invoke_async(&mut self.connection()).await?;
+        granted_key(reply)
     }
 
     /// Waits (`WAIT`, on the node that took the grant) until
@@ -253,5 +285,42 @@ impl RedisLocker {
         let mut wait = redis::cmd("WAIT");
         wait.arg(ack.min_replicas).arg(timeout_millis);
         self.connection().query_on_node_of(redis_key, wait).await
+    }
+}
+
+/// The acquire script's reply (see `scripts::ACQUIRE`) as the index of the
+/// key granted and its fencing token: `0` none (contention), `fence` the
+/// first key, `{i, fence}` the `i`-th (from 1).
+fn granted_key(reply: redis::Value) -> redis::RedisResult<Option<(usize, u64)>> {
+    if let redis::Value::Int(fence) = reply {
+        return Ok(u64::try_from(fence)
+            .ok()
+            .filter(|&fence| fence != 0)
+            .map(|fence| (0, fence)));
+    }
+    let (position, fence): (usize, u64) = redis::from_redis_value(reply)?;
+    Ok(position.checked_sub(1).map(|index| (index, fence)))
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::granted_key;
+
+    #[test]
+    fn the_acquire_reply_names_the_key_granted() {
+        assert_eq!(granted_key(Value::Int(0)).unwrap(), None, "contention");
+        assert_eq!(
+            granted_key(Value::Int(7)).unwrap(),
+            Some((0, 7)),
+            "the first key"
+        );
+        let third = Value::Array(vec![Value::Int(3), Value::Int(12)]);
+        assert_eq!(granted_key(third).unwrap(), Some((2, 12)));
+        assert!(
+            granted_key(Value::Nil).is_err(),
+            "not a reply of the script"
+        );
     }
 }

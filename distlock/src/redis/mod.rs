@@ -187,6 +187,41 @@
 //!   [`ForceRelease::Lock`] evicts every reader.
 //! - Redlock has no shared locks (see its docs).
 //!
+//! # Semaphores
+//!
+//! A [`Semaphore`](crate::semaphore::Semaphore)'s permits are ordinary
+//! locks, `name#0` to `name#N-1`, and one attempt is
+//! [`Locker::try_lock_any`] over them. Here that is **one script call at
+//! any occupancy**: the acquire script (the one [`Locker::try_lock`] runs,
+//! given one key) takes the keys in order and grants the first free one as
+//! it grants a single key (`SET NX PX` of the owner token and holder
+//! record, `INCR` of that key's fence counter), or answers that all are
+//! held. A permit attempt that finds every permit held costs one more
+//! round trip: the semaphore's inspection of permit N (holders with a
+//! larger limit). So a permit acquire is at most **2 round trips**,
+//! against up to N + 1 one key at a time (`BENCHMARKS.md`, "Semaphores:
+//! permit cycles", measures both). **Cost**: every call carries all N
+//! keys (lock and fence key each), whichever is granted, and the server
+//! runs one `SET NX` per key it tries, blocking other clients meanwhile;
+//! measured, about 0.6 µs per key end to end with one client (N = 100: 94
+//! µs against 37 µs one key at a time, when the first key tried is free),
+//! and more under many clients. So the native attempt wins where permits
+//! are scarce (all 10 held: 0.6 ms against 4.7 ms) and costs more than the
+//! one-key-at-a-time attempt, also one round trip, where most of many
+//! permits are free. A semaphore has at most
+//! [`MAX_PERMITS`](crate::semaphore::MAX_PERMITS) permits.
+//!
+//! - **Redis Cluster** keeps the one-key-at-a-time default
+//!   ([`try_lock_in_turn`](crate::try_lock_in_turn)): a script may only
+//!   touch keys of one slot, and every permit key is its own hash tag
+//!   (`{name#i}`), so the permits of one semaphore lie in different slots,
+//!   and grouping consecutive keys by slot would almost never put two in
+//!   one call. (Putting them under one tag would move every existing
+//!   permit key, and load one node with all of a semaphore's traffic.)
+//! - **Sentinel** and **one server**: the one script; [`Config::min_replicas`]
+//!   confirms the granted key as for `try_lock`.
+//! - **Redlock** is its own locker and keeps the default (see its docs).
+//!
 //! # Deployments
 //!
 //! - **One server** (`redis://host:port`): a redis-rs `ConnectionManager`.
@@ -727,7 +762,7 @@ impl Locker for RedisLocker {
             BACKEND,
             "acquire_shared",
             self.inner.acquire_bound,
-            self.acquire(key, ttl, Mode::Shared),
+            self.acquire(&[key], ttl, Mode::Shared),
         )
         .await
     }
@@ -747,7 +782,48 @@ impl Locker for RedisLocker {
             BACKEND,
             "acquire",
             self.inner.acquire_bound,
-            self.acquire(key, ttl, Mode::Exclusive),
+            self.acquire(&[key], ttl, Mode::Exclusive),
+        )
+        .await
+    }
+
+    /// One script for the whole attempt, at any occupancy: it tries the
+    /// keys in order and grants the first free one exactly as
+    /// [`try_lock`](Locker::try_lock) grants its key (the same script:
+    /// owner token and holder record, fencing counter, ttl), so a key taken
+    /// here is an ordinary lock. Bounded, retried once on a broken
+    /// connection, and confirmed by replicas like `try_lock`. See the
+    /// [module docs](self), "Semaphores".
+    ///
+    /// **On a Redis Cluster** the keys are tried one at a time
+    /// ([`try_lock_in_turn`](crate::try_lock_in_turn), one script per key):
+    /// a script may only touch keys of one slot, and each key is its own
+    /// hash tag, so a semaphore's permit keys are spread over the slots.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Locker::try_lock); [`Error::InvalidInput`] also for
+    /// no keys or more than
+    /// [`MAX_KEYS_PER_ATTEMPT`](crate::validate::MAX_KEYS_PER_ATTEMPT).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Locker::try_lock): an attempt dropped (or abandoned
+    /// at its bound, or whose reply was lost) after it was sent is undone
+    /// in the background by its owner token, on whichever of the keys holds
+    /// it (at most one does); failing that, that key expires at its ttl.
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        if matches!(self.inner.connection, Connection::Cluster(_)) {
+            return crate::try_lock_in_turn(self, keys, ttl).await;
+        }
+        validate::keys(keys)?;
+        validate::ttl(ttl)?;
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        bounded(
+            BACKEND,
+            "acquire",
+            self.inner.acquire_bound,
+            self.acquire(&keys, ttl, Mode::Exclusive),
         )
         .await
     }

@@ -251,15 +251,55 @@ end
     };
 }
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` the lock's value: the
-/// owner token, alone or followed by a line break and the holder record (see
-/// `lock_value_lua`); `ARGV[2]` ttl in milliseconds. Returns the fencing
-/// token of the grant (at least 1), or 0 if the lock is held by another
-/// token (contention).
+/// The grant, over the keys of one attempt in order: the first key whose
+/// `SET NX` succeeds is granted, its fence counter bumped in the same atomic
+/// step (`INCR`), and the script returns for it as [`ACQUIRE`] says. Writes
+/// nothing when every key is held. Used twice in [`ACQUIRE`]: inline, not a
+/// `local function`, so the hot path makes no closure (see
+/// `lock_value_lua`).
+macro_rules! grant_first_free_lua {
+    () => {
+        r"
+for i = 1, #KEYS, 2 do
+    if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
+        local fence = redis.call('INCR', KEYS[i + 1])
+        if i == 1 then
+            return fence
+        end
+        return {(i + 1) / 2, fence}
+    end
+end
+"
+    };
+}
+
+/// One attempt at one key ([`Locker::try_lock`](crate::Locker::try_lock))
+/// or at the first free one of several
+/// ([`Locker::try_lock_any`](crate::Locker::try_lock_any), a semaphore's
+/// permits): one script either way, so a key is granted the same way
+/// whichever asked.
+///
+/// `KEYS` the keys to try, in order, each as its lock key then its fence
+/// key (`KEYS[2i - 1]`, `KEYS[2i]` for the `i`-th); `ARGV[1]` the lock's
+/// value: the owner token, alone or followed by a line break and the holder
+/// record (see `lock_value_lua`); `ARGV[2]` ttl in milliseconds; `ARGV[3]`,
+/// present only when the attempt is sent again with the same token (see
+/// below). Returns the fencing token `fence` (at least 1) if the first key
+/// was granted, `{i, fence}` if the `i`-th (`i` > 1) was, or 0 if every key
+/// is held by another token (contention). Keys are tried in the order given
+/// and at most one is granted.
+///
+/// **One key costs what it did before keys were a list**: the first key's
+/// grant answers the bare integer, as the one-key script did. Measured on
+/// Redis 7.0 (server time per `EVALSHA` of a grant, `usec_per_call` of
+/// `INFO commandstats`, medians of 8 interleaved `redis-benchmark` runs of
+/// 100,000 grants): the one-key script 5.35 µs, this one 5.35 µs, this
+/// one answering `{1, fence}` for the first key too 6.17 µs. The loop over
+/// the keys costs nothing measurable; an array reply does.
 ///
 /// The token is not sent apart from the value: every argument costs the
 /// server a Lua string (an allocation and a hash of every byte), on every
-/// acquire, while only the retry below needs the token alone, and cuts it
+/// acquire, while only the checks below need the token alone, and cut it
 /// from the value.
 ///
 /// The counter is bumped only on a new grant, in the same atomic step as the
@@ -267,36 +307,58 @@ end
 ///
 /// **Idempotent per owner token.** An acquire whose reply was lost (the
 /// connection broke after the request was sent) is retried with the *same*
-/// token. If the first run took effect, the key already holds our token: the
+/// token. If the first run took effect, a key already holds our token: the
 /// script then re-arms its ttl and returns the counter's current value,
 /// which is our grant's token, because the counter moves only when a `SET
 /// NX` succeeds, and none can succeed while our token stays in the key.
 /// Without this the retry would find its own orphan and report contention
 /// while nobody else holds the lock. (A counter deleted by a foreign client
-/// is started again by `INCR`.)
+/// is started again by `INCR`.) With one key that check follows a failed
+/// `SET NX`, as it always did (the Redlock backend relies on it without
+/// saying it retries). With several, a retry (`ARGV[3]`) looks for its
+/// token **before** granting anything: an earlier key freed between the
+/// two runs would otherwise be granted too, leaving the first grant under
+/// a token no lease carries until its ttl. A first run looks for nothing:
+/// its fresh token is in no key.
 ///
 /// **Readers keep a writer out with no extra command**: while readers hold
 /// the key its value is the shared marker (see "Shared locks" on
-/// `reader_prefix`), so the `SET NX` fails and the script answers 0, as for
-/// a writer's hold; the marker expires with the last reader.
+/// `reader_prefix`), so the `SET NX` fails as for a writer's hold; the
+/// marker expires with the last reader.
 const ACQUIRE: &str = concat!(
     r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return redis.call('INCR', KEYS[2])
+local several = #KEYS > 2
+if not (several and ARGV[3]) then
+",
+    grant_first_free_lua!(),
+    r"
+    if several then
+        return 0
+    end
 end
 ",
     lock_value_lua!(),
     r"
 local line_end = string.find(ARGV[1], '\n', 1, true)
 local owner = line_end and string.sub(ARGV[1], 1, line_end - 1) or ARGV[1]
-local value = redis.call('GET', KEYS[1])
-if owns(value, owner) then
-    rearm(KEYS[1], value, owner, ARGV[2])
-    local fence = tonumber(redis.call('GET', KEYS[2]))
-    if not fence then
-        fence = redis.call('INCR', KEYS[2])
+for i = 1, #KEYS, 2 do
+    local value = redis.call('GET', KEYS[i])
+    if owns(value, owner) then
+        rearm(KEYS[i], value, owner, ARGV[2])
+        local fence = tonumber(redis.call('GET', KEYS[i + 1]))
+        if not fence then
+            fence = redis.call('INCR', KEYS[i + 1])
+        end
+        if i == 1 then
+            return fence
+        end
+        return {(i + 1) / 2, fence}
     end
-    return fence
+end
+if several then
+",
+    grant_first_free_lua!(),
+    r"
 end
 return 0
 "

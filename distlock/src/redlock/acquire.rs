@@ -24,7 +24,7 @@ impl RedlockLocker {
         let quorum = self.inner.quorum;
         let pending = PendingAcquire::arm(
             self,
-            key,
+            std::slice::from_ref(&key),
             new_owner_token(),
             ttl,
             "a Redlock acquire that did not reach a majority, or was abandoned",

@@ -59,6 +59,10 @@
 //!   in [`crate::redis`]), so waking costs one subscriber connection per
 //!   node and locker. A node that cannot be subscribed is left out; if none
 //!   can, waiters poll. A lock freed by expiry publishes nothing.
+//! - **semaphore permits** ([`Locker::try_lock_any`]) are tried one key at
+//!   a time (the default, [`crate::try_lock_in_turn`]): each key is a
+//!   quorum of its own, and one script per node over all the keys could
+//!   grant different keys on different nodes, with no majority for any.
 //! - **Connections**: each node has its own reconnecting connection (the
 //!   Redis backend's, one per node), opened on first use, so a locker can
 //!   be built while a minority of nodes is down. [`RedlockLocker::from_config`]

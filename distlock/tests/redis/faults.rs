@@ -302,6 +302,87 @@ async fn an_acquire_whose_reply_is_cut_off_is_retried_and_granted_not_contention
     lease.release().await.expect("the holder releases");
 }
 
+/// `name#0` to `name#{n-1}`: a semaphore's permit keys.
+fn permit_keys(name: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{name}#{i}")).collect()
+}
+
+/// The native `try_lock_any` retried after a lost reply looks for its own
+/// grant before granting anything: it reports the key the first run took,
+/// and takes no second one, even though a key before it was freed in
+/// between (which a retry that granted the first free key would take).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_any_whose_reply_is_cut_off_reports_its_grant_and_takes_no_other() {
+    let server = RedisServer::start();
+    let (locker, proxy) = connect_through_proxy(&server, default_config(&server)).await;
+    let other = connect(&server).await;
+    let keys = permit_keys("p", 3);
+    let held = other.try_lock(&keys[0], TTL).await.unwrap().unwrap();
+    // The first run grants p#1 and its reply is lost. A retry that granted
+    // the first free key would take p#2; one whose reconnect is slow enough
+    // also finds p#0, released here as soon as p#1 is seen taken.
+    proxy.cut_after_next_request();
+    let attempt = tokio::spawn({
+        let (locker, keys) = (locker.clone(), keys.clone());
+        async move { locker.try_lock_any(&keys, TTL).await }
+    });
+    let started = Instant::now();
+    while crate::support::stored_owner(&server, "lock:{p#1}").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "p#1 was never granted"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    held.release().await.unwrap();
+    let lease = attempt
+        .await
+        .unwrap()
+        .expect("the retry on the new connection succeeds")
+        .expect("the retry recognises its own grant");
+    assert_eq!(lease.key(), "p#1", "the key the first run took");
+    assert_eq!(lease.fencing_token(), Some(1));
+    assert_eq!(
+        crate::support::stored_owner(&server, "lock:{p#1}"),
+        lease.owner()
+    );
+    for free in ["lock:{p#0}", "lock:{p#2}"] {
+        assert_eq!(server.cli(&["EXISTS", free]), "0", "{free}: one grant only");
+    }
+    lease.release().await.unwrap();
+}
+
+/// A native `try_lock_any` dropped after its script ran: the key it took
+/// (the second, the first being held) is released by its token in the
+/// background, and the held key is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_any_dropped_mid_flight_is_undone_by_its_token() {
+    let server = RedisServer::start();
+    let (locker, proxy) = connect_through_proxy(&server, default_config(&server)).await;
+    let other = connect(&server).await;
+    let keys = permit_keys("q", 3);
+    let held = other.try_lock(&keys[0], TTL).await.unwrap().unwrap();
+    proxy.delay_replies(Duration::from_millis(300));
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(50), locker.try_lock_any(&keys, TTL)).await;
+    assert!(cancelled.is_err(), "the caller gave up first");
+    until_free(
+        &server,
+        "q#1",
+        Duration::from_secs(3),
+        "the cancelled attempt",
+    )
+    .await;
+    assert_eq!(server.cli(&["GET", "lock:{q#1}:fence"]), "1", "it ran");
+    assert_eq!(
+        crate::support::stored_owner(&server, "lock:{q#0}"),
+        held.owner(),
+        "the other holder's key is untouched"
+    );
+    assert_eq!(server.cli(&["EXISTS", "lock:{q#2}"]), "0");
+    held.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_lock_dropped_mid_flight_is_undone_by_its_token() {
     let server = RedisServer::start();
