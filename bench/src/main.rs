@@ -11,10 +11,12 @@
 //! `all` measures everything and renders; `render` re-makes the plots and
 //! BENCHMARKS.md's generated section from `results.json`. Options:
 //! `--rounds N` (5), `--seconds S` per measurement (5), `--warmup S` (1),
-//! `--backends redis,postgres,etcd,mysql`, `--clients 1,16`,
+//! `--backends redis,postgres,etcd,mysql,zookeeper`, `--clients 1,16`,
 //! `--hold-leases N,M` (100000; 0 to skip), `--max-other-cores X` (0.1),
-//! `--markdown PATH` (BENCHMARKS.md), `--distlock PATH` (the CLI binary the
-//! hold workload runs; default: built with cargo from the repository).
+//! `--markdown PATH` (BENCHMARKS.md), `--section NAME` (write the section
+//! between markers of that name instead of the main ones, for a group of
+//! backends measured apart), `--distlock PATH` (the CLI binary the hold
+//! workload runs; default: built with cargo from the repository).
 
 mod backends;
 mod cpu;
@@ -29,11 +31,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::harness::{GroupResult, Settings};
 
+/// Every backend the harness knows, in the order `all` measures them.
+const BACKENDS: [&str; 5] = ["redis", "postgres", "etcd", "mysql", "zookeeper"];
+
 /// Everything one `all` run measured.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Results {
     pub date: String,
     pub command: String,
+    /// The repository's commit (`git describe --always --dirty`), empty in
+    /// results written before it was recorded.
+    #[serde(default)]
+    pub commit: String,
     pub machine: Machine,
     pub settings: Settings,
     pub groups: Vec<GroupResult>,
@@ -52,6 +61,8 @@ struct Options {
     command: String,
     out: PathBuf,
     markdown: PathBuf,
+    /// The name of the generated section's markers; `None`: the main ones.
+    section: Option<String>,
     settings: Settings,
     backends: Vec<String>,
     clients: Vec<usize>,
@@ -65,7 +76,7 @@ fn main() {
         Ok(options) => options,
         Err(message) => {
             eprintln!("distlock-bench: {message}");
-            eprintln!("usage: distlock-bench all|render [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--distlock PATH]");
+            eprintln!("usage: distlock-bench all|render [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--section NAME] [--distlock PATH]");
             std::process::exit(64);
         }
     };
@@ -89,7 +100,12 @@ fn main() {
         serde_json::from_str(&text).expect("results.json parses")
     };
     plot::all(&results, &options.out);
-    report::write_markdown(&results, &options.markdown, &options.out);
+    report::write_markdown(
+        &results,
+        &options.markdown,
+        &options.out,
+        options.section.as_deref(),
+    );
     eprintln!(
         "wrote the plots in {} and {}",
         options.out.display(),
@@ -106,15 +122,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
         command: command.clone(),
         out: PathBuf::from("bench/results"),
         markdown: PathBuf::from("BENCHMARKS.md"),
+        section: None,
         settings: Settings {
             rounds: 5,
             warmup_s: 1.0,
             measure_s: 5.0,
             max_other_cores: 0.1,
         },
-        backends: ["redis", "postgres", "etcd", "mysql"]
-            .map(String::from)
-            .to_vec(),
+        backends: BACKENDS.map(String::from).to_vec(),
         clients: vec![1, 16],
         hold_leases: vec![100_000],
         distlock: None,
@@ -131,6 +146,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
         match flag.as_str() {
             "--out" => options.out = PathBuf::from(value()?),
             "--markdown" => options.markdown = PathBuf::from(value()?),
+            "--section" => {
+                let name = value()?;
+                if name.is_empty() || name.contains("--") || name.contains('>') {
+                    return Err(format!("--section {name:?}: a name for an HTML comment"));
+                }
+                options.section = Some(name);
+            }
             "--rounds" => options.settings.rounds = number(value()?)?.max(1.0) as usize,
             "--seconds" => options.settings.measure_s = number(value()?)?.max(0.1),
             "--warmup" => options.settings.warmup_s = number(value()?)?,
@@ -149,7 +171,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 if let Some(bad) = options
                     .backends
                     .iter()
-                    .find(|b| !["redis", "postgres", "etcd", "mysql"].contains(&b.as_str()))
+                    .find(|b| !BACKENDS.contains(&b.as_str()))
                 {
                     return Err(format!("--backends: unknown backend {bad:?}"));
                 }
@@ -224,6 +246,16 @@ fn measure(options: &Options) -> Results {
                     groups.push(harness::run_group(&group, settings).await);
                     holds.extend(hold::run(options, "mysql", &mysql.url()));
                 }
+                "zookeeper" => {
+                    let mut zookeeper = backends::zookeeper::ZooKeeper::start().await;
+                    for &clients in &options.clients {
+                        let group = zookeeper.uncontended(clients).await;
+                        groups.push(harness::run_group(&group, settings).await);
+                    }
+                    let group = zookeeper.contended(contended_clients).await;
+                    groups.push(harness::run_group(&group, settings).await);
+                    holds.extend(hold::run(options, "zookeeper", &zookeeper.url()));
+                }
                 _ => unreachable!("checked by parse"),
             }
         }
@@ -236,6 +268,14 @@ fn measure(options: &Options) -> Results {
         .chain(std::env::args().skip(1))
         .collect::<Vec<_>>()
         .join(" "),
+        commit: shell(&[
+            "git",
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "describe",
+            "--always",
+            "--dirty",
+        ]),
         machine: Machine {
             cpus: cpu::cpus(),
             kernel: shell(&["uname", "-sr"]),

@@ -5,6 +5,7 @@ pub mod etcd;
 pub mod mysql;
 pub mod postgres;
 pub mod redis;
+pub mod zookeeper;
 
 use std::time::Duration;
 

@@ -553,13 +553,9 @@ pub(crate) async fn contended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Ve
                 let releasing = Instant::now();
                 let outcome = lease.release().await;
                 let released = Instant::now();
-                if rejoin_after_others {
-                    // Try again only once another client has it: a releaser
-                    // that re-takes the lock at once would measure itself,
-                    // not the handoff to a waiter.
-                    let until = tokio::time::Instant::from_std(deadline);
-                    let _ = tokio::time::timeout_at(until, others.wait_for(|&n| n > mine)).await;
-                }
+                // Paired with the next grant before waiting for it below: a
+                // release recorded only after the next grant would count
+                // every handoff as a grant that returned first (a gap of 0).
                 match outcome {
                     Ok(()) if in_time => {
                         tally.release.record(released.duration_since(releasing));
@@ -574,6 +570,13 @@ pub(crate) async fn contended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Ve
                         tally.error(&error);
                         lock_handoffs(&handoffs).reset();
                     }
+                }
+                if rejoin_after_others {
+                    // Try again only once another client has it: a releaser
+                    // that re-takes the lock at once would measure itself,
+                    // not the handoff to a waiter.
+                    let until = tokio::time::Instant::from_std(deadline);
+                    let _ = tokio::time::timeout_at(until, others.wait_for(|&n| n > mine)).await;
                 }
             }
             tally

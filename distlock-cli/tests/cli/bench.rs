@@ -108,6 +108,27 @@ fn contended_json_has_handoffs_and_their_gap() {
     bench.assert_nothing_left();
 }
 
+/// On the file backend a waiter polls (every few milliseconds), so no
+/// handoff is instant: each gap runs from a release returning to the next
+/// grant. Pairing a release only after its holder had waited for the next
+/// grant made every gap 0.
+#[test]
+fn contended_gaps_are_timed_from_each_release() {
+    let bench = Bench::new();
+    let runs = bench.json(&["--workload", "contended", "-c", "3", "-d", "500ms"]);
+    let [run] = runs.as_slice() else {
+        panic!("one run: {runs:?}")
+    };
+    assert_eq!(run["errors"], 0, "{run}");
+    assert!(number(run, "/handoffs") >= 2.0, "{run}");
+    let p50 = number(run, "/handoff_gap_us/p50");
+    assert!(
+        p50 > 0.0,
+        "a polling waiter's handoff gap p50 is above 0: {run}"
+    );
+    bench.assert_nothing_left();
+}
+
 #[test]
 fn hold_json_has_memory_connections_and_keepalive_traffic() {
     let bench = Bench::new();
