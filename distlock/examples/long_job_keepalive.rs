@@ -109,3 +109,49 @@ async fn step(index: u32) {
     tokio::time::sleep(STEP).await;
     println!("step {} done", index + 1);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock::memory::MemoryLocker;
+    use distlock::{Locker, LostReason};
+
+    /// The exit path the example shows: the max hold passes mid-job, the
+    /// job stops between steps with `Error::Lost`, the steps done counted.
+    #[tokio::test(start_paused = true)]
+    async fn job_stops_with_lost_at_max_hold() {
+        let locker = MemoryLocker::new();
+        let mut lease = locker.try_lock(KEY, TTL).await.unwrap().unwrap();
+        lease
+            .keep_alive(KeepAlive::default().max_hold(STEP * 5 / 2))
+            .unwrap();
+        let mut done = 0;
+        let outcome = run_job(lease.info(), STEPS, &mut done).await;
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::Lost {
+                    reason: LostReason::MaxHoldExceeded,
+                    ..
+                })
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(done, 2, "two whole steps fit in 2.5 steps' time");
+        lease.release().await.unwrap();
+    }
+
+    /// Without the max hold in the way, the keepalive carries the job past
+    /// its ttl to the end.
+    #[tokio::test(start_paused = true)]
+    async fn job_outlives_its_ttl_under_keepalive() {
+        let locker = MemoryLocker::new();
+        let mut lease = locker.try_lock(KEY, TTL).await.unwrap().unwrap();
+        lease.keep_alive(KeepAlive::default()).unwrap();
+        let mut done = 0;
+        run_job(lease.info(), STEPS, &mut done).await.unwrap();
+        assert_eq!(done, STEPS);
+        assert!(STEP * STEPS > TTL, "the job is longer than the ttl");
+        lease.release().await.unwrap();
+    }
+}
