@@ -31,6 +31,11 @@ python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 # (test-servers/src/zookeeper.rs), which need a Java runtime.
 [ -f /usr/share/java/zookeeper.jar ] || packages+=(zookeeper)
 command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
+# The deployment recipes are checked by the tools that consume them
+# (deploy/README.md), and the CLI's man page by `man -l`.
+command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
+command -v man >/dev/null 2>&1 || packages+=(man-db)
 
 if [ ${#packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -76,10 +81,29 @@ export CARGO_INCREMENTAL=0
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+# The docs as docs.rs builds them: every feature, the docsrs cfg (feature
+# labels through doc_cfg, a nightly feature RUSTC_BOOTSTRAP allows on
+# stable), warnings denied.
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" \
+  cargo doc --workspace --all-features --no-deps --quiet
+cargo build --examples --all-features --quiet
+# The published crates package and build from their .crate files alone.
+cargo publish --dry-run --allow-dirty --quiet -p distlock -p distlock-cli
+# Deployment recipes, by their own tools.
+promtool check rules deploy/prometheus/distlock-alerts.yml
+(cd deploy/prometheus && promtool test rules distlock-alerts.test.yml)
+python3 deploy/grafana/check.py
 # The fault suite's quick profile (at most 8 minutes here; it prints its
 # time). Built with the same features as the tests below, so the library is
 # compiled once for both, and in debug, so CI compiles no release tree.
 cargo build --workspace --all-features --bins --quiet
+# The systemd unit, pointed at the binary just built (verify wants an
+# executable ExecStart); any complaint fails the run.
+unit_dir=$(mktemp -d)
+sed "s|/usr/local/bin/distlock|$(cd "$target_dir" && pwd)/debug/distlock|" \
+  deploy/systemd/distlock-cron.service > "$unit_dir/distlock-cron.service"
+verify=$(systemd-analyze verify "$unit_dir/distlock-cron.service" 2>&1) || { echo "$verify" >&2; exit 1; }
+if [ -n "$verify" ]; then echo "systemd-analyze verify: $verify" >&2; exit 1; fi
+rm -r "$unit_dir"
 "$target_dir/debug/distlock-faults" run --profile quick --json "$target_dir/faults-quick.json"
 cargo test --workspace --all-features --no-fail-fast "$@"

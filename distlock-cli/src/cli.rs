@@ -52,10 +52,33 @@ pub(crate) enum Command {
     /// Measure a backend: acquire+release cycles per second, handoffs
     /// between waiting clients, or the cost of holding many leases.
     Bench(BenchArgs),
+    /// Print a shell completion script: `distlock completions bash >
+    /// /etc/bash_completion.d/distlock` (zsh: a `_distlock` file on
+    /// $fpath; fish: ~/.config/fish/completions/distlock.fish).
+    Completions(CompletionsArgs),
+    /// Print a man page in roff: `distlock man > distlock.1`, or `distlock
+    /// man run > distlock-run.1` for a subcommand's; read one with `man -l`.
+    Man(ManArgs),
     /// Internal: the helper `distlock run` starts to SIGKILL CMD's process
     /// group if distlock dies.
     #[command(hide = true)]
     Watchdog(WatchdogArgs),
+}
+
+/// `distlock completions`.
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
+}
+
+/// `distlock man`.
+#[derive(Debug, Args)]
+pub(crate) struct ManArgs {
+    /// The subcommand whose page to print [default: distlock's own].
+    #[arg(value_name = "SUBCOMMAND")]
+    pub(crate) subcommand: Option<String>,
 }
 
 /// The descriptors `distlock run` hands its watchdog (see `watchdog.rs`).

@@ -6,6 +6,7 @@ mod cron;
 mod cron_config;
 mod elect;
 mod exit;
+mod generated;
 mod inspect;
 mod process_group;
 mod reaper;
@@ -25,9 +26,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return exit::usage_error(err),
     };
-    // The watchdog is distlock re-executed by itself: no runtime, no logging.
+    // The watchdog is distlock re-executed by itself, and the generated
+    // documents are text from the clap definitions: no runtime, no logging.
     let cli = match cli.command {
         Command::Watchdog(args) => return ExitCode::from(watchdog::main(args)),
+        Command::Completions(args) => return ExitCode::from(generated::completions(args.shell)),
+        Command::Man(args) => return ExitCode::from(generated::man(args.subcommand.as_deref())),
         _ => cli,
     };
     init_logging(&cli.log_level);
@@ -71,7 +75,7 @@ fn main() -> ExitCode {
             Command::List(args) => inspect::list(args).await,
             Command::Cron(args) => cron::cron(args).await,
             Command::Bench(args) => bench::bench(args).await,
-            Command::Watchdog(_) => exit::USAGE,
+            Command::Watchdog(_) | Command::Completions(_) | Command::Man(_) => exit::USAGE,
         }
     });
     ExitCode::from(code)
@@ -81,7 +85,14 @@ fn main() -> ExitCode {
 fn serve_metrics(
     addr: std::net::SocketAddr,
 ) -> Result<(), metrics_exporter_prometheus::BuildError> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    // Histograms, not the exporter's default summaries: only histograms
+    // aggregate across replicas (`histogram_quantile(sum by (le) ...)`).
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_owned()),
+            distlock::DURATION_BUCKETS,
+        )?
         .with_http_listener(addr)
         .install()?;
     distlock::describe_metrics();

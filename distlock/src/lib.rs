@@ -111,6 +111,7 @@
 //! - **Cross-cutting behaviour**: a wrapper like [`MetricsLocker`], with
 //!   the pass-through methods from `forward.rs`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
@@ -173,7 +174,7 @@ pub use lease::{
     drift_margin, new_owner_token, KeepAlive, Lease, LeaseInfo, LeaseParts, LostNotifier,
     LostReason, LostSignal, SharedLocker, DEFAULT_RELEASE_TIMEOUT,
 };
-pub use metrics::{describe_metrics, MetricsLocker};
+pub use metrics::{describe_metrics, MetricsLocker, DURATION_BUCKETS};
 pub use parse::{connect, SUPPORTED_SCHEMES};
 pub use prefix::PrefixLocker;
 pub use trace::TraceLocker;

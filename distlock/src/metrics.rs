@@ -338,6 +338,28 @@ fn held_or_free(found: &Option<HeldLock>) -> &'static str {
     }
 }
 
+/// Bucket bounds, in seconds, for every distlock duration histogram (their
+/// names end in `_seconds`): from half a millisecond (a lock round trip on
+/// loopback) to an hour (a long hold or cron run).
+///
+/// The `metrics` facade leaves the choice of summary or histogram to the
+/// exporter; Prometheus can aggregate histograms across replicas and cannot
+/// aggregate summaries, so configure these buckets when you install one,
+/// as `distlock --metrics-addr` does:
+///
+/// ```
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+///
+/// let builder = PrometheusBuilder::new()
+///     .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), distlock::DURATION_BUCKETS)
+///     .expect("non-empty buckets");
+/// # drop(builder);
+/// ```
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 900.0, 3600.0,
+];
+
 /// Registers units and help texts of every distlock metric with the installed
 /// recorder (optional; exporters show them).
 pub fn describe_metrics() {

@@ -175,3 +175,82 @@ fn metrics_addr_takes_a_host_name_and_a_busy_port_is_a_set_up_failure() {
         stderr(&output)
     );
 }
+
+/// `distlock completions bash` is a script bash loads, and its function
+/// completes a subcommand from a prefix; zsh's and fish's are generated too.
+#[test]
+fn the_bash_completion_loads_and_completes_a_subcommand() {
+    let script = Command::new(BIN)
+        .args(["completions", "bash"])
+        .output()
+        .expect("run distlock completions");
+    assert_eq!(code(&script), 0, "{}", stderr(&script));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("distlock.bash");
+    std::fs::write(&path, &script.stdout).expect("write the script");
+    // What bash does when the user types `distlock ru<TAB>`.
+    let completed = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; COMP_WORDS=(distlock ru); COMP_CWORD=1; COMP_LINE='distlock ru'; \
+             COMP_POINT=11; _distlock distlock ru distlock; echo \"${{COMPREPLY[@]}}\"",
+            path.display()
+        ))
+        .output()
+        .expect("run bash");
+    assert_eq!(code(&completed), 0, "{}", stderr(&completed));
+    assert_eq!(String::from_utf8_lossy(&completed.stdout).trim(), "run");
+    for (shell, first_line) in [("zsh", "#compdef distlock"), ("fish", "# Print an optspec")] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .expect("run distlock completions");
+        assert_eq!(code(&output), 0, "{shell}: {}", stderr(&output));
+        assert!(
+            String::from_utf8_lossy(&output.stdout).starts_with(first_line),
+            "{shell}"
+        );
+    }
+}
+
+/// `distlock man` and `distlock man run` are roff pages `man -l` renders.
+#[test]
+fn man_renders_the_pages_of_distlock_and_its_subcommands() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (args, page, says) in [
+        (&["man"][..], "distlock.1", "flock(1) for a fleet"),
+        (&["man", "run"][..], "distlock-run.1", "--kill-after"),
+    ] {
+        let roff = Command::new(BIN)
+            .args(args)
+            .output()
+            .expect("run distlock man");
+        assert_eq!(code(&roff), 0, "{args:?}: {}", stderr(&roff));
+        let path = dir.path().join(page);
+        std::fs::write(&path, &roff.stdout).expect("write the page");
+        let rendered = Command::new("man")
+            .arg("-l")
+            .arg(&path)
+            .env("MANPAGER", "cat")
+            .env("MANWIDTH", "100")
+            .output()
+            .expect("man -l (Debian: apt-get install man-db)");
+        assert_eq!(code(&rendered), 0, "{args:?}: {}", stderr(&rendered));
+        let text = String::from_utf8_lossy(&rendered.stdout);
+        let title = page.trim_end_matches(".1");
+        assert!(
+            text.starts_with(&format!("{title}(1)")) && text.contains(says),
+            "{args:?}: {text}"
+        );
+    }
+    let output = Command::new(BIN)
+        .args(["man", "nope"])
+        .output()
+        .expect("run");
+    assert_eq!(code(&output), 64);
+    assert!(
+        stderr(&output).contains("pages exist for: run, release, elect"),
+        "{}",
+        stderr(&output)
+    );
+}

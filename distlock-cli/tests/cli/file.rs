@@ -496,7 +496,13 @@ fn metrics_are_served_in_prometheus_format_while_the_command_runs() {
         "{response}"
     );
     assert!(
-        response.contains("# TYPE distlock_operation_duration_seconds"),
+        response.contains("# TYPE distlock_operation_duration_seconds histogram"),
+        "histograms, which aggregate across replicas, not summaries: {response}"
+    );
+    assert!(
+        response.contains("distlock_operation_duration_seconds_bucket{")
+            && response.contains("le=\"0.0005\"")
+            && response.contains("le=\"+Inf\""),
         "{response}"
     );
 }
