@@ -1003,3 +1003,11 @@ pub trait LockerExt: Locker + Sized {
 }
 
 impl<L: Locker> LockerExt for L {}
+
+/// The README's Rust blocks, compiled and run as doctests so they cannot
+/// rot (`distlock/README.md` links to the repository's README; the rustdoc
+/// book, "Include items only when collecting doctests"). Its testing
+/// section uses the `testkit` feature, hence the gate.
+#[cfg(all(doctest, feature = "testkit"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

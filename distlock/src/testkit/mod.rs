@@ -1,5 +1,6 @@
-//! The conformance suite every backend runs against a real server (feature
-//! `testkit`).
+//! The conformance suite every backend runs against a real server, and
+//! [`FaultyLocker`], a locker that fails on demand for testing code that
+//! uses one (feature `testkit`).
 //!
 //! Each check is a public async function taking a [`Harness`]; the
 //! [`conformance_suite!`](crate::conformance_suite) macro expands to one
@@ -48,9 +49,11 @@ use crate::inspect::{with_label, ForceRelease, HeldLock};
 use crate::{with_lock, Error, KeepAlive, Locker, LostReason};
 
 mod election;
+mod faulty;
 mod semaphore;
 mod shared;
 pub use election::*;
+pub use faulty::{Faults, FaultyLocker};
 pub use semaphore::*;
 pub use shared::*;
 

@@ -29,3 +29,13 @@ mod through_every_wrapper {
             .shared()
     });
 }
+
+mod through_the_fault_double {
+    use super::*;
+    use distlock::testkit::FaultyLocker;
+    use distlock::LockerExt;
+
+    // With no fault injected, the test double keeps the contract it wraps:
+    // code tested against it is tested against a real locker's behaviour.
+    distlock::conformance_suite!(|| async { FaultyLocker::new(shared()).shared() });
+}
