@@ -73,7 +73,8 @@ async fn main() -> Result<ExitCode, BoxError> {
             Ok(ExitCode::SUCCESS)
         }
         Err(Error::Lost { reason, .. }) => {
-            println!("job stopped cleanly after {done} of {STEPS} steps ({reason}); the next run resumes at step {done}");
+            let next = done.saturating_add(1);
+            println!("job stopped cleanly after {done} of {STEPS} steps ({reason}); the next run resumes at step {next}");
             Ok(ExitCode::FAILURE)
         }
         Err(error) => Err(error.into()),
