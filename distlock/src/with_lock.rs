@@ -17,8 +17,17 @@ pub struct Completed<T> {
     pub release: Result<()>,
 }
 
-/// Options of [`with_lock`] and [`with_lease`]: the release bound and an
-/// optional keepalive.
+/// Options of [`with_lock`] and [`with_lease`]: the release bound and the
+/// keepalive.
+///
+/// The lease is **kept alive by default** ([`KeepAlive::default`]: refreshed
+/// every ttl/3 while the work runs), so the same code means the same thing
+/// on every backend: work longer than the ttl runs to its end as long as
+/// refreshes succeed, and the ttl is how long the lock outlives a holder
+/// that dies or stops refreshing. (Before, a lock that expires, as on Redis
+/// or memory, stopped such work after one ttl, while a session lock, as on
+/// Postgres, let it finish.) [`max_hold`](KeepAlive::max_hold) bounds the
+/// hold; [`no_keep_alive`](Self::no_keep_alive) turns refreshing off.
 ///
 /// ```
 /// use std::time::Duration;
@@ -49,7 +58,7 @@ impl Default for WithLock {
     fn default() -> Self {
         WithLock {
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
-            keepalive: None,
+            keepalive: Some(KeepAlive::default()),
         }
     }
 }
@@ -61,10 +70,20 @@ impl WithLock {
         self
     }
 
-    /// Keeps the lease alive while the work runs (off by default: the lock
-    /// then lasts at most its ttl, whatever the work does).
+    /// Keeps the lease alive while the work runs with `keepalive` (the
+    /// default is [`KeepAlive::default`]: no maximum hold).
     pub fn keep_alive(mut self, keepalive: KeepAlive) -> Self {
         self.keepalive = Some(keepalive);
+        self
+    }
+
+    /// Does not refresh the lease: on a backend whose locks expire, work
+    /// longer than the ttl is stopped (and [`Error::Lost`] returned) a drift
+    /// margin before the lock could lapse; on a session backend (Postgres,
+    /// MySQL, file, ZooKeeper) the lock lasts as long as the work. Prefer
+    /// [`KeepAlive::max_hold`] to bound the work the same way everywhere.
+    pub fn no_keep_alive(mut self) -> Self {
+        self.keepalive = None;
         self
     }
 
@@ -77,9 +96,9 @@ impl WithLock {
     /// about to run out without a refresh, or the keepalive's `max_hold`
     /// passed), `work` is dropped, which stops it, and only then is the lock
     /// released. Expiry counts [`crate::drift_margin`] early, so the work has
-    /// stopped before the lock can lapse on the server. Without
-    /// [`keep_alive`](Self::keep_alive), a lock that expires lasts one ttl:
-    /// work longer than that is stopped.
+    /// stopped before the lock can lapse on the server. With
+    /// [`no_keep_alive`](Self::no_keep_alive), a lock that expires lasts one
+    /// ttl: work longer than that is stopped.
     ///
     /// # Errors
     ///
@@ -154,7 +173,9 @@ pub(crate) async fn hold_then_release<W: Future>(
 /// [`crate::Error::Timeout`], ...) without running `work`, or
 /// [`crate::Error::Lost`] if the lease was lost while `work` ran (then `work`
 /// was stopped by dropping it before the lock was released; see
-/// [`WithLock::run`]). The release runs
+/// [`WithLock::run`]). The lease is kept alive while `work` runs (every
+/// ttl/3), so work longer than `ttl` finishes on every backend; `ttl` is
+/// how long the lock outlives a holder that dies. The release runs
 /// even if this future is dropped while `work` runs, bounded by
 /// [`DEFAULT_RELEASE_TIMEOUT`]; a release failure is logged (`component =
 /// "distlock"`) and does not replace the output. Use [`WithLock::run`] to see

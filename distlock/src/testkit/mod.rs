@@ -916,6 +916,32 @@ pub async fn max_hold_ends_renewal(h: &Harness) {
     }
 }
 
+/// `with_lock` around work longer than its ttl finishes on every backend:
+/// the lease is kept alive by default, so the same code means the same
+/// thing on a backend whose locks expire and on one whose locks live on a
+/// session; and the key is held throughout.
+pub async fn with_lock_outlasting_its_ttl_finishes(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    let key = h.key("with-lock-long");
+    // 1 s: every backend's smallest ttl that refreshes comfortably under
+    // load (etcd rounds leases up to whole seconds anyway).
+    let ttl = Duration::from_secs(1);
+    let work = Duration::from_millis(2200);
+    let value = with_lock(&*a, &key, ttl, Duration::ZERO, || {
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            tokio::time::sleep(work / 2).await;
+            assert_held_elsewhere(&*b, &key, "halfway through work longer than the ttl").await;
+            tokio::time::sleep(work / 2).await;
+            11
+        }
+    })
+    .await
+    .expect("work longer than its ttl finishes under with_lock");
+    assert_eq!(value, 11);
+    assert_free(&*b, &key, "released after the work").await;
+}
+
 /// `with_lock`-style work outliving its lease is stopped (dropped) before
 /// the lock is released, and the caller is told the lock was lost: here the
 /// lease's `max_hold` passes while the work would run for ever.
@@ -1513,6 +1539,7 @@ macro_rules! conformance_suite {
             keepalive_fires_lost_when_stolen,
             max_hold_ends_renewal,
             with_lock_stops_work_when_the_lease_ends,
+            with_lock_outlasting_its_ttl_finishes,
             waiter_wakes_promptly_on_release,
             forget_removes_a_free_key_and_refuses_a_held_one,
             marks_only_advance,
