@@ -624,7 +624,7 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
     let held: Arc<Mutex<Vec<Lease>>> = Arc::new(Mutex::new(Vec::with_capacity(plan.keys)));
     let mut tally = on_clients(plan, |client| {
         let (locker, keys, held) = (counted.clone(), keys.clone(), held.clone());
-        let (ttl, clients) = (plan.ttl, plan.clients);
+        let (ttl, clients, acquired) = (plan.ttl, plan.clients, plan.acquired.clone());
         async move {
             let mut tally = Tally::new();
             // Sized once: a growing vector would leave freed buffers of
@@ -640,6 +640,9 @@ pub(crate) async fn hold(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Vec<Str
                     Ok(None) => tally.contended += 1,
                     Err(error) => tally.error(&error),
                 }
+                // Attempts, not grants: the line reaches its total whatever
+                // the answers.
+                acquired.fetch_add(1, Ordering::Relaxed);
             }
             held.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -397,3 +397,39 @@ fn bad_flags_exit_64_naming_the_flag() {
         assert!(output.stdout.is_empty(), "{args:?} measured nothing");
     }
 }
+
+/// On a terminal the hold workload shows its acquiring phase (minutes for
+/// 100,000 leases on a server backend) and then its hold; piped, stderr
+/// gets no progress line at all.
+#[test]
+fn the_hold_workload_shows_progress_on_a_terminal_and_nothing_when_piped() {
+    let bench = Bench::new();
+    // The memory backend: 20,000 lock files would need as many descriptors.
+    let args = "--url memory:// -w hold --keys 20000 -c 2 --ttl 30s -d 1500ms";
+    let script = test_servers::find_binary("script", "bsdutils");
+    let output = Command::new(script)
+        .args(["-qec", &format!("{BIN} bench {args}"), "/dev/null"])
+        .env(
+            "DISTLOCK_URL",
+            format!("file://{}", bench.dir.path().display()),
+        )
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run script");
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    // script(1) merges the terminal's output into its stdout.
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("hold with 2 clients: ") && shown.contains(" of 20000 leases acquired"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\r\x1b[2K"),
+        "the line is erased before the table: {shown:?}"
+    );
+
+    let piped = bench.run(&args.split(' ').collect::<Vec<_>>());
+    assert_eq!(code(&piped), 0, "{}", stderr(&piped));
+    assert!(!stderr(&piped).contains('\r'), "{}", stderr(&piped));
+    bench.assert_nothing_left();
+}
