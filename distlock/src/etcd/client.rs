@@ -14,7 +14,6 @@ use tokio::time::Instant;
 
 use super::session::Session;
 use super::{errors, recipe, Config, EtcdLocker, Inner, Password, Registry, BACKEND};
-use crate::deadline::bounded;
 use crate::{Error, Result};
 
 impl EtcdLocker {
@@ -73,7 +72,7 @@ impl EtcdLocker {
         let bound = config
             .connect_timeout
             .saturating_add(config.request_timeout);
-        let client = bounded(BACKEND, "connect", bound, async {
+        let connecting = async {
             let client = Client::connect(&urls, Some(options))
                 .await
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
@@ -82,7 +81,14 @@ impl EtcdLocker {
                 .await
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
             Ok(client)
-        })
+        };
+        let client = crate::deadline::bounded_connect(
+            BACKEND,
+            &cluster,
+            "connect_timeout= plus request_timeout= in the URL",
+            bound,
+            connecting,
+        )
         .await?;
         Ok(EtcdLocker {
             inner: Arc::new(Inner {

@@ -37,7 +37,7 @@ impl std::error::Error for PgError {
 
 /// The error's own words plus what tokio-postgres keeps in its source: the
 /// server's report, or the I/O or TLS failure underneath.
-fn describe(error: &tokio_postgres::Error) -> String {
+pub(super) fn describe(error: &tokio_postgres::Error) -> String {
     if let Some(db) = error.as_db_error() {
         let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
         if let Some(detail) = db.detail() {

@@ -17,7 +17,6 @@ use super::errors::Target;
 use super::keys::KeySpace;
 use super::releases::{ReleaseHub, SubscriberSource};
 use super::{Config, Inner, RedisLocker, BACKEND};
-use crate::deadline::bounded;
 use crate::{Error, Result};
 
 /// How often the connection manager retries a broken connection before the
@@ -264,11 +263,18 @@ impl Parts {
         &self,
         connecting: impl std::future::Future<Output = redis::RedisResult<C>>,
     ) -> Result<C> {
-        bounded(BACKEND, "connect", self.operation_bound, async {
+        let connecting = async {
             connecting
                 .await
                 .map_err(|e| self.target.error("connect", e, false))
-        })
+        };
+        crate::deadline::bounded_connect(
+            BACKEND,
+            &self.target.endpoint,
+            "connect_timeout= plus response_timeout= in the URL",
+            self.operation_bound,
+            connecting,
+        )
         .await
     }
 
