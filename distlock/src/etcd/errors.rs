@@ -48,6 +48,12 @@ fn describe(error: &etcd_client::Error) -> String {
         {
             format!("connection closed during the gRPC handshake: {NOT_ETCD}")
         }
+        // Bytes that are not HTTP/2 frames (an SSH banner, a Redis
+        // reply) read as a frame of some wrong size or kind.
+        Code::Internal if status.message().starts_with("h2 protocol error") => format!(
+            "the server's answer is not HTTP/2 ({}{words}): {NOT_ETCD}",
+            status.message()
+        ),
         Code::Unavailable if transport.contains("KeepAliveTimedOut") => {
             format!("no answer to HTTP/2 keepalive pings: {NOT_ETCD}")
         }
