@@ -25,8 +25,9 @@ impl EtcdLocker {
     ///
     /// [`Error::InvalidInput`] for a config that names no endpoint or is
     /// otherwise unusable (an unreadable `ca_file`), [`Error::Backend`] if
-    /// the cluster cannot be reached or rejects the credentials,
-    /// [`Error::DeadlineExceeded`] if it does not answer within the bound.
+    /// the cluster cannot be reached, rejects the credentials, or does not
+    /// answer within the bound (the message names the cluster,
+    /// `connect_timeout` and `request_timeout`).
     ///
     /// # Cancel safety
     ///

@@ -53,8 +53,8 @@ impl RedisLocker {
     /// `appendonly yes` under [`Config::require_appendonly`].
     /// [`Error::Backend`] if connecting fails (an authentication
     /// failure says so; for Sentinel, also when no sentinel names a reachable
-    /// master); [`Error::DeadlineExceeded`] if it does not finish within the
-    /// bound.
+    /// master), and also if it does not finish within the bound (the
+    /// message names the server, `connect_timeout` and `response_timeout`).
     ///
     /// # Cancel safety
     ///
