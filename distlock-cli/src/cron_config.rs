@@ -90,10 +90,10 @@ fn from_flags(args: &CronArgs) -> Result<JobSpec, String> {
 fn from_file(path: &Path) -> Result<Vec<JobSpec>, String> {
     let shown = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-    let raw: RawFile = toml::from_str(&text).map_err(|e| {
-        let message = e.to_string();
-        format!("{shown}: {}", message.trim_end().replace('\n', " "))
-    })?;
+    // toml's message is several lines (the line and a caret under the
+    // column): kept as it is, after the file's name on a line of its own.
+    let raw: RawFile =
+        toml::from_str(&text).map_err(|e| format!("{shown}: {}", e.to_string().trim_end()))?;
     if raw.job.is_empty() {
         return Err(format!("{shown}: no [[job]] tables"));
     }
@@ -201,8 +201,6 @@ catch_up = "6h"
             ("[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\nat_most = \"soon\"\n", "job \"a\": at_most"),
             ("[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = []\n", "job \"a\": command"),
             ("[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\noverlap = \"replace\"\n", "job \"a\": overlap"),
-            ("[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\ncolour = \"red\"\n", "colour"),
-            ("[[job]]\nname = \"a\"\ncommand = [\"true\"]\n", "schedule"),
             ("", "no [[job]] tables"),
         ];
         for (text, needle) in cases {
@@ -210,6 +208,28 @@ catch_up = "6h"
             assert!(error.contains(needle), "{text:?}: {error}");
             assert!(error.contains("jobs.toml"), "{error}");
             assert!(!error.contains('\n'), "one line: {error}");
+        }
+    }
+
+    #[test]
+    fn toml_errors_keep_tomls_own_lines_after_the_file_name() {
+        let cases = [
+            ("[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\ncolour = \"red\"\n", "colour"),
+            ("[[job]]\nname = \"a\"\ncommand = [\"true\"]\n", "schedule"),
+        ];
+        for (text, needle) in cases {
+            let error = parse(text).unwrap_err();
+            assert!(error.contains(needle), "{text:?}: {error}");
+            let first = error.lines().next().unwrap_or_default();
+            assert!(
+                first.contains("jobs.toml: TOML parse error at line"),
+                "{error}"
+            );
+            assert_eq!(error.matches("jobs.toml").count(), 1, "{error}");
+            assert!(
+                error.lines().any(|line| line.trim_end().ends_with('^')),
+                "caret kept: {error}"
+            );
         }
     }
 }

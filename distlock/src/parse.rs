@@ -122,8 +122,11 @@ impl FeatureBackend {
             None => Err(Error::invalid(
                 "url",
                 format!(
-                    "{scheme}:// needs distlock's cargo feature `{}`, which is not enabled",
-                    self.feature
+                    "{scheme}:// needs distlock's cargo feature `{feature}`, which this build \
+                     does not have; rebuild with it: `cargo install distlock-cli --features \
+                     {feature}` for the CLI, `distlock = {{ features = [\"{feature}\"] }}` in \
+                     Cargo.toml for the library",
+                    feature = self.feature
                 ),
             )),
         }
@@ -269,7 +272,9 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid url: etcd+https:// needs distlock's cargo feature `etcd`, which is not enabled"
+            "invalid url: etcd+https:// needs distlock's cargo feature `etcd`, which this build \
+             does not have; rebuild with it: `cargo install distlock-cli --features etcd` for \
+             the CLI, `distlock = { features = [\"etcd\"] }` in Cargo.toml for the library"
         );
     }
 

@@ -9,6 +9,9 @@ mod bench;
 mod conventions;
 mod cron;
 mod elect;
+// Each test is gated on the backend it needs; the cron, TOML and file
+// ones need none.
+mod errors;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod file;

@@ -191,6 +191,19 @@ impl Table {
         names.join(", ")
     }
 
+    /// The reason for URL parameter `name`, which neither this table nor
+    /// the client library (`driver`: the parameters the backend passes on
+    /// to it, listed after distlock's) reads: the name, then every name a
+    /// URL may use; `note` follows the list.
+    pub(crate) fn unknown_in_url(&self, name: &str, driver: &[&str], note: &str) -> String {
+        let mut known = self.url_names();
+        for param in driver {
+            known.push_str(", ");
+            known.push_str(param);
+        }
+        format!("unknown parameter {name:?}; known: {known}{note}")
+    }
+
     /// The parameter of environment variable `name` (`<prefix>KEY_NAME` is
     /// `key_name`), as one name; `None` for variables of other backends
     /// and for names this table does not know (other tools may share the
@@ -231,10 +244,7 @@ pub(crate) fn set_url_query<'q, C: FieldTable>(
         let key = C::PARAMETERS
             .find_in_url(&name)
             .filter(|key| allowed(key))
-            .ok_or_else(|| {
-                let known = C::PARAMETERS.url_names();
-                format!("unknown parameter {name:?}; known: {known}{note}")
-            })?;
+            .ok_or_else(|| C::PARAMETERS.unknown_in_url(&name, &[], note))?;
         config.set_param(key, &value, Source::Url(&name))?;
     }
     Ok(())

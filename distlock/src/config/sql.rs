@@ -143,9 +143,11 @@ pub(crate) trait SqlBackend: Default {
     const ENV_PREFIX: &'static str;
     /// Its own parameters (not the URL's user, host, database or password).
     const PARAMETERS: Table;
-    /// Whether URL parameters it does not know are the driver's (Postgres
-    /// passes them to tokio-postgres) rather than mistakes.
-    const PASSES_ON_UNKNOWN: bool;
+    /// The URL parameters that are the driver's, passed on to it in the
+    /// URL (Postgres passes libpq's to tokio-postgres); any other name that
+    /// is not one of [`PARAMETERS`](Self::PARAMETERS) is a mistake, refused
+    /// naming it and listing both.
+    const DRIVER_PARAMETERS: &'static [&'static str];
 
     /// Its locker builder, which reads the parameters.
     type Builder;
@@ -210,12 +212,12 @@ impl<B: SqlBackend> SqlConfig<B> {
                 Some(key) => config
                     .set_param(key, &value, Source::Url(&name))
                     .map_err(bad)?,
-                None if B::PASSES_ON_UNKNOWN => passed_on.push(pair),
+                None if B::DRIVER_PARAMETERS.contains(&name.as_str()) => passed_on.push(pair),
                 None => {
-                    return Err(bad(format!(
-                        "unknown parameter {name:?}; distlock's {} URLs take {}",
-                        B::NAME,
-                        B::PARAMETERS.url_names()
+                    return Err(bad(B::PARAMETERS.unknown_in_url(
+                        &name,
+                        B::DRIVER_PARAMETERS,
+                        "",
                     )))
                 }
             }
@@ -424,7 +426,7 @@ macro_rules! sql_config {
         backend: $backend:ident($name:literal, $env:literal, [$($scheme:literal),+]),
         $(#[$table_meta:meta])*
         parameters: [$($param:literal $(| $alias:literal)*),+ $(,)?],
-        unknown_parameters_go_to_the_driver: $passes_on:literal,
+        driver_parameters: [$($driver:literal),* $(,)?],
         builder: $builder:ty, identifiers: $identifiers:ty,
         scratch: $scratch:expr,
         settings: $settings:ty $(,)?
@@ -466,7 +468,7 @@ macro_rules! sql_config {
             const SCHEMES: &'static [&'static str] = &[$($scheme),+];
             const ENV_PREFIX: &'static str = $env;
             const PARAMETERS: $crate::config::Table = PARAMETERS;
-            const PASSES_ON_UNKNOWN: bool = $passes_on;
+            const DRIVER_PARAMETERS: &'static [&'static str] = &[$($driver),*];
 
             type Builder = $builder;
 

@@ -206,17 +206,18 @@ impl Job {
     pub(super) fn compile(&self) -> Result<Compiled> {
         let name = &self.name;
         check_name(name)?;
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .year(Year::Disallowed)
-            .build()
-            .parse(&self.schedule)
-            .map_err(|e| {
-                Error::invalid(
-                    "cron schedule",
-                    format!("job {name:?}: schedule {:?}: {e}", self.schedule),
-                )
-            })?;
+        let cron = parse_schedule(&self.schedule).map_err(|e| {
+            let field = match failing_field(&self.schedule) {
+                Some((field, text, range)) => {
+                    format!(" in the {field} field {text:?}; the {field} field takes {range}")
+                }
+                None => String::new(),
+            };
+            Error::invalid(
+                "cron schedule",
+                format!("job {name:?}: schedule {:?}: {e}{field}", self.schedule),
+            )
+        })?;
         let zone = match &self.time_zone {
             None => chrono_tz::UTC,
             Some(zone) => chrono_tz::Tz::from_str(zone).map_err(|_| {
@@ -268,6 +269,48 @@ impl Job {
         }
         Ok(compiled)
     }
+}
+
+/// `schedule` read by croner as every job's is: seconds optional, no year.
+fn parse_schedule(schedule: &str) -> std::result::Result<Cron, CronError> {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(schedule)
+}
+
+/// The fields of a five-field schedule, and what each takes; a six-field
+/// one has seconds first.
+const FIELDS: [(&str, &str); 5] = [
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day-of-month", "1-31"),
+    ("month", "1-12 or JAN-DEC"),
+    ("day-of-week", "0-7 or SUN-SAT (0 and 7 are Sunday)"),
+];
+
+/// The first field croner refuses in a schedule it cannot read, with its
+/// text and what it takes: croner's errors do not say which field they
+/// are about, so each field is parsed again alone, every other one `*`.
+/// `None` when no single field is refused (a wrong number of fields, or a
+/// combination croner refuses).
+fn failing_field(schedule: &str) -> Option<(&'static str, &str, &'static str)> {
+    let fields: Vec<&str> = schedule.split_whitespace().collect();
+    let names: Vec<(&str, &str)> = match fields.len() {
+        5 => FIELDS.to_vec(),
+        6 => std::iter::once(("second", "0-59")).chain(FIELDS).collect(),
+        _ => return None,
+    };
+    (0..fields.len()).find_map(|i| {
+        let alone: Vec<&str> = (0..fields.len())
+            .map(|j| if j == i { fields[i] } else { "*" })
+            .collect();
+        let (name, range) = names[i];
+        parse_schedule(&alone.join(" "))
+            .is_err()
+            .then_some((name, fields[i], range))
+    })
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -415,7 +458,23 @@ mod tests {
             (
                 Job::new("r", "61 * * * *"),
                 "cron schedule",
-                "job \"r\": schedule \"61 * * * *\"",
+                "job \"r\": schedule \"61 * * * *\": Component error: Number out of bounds. \
+                 in the minute field \"61\"; the minute field takes 0-59",
+            ),
+            (
+                Job::new("r", "0 0 * 13 *"),
+                "cron schedule",
+                "in the month field \"13\"; the month field takes 1-12 or JAN-DEC",
+            ),
+            (
+                Job::new("r", "0 0 0 * * 8"),
+                "cron schedule",
+                "in the day-of-week field \"8\"; the day-of-week field takes 0-7",
+            ),
+            (
+                Job::new("r", "60 0 0 * * *"),
+                "cron schedule",
+                "in the second field \"60\"; the second field takes 0-59",
             ),
             (Job::new("r", "* * * *"), "cron schedule", "job \"r\""),
             (Job::new("r", "* * * * * * *"), "cron schedule", "job \"r\""),

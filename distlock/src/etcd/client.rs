@@ -14,7 +14,6 @@ use tokio::time::Instant;
 
 use super::session::Session;
 use super::{errors, recipe, Config, EtcdLocker, Inner, Password, Registry, BACKEND};
-use crate::deadline::bounded;
 use crate::{Error, Result};
 
 impl EtcdLocker {
@@ -26,8 +25,9 @@ impl EtcdLocker {
     ///
     /// [`Error::InvalidInput`] for a config that names no endpoint or is
     /// otherwise unusable (an unreadable `ca_file`), [`Error::Backend`] if
-    /// the cluster cannot be reached or rejects the credentials,
-    /// [`Error::DeadlineExceeded`] if it does not answer within the bound.
+    /// the cluster cannot be reached, rejects the credentials, or does not
+    /// answer within the bound (the message names the cluster,
+    /// `connect_timeout` and `request_timeout`).
     ///
     /// # Cancel safety
     ///
@@ -73,7 +73,7 @@ impl EtcdLocker {
         let bound = config
             .connect_timeout
             .saturating_add(config.request_timeout);
-        let client = bounded(BACKEND, "connect", bound, async {
+        let connecting = async {
             let client = Client::connect(&urls, Some(options))
                 .await
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
@@ -82,7 +82,14 @@ impl EtcdLocker {
                 .await
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
             Ok(client)
-        })
+        };
+        let client = crate::deadline::bounded_connect(
+            BACKEND,
+            &cluster,
+            "connect_timeout= plus request_timeout= in the URL",
+            bound,
+            connecting,
+        )
         .await?;
         Ok(EtcdLocker {
             inner: Arc::new(Inner {

@@ -18,8 +18,72 @@ pub(super) struct Failure {
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.cluster, self.source)
+        write!(f, "{}: {}", self.cluster, describe(&self.source))
     }
+}
+
+/// What to check when a server does not speak etcd's gRPC on that port.
+const NOT_ETCD: &str = "is this an etcd client port (2379)? is TLS needed (etcd+https://)?";
+
+/// `error` in one line saying what to check. etcd-client's own `Display`
+/// for a gRPC status prints tonic's `Debug` of the transport error
+/// (`source: tonic::transport::Error(Transport, hyper::Error(Canceled, ...))`);
+/// the statuses a wrong address or port produce are named here instead,
+/// and any other keeps the status's code and message with the transport
+/// error's own words.
+fn describe(error: &etcd_client::Error) -> String {
+    use tonic::Code;
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return error.to_string();
+    };
+    // The transport failure under the status, in its `Debug` form: the
+    // only form that names hyper's kind (`Canceled`, `KeepAliveTimedOut`).
+    let transport = std::error::Error::source(status)
+        .map(|source| format!("{source:?}"))
+        .unwrap_or_default();
+    let words = causes(status);
+    match status.code() {
+        Code::Cancelled | Code::Unavailable
+            if transport.contains("connection closed") || transport.contains("IncompleteMessage") =>
+        {
+            format!("connection closed during the gRPC handshake: {NOT_ETCD}")
+        }
+        // Bytes that are not HTTP/2 frames (an SSH banner, a Redis
+        // reply) read as a frame of some wrong size or kind.
+        Code::Internal if status.message().starts_with("h2 protocol error") => format!(
+            "the server's answer is not HTTP/2 ({}{words}): {NOT_ETCD}",
+            status.message()
+        ),
+        Code::Unavailable if transport.contains("KeepAliveTimedOut") => {
+            format!("no answer to HTTP/2 keepalive pings: {NOT_ETCD}")
+        }
+        Code::Unavailable if not_sent(error) => format!(
+            "cannot connect ({}{words}): is etcd running there, and is this its client port (2379)?",
+            status.message()
+        ),
+        Code::Unauthenticated => format!(
+            "authentication failed ({}): check the user and password in the URL",
+            status.message()
+        ),
+        Code::PermissionDenied => format!(
+            "permission denied ({}): the etcd user needs read and write on the key prefix",
+            status.message()
+        ),
+        code => format!("{} (gRPC status {code:?}{words})", status.message()),
+    }
+}
+
+/// The `Display` text of `error`'s innermost source after ": " (the OS's
+/// or TLS's words; the layers between repeat the status's message), or
+/// nothing without one.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut innermost = None;
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        innermost = Some(inner);
+        cause = inner.source();
+    }
+    innermost.map_or_else(String::new, |inner| format!(": {inner}"))
 }
 
 impl std::error::Error for Failure {

@@ -165,7 +165,8 @@ impl Session {
             .connect_timeout
             .saturating_add(settings.query_timeout);
         let context = || format!("cannot connect to {}", settings.target);
-        let conn = crate::deadline::bounded(errors::BACKEND, "connect", limit, async {
+        let bound_by = "connect_timeout= plus query_timeout= in the URL";
+        let connecting = async {
             let Some(tls) = &settings.with_tls else {
                 return Conn::new(settings.plain.clone())
                     .await
@@ -190,7 +191,14 @@ impl Session {
                 )),
                 Err(e) => Err(errors::driver("connect", context(), e)),
             }
-        })
+        };
+        let conn = crate::deadline::bounded_connect(
+            errors::BACKEND,
+            &settings.target,
+            bound_by,
+            limit,
+            connecting,
+        )
         .await?;
         let (requests, incoming) = mpsc::unbounded_channel();
         let closed = Arc::new(AtomicBool::new(false));

@@ -21,11 +21,18 @@ pub(super) const BACKEND: &str = "postgres";
 pub(super) struct PgError {
     context: String,
     source: tokio_postgres::Error,
+    /// What to do about it, when the backend knows (after the server's
+    /// words).
+    next_step: Option<String>,
 }
 
 impl fmt::Display for PgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.context, describe(&self.source))
+        write!(f, "{}: {}", self.context, describe(&self.source))?;
+        match &self.next_step {
+            Some(next_step) => write!(f, "; {next_step}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -37,7 +44,7 @@ impl std::error::Error for PgError {
 
 /// The error's own words plus what tokio-postgres keeps in its source: the
 /// server's report, or the I/O or TLS failure underneath.
-fn describe(error: &tokio_postgres::Error) -> String {
+pub(super) fn describe(error: &tokio_postgres::Error) -> String {
     if let Some(db) = error.as_db_error() {
         let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
         if let Some(detail) = db.detail() {
@@ -69,8 +76,34 @@ pub(super) fn backend(
         PgError {
             context: context.into(),
             source,
+            next_step: None,
         },
     )
+}
+
+/// [`backend`], with what to do about it (`next_step`) after the
+/// server's words.
+pub(super) fn backend_with_next_step(
+    operation: &'static str,
+    context: impl Into<String>,
+    source: tokio_postgres::Error,
+    next_step: String,
+) -> Error {
+    Error::backend(
+        BACKEND,
+        operation,
+        PgError {
+            context: context.into(),
+            source,
+            next_step: Some(next_step),
+        },
+    )
+}
+
+/// True for SQLSTATE 42501 (insufficient_privilege): the role may not do
+/// this, such as create a table in a schema without `CREATE` on it.
+pub(super) fn is_insufficient_privilege(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
 }
 
 /// Runs one statement (or a few pipelined ones) of `operation`, bounded by

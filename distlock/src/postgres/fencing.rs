@@ -9,7 +9,7 @@
 
 use tokio_postgres::Client;
 
-use super::errors::{self, is_concurrent_create};
+use super::errors::{self, is_concurrent_create, is_insufficient_privilege};
 pub(super) use crate::inspect::GrantRecord;
 use crate::sql::fencing::{Identifiers, RecordLiterals};
 use crate::Result;
@@ -66,8 +66,26 @@ pub(super) async fn ensure_table(client: &Client, table: &FencingTable) -> Resul
             Ok((true, columns)) => upgrade_table(client, &name, columns).await,
             _ => Err(errors::backend("connect", context(), e)),
         },
+        Err(e) if is_insufficient_privilege(&e) => Err(errors::backend_with_next_step(
+            "connect",
+            context(),
+            e,
+            cannot_create(&name, &create),
+        )),
         Err(e) => Err(errors::backend("connect", context(), e)),
     }
+}
+
+/// What to do when the role may not create the fencing table `name`
+/// (`create` is the statement): Postgres 15 took `CREATE` on schema
+/// `public` from every role, so an application role often cannot.
+fn cannot_create(name: &str, create: &str) -> String {
+    format!(
+        "the role may not create tables in that schema (Postgres 15 and later grant no \
+         CREATE on schema public): have the schema's owner run once `{create}; GRANT SELECT, \
+         INSERT, UPDATE, DELETE ON {name} TO <the role>`, or set fencing_table=<schema>.<table> \
+         to a schema the role may create in, or fencing=off to lock without fencing tokens"
+    )
 }
 
 /// The columns of a grant's record (see [`GrantRecord`]), added after the

@@ -194,8 +194,19 @@ impl Session {
             + settings.query_timeout;
         let connecting = settings.tls.connect(&settings.pg);
         let context = || format!("cannot connect to {}", settings.target);
-        let (client, driver) =
-            errors::within("connect", connect_within, context, connecting).await?;
+        let connecting = async {
+            connecting
+                .await
+                .map_err(|e| errors::backend("connect", context(), e))
+        };
+        let (client, driver) = crate::deadline::bounded_connect(
+            BACKEND,
+            &settings.target,
+            "connect_timeout= in the URL, per host, plus query_timeout=",
+            connect_within,
+            connecting,
+        )
+        .await?;
         let liveness = Arc::new(Liveness::new());
         spawn_driver(
             driver,

@@ -17,7 +17,6 @@ use super::errors::Target;
 use super::keys::KeySpace;
 use super::releases::{ReleaseHub, SubscriberSource};
 use super::{Config, Inner, RedisLocker, BACKEND};
-use crate::deadline::bounded;
 use crate::{Error, Result};
 
 /// How often the connection manager retries a broken connection before the
@@ -54,8 +53,8 @@ impl RedisLocker {
     /// `appendonly yes` under [`Config::require_appendonly`].
     /// [`Error::Backend`] if connecting fails (an authentication
     /// failure says so; for Sentinel, also when no sentinel names a reachable
-    /// master); [`Error::DeadlineExceeded`] if it does not finish within the
-    /// bound.
+    /// master), and also if it does not finish within the bound (the
+    /// message names the server, `connect_timeout` and `response_timeout`).
     ///
     /// # Cancel safety
     ///
@@ -264,11 +263,18 @@ impl Parts {
         &self,
         connecting: impl std::future::Future<Output = redis::RedisResult<C>>,
     ) -> Result<C> {
-        bounded(BACKEND, "connect", self.operation_bound, async {
+        let connecting = async {
             connecting
                 .await
                 .map_err(|e| self.target.error("connect", e, false))
-        })
+        };
+        crate::deadline::bounded_connect(
+            BACKEND,
+            &self.target.endpoint,
+            "connect_timeout= plus response_timeout= in the URL",
+            self.operation_bound,
+            connecting,
+        )
         .await
     }
 

@@ -100,6 +100,18 @@ impl Target {
                  {}) ({err})",
                 super::ACL_RULES
             )
+        } else if err.kind() == ErrorKind::Parse {
+            // redis-rs's parse error is several lines ("Parse error at 1",
+            // "Unexpected `83`"): one line here, the whole error as source.
+            let said = err
+                .to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!(
+                "{endpoint} did not answer as a Redis server ({said}): check the port, and the \
+                 scheme (rediss:// if the server expects TLS)"
+            )
         } else if err.is_timeout() {
             format!(
                 "{endpoint} timed out (connect timeout {:?}, response timeout {:?})",

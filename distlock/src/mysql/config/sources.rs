@@ -39,7 +39,9 @@ sql_config! {
         "connect_timeout", "wait_timeout", "ping_interval", "ssl-mode" | "ssl_mode",
         "ssl-ca" | "ssl_ca",
     ],
-    unknown_parameters_go_to_the_driver: false,
+    // mysql_async's URL options are not passed on: distlock reads the
+    // ones it supports above.
+    driver_parameters: [],
     builder: MysqlLockerBuilder, identifiers: super::super::fencing::MysqlIdentifiers,
     scratch: MysqlLockerBuilder::blank(String::new(), 0),
     settings: super::Settings,

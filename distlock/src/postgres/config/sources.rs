@@ -50,7 +50,14 @@ sql_config! {
         "sslmode", "sslrootcert", "sslcert", "sslkey",
         "connect_timeout", "keepalives_idle", "keepalives_interval", "tcp_user_timeout",
     ],
-    unknown_parameters_go_to_the_driver: true,
+    // tokio-postgres 0.7's own URL parameters (`Config::param` in
+    // tokio-postgres/src/config.rs), less those read above: the URL keeps
+    // them for the driver; any other name is refused, naming it.
+    driver_parameters: [
+        "user", "password", "dbname", "options", "application_name", "sslnegotiation",
+        "host", "hostaddr", "port", "keepalives", "keepalives_retries",
+        "target_session_attrs", "channel_binding", "load_balance_hosts",
+    ],
     builder: PostgresLockerBuilder, identifiers: super::super::fencing::PostgresIdentifiers,
     scratch: PostgresLockerBuilder::from_config(tokio_postgres::Config::new()),
     settings: super::Settings,
@@ -66,8 +73,10 @@ impl Config {
     /// cannot read (never echoed: it may hold a password).
     pub fn builder(&self) -> Result<PostgresLockerBuilder> {
         let url = self.0.url()?;
-        let pg = tokio_postgres::Config::from_str(url)
-            .map_err(|e| Error::invalid("url", format!("not a valid Postgres URL: {e}")))?;
+        let pg = tokio_postgres::Config::from_str(url).map_err(|e| {
+            let reason = super::super::errors::describe(&e);
+            Error::invalid("url", format!("not a valid Postgres URL: {reason}"))
+        })?;
         let mut builder = PostgresLockerBuilder::from_config(pg);
         if let Some(password) = self.0.password() {
             builder.pg.password(password.expose());

@@ -312,6 +312,34 @@ fn units_and_older_spellings_are_accepted() {
 }
 
 #[test]
+fn an_unknown_parameter_is_named_with_distlocks_and_the_drivers() {
+    let err = settings("postgres://u:hunter2@h/d?application_name=x&bogus=1").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "invalid url: unknown parameter \"bogus\"; known: key_prefix (or prefix, namespace), "
+        ),
+        "{text}"
+    );
+    // distlock's own, then tokio-postgres', which stay in the URL for it.
+    assert!(
+        text.contains(", tcp_user_timeout, user, password, dbname, "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(", channel_binding, load_balance_hosts"),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+    // A driver parameter with a bad value: tokio-postgres' reason, named.
+    let err = settings("postgres://u@h/d?target_session_attrs=sometimes").unwrap_err();
+    assert!(
+        err.to_string().contains("not a valid Postgres URL: invalid connection string: invalid value for option `target_session_attrs`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn every_url_parameter_is_in_the_readme() {
     crate::config::assert_in_readme("Postgres", sources::PARAMETERS);
 }
