@@ -305,6 +305,7 @@ mod errors;
 mod inspect;
 mod marks;
 mod recipe;
+mod refresh;
 mod session;
 
 pub use config::{
@@ -317,10 +318,6 @@ use recipe::{Kind, Token};
 use session::{Registry, Session};
 
 const BACKEND: &str = "zookeeper";
-
-/// How many refreshes of one [`Locker::refresh_many`] batch are on their
-/// way at once: zookeeper-client pipelines them on its one connection.
-const REFRESHES_IN_FLIGHT: usize = 1024;
 
 /// The ZooKeeper backend. Cheap to clone; clones share the session and the
 /// registry of held locks.
@@ -439,38 +436,16 @@ impl ZooKeeperLocker {
         format!("{}/{}", self.backend_key(key), token.node)
     }
 
-    /// Whether `owner`'s node of `key` still holds: it exists with the
-    /// token's czxid, and (when this locker granted it) is owned by the
-    /// session it was granted on.
-    async fn still_held(&self, key: &str, owner: &str) -> Result<bool> {
-        let Some(token) = Token::parse(owner) else {
-            return Ok(false);
-        };
-        let holding = self.inner.registry.session_of(owner);
-        if holding.as_ref().is_some_and(|s| s.is_closed()) {
-            return Ok(false);
+    /// A refresh's answer once `held` says whether the node still holds:
+    /// a lease found gone is forgotten and its lost signal fired.
+    fn refreshed(&self, key: &str, owner: &str, held: Result<bool>) -> Result<()> {
+        let held = held?;
+        if !held {
+            if let Some(gone) = self.inner.registry.take(owner) {
+                gone.lost.notify(crate::LostReason::NotHeld);
+            }
         }
-        let session = match &holding {
-            Some(session) => session.clone(),
-            None => self.inner.session().await?,
-        };
-        let Some(client) = session.client() else {
-            return Ok(false);
-        };
-        let stat = self
-            .inner
-            .request(
-                "refresh",
-                false,
-                client.check_stat(&self.node_of(key, &token)),
-            )
-            .await?;
-        Ok(stat.is_some_and(|stat| {
-            stat.czxid == token.czxid
-                && holding
-                    .as_ref()
-                    .is_none_or(|session| stat.ephemeral_owner == session.id)
-        }))
+        Error::unless_held(key, held)
     }
 }
 
@@ -613,30 +588,21 @@ impl Locker for ZooKeeperLocker {
     /// must match (see the [module docs](self)). The ttl is only validated.
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let held = self.still_held(key, owner).await?;
-        if !held {
-            if let Some(gone) = self.inner.registry.take(owner) {
-                gone.lost.notify(crate::LostReason::NotHeld);
-            }
-        }
-        Error::unless_held(key, held)
+        let held = self.still_held(key, owner).await;
+        self.refreshed(key, owner, held)
     }
 
-    /// Every refresh at once (up to 1,024 in flight), pipelined on the
-    /// session's one connection: 100,000 held leases cost about 100
-    /// round-trip times per keepalive round, not 100,000.
+    /// The same checks as [`refresh`](Locker::refresh), as multi reads: one
+    /// request per 1,000 leases (fewer per request when their paths are
+    /// long), so a keepalive batch is one request (see `refresh.rs`). A
+    /// multi read that fails is that error for each of its leases.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let mut answers = Vec::with_capacity(requests.len());
-        for chunk in requests.chunks(REFRESHES_IN_FLIGHT) {
-            let answered = futures_util::future::join_all(
-                chunk
-                    .iter()
-                    .map(|request| self.refresh(request.key, request.owner, request.ttl)),
-            )
-            .await;
-            answers.extend(answered);
-        }
-        answers
+        let held = self.held_many(requests).await;
+        requests
+            .iter()
+            .zip(held)
+            .map(|(request, held)| self.refreshed(request.key, request.owner, held))
+            .collect()
     }
 
     /// Deletes `key`'s lock path if it has no contender (fencing tokens are

@@ -1,0 +1,275 @@
+//! Refreshes: checking that holder nodes still hold, one `exists` for a
+//! single [`Locker::refresh`](crate::Locker::refresh), one multi read per
+//! chunk of a [`Locker::refresh_many`](crate::Locker::refresh_many) batch.
+//!
+//! A lease lives on its session, so a refresh extends nothing: it only
+//! finds out whether the holder's node was deleted (force-released) or
+//! replaced. Both paths decide what to read with [`ZooKeeperLocker::check_of`]
+//! and judge what they read with [`Read::holds`], so they answer alike.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use zookeeper_client::{self as zk, MultiReadResult};
+
+use super::recipe::Token;
+use super::session::Session;
+use super::{errors, ZooKeeperLocker};
+use crate::{validate, RefreshRequest, Result};
+
+/// The most holder nodes one multi read checks: the keepalive's largest
+/// batch (1,000, `MAX_BATCH` in `lease/keepalive/scheduler.rs`), so a
+/// keepalive batch is one request. With the default key prefix and keys of
+/// about 20 bytes a check is about 100 bytes of request (under 100 KiB for
+/// 1,000) and about 230 bytes of answer with the holder record, so the
+/// server spends about a millisecond on one multi read, not longer.
+pub(super) const CHECKS_PER_READ: usize = 1000;
+
+/// The most bytes of request one multi read carries. ZooKeeper refuses a
+/// request longer than `jute.maxbuffer` (1 MiB − 1 by default; the server
+/// closes the connection: `NIOServerCnxn.readLength`, "Len error"), so a
+/// chunk also ends before this, half of that default: with keys of the
+/// maximum length (1,024 bytes, 3,072 escaped) a chunk is about 160 checks.
+const READ_BYTES: usize = 512 * 1024;
+
+/// Bytes of a multi read beyond its checks: the length prefix, the request
+/// header (xid and op code) and the closing multi header.
+const READ_OVERHEAD: usize = 4 + 8 + 9;
+
+/// Bytes of one check beyond its path: its multi header (op code, done
+/// flag, error code), the path's length prefix and the watch flag.
+const CHECK_OVERHEAD: usize = 9 + 4 + 1;
+
+/// How many multi reads of one batch are on their way at once: a batch of
+/// more than [`CHECKS_PER_READ`] leases (a direct `refresh_many` call; the
+/// keepalive sends at most that many) is pipelined on the session's
+/// connection without queueing all of it.
+const READS_IN_FLIGHT: usize = 4;
+
+/// What a refresh of one lease needs to know before asking the server.
+pub(super) enum Check {
+    /// Answered without a request: `false` for an owner token that is not
+    /// ours, or a lease whose session has ended (its node went with it).
+    Settled(bool),
+    /// Read the holder node.
+    Read(Read),
+}
+
+/// One holder node to read, and what it must be to still hold.
+pub(super) struct Read {
+    /// The session to read on: the one the lease was granted on, or the
+    /// locker's current one for an owner token from elsewhere.
+    pub(super) session: Arc<Session>,
+    /// The holder node's path.
+    pub(super) path: String,
+    /// The node's czxid when granted (the owner token's).
+    czxid: i64,
+    /// The session that must own the node, when this locker granted it
+    /// (CURATOR-696: a node of an earlier session is not ours).
+    owner_session: Option<i64>,
+}
+
+impl Read {
+    /// Whether the node read (`None`: it does not exist) still holds: the
+    /// same node (its czxid), owned by the granting session.
+    pub(super) fn holds(&self, stat: Option<&zk::Stat>) -> bool {
+        stat.is_some_and(|stat| {
+            stat.czxid == self.czxid
+                && self
+                    .owner_session
+                    .is_none_or(|session| stat.ephemeral_owner == session)
+        })
+    }
+}
+
+impl ZooKeeperLocker {
+    /// What checking `owner`'s hold of `key` takes.
+    ///
+    /// # Errors
+    ///
+    /// As opening a session, when this locker did not grant the lease and
+    /// has no session yet.
+    pub(super) async fn check_of(&self, key: &str, owner: &str) -> Result<Check> {
+        let Some(token) = Token::parse(owner) else {
+            return Ok(Check::Settled(false));
+        };
+        let holding = self.inner.registry.session_of(owner);
+        let owner_session = holding.as_ref().map(|session| session.id);
+        let session = match holding {
+            Some(session) if session.is_closed() => return Ok(Check::Settled(false)),
+            Some(session) => session,
+            None => self.inner.session().await?,
+        };
+        Ok(Check::Read(Read {
+            path: self.node_of(key, &token),
+            czxid: token.czxid,
+            owner_session,
+            session,
+        }))
+    }
+
+    /// Whether `owner`'s node of `key` still holds: one `exists` (see
+    /// [`Read::holds`]).
+    pub(super) async fn still_held(&self, key: &str, owner: &str) -> Result<bool> {
+        match self.check_of(key, owner).await? {
+            Check::Settled(held) => Ok(held),
+            Check::Read(read) => self.exists_holds(&read).await,
+        }
+    }
+
+    /// One `exists` of `read`'s node.
+    async fn exists_holds(&self, read: &Read) -> Result<bool> {
+        let Some(client) = read.session.client() else {
+            return Ok(false);
+        };
+        let stat = self
+            .inner
+            .request("refresh", false, client.check_stat(&read.path))
+            .await?;
+        Ok(read.holds(stat.as_ref()))
+    }
+
+    /// [`still_held`](Self::still_held) of every request (its key and ttl
+    /// validated first), in order, reading the nodes in multi reads of up
+    /// to [`CHECKS_PER_READ`] (fewer when their paths pass [`READ_BYTES`]),
+    /// one per session the leases live on. A multi read that fails is that
+    /// error for each of its leases; a check within it that fails other
+    /// than with `NoNode` is done again on its own, as an `exists` (which
+    /// needs no read permission on the node, as `getData` does).
+    pub(super) async fn held_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<bool>> {
+        let mut answers: Vec<Option<Result<bool>>> = Vec::with_capacity(requests.len());
+        let mut reads: Vec<(usize, Read)> = Vec::new();
+        for (index, request) in requests.iter().enumerate() {
+            let check = match validate::acquire(request.key, request.ttl) {
+                Ok(()) => self.check_of(request.key, request.owner).await,
+                Err(error) => Err(error),
+            };
+            answers.push(match check {
+                Ok(Check::Settled(held)) => Some(Ok(held)),
+                Ok(Check::Read(read)) => {
+                    reads.push((index, read));
+                    None
+                }
+                Err(error) => Some(Err(error)),
+            });
+        }
+        // One session per multi read; the sort is stable, so each chunk
+        // keeps the batch's order.
+        reads.sort_by_key(|(_, read)| read.session.id);
+        let chunks = self.chunks(reads);
+        let mut done = futures_util::stream::iter(chunks)
+            .map(|chunk| self.read_chunk(chunk))
+            .buffer_unordered(READS_IN_FLIGHT);
+        while let Some(read) = done.next().await {
+            for (index, answer) in read {
+                if let Some(slot) = answers.get_mut(index) {
+                    *slot = Some(answer);
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(errors::plain(
+                        "refresh",
+                        "a refresh of the batch got no answer (a bug)".to_owned(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// `reads` (sorted by session) cut into chunks of one session, at most
+    /// [`CHECKS_PER_READ`] checks and [`READ_BYTES`] of request each.
+    fn chunks(&self, reads: Vec<(usize, Read)>) -> Vec<Vec<(usize, Read)>> {
+        let chroot = self.inner.chroot.as_deref().map_or(0, str::len);
+        let mut chunks: Vec<Vec<(usize, Read)>> = Vec::new();
+        let mut bytes = 0;
+        for (index, read) in reads {
+            let size = CHECK_OVERHEAD + chroot + read.path.len();
+            let fits = chunks.last().is_some_and(|chunk| {
+                chunk.len() < CHECKS_PER_READ
+                    && bytes + size <= READ_BYTES
+                    && chunk
+                        .first()
+                        .is_some_and(|(_, first)| first.session.id == read.session.id)
+            });
+            if !fits {
+                chunks.push(Vec::new());
+                bytes = READ_OVERHEAD;
+            }
+            bytes += size;
+            if let Some(chunk) = chunks.last_mut() {
+                chunk.push((index, read));
+            }
+        }
+        chunks
+    }
+
+    /// One multi read of `chunk`'s nodes (`getData`: the only read a multi
+    /// read has that answers a node's stat), each judged by [`Read::holds`].
+    async fn read_chunk(&self, chunk: Vec<(usize, Read)>) -> Vec<(usize, Result<bool>)> {
+        let Some(client) = chunk.first().and_then(|(_, read)| read.session.client()) else {
+            // The session ended: so did its nodes.
+            return chunk
+                .into_iter()
+                .map(|(index, _)| (index, Ok(false)))
+                .collect();
+        };
+        let mut reader = client.new_multi_reader();
+        let mut answers = Vec::with_capacity(chunk.len());
+        let mut sent = Vec::with_capacity(chunk.len());
+        for (index, read) in chunk {
+            match reader.add_get_data(&read.path) {
+                Ok(()) => sent.push((index, read)),
+                // A path the client refuses: as `exists` would be.
+                Err(error) => answers.push((
+                    index,
+                    Err(errors::backend(
+                        &self.inner.ensemble,
+                        "refresh",
+                        error,
+                        false,
+                    )),
+                )),
+            }
+        }
+        if sent.is_empty() {
+            return answers;
+        }
+        let results = match self.inner.request("refresh", false, reader.commit()).await {
+            Ok(results) if results.len() == sent.len() => results,
+            Ok(results) => {
+                let error = errors::plain(
+                    "refresh",
+                    format!(
+                        "a multi read of {} nodes got {} answers",
+                        sent.len(),
+                        results.len()
+                    ),
+                );
+                answers.extend(sent.into_iter().map(|(i, _)| (i, Err(error.duplicate()))));
+                return answers;
+            }
+            Err(error) => {
+                answers.extend(sent.into_iter().map(|(i, _)| (i, Err(error.duplicate()))));
+                return answers;
+            }
+        };
+        for ((index, read), result) in sent.into_iter().zip(results) {
+            let held = match result {
+                MultiReadResult::Data { stat, .. } => Ok(read.holds(Some(&stat))),
+                MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } => Ok(read.holds(None)),
+                // Refused (`NoAuth`: `getData` needs read permission,
+                // `exists` does not) or unexpected: ask as a single
+                // refresh does.
+                _ => self.exists_holds(&read).await,
+            };
+            answers.push((index, held));
+        }
+        answers
+    }
+}
