@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use zookeeper_client::{self as zk, MultiReadResult};
 
 use super::recipe::Token;
@@ -17,12 +16,14 @@ use super::session::Session;
 use super::{errors, ZooKeeperLocker};
 use crate::{validate, RefreshRequest, Result};
 
-/// The most holder nodes one multi read checks: the keepalive's largest
-/// batch (1,000, `MAX_BATCH` in `lease/keepalive/scheduler.rs`), so a
-/// keepalive batch is one request. With the default key prefix and keys of
-/// about 20 bytes a check is about 100 bytes of request (under 100 KiB for
-/// 1,000) and about 230 bytes of answer with the holder record, so the
-/// server spends about a millisecond on one multi read, not longer.
+/// The most holder nodes one multi read checks. With the default key
+/// prefix and keys of about 20 bytes a check is about 100 bytes of request
+/// (under 100 KiB for 1,000) and about 230 bytes of answer with the holder
+/// record: a request and an answer of a few hundred kilobytes at most, as
+/// the keepalive's batches on expiring backends (`MAX_BATCH` in
+/// `lease/keepalive/scheduler.rs`, also 1,000), which one ZooKeeper
+/// request thread answers in a few milliseconds without holding up the
+/// session's other requests for long.
 pub(super) const CHECKS_PER_READ: usize = 1000;
 
 /// The most bytes of request one multi read carries. ZooKeeper refuses a
@@ -40,10 +41,10 @@ const READ_OVERHEAD: usize = 4 + 8 + 9;
 /// flag, error code), the path's length prefix and the watch flag.
 const CHECK_OVERHEAD: usize = 9 + 4 + 1;
 
-/// How many multi reads of one batch are on their way at once: a batch of
-/// more than [`CHECKS_PER_READ`] leases (a direct `refresh_many` call; the
-/// keepalive sends at most that many) is pipelined on the session's
-/// connection without queueing all of it.
+/// How many full multi reads of one batch are on their way at once,
+/// pipelined on the session's connection: enough to keep the server busy
+/// between answers, few enough that a batch of 100,000 leases does not
+/// queue 10 MB of requests ahead of every other call of the locker.
 const READS_IN_FLIGHT: usize = 4;
 
 /// What a refresh of one lease needs to know before asking the server.
@@ -136,7 +137,22 @@ impl ZooKeeperLocker {
     /// error for each of its leases; a check within it that fails other
     /// than with `NoNode` is done again on its own, as an `exists` (which
     /// needs no read permission on the node, as `getData` does).
+    ///
+    /// The keepalive's batches of locks that do not expire have no size
+    /// limit (all of 100,000 leases can fall due together), so the requests
+    /// are taken a window of [`READS_IN_FLIGHT`] full reads at a time: the
+    /// paths built for them are a window's, not the batch's.
     pub(super) async fn held_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<bool>> {
+        let mut answers: Vec<Result<bool>> = Vec::with_capacity(requests.len());
+        for window in requests.chunks(CHECKS_PER_READ * READS_IN_FLIGHT) {
+            answers.extend(self.held_window(window).await);
+        }
+        answers
+    }
+
+    /// [`held_many`](Self::held_many) of one window, its reads on their
+    /// way together.
+    async fn held_window(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<bool>> {
         let mut answers: Vec<Option<Result<bool>>> = Vec::with_capacity(requests.len());
         let mut reads: Vec<(usize, Read)> = Vec::new();
         for (index, request) in requests.iter().enumerate() {
@@ -156,15 +172,15 @@ impl ZooKeeperLocker {
         // One session per multi read; the sort is stable, so each chunk
         // keeps the batch's order.
         reads.sort_by_key(|(_, read)| read.session.id);
-        let chunks = self.chunks(reads);
-        let mut done = futures_util::stream::iter(chunks)
-            .map(|chunk| self.read_chunk(chunk))
-            .buffer_unordered(READS_IN_FLIGHT);
-        while let Some(read) = done.next().await {
-            for (index, answer) in read {
-                if let Some(slot) = answers.get_mut(index) {
-                    *slot = Some(answer);
-                }
+        let read = futures_util::future::join_all(
+            self.chunks(reads)
+                .into_iter()
+                .map(|chunk| self.read_chunk(chunk)),
+        )
+        .await;
+        for (index, answer) in read.into_iter().flatten() {
+            if let Some(slot) = answers.get_mut(index) {
+                *slot = Some(answer);
             }
         }
         answers
