@@ -27,10 +27,13 @@ use crate::{validate, RefreshRequest, Result};
 pub(super) const CHECKS_PER_READ: usize = 1000;
 
 /// The most bytes of request one multi read carries. ZooKeeper refuses a
-/// request longer than `jute.maxbuffer` (1 MiB − 1 by default; the server
-/// closes the connection: `NIOServerCnxn.readLength`, "Len error"), so a
-/// chunk also ends before this, half of that default: with keys of the
-/// maximum length (1,024 bytes, 3,072 escaped) a chunk is about 160 checks.
+/// request longer than `jute.maxbuffer` (0xfffff, 1 MiB − 1, by default:
+/// <https://zookeeper.apache.org/doc/r3.8.0/zookeeperAdmin.html>) by
+/// closing the connection ("Len error" in `NIOServerCnxn.readLength`,
+/// <https://github.com/apache/zookeeper/blob/release-3.8.0/zookeeper-server/src/main/java/org/apache/zookeeper/server/NIOServerCnxn.java>),
+/// which would fail every request on it, so a chunk also ends before this,
+/// half of that default: with keys of the maximum length (1,024 bytes,
+/// 3,072 escaped) a chunk is about 160 checks.
 const READ_BYTES: usize = 512 * 1024;
 
 /// Bytes of a multi read beyond its checks: the length prefix, the request
@@ -224,7 +227,10 @@ impl ZooKeeperLocker {
     }
 
     /// One multi read of `chunk`'s nodes (`getData`: the only read a multi
-    /// read has that answers a node's stat), each judged by [`Read::holds`].
+    /// read has that answers a node's stat; zookeeper-client 0.11's
+    /// `MultiReader::add_get_data`, which reports a missing node as its
+    /// `MultiReadResult::Error`, not the whole request's error), each judged
+    /// by [`Read::holds`].
     async fn read_chunk(&self, chunk: Vec<(usize, Read)>) -> Vec<(usize, Result<bool>)> {
         let Some(client) = chunk.first().and_then(|(_, read)| read.session.client()) else {
             // The session ended: so did its nodes.
