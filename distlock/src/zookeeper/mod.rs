@@ -111,17 +111,21 @@
 //!   validated: a refresh extends nothing, it only finds a lost lock.
 //! - **What the keepalive costs.** [`Locker::refresh_many`] (the
 //!   keepalive's batch) makes the same checks as multi reads (`getData` of
-//!   each holder node, ZooKeeper 3.6+): one request per 1,000 leases, fewer
-//!   per request when their paths are long (a request stays under 512 KiB,
-//!   half of ZooKeeper's default `jute.maxbuffer`), up to four on their
-//!   way at once. The keepalive refreshes a lease every third of its ttl
+//!   each holder node): one request per 1,000 leases, fewer per request
+//!   when their paths are long (a request stays under 512 KiB, half of
+//!   ZooKeeper's default `jute.maxbuffer`), up to four on their way at
+//!   once. The keepalive refreshes a lease every third of its ttl
 //!   (gathering those due within half of that into one batch), so 100,000
 //!   leases held with ttl 30 s cost 100 requests per 10 s, about 10
 //!   requests/s (each answer about 230 bytes a lease with the holder
-//!   record), not 10,000. A multi read that fails (connection lost, no answer within the
-//!   request timeout) is that error for each of its leases, which keep
-//!   their lock; a check refused on its own (`NoAuth`: `getData` needs
-//!   read permission, `exists` does not) is done again as an `exists`.
+//!   record), not 10,000. A multi read that fails (connection lost, no
+//!   answer within the request timeout) is that error for each of its
+//!   leases, which keep their lock; a check refused on its own (`NoAuth`:
+//!   `getData` needs read permission, `exists` does not) is done again as
+//!   an `exists`. Multi reads came in ZooKeeper 3.6: a 3.5 server answers
+//!   one `Unimplemented` (and drops that connection; the session lives
+//!   on), after which the locker checks one `exists` per lease (not tested
+//!   here: the tests run 3.8).
 //! - **Contention vs outage**: a held lock is `Ok(None)`; an unreachable
 //!   ensemble or one without quorum is [`Error::Backend`] or
 //!   [`Error::DeadlineExceeded`], never contention. A [`Locker::lock`]
@@ -366,6 +370,9 @@ struct Inner {
     registry: Arc<Registry>,
     /// Grants write their holder record as their node's data.
     holder_record: bool,
+    /// The ensemble answered a multi read `Unimplemented` (ZooKeeper before
+    /// 3.6): refreshes are single `exists` from then on.
+    no_multi_read: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for ZooKeeperLocker {

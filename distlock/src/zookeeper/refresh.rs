@@ -7,6 +7,7 @@
 //! replaced. Both paths decide what to read with [`ZooKeeperLocker::check_of`]
 //! and judge what they read with [`Read::holds`], so they answer alike.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use zookeeper_client::{self as zk, MultiReadResult};
@@ -199,6 +200,17 @@ impl ZooKeeperLocker {
             .collect()
     }
 
+    /// One `exists` for each of `reads`, all on their way at once (a
+    /// chunk: at most [`CHECKS_PER_READ`]).
+    async fn exists_each(&self, reads: Vec<(usize, Read)>) -> Vec<(usize, Result<bool>)> {
+        futures_util::future::join_all(
+            reads
+                .iter()
+                .map(|(index, read)| async move { (*index, self.exists_holds(read).await) }),
+        )
+        .await
+    }
+
     /// `reads` (sorted by session) cut into chunks of one session, at most
     /// [`CHECKS_PER_READ`] checks and [`READ_BYTES`] of request each.
     fn chunks(&self, reads: Vec<(usize, Read)>) -> Vec<Vec<(usize, Read)>> {
@@ -239,6 +251,9 @@ impl ZooKeeperLocker {
                 .map(|(index, _)| (index, Ok(false)))
                 .collect();
         };
+        if self.inner.no_multi_read.load(Ordering::Relaxed) {
+            return self.exists_each(chunk).await;
+        }
         let mut reader = client.new_multi_reader();
         let mut answers = Vec::with_capacity(chunk.len());
         let mut sent = Vec::with_capacity(chunk.len());
@@ -260,7 +275,23 @@ impl ZooKeeperLocker {
         if sent.is_empty() {
             return answers;
         }
-        let results = match self.inner.request("refresh", false, reader.commit()).await {
+        let answer = self.inner.call(reader.commit()).await;
+        if matches!(answer, Some(Err(zk::Error::Unimplemented))) {
+            // ZooKeeper 3.5 has no multi read (it came in 3.6): its
+            // `UnimplementedRequestProcessor` answers `Unimplemented` and
+            // closes the connection (the session lives on). Check these
+            // and every later batch one `exists` per lease.
+            self.inner.no_multi_read.store(true, Ordering::Relaxed);
+            tracing::info!(
+                component = "distlock",
+                backend = super::BACKEND,
+                ensemble = self.inner.ensemble,
+                "the ZooKeeper ensemble has no multi read (before 3.6); refreshes are one request per lease"
+            );
+            answers.extend(self.exists_each(sent).await);
+            return answers;
+        }
+        let results = match self.inner.answered("refresh", false, answer) {
             Ok(results) if results.len() == sent.len() => results,
             Ok(results) => {
                 let error = errors::plain(
@@ -293,5 +324,71 @@ impl ZooKeeperLocker {
             answers.push((index, held));
         }
         answers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use test_servers::ZooKeeperServer;
+
+    use crate::inspect::ForceRelease;
+    use crate::zookeeper::ZooKeeperLocker;
+    use crate::{Error, Locker, RefreshRequest};
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    /// Without multi reads (an ensemble before 3.6), a batch is one
+    /// `exists` per lease with the same answers: the force-released lease
+    /// NotHeld, the others held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_multi_reads_a_batch_is_one_exists_per_lease_with_the_same_answers() {
+        let server = ZooKeeperServer::start();
+        let locker = ZooKeeperLocker::from_url(&format!("{}?session_timeout=60s", server.url()))
+            .await
+            .unwrap();
+        locker.inner.no_multi_read.store(true, Ordering::Relaxed);
+        let mut leases = Vec::new();
+        for i in 0..5 {
+            let key = format!("old-{i}");
+            leases.push(locker.try_lock(&key, TTL).await.unwrap().expect("free"));
+        }
+        locker
+            .force_release(leases[3].key(), ForceRelease::Lock)
+            .await
+            .unwrap()
+            .expect("held");
+        let batch: Vec<RefreshRequest<'_>> = leases
+            .iter()
+            .map(|lease| RefreshRequest {
+                key: lease.key(),
+                owner: lease.owner(),
+                ttl: TTL,
+            })
+            .collect();
+        let packets = || {
+            let mntr = server.four_letter_word("mntr");
+            mntr.lines()
+                .find_map(|line| line.strip_prefix("zk_packets_received"))
+                .and_then(|count| count.trim().parse::<u64>().ok())
+                .expect("zk_packets_received")
+        };
+        let before = packets();
+        let results = locker.refresh_many(&batch).await;
+        // Less the `mntr`'s own packet.
+        let sent = packets() - before - 1;
+        assert!(
+            (5..=6).contains(&sent),
+            "one exists per lease (a ping may join): {sent}"
+        );
+        for (i, result) in results.iter().enumerate() {
+            match (i, result) {
+                (3, Err(Error::NotHeld { .. })) | (0..=2 | 4, Ok(())) => {}
+                other => panic!("lease {i}: {other:?}"),
+            }
+        }
+        locker.close().await;
     }
 }
