@@ -2,6 +2,7 @@
 //! through (each bounded by the request timeout), and creating lock paths.
 
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +66,7 @@ impl ZooKeeperLocker {
             session: tokio::sync::Mutex::new(None),
             registry: Arc::new(Registry::default()),
             holder_record: config.holder_record,
+            no_multi_read: AtomicBool::new(false),
         });
         inner.session().await?;
         Ok(ZooKeeperLocker { inner })
@@ -205,7 +207,18 @@ impl Inner {
         writes: bool,
         call: impl Future<Output = std::result::Result<T, zk::Error>>,
     ) -> Result<T> {
-        match self.call(call).await {
+        self.answered(operation, writes, self.call(call).await)
+    }
+
+    /// What [`call`](Self::call) answered, as [`request`](Self::request)
+    /// reports it: for a caller that looks at the raw error first.
+    pub(super) fn answered<T>(
+        &self,
+        operation: &'static str,
+        writes: bool,
+        answer: Option<std::result::Result<T, zk::Error>>,
+    ) -> Result<T> {
+        match answer {
             Some(Ok(value)) => Ok(value),
             Some(Err(error)) => Err(errors::backend(&self.ensemble, operation, error, writes)),
             None => Err(errors::deadline(operation, self.request_timeout)),

@@ -104,12 +104,28 @@
 //!   the session the lease was granted on: [`Locker::refresh`] checks it
 //!   (and the czxid), and a node found again after a lost create answer is
 //!   checked the same way.
-//! - **Refresh** ([`Locker::refresh`], and so the keepalive) confirms in one
-//!   request that the holder's node exists with its czxid and is owned by
-//!   the holding session: [`Error::NotHeld`] once it is not. The `ttl`
-//!   argument is only validated. [`Locker::refresh_many`] sends every
-//!   check at once (zookeeper-client pipelines requests on its one
-//!   connection).
+//! - **Refresh** ([`Locker::refresh`]) confirms in one request (an
+//!   `exists`) that the holder's node exists with its czxid and is owned
+//!   by the holding session: [`Error::NotHeld`] once it is not (deleted by
+//!   a forced release, or another node). The `ttl` argument is only
+//!   validated: a refresh extends nothing, it only finds a lost lock.
+//! - **What the keepalive costs.** [`Locker::refresh_many`] (the
+//!   keepalive's batch) makes the same checks as multi reads (`getData` of
+//!   each holder node): one request per 1,000 leases, fewer per request
+//!   when their paths are long (a request stays under 512 KiB, half of
+//!   ZooKeeper's default `jute.maxbuffer`), up to four on their way at
+//!   once. The keepalive refreshes a lease every third of its ttl
+//!   (gathering those due within half of that into one batch), so 100,000
+//!   leases held with ttl 30 s cost 100 requests per 10 s, about 10
+//!   requests/s (each answer about 230 bytes a lease with the holder
+//!   record), not 10,000. A multi read that fails (connection lost, no
+//!   answer within the request timeout) is that error for each of its
+//!   leases, which keep their lock; a check refused on its own (`NoAuth`:
+//!   `getData` needs read permission, `exists` does not) is done again as
+//!   an `exists`. Multi reads came in ZooKeeper 3.6: a 3.5 server answers
+//!   one `Unimplemented` (and drops that connection; the session lives
+//!   on), after which the locker checks one `exists` per lease (not tested
+//!   here: the tests run 3.8).
 //! - **Contention vs outage**: a held lock is `Ok(None)`; an unreachable
 //!   ensemble or one without quorum is [`Error::Backend`] or
 //!   [`Error::DeadlineExceeded`], never contention. A [`Locker::lock`]
@@ -305,6 +321,7 @@ mod errors;
 mod inspect;
 mod marks;
 mod recipe;
+mod refresh;
 mod session;
 
 pub use config::{
@@ -317,10 +334,6 @@ use recipe::{Kind, Token};
 use session::{Registry, Session};
 
 const BACKEND: &str = "zookeeper";
-
-/// How many refreshes of one [`Locker::refresh_many`] batch are on their
-/// way at once: zookeeper-client pipelines them on its one connection.
-const REFRESHES_IN_FLIGHT: usize = 1024;
 
 /// The ZooKeeper backend. Cheap to clone; clones share the session and the
 /// registry of held locks.
@@ -357,6 +370,9 @@ struct Inner {
     registry: Arc<Registry>,
     /// Grants write their holder record as their node's data.
     holder_record: bool,
+    /// The ensemble answered a multi read `Unimplemented` (ZooKeeper before
+    /// 3.6): refreshes are single `exists` from then on.
+    no_multi_read: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for ZooKeeperLocker {
@@ -439,38 +455,16 @@ impl ZooKeeperLocker {
         format!("{}/{}", self.backend_key(key), token.node)
     }
 
-    /// Whether `owner`'s node of `key` still holds: it exists with the
-    /// token's czxid, and (when this locker granted it) is owned by the
-    /// session it was granted on.
-    async fn still_held(&self, key: &str, owner: &str) -> Result<bool> {
-        let Some(token) = Token::parse(owner) else {
-            return Ok(false);
-        };
-        let holding = self.inner.registry.session_of(owner);
-        if holding.as_ref().is_some_and(|s| s.is_closed()) {
-            return Ok(false);
+    /// A refresh's answer once `held` says whether the node still holds:
+    /// a lease found gone is forgotten and its lost signal fired.
+    fn refreshed(&self, key: &str, owner: &str, held: Result<bool>) -> Result<()> {
+        let held = held?;
+        if !held {
+            if let Some(gone) = self.inner.registry.take(owner) {
+                gone.lost.notify(crate::LostReason::NotHeld);
+            }
         }
-        let session = match &holding {
-            Some(session) => session.clone(),
-            None => self.inner.session().await?,
-        };
-        let Some(client) = session.client() else {
-            return Ok(false);
-        };
-        let stat = self
-            .inner
-            .request(
-                "refresh",
-                false,
-                client.check_stat(&self.node_of(key, &token)),
-            )
-            .await?;
-        Ok(stat.is_some_and(|stat| {
-            stat.czxid == token.czxid
-                && holding
-                    .as_ref()
-                    .is_none_or(|session| stat.ephemeral_owner == session.id)
-        }))
+        Error::unless_held(key, held)
     }
 }
 
@@ -613,30 +607,21 @@ impl Locker for ZooKeeperLocker {
     /// must match (see the [module docs](self)). The ttl is only validated.
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
         validate::acquire(key, ttl)?;
-        let held = self.still_held(key, owner).await?;
-        if !held {
-            if let Some(gone) = self.inner.registry.take(owner) {
-                gone.lost.notify(crate::LostReason::NotHeld);
-            }
-        }
-        Error::unless_held(key, held)
+        let held = self.still_held(key, owner).await;
+        self.refreshed(key, owner, held)
     }
 
-    /// Every refresh at once (up to 1,024 in flight), pipelined on the
-    /// session's one connection: 100,000 held leases cost about 100
-    /// round-trip times per keepalive round, not 100,000.
+    /// The same checks as [`refresh`](Locker::refresh), as multi reads: one
+    /// request per 1,000 leases (fewer per request when their paths are
+    /// long), so a keepalive batch is one request (see `refresh.rs`). A
+    /// multi read that fails is that error for each of its leases.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let mut answers = Vec::with_capacity(requests.len());
-        for chunk in requests.chunks(REFRESHES_IN_FLIGHT) {
-            let answered = futures_util::future::join_all(
-                chunk
-                    .iter()
-                    .map(|request| self.refresh(request.key, request.owner, request.ttl)),
-            )
-            .await;
-            answers.extend(answered);
-        }
-        answers
+        let held = self.held_many(requests).await;
+        requests
+            .iter()
+            .zip(held)
+            .map(|(request, held)| self.refreshed(request.key, request.owner, held))
+            .collect()
     }
 
     /// Deletes `key`'s lock path if it has no contender (fencing tokens are

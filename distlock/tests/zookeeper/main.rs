@@ -3,9 +3,10 @@
 //! and frozen under a holder, a three-server ensemble losing a server and
 //! its quorum, a holder process SIGKILLed, and interop with
 //! kazoo's `Lock`, `ReadLock` and `WriteLock` both ways, and shared locks'
-//! forced release and session loss.
+//! forced release and session loss, and `refresh_many` as multi reads.
 
 mod ensemble;
 mod faults;
 mod interop;
+mod refresh;
 mod shared;
