@@ -408,8 +408,17 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// This is a [`Semaphore`](semaphore::Semaphore)'s attempt over its
     /// permit keys. The default tries the keys one at a time, so it costs up
     /// to one round trip per key; backends that can try them all in one
-    /// request (a Redis script, one SQL statement) override it, and a full
-    /// semaphore then costs one round trip instead of N.
+    /// request override it, and a full semaphore then costs one round trip
+    /// instead of N.
+    ///
+    /// | backend | one attempt over N keys |
+    /// | --- | --- |
+    /// | Postgres | **one statement**, one round trip at any occupancy (see the `postgres` module docs) |
+    /// | MySQL/MariaDB | the default: one `try_lock` per key (its docs say why no single statement is sound there) |
+    /// | every other backend | the default |
+    ///
+    /// Wrappers ([`WaitLocker`], [`PrefixLocker`], the metrics, tracing and
+    /// circuit-breaker wrappers) forward it, so the backend's path is kept.
     ///
     /// # Errors
     ///

@@ -19,7 +19,9 @@
 //! - **Who owns a reservation.** [`Registry::reserve`] hands out one
 //!   [`Ticket`] per key at a time, and only the attempt on the key's shared
 //!   session that got it (Postgres: the `Attempt` guard in
-//!   `postgres/acquire.rs`) may end it.
+//!   `postgres/acquire.rs`) may end it. A Postgres `try_lock_any` reserves
+//!   every key it sends, all before its one statement, which runs on the
+//!   first key's shared session: its one guard holds and ends them all.
 //!   Nothing else clears `Entry::attempt`: not a grant, not a release, not a
 //!   session's death.
 //! - **When a ticket ends.** Once the attempt's outcome is recorded (granted
