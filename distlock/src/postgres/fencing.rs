@@ -558,6 +558,7 @@ mod tests {
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
         assert!(!sql.wait(7, 100, 5000, "ab", &record).contains("INSERT"));
         assert!(!sql.try_lock.contains("INSERT"));
+        assert!(!sql.try_lock_any.contains("INSERT"));
         assert!(sql.reader_token.is_none());
     }
 
