@@ -419,9 +419,8 @@ impl<T: SqlKeys> Locker for T {
         dialect.core().try_answer(tried, key)
     }
 
-    /// One attempt over the keys, as the dialect makes it (see
-    /// [`Dialect::try_once_any`]): one statement on Postgres, one attempt
-    /// per key on MySQL (see the backends' docs).
+    /// One attempt over the keys, as the dialect makes it: one statement
+    /// on Postgres, one attempt per key on MySQL (see the backends' docs).
     async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
         validate::keys(keys)?;
         validate::ttl(ttl)?;
