@@ -368,6 +368,19 @@ where
         self.entries().get(key).and_then(Entry::busy)
     }
 
+    /// True if `key` is busy here only because another attempt of this
+    /// locker on it is in flight (nothing here holds it): its outcome is
+    /// not known yet, so the key may well be free once it settles
+    /// ([`settled`](Self::settled)).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn only_in_flight(&self, key: &K) -> bool {
+        self.entries().get(key).is_some_and(|entry| {
+            entry.held.is_none()
+                && entry.readers.is_empty()
+                && matches!(entry.attempt, Some((_, Reservation::InFlight)))
+        })
+    }
+
     /// Records a granted lock. A reservation of the key stays in place.
     ///
     /// The server granted `key` to `held.session`, so no other session holds

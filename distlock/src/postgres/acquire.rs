@@ -20,12 +20,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::errors::{self, BACKEND};
 use super::fencing::GrantRecord;
 use super::keys::LockKey;
 use super::pool::{Registry, Ticket};
 use super::session::Session;
 use super::Inner;
+use crate::deadline::saturating_deadline;
 use crate::session_registry::Busy;
 use crate::sql::core::{AbandonWait, Tried};
 use crate::sql::fencing::owner_digest;
@@ -103,15 +106,22 @@ impl Inner {
     ///
     /// The keys are reserved in the registry first, all at once, as
     /// `try_lock` reserves its key: a key this locker holds (exclusively or
-    /// shared, on any of its sessions) or is trying is not sent at all
-    /// (it is contention), so the statement can never be granted a key
-    /// re-entrantly over a hold of this locker. The statement runs on the
-    /// shared session of the first key sent, which then carries the key it
-    /// took whatever that key's own session would be (as a waiter
-    /// connection carries the key it won); starting from a random key, as a
-    /// semaphore does, spreads the holds over the sessions. A guard
-    /// releases whichever key the statement took if its answer never
-    /// arrives ([`Attempt`]).
+    /// shared, on any of its sessions) or is trying is not sent at all, so
+    /// the statement can never be granted a key re-entrantly over a hold of
+    /// this locker. The statement runs on the shared session of the first
+    /// key sent, which then carries the key it took whatever that key's own
+    /// session would be (as a waiter connection carries the key it won);
+    /// starting from a random key, as a semaphore does, spreads the holds
+    /// over the sessions. A guard releases whichever key the statement took
+    /// if its answer never arrives ([`Attempt`]).
+    ///
+    /// Keys another caller of this locker is trying at the same moment (its
+    /// own `try_lock_any` over the same permits, most likely) are not known
+    /// to be held: when nothing else was granted, this attempt waits for
+    /// those to settle and tries them again (a statement each time, at most
+    /// `query_timeout` in all), so that `None` always means "every key was
+    /// held", never "another caller of this locker was trying them". Keys
+    /// this locker holds are contention at once, as for `try_lock`.
     ///
     /// A key whose abandoned attempt is still being cleaned up is left out:
     /// if no other key is granted, the answer is that key's
@@ -124,6 +134,47 @@ impl Inner {
         lease_locker: Arc<dyn Locker>,
     ) -> Result<Option<Lease>> {
         let registry = &self.core.registry;
+        let give_up_at = saturating_deadline(Instant::now(), self.settings.query_timeout);
+        let mut to_try = locks.to_vec();
+        let mut cleaning_up = None;
+        loop {
+            let settled = registry.settled();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let round = self
+                .attempt_any_once(&to_try, ttl, lease_locker.clone())
+                .await?;
+            let in_flight = match round {
+                AnyRound::Granted(lease) => return Ok(Some(lease)),
+                AnyRound::NoneFree {
+                    in_flight,
+                    cleaning_up: cleaning,
+                } => {
+                    cleaning_up = cleaning_up.or(cleaning);
+                    in_flight
+                }
+            };
+            // Every key was held (or, while still in flight, is past the
+            // bound below: contention, as for a reader in `try_once_shared`).
+            if in_flight.is_empty() || tokio::time::timeout_at(give_up_at, settled).await.is_err() {
+                return match cleaning_up {
+                    Some(key) => Err(self.core.cleanup_pending(key, "acquire")),
+                    None => Ok(None),
+                };
+            }
+            to_try = in_flight;
+        }
+    }
+
+    /// One round of [`attempt_any`](Self::attempt_any): the keys that can
+    /// be reserved now, in one statement.
+    async fn attempt_any_once<'k>(
+        &self,
+        locks: &[LockKey<'k>],
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<AnyRound<'k>> {
+        let registry = &self.core.registry;
         let mut attempt = Attempt {
             registry: registry.clone(),
             tickets: Vec::with_capacity(locks.len()),
@@ -133,26 +184,33 @@ impl Inner {
         };
         // No await until every key is reserved (or refused).
         let mut sent = Vec::with_capacity(locks.len());
-        let mut cleaning_up = None;
+        let (mut in_flight, mut cleaning_up) = (Vec::new(), None);
         for &lock in locks {
             match registry.reserve(lock.id) {
                 Ok(ticket) => {
                     attempt.tickets.push(ticket);
                     sent.push(lock);
                 }
-                // Held or tried here (a key named twice included).
+                // Tried by another caller right now: not known to be held.
+                Err(Busy::Contended) if registry.only_in_flight(&lock.id) => {
+                    in_flight.push(lock);
+                }
+                // Held here (or named twice, and so reserved just above).
                 Err(Busy::Contended) => {}
                 Err(Busy::CleaningUp) => {
                     cleaning_up.get_or_insert(lock.key);
                 }
             }
         }
-        let none_free = |cleaning_up: Option<&str>| match cleaning_up {
-            Some(key) => Err(self.core.cleanup_pending(key, "acquire")),
-            None => Ok(None),
+        // A key named twice is reserved by this round itself, not in flight
+        // elsewhere.
+        in_flight.retain(|lock| !sent.iter().any(|s| s.id == lock.id));
+        let none_free = AnyRound::NoneFree {
+            in_flight,
+            cleaning_up,
         };
         let Some(&first) = sent.first() else {
-            return none_free(cleaning_up);
+            return Ok(none_free);
         };
         // Read on the caller's task, where its label scope is.
         let record = GrantRecord::new(first.key, ttl, self.settings.holder_record);
@@ -191,7 +249,7 @@ impl Inner {
         .map_err(Error::with_outcome_unknown)?;
         let Some((id, token)) = answer else {
             attempt.finish();
-            return none_free(cleaning_up);
+            return Ok(none_free);
         };
         let Some(&lock) = sent.iter().find(|lock| lock.id == id) else {
             return Err(Error::backend(
@@ -205,7 +263,7 @@ impl Inner {
         };
         let lease = self.record_grant(lock, ttl, owner, token, session, lease_locker)?;
         attempt.finish();
-        Ok(Some(lease))
+        Ok(AnyRound::Granted(lease))
     }
 
     /// The one shared attempt on `session` that `ticket` reserves (no
@@ -339,6 +397,20 @@ pub(super) fn lock_timeout_ms(remaining: Duration) -> u64 {
         .div_ceil(1_000_000)
         .clamp(1, MAX_LOCK_TIMEOUT_MS);
     ms as u64
+}
+
+/// What one round of a [`Locker::try_lock_any`] found.
+enum AnyRound<'k> {
+    /// A key was taken: its lease.
+    Granted(Lease),
+    /// None of the keys sent was free. `in_flight`: keys left out because
+    /// another caller of this locker was trying them (not known to be
+    /// held); `cleaning_up`: a key left out because an abandoned attempt on
+    /// it is still being cleaned up.
+    NoneFree {
+        in_flight: Vec<LockKey<'k>>,
+        cleaning_up: Option<&'k str>,
+    },
 }
 
 /// An attempt on a shared session whose outcome is not yet recorded.

@@ -237,3 +237,34 @@ async fn one_attempt_is_one_statement_at_any_occupancy() {
         assert_eq!(locker.held_count(), 0);
     }
 }
+
+/// Callers of one locker trying the same keys at once: each attempt
+/// reserves every key it sends, so the others must not read those keys as
+/// held. With more keys than callers there is always a free one, so an
+/// attempt never answers `None` (the semaphore's "full").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_of_one_locker_never_see_free_keys_as_held() {
+    let locker = connect("").await;
+    let keys = permit_keys("any-concurrent", 32);
+    let tasks: Vec<_> = (0..16)
+        .map(|task| {
+            let (locker, keys) = (locker.clone(), keys.clone());
+            tokio::spawn(async move {
+                for round in 0..20 {
+                    // A different start per task and round, as a semaphore's.
+                    let start = (task * 7 + round * 3) % keys.len();
+                    let order = [&keys[start..], &keys[..start]].concat();
+                    let lease = locker.try_lock_any(&order, TTL).await.unwrap();
+                    let lease = lease.unwrap_or_else(|| {
+                        panic!("task {task} round {round}: 16 callers, 32 keys, and none free?")
+                    });
+                    lease.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(locker.held_count(), 0);
+}
