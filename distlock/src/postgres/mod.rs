@@ -184,7 +184,13 @@
 //!   session of the first key it sends, which then carries the key taken.
 //!   One round trip at any occupancy, where the trait's default costs one
 //!   per key tried (N when all N are held); a semaphore adds one round trip
-//!   (its check of permit N) only when all are held. A key whose abandoned
+//!   (its check of permit N) only when all are held. Callers of **one**
+//!   locker trying the same keys at once are the exception: an attempt
+//!   reserves every key it sends, so a key another caller of this locker
+//!   is trying is not sent, and, if nothing else was free, is tried again
+//!   once that attempt has its answer (a statement more each time, within
+//!   `query_timeout`): `None` means every key was held, never "another
+//!   caller of this locker was trying it". A key whose abandoned
 //!   attempt is still being cleaned up is skipped, and is the answer
 //!   ([`Error::Backend`]) only if no other key was free.
 //! - **A waiting writer holds later readers back**
