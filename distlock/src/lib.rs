@@ -413,7 +413,7 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     ///
     /// | backend | one attempt over N keys |
     /// | --- | --- |
-    /// | Postgres | **one statement**, one round trip at any occupancy; callers of one locker trying the same keys at once wait for each other's answers (see the `postgres` module docs) |
+    /// | Postgres | the first key as `try_lock` tries it, then, if it is held, **one statement** over the rest: at most two round trips at any occupancy; callers of one locker in that statement over the same keys wait for each other's answers (see the `postgres` module docs) |
     /// | MySQL/MariaDB | the default: one `try_lock` per key (its docs say why no single statement is sound there) |
     /// | every other backend | the default |
     ///

@@ -168,10 +168,18 @@
 //!   never advanced: **readers write nothing** to the fencing table.
 //!   [`lock_shared`](Locker::lock_shared) waits on the server
 //!   (`pg_advisory_lock_shared`) as [`lock`](Locker::lock) does.
-//! - **Semaphore attempts are one statement.** [`Locker::try_lock_any`] (a
-//!   [`Semaphore`](crate::semaphore::Semaphore)'s attempt over its permit
-//!   keys) is one statement over all the keys, whatever the occupancy: it
-//!   takes the first key in the order given that `pg_try_advisory_lock`
+//! - **Semaphore attempts are at most two statements.**
+//!   [`Locker::try_lock_any`] (a [`Semaphore`](crate::semaphore::Semaphore)'s
+//!   attempt over its permit keys) tries the first key alone, as
+//!   [`Locker::try_lock`] does (one round trip, and the common case while
+//!   permits are free, since a semaphore starts at a random permit), and,
+//!   if it is held, the rest in one statement, whatever the occupancy. The
+//!   first-key try keeps the statement below, and its reservations, off the
+//!   path of a semaphore with free permits: with 16 callers of one locker,
+//!   sending every attempt through the statement cut throughput 3 to 6
+//!   times at 10 and 100 permits (a loaded machine; BENCHMARKS.md has the
+//!   figures). The statement takes the first
+//!   key in the order given that `pg_try_advisory_lock`
 //!   grants, and only that one, and bumps that key's fencing counter and
 //!   writes its record as [`Locker::try_lock`] would, so the permit is an
 //!   ordinary lock of its key. The statement is a recursive `WITH` that
@@ -182,9 +190,10 @@
 //!   (contention, as for `try_lock`), so it is never granted a key
 //!   re-entrantly on a session already holding it. It runs on the shared
 //!   session of the first key it sends, which then carries the key taken.
-//!   One round trip at any occupancy, where the trait's default costs one
-//!   per key tried (N when all N are held); a semaphore adds one round trip
-//!   (its check of permit N) only when all are held. Callers of **one**
+//!   Two round trips at any occupancy (one when the first key is free),
+//!   where the trait's default costs one per key tried (N when all N are
+//!   held); a semaphore adds one round trip (its check of permit N) only
+//!   when all are held. Callers of **one**
 //!   locker trying the same keys at once are the exception: an attempt
 //!   reserves every key it sends, so a key another caller of this locker
 //!   is trying is not sent, and, if nothing else was free, is tried again

@@ -419,8 +419,16 @@ impl<T: SqlKeys> Locker for T {
         dialect.core().try_answer(tried, key)
     }
 
-    /// One attempt over the keys, as the dialect makes it: one statement
-    /// on Postgres, one attempt per key on MySQL (see the backends' docs).
+    /// One attempt over the keys: the first key alone, as [`try_lock`]
+    /// tries it, then, if it is held, the rest as the dialect makes it (one
+    /// statement on Postgres, one attempt per key on MySQL; see the
+    /// backends' docs). So a permit is one round trip when the first key
+    /// tried is free (a semaphore's random start makes that the common case
+    /// while permits are free), two at any occupancy on Postgres; and the
+    /// many-key statement, whose reservations make concurrent callers of one
+    /// locker wait for each other, runs only when the first key was taken.
+    ///
+    /// [`try_lock`]: Locker::try_lock
     async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
         validate::keys(keys)?;
         validate::ttl(ttl)?;
@@ -429,7 +437,19 @@ impl<T: SqlKeys> Locker for T {
             .map(|key| lock_of(self, key))
             .collect::<Result<Vec<_>>>()?;
         let dialect = dialect(self);
-        dialect.try_once_any(&locks, ttl, lease_locker(self)).await
+        let Some((first, rest)) = locks.split_first() else {
+            return Ok(None);
+        };
+        let tried = dialect.try_once(first, ttl, lease_locker(self)).await?;
+        match tried {
+            Tried::Granted(lease) => Ok(Some(lease)),
+            // A first key still being cleaned up after an abandoned attempt
+            // is as unavailable as a held one while other keys remain.
+            Tried::Contended | Tried::CleaningUp if !rest.is_empty() => {
+                dialect.try_once_any(rest, ttl, lease_locker(self)).await
+            }
+            tried => dialect.core().try_answer(tried, &keys[0]),
+        }
     }
 
     /// One shared attempt where the dialect has shared locks (see the
