@@ -410,9 +410,18 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     /// This is a [`Semaphore`](semaphore::Semaphore)'s attempt over its
     /// permit keys. The default ([`try_lock_in_turn`]) tries the keys one at
     /// a time, so it costs up to one round trip per key; backends that can
-    /// try them all in one request override it (Redis: one script, except on
-    /// a Cluster), and a full semaphore then costs one round trip instead of
-    /// N.
+    /// try them in fewer requests override it, and a full semaphore then
+    /// costs one or two round trips instead of N.
+    ///
+    /// | backend | one attempt over N keys |
+    /// | --- | --- |
+    /// | Redis (standalone, Sentinel) | **one script** over all the keys, one round trip at any occupancy (see the `redis` module docs) |
+    /// | Postgres | the first key as `try_lock` tries it, then, if it is held, **one statement** over the rest: at most two round trips at any occupancy; callers of one locker in that statement over the same keys wait for each other's answers (see the `postgres` module docs) |
+    /// | MySQL/MariaDB | the default: one `try_lock` per key (its docs say why no single statement is sound there) |
+    /// | every other backend (Redis Cluster, Redlock included) | the default |
+    ///
+    /// Wrappers ([`WaitLocker`], [`PrefixLocker`], the metrics, tracing and
+    /// circuit-breaker wrappers) forward it, so the backend's path is kept.
     ///
     /// # Errors
     ///

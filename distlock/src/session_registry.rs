@@ -19,7 +19,9 @@
 //! - **Who owns a reservation.** [`Registry::reserve`] hands out one
 //!   [`Ticket`] per key at a time, and only the attempt on the key's shared
 //!   session that got it (Postgres: the `Attempt` guard in
-//!   `postgres/acquire.rs`) may end it.
+//!   `postgres/acquire.rs`) may end it. A Postgres `try_lock_any` reserves
+//!   every key it sends, all before its one statement, which runs on the
+//!   first key's shared session: its one guard holds and ends them all.
 //!   Nothing else clears `Entry::attempt`: not a grant, not a release, not a
 //!   session's death.
 //! - **When a ticket ends.** Once the attempt's outcome is recorded (granted
@@ -364,6 +366,19 @@ where
     /// Why `key` cannot be reserved right now, if it cannot.
     pub(crate) fn state(&self, key: &K) -> Option<Busy> {
         self.entries().get(key).and_then(Entry::busy)
+    }
+
+    /// True if `key` is busy here only because another attempt of this
+    /// locker on it is in flight (nothing here holds it): its outcome is
+    /// not known yet, so the key may well be free once it settles
+    /// ([`settled`](Self::settled)).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn only_in_flight(&self, key: &K) -> bool {
+        self.entries().get(key).is_some_and(|entry| {
+            entry.held.is_none()
+                && entry.readers.is_empty()
+                && matches!(entry.attempt, Some((_, Reservation::InFlight)))
+        })
     }
 
     /// Records a granted lock. A reservation of the key stays in place.

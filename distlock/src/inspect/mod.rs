@@ -263,6 +263,12 @@ pub(crate) struct GrantRecord<'a> {
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<'a> GrantRecord<'a> {
+    /// How the key `key_name` is recorded: as itself, or `None` if it has
+    /// a zero byte (see [`key_name`](Self::key_name)).
+    pub(crate) fn name_of(key_name: &str) -> Option<&str> {
+        Some(key_name).filter(|name| !name.contains('\0'))
+    }
+
     /// The record of a grant made now by [`Holder::current`] (read on the
     /// caller's task), or without a holder if `record_holder` is false. A
     /// zero byte in a label is recorded as U+FFFD.
@@ -278,7 +284,7 @@ impl<'a> GrantRecord<'a> {
             None => (None, None),
         };
         GrantRecord {
-            key_name: Some(key_name).filter(|name| !name.contains('\0')),
+            key_name: Self::name_of(key_name),
             host,
             pid,
             label,

@@ -113,6 +113,25 @@
 //!   [`Locker::lock_shared`] are [`Error::Unsupported`] with that reason
 //!   ([`Capabilities::shared`](crate::Capabilities::shared) is false). The
 //!   Postgres backend has them.
+//! - **Semaphore attempts try one key at a time.** [`Locker::try_lock_any`]
+//!   (a [`Semaphore`](crate::semaphore::Semaphore)'s attempt over its
+//!   permit keys) is the trait's default here: one `try_lock` per key until
+//!   one is granted, so up to N round trips for N permits, where Postgres
+//!   answers in one statement. One statement would have to call `GET_LOCK`
+//!   on several names and stop at the first granted, and neither server
+//!   documents an evaluation order that guarantees it: MySQL's manual says
+//!   a nondeterministic function in a `WHERE` clause "is evaluated for
+//!   every row" ("Function Call Optimization",
+//!   <https://dev.mysql.com/doc/refman/8.4/en/function-optimization.html>),
+//!   so `LIMIT 1` does not stop it, and it promises nothing about which
+//!   arms of `CASE` or `IF()` are evaluated. A second `GET_LOCK` granted by
+//!   the same statement would hold a permit for nobody, excluding a real
+//!   holder, until something released it. MariaDB's anonymous compound
+//!   statement (`BEGIN NOT ATOMIC … IF … ELSEIF … END IF; END`, 10.1.1+)
+//!   does run its branches in order, but MySQL has none, and the fencing
+//!   bump (five statements in one round trip, see
+//!   [Fencing table](#fencing-table)) would have to be rebuilt inside it;
+//!   not done.
 //! - **Dropped leases** are released in the background on the current tokio
 //!   runtime. A lease dropped outside a runtime stays held until its session
 //!   closes.

@@ -20,13 +20,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::errors::{self, BACKEND};
 use super::fencing::GrantRecord;
 use super::keys::LockKey;
 use super::pool::{Registry, Ticket};
 use super::session::Session;
 use super::Inner;
+use crate::deadline::saturating_deadline;
+use crate::session_registry::Busy;
 use crate::sql::core::{AbandonWait, Tried};
+use crate::sql::fencing::owner_digest;
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
 /// The longest `lock_timeout` Postgres accepts (its maximum, `INT_MAX` ms,
@@ -95,6 +100,172 @@ impl Inner {
 }
 
 impl Inner {
+    /// [`Locker::try_lock_any`] as one statement ([`Sql::try_lock_any`](super::fencing::Sql)),
+    /// which takes at most one key, the first free one in the order given,
+    /// bumping its counter and writing its record as a `try_lock` would.
+    ///
+    /// The keys are reserved in the registry first, all at once, as
+    /// `try_lock` reserves its key: a key this locker holds (exclusively or
+    /// shared, on any of its sessions) or is trying is not sent at all, so
+    /// the statement can never be granted a key re-entrantly over a hold of
+    /// this locker. The statement runs on the shared session of the first
+    /// key sent, which then carries the key it took whatever that key's own
+    /// session would be (as a waiter connection carries the key it won);
+    /// starting from a random key, as a semaphore does, spreads the holds
+    /// over the sessions. A guard releases whichever key the statement took
+    /// if its answer never arrives ([`Attempt`]).
+    ///
+    /// Keys another caller of this locker is trying at the same moment (its
+    /// own `try_lock_any` over the same permits, most likely) are not known
+    /// to be held: when nothing else was granted, this attempt waits for
+    /// those to settle and tries them again (a statement each time, at most
+    /// `query_timeout` in all), so that `None` always means "every key was
+    /// held", never "another caller of this locker was trying them". Keys
+    /// this locker holds are contention at once, as for `try_lock`.
+    ///
+    /// A key whose abandoned attempt is still being cleaned up is left out:
+    /// if no other key is granted, the answer is that key's
+    /// [`Error::Backend`] ("still being cleaned up"), as `try_lock` on it
+    /// would answer, rather than `None`, which it may not be.
+    pub(super) async fn attempt_any(
+        &self,
+        locks: &[LockKey<'_>],
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Option<Lease>> {
+        let registry = &self.core.registry;
+        let give_up_at = saturating_deadline(Instant::now(), self.settings.query_timeout);
+        let mut to_try = locks.to_vec();
+        let mut cleaning_up = None;
+        loop {
+            let settled = registry.settled();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let round = self
+                .attempt_any_once(&to_try, ttl, lease_locker.clone())
+                .await?;
+            let in_flight = match round {
+                AnyRound::Granted(lease) => return Ok(Some(lease)),
+                AnyRound::NoneFree {
+                    in_flight,
+                    cleaning_up: cleaning,
+                } => {
+                    cleaning_up = cleaning_up.or(cleaning);
+                    in_flight
+                }
+            };
+            // Every key was held (or, while still in flight, is past the
+            // bound below: contention, as for a reader in `try_once_shared`).
+            if in_flight.is_empty() || tokio::time::timeout_at(give_up_at, settled).await.is_err() {
+                return match cleaning_up {
+                    Some(key) => Err(self.core.cleanup_pending(key, "acquire")),
+                    None => Ok(None),
+                };
+            }
+            to_try = in_flight;
+        }
+    }
+
+    /// One round of [`attempt_any`](Self::attempt_any): the keys that can
+    /// be reserved now, in one statement.
+    async fn attempt_any_once<'k>(
+        &self,
+        locks: &[LockKey<'k>],
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<AnyRound<'k>> {
+        let registry = &self.core.registry;
+        let mut attempt = Attempt {
+            registry: registry.clone(),
+            tickets: Vec::with_capacity(locks.len()),
+            sent_on: None,
+            query_timeout: self.settings.query_timeout,
+            shared: false,
+        };
+        // No await until every key is reserved (or refused).
+        let mut sent = Vec::with_capacity(locks.len());
+        let (mut in_flight, mut cleaning_up) = (Vec::new(), None);
+        for &lock in locks {
+            match registry.reserve(lock.id) {
+                Ok(ticket) => {
+                    attempt.tickets.push(ticket);
+                    sent.push(lock);
+                }
+                // Tried by another caller right now: not known to be held.
+                Err(Busy::Contended) if registry.only_in_flight(&lock.id) => {
+                    in_flight.push(lock);
+                }
+                // Held here (or named twice, and so reserved just above).
+                Err(Busy::Contended) => {}
+                Err(Busy::CleaningUp) => {
+                    cleaning_up.get_or_insert(lock.key);
+                }
+            }
+        }
+        // A key named twice is reserved by this round itself, not in flight
+        // elsewhere.
+        in_flight.retain(|lock| !sent.iter().any(|s| s.id == lock.id));
+        let none_free = AnyRound::NoneFree {
+            in_flight,
+            cleaning_up,
+        };
+        let Some(&first) = sent.first() else {
+            return Ok(none_free);
+        };
+        // Read on the caller's task, where its label scope is.
+        let record = GrantRecord::new(first.key, ttl, self.settings.holder_record);
+        let session = self.core.pool.shared(&first.id).await?;
+        let owner = new_owner_token();
+        let fencing = self.sql.fencing();
+        // Only the fencing table records the owner.
+        let digest = if fencing {
+            owner_digest(&owner)
+        } else {
+            String::new()
+        };
+        let ids: Vec<i64> = sent.iter().map(|lock| lock.id).collect();
+        let names: Vec<Option<&str>> = sent
+            .iter()
+            .map(|lock| GrantRecord::name_of(lock.key))
+            .collect();
+        attempt.sent_on = Some(session.clone());
+        let context = || {
+            format!(
+                "try {} keys from {:?} on {}",
+                sent.len(),
+                first.key,
+                self.settings.target
+            )
+        };
+        // On an error or no answer, `attempt` cleans up as it drops.
+        let answer = errors::within(
+            "acquire",
+            self.settings.query_timeout,
+            context,
+            session.try_lock_any(&ids, &names, &digest, &record, fencing),
+        )
+        .await
+        // The statement was sent: it may have taken a key.
+        .map_err(Error::with_outcome_unknown)?;
+        let Some((id, token)) = answer else {
+            attempt.finish();
+            return Ok(none_free);
+        };
+        let Some(&lock) = sent.iter().find(|lock| lock.id == id) else {
+            return Err(Error::backend(
+                BACKEND,
+                "acquire",
+                format!(
+                    "{}: the server took advisory key {id}, which was not asked for",
+                    context()
+                ),
+            ));
+        };
+        let lease = self.record_grant(lock, ttl, owner, token, session, lease_locker)?;
+        attempt.finish();
+        Ok(AnyRound::Granted(lease))
+    }
+
     /// The one shared attempt on `session` that `ticket` reserves (no
     /// reader of this locker holds the key there): `pg_try_advisory_lock_shared`
     /// and, with fencing, the read of the key's counter, in one round trip;
@@ -110,7 +281,7 @@ impl Inner {
     ) -> Result<Tried> {
         let attempt = Attempt {
             registry: self.core.registry.clone(),
-            ticket,
+            tickets: vec![ticket],
             sent_on: Some(session.clone()),
             query_timeout: self.settings.query_timeout,
             shared: true,
@@ -228,17 +399,36 @@ pub(super) fn lock_timeout_ms(remaining: Duration) -> u64 {
     ms as u64
 }
 
+/// What one round of a [`Locker::try_lock_any`] found.
+enum AnyRound<'k> {
+    /// A key was taken: its lease.
+    Granted(Lease),
+    /// None of the keys sent was free. `in_flight`: keys left out because
+    /// another caller of this locker was trying them (not known to be
+    /// held); `cleaning_up`: a key left out because an abandoned attempt on
+    /// it is still being cleaned up.
+    NoneFree {
+        in_flight: Vec<LockKey<'k>>,
+        cleaning_up: Option<&'k str>,
+    },
+}
+
 /// An attempt on a shared session whose outcome is not yet recorded.
 pub(super) struct Attempt {
     pub(super) registry: Arc<Registry>,
-    pub(super) ticket: Ticket,
+    /// The keys reserved for it: its one key, or the keys a
+    /// [`try_lock_any`](Locker::try_lock_any) tries, of which it takes at
+    /// most one.
+    pub(super) tickets: Vec<Ticket>,
     /// Set once the statement may have reached the server.
     pub(super) sent_on: Option<Arc<Session>>,
     pub(super) query_timeout: Duration,
     /// A shared attempt (`pg_try_advisory_lock_shared`): its cleanup
     /// releases a shared hold. The reservation guarantees no reader of this
     /// locker holds the key on that session, so any shared hold there is
-    /// the attempt's own.
+    /// the attempt's own. (An exclusive attempt's cleanup releases whichever
+    /// of its keys the session holds exclusively: reserved, none is held by
+    /// this locker, so any such hold there is the attempt's own.)
     pub(super) shared: bool,
 }
 
@@ -252,40 +442,53 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
+        let tickets = std::mem::take(&mut self.tickets);
         let Some(session) = self.sent_on.take() else {
-            // Finished, or never sent: the reservation is all there is to undo.
-            self.registry.release(self.ticket);
+            // Finished, or never sent: the reservations are all there is to
+            // undo.
+            for ticket in tickets {
+                self.registry.release(ticket);
+            }
             return;
         };
-        // The key stays reserved until the cleanup is done, so no other
-        // attempt of this locker can take it on this session meanwhile (the
+        // The keys stay reserved until the cleanup is done, so no other
+        // attempt of this locker can take one on this session meanwhile (the
         // cleanup would then release *that* lock); marked as cleaning up, so
         // callers asking meanwhile are told the truth (unknown), not
         // "contention" or "not held".
-        let (registry, ticket, query_timeout, shared) = (
-            self.registry.clone(),
-            self.ticket,
-            self.query_timeout,
-            self.shared,
-        );
-        registry.cleaning_up(ticket);
+        let (registry, query_timeout, shared) =
+            (self.registry.clone(), self.query_timeout, self.shared);
+        for &ticket in &tickets {
+            registry.cleaning_up(ticket);
+        }
+        let keys: Vec<i64> = tickets.iter().map(|ticket| ticket.key).collect();
+        let release_all = move |registry: &Registry| {
+            for ticket in tickets {
+                registry.release(ticket);
+            }
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             session.close();
-            registry.release(ticket);
+            release_all(&registry);
             return;
         };
         runtime.spawn(async move {
             let unlock = async {
-                match shared {
-                    true => session.unlock_shared_if_held(ticket.key).await,
-                    false => session.unlock_if_held(ticket.key).await,
+                if !shared {
+                    let released = session.unlock_any_if_held(&keys).await?;
+                    return Ok::<_, tokio_postgres::Error>(released > 0);
                 }
+                let mut released = false;
+                for &key in &keys {
+                    released |= session.unlock_shared_if_held(key).await?;
+                }
+                Ok(released)
             };
             match errors::within("acquire", query_timeout, String::new, unlock).await {
                 Ok(true) => tracing::debug!(
                     component = "distlock",
                     backend = BACKEND,
-                    advisory_key = ticket.key,
+                    advisory_keys = ?keys,
                     "released a lock whose attempt was abandoned"
                 ),
                 Ok(false) => {}
@@ -293,13 +496,13 @@ impl Drop for Attempt {
                     tracing::warn!(
                         component = "distlock",
                         backend = BACKEND,
-                        advisory_key = ticket.key,
+                        advisory_keys = ?keys,
                         "cannot tell whether an abandoned attempt took its lock; closing its session, which frees every lock on it"
                     );
                     session.close();
                 }
             }
-            registry.release(ticket);
+            release_all(&registry);
         });
     }
 }

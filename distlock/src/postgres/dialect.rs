@@ -62,7 +62,7 @@ impl Dialect for Inner {
         };
         let mut attempt = Attempt {
             registry: self.core.registry.clone(),
-            ticket,
+            tickets: vec![ticket],
             sent_on: None,
             query_timeout: self.settings.query_timeout,
             shared: false,
@@ -97,6 +97,16 @@ impl Dialect for Inner {
         };
         attempt.finish();
         Ok(tried)
+    }
+
+    /// One statement over every key (see [`Inner::attempt_any`]).
+    async fn try_once_any(
+        &self,
+        locks: &[LockKey<'_>],
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Option<Lease>> {
+        self.attempt_any(locks, ttl, lease_locker).await
     }
 
     /// The wait on the server (`pg_advisory_lock` under `lock_timeout`),

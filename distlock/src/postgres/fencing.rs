@@ -177,6 +177,22 @@ pub(crate) struct Sql {
     /// the owner digest, then the [`GrantRecord`] as `key_name, host, pid,
     /// label, ttl_ms`; without: the key.
     pub(super) try_lock: String,
+    /// [`Sql::try_lock`] over the keys of the array `$1` in order, in one
+    /// statement that takes **at most one** of them: the first that
+    /// `pg_try_advisory_lock` grants (see [`TRY_ANY_STEPS`] for why never
+    /// two). With fencing it bumps that key's counter and writes the
+    /// grant's record as `try_lock` does, the key's name taken from the
+    /// text array `$3` at the key's position; other parameters as
+    /// `try_lock`'s. Returns one row `(token, lock_key)` (the token NULL
+    /// without fencing) when a key was taken and none when every key was
+    /// held.
+    pub(super) try_lock_any: String,
+    /// Releases every key of the array `$1` this session holds
+    /// exclusively, one hold each, without the server warning
+    /// `pg_advisory_unlock` logs for a key not held: one row per key
+    /// released. The cleanup of an abandoned attempt, which cannot tell
+    /// which of its keys (if any) it took.
+    pub(super) unlock_any_if_held: String,
     /// Releases one hold of the key on this session: `true` if it held it.
     /// With fencing it first clears the holder columns of the key's row if
     /// this session's grant wrote them (see [`CLEAR_HOLDER`]).
@@ -253,6 +269,39 @@ const OWN_HOLD: &str = "locktype = 'advisory' AND pid = pg_backend_pid() AND gra
 const OWN_HOLDS: &str = "SELECT (classid::int8 << 32) | objid::int8 FROM pg_locks \
      WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1";
 
+/// The attempt over several keys ([`Sql::try_lock_any`]): a recursive CTE
+/// whose row `i` says whether the `i`-th key of `$1` (1-based) was taken,
+/// trying the next key only while none has been. Why it can never take two:
+///
+/// - Postgres evaluates a recursive `WITH` by iterations over a working
+///   table: the non-recursive term once, then the recursive term over the
+///   rows the previous iteration produced, until it produces none ("Recursive
+///   Query Evaluation", <https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-RECURSIVE>).
+///   The non-recursive term is one row, and the recursive term reads only
+///   the working table, with no join: every iteration has at most one row,
+///   so each makes at most one call, in key order.
+/// - The call is inside a `CASE` guarded by the row's own `taken`: "a CASE
+///   expression does not evaluate any subexpressions that are not needed to
+///   determine the result" (<https://www.postgresql.org/docs/current/functions-conditional.html#FUNCTIONS-CASE>,
+///   and "Expression Evaluation Rules", <https://www.postgresql.org/docs/current/sql-expressions.html#SYNTAX-EXPRESS-EVAL>,
+///   whose one exception, constant subexpressions folded at planning time,
+///   cannot apply to the volatile `pg_try_advisory_lock`). So once a key is
+///   taken, no later call is made, whether or not the planner filters the
+///   row by `WHERE` before computing its columns (which it does: the
+///   `WHERE` is what ends the recursion).
+/// - A recursive `WITH` (and one calling a volatile function) is never folded
+///   into the outer query (same page, "CTE Materialization"): its rows are
+///   computed once and read back, not evaluated again for each reader, and
+///   the outer query reads them all (no `LIMIT` that could stop it early
+///   and no sort ahead of it that could reorder the calls).
+///
+/// Shaped by plain SQL alone (no function created on the server), so that
+/// it needs no privilege beyond the fencing table's.
+const TRY_ANY_STEPS: &str = "WITH RECURSIVE attempt (i, taken) AS (SELECT 0, false UNION ALL \
+     SELECT a.i + 1, CASE WHEN NOT a.taken AND a.i < cardinality($1::int8[]) \
+     THEN pg_try_advisory_lock(($1::int8[])[a.i + 1]) ELSE false END \
+     FROM attempt a WHERE NOT a.taken AND a.i < cardinality($1::int8[]))";
+
 /// [`OWN_HOLD`] in exclusive mode only (`pg_advisory_lock`).
 const OWN_EXCLUSIVE_HOLD: &str = "mode = 'ExclusiveLock' AND locktype = 'advisory' \
      AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
@@ -300,6 +349,18 @@ impl Sql {
                  pg_backend_pid() WHERE pg_try_advisory_lock($1::int8) {GRANT_UPDATE}"
             ),
             None => "SELECT NULL::int8 WHERE pg_try_advisory_lock($1::int8)".to_owned(),
+        };
+        // The key taken, if any: the one row `TRY_ANY_STEPS` marks taken.
+        let try_lock_any = match &table {
+            Some(table) => format!(
+                "{TRY_ANY_STEPS} INSERT INTO {table} AS f (lock_key, token, owner_digest, \
+                 {GRANT_COLUMNS}) SELECT ($1::int8[])[a.i], 1, $2::text, ($3::text[])[a.i], \
+                 $7::int8, $4::text, $5::int8, $6::text, pg_backend_pid() \
+                 FROM attempt a WHERE a.taken {GRANT_UPDATE}, lock_key" // (`GRANT_UPDATE` ends in `RETURNING token`.)
+            ),
+            None => format!(
+                "{TRY_ANY_STEPS} SELECT NULL::int8, ($1::int8[])[a.i] FROM attempt a WHERE a.taken"
+            ),
         };
         let holder = match &table {
             Some(table) => format!(
@@ -366,6 +427,17 @@ impl Sql {
         Sql {
             forget,
             try_lock,
+            try_lock_any,
+            // `pg_locks` lists a copy of the lock table taken when it is
+            // first read (`GetLockStatusData`, postgres
+            // `src/backend/storage/lmgr/lock.c`), so unlocking as its rows
+            // come cannot change what it lists.
+            unlock_any_if_held: "SELECT pg_advisory_unlock(held.k) FROM (SELECT \
+                 (classid::int8 << 32) | objid::int8 AS k FROM pg_locks \
+                 WHERE mode = 'ExclusiveLock' AND locktype = 'advisory' \
+                 AND pid = pg_backend_pid() AND granted AND objsubid = 1) held \
+                 WHERE held.k = ANY($1::int8[])"
+                .to_owned(),
             unlock,
             holds: format!("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {OWN_HOLD})"),
             // A set operation, not a join: the planner estimates pg_locks at
@@ -504,6 +576,7 @@ mod tests {
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
         assert!(!sql.wait(7, 100, 5000, "ab", &record).contains("INSERT"));
         assert!(!sql.try_lock.contains("INSERT"));
+        assert!(!sql.try_lock_any.contains("INSERT"));
         assert!(sql.reader_token.is_none());
     }
 

@@ -168,6 +168,40 @@
 //!   never advanced: **readers write nothing** to the fencing table.
 //!   [`lock_shared`](Locker::lock_shared) waits on the server
 //!   (`pg_advisory_lock_shared`) as [`lock`](Locker::lock) does.
+//! - **Semaphore attempts are at most two statements.**
+//!   [`Locker::try_lock_any`] (a [`Semaphore`](crate::semaphore::Semaphore)'s
+//!   attempt over its permit keys) tries the first key alone, as
+//!   [`Locker::try_lock`] does (one round trip, and the common case while
+//!   permits are free, since a semaphore starts at a random permit), and,
+//!   if it is held, the rest in one statement, whatever the occupancy. The
+//!   first-key try keeps the statement below, and its reservations, off the
+//!   path of a semaphore with free permits: with 16 callers of one locker,
+//!   sending every attempt through the statement cut throughput 3 to 6
+//!   times at 10 and 100 permits (a loaded machine; BENCHMARKS.md has the
+//!   figures). The statement takes the first
+//!   key in the order given that `pg_try_advisory_lock`
+//!   grants, and only that one, and bumps that key's fencing counter and
+//!   writes its record as [`Locker::try_lock`] would, so the permit is an
+//!   ordinary lock of its key. The statement is a recursive `WITH` that
+//!   tries the next key only while none is taken; why that can never take
+//!   two keys, with the Postgres documentation it rests on, is written
+//!   beside the statement (`postgres/fencing.rs`, `TRY_ANY_STEPS`). Keys
+//!   this locker holds or is trying already are left out of the statement
+//!   (contention, as for `try_lock`), so it is never granted a key
+//!   re-entrantly on a session already holding it. It runs on the shared
+//!   session of the first key it sends, which then carries the key taken.
+//!   Two round trips at any occupancy (one when the first key is free),
+//!   where the trait's default costs one per key tried (N when all N are
+//!   held); a semaphore adds one round trip (its check of permit N) only
+//!   when all are held. Callers of **one**
+//!   locker trying the same keys at once are the exception: an attempt
+//!   reserves every key it sends, so a key another caller of this locker
+//!   is trying is not sent, and, if nothing else was free, is tried again
+//!   once that attempt has its answer (a statement more each time, within
+//!   `query_timeout`): `None` means every key was held, never "another
+//!   caller of this locker was trying it". A key whose abandoned
+//!   attempt is still being cleaned up is skipped, and is the answer
+//!   ([`Error::Backend`]) only if no other key was free.
 //! - **A waiting writer holds later readers back**
 //!   ([`Capabilities::writer_priority`](crate::Capabilities::writer_priority),
 //!   unlike the memory and file backends): while a writer waits on the
@@ -251,8 +285,9 @@
 //! list one it has just closed in `pg_stat_activity` for a moment longer,
 //! and a cancelled wait also sends Postgres' cancel request over a
 //! short-lived connection of its own, which is not a session. Each
-//! key always uses the same shared session, so a session's death loses
-//! about a quarter of the held locks, not all. Sessions are opened lazily
+//! key always uses the same shared session (a [`Locker::try_lock_any`]
+//! uses the first key's, for whichever key it takes), so a session's
+//! death loses about a quarter of the held locks, not all. Sessions are opened lazily
 //! (the first by `connect`, to fail fast on a wrong password) and their
 //! `application_name` is `distlock` unless the URL names one.
 //!

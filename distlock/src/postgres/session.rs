@@ -148,6 +148,8 @@ impl Drop for WaitInFlight<'_> {
 
 struct Statements {
     try_lock: Statement,
+    try_lock_any: Statement,
+    unlock_any_if_held: Statement,
     unlock: Statement,
     holds: Statement,
     lost_among: Statement,
@@ -256,26 +258,44 @@ impl Session {
                     writer_queued,
                 })
             };
-            let ((), try_lock, unlock, holds, lost_among, unlock_if_held, grant_token, shared) =
+            let any = async {
                 tokio::try_join!(
-                    setup,
-                    client.prepare(&sql.try_lock),
-                    client.prepare(&sql.unlock),
-                    client.prepare(&sql.holds),
-                    client.prepare(&sql.lost_among),
-                    client.prepare(&sql.unlock_if_held),
-                    grant_token,
-                    shared,
+                    client.prepare(&sql.try_lock_any),
+                    client.prepare(&sql.unlock_any_if_held),
                 )
-                .map_err(|e| {
-                    errors::backend(
-                        "connect",
-                        format!("set up a session on {}", settings.target),
-                        e,
-                    )
-                })?;
+            };
+            let (
+                (),
+                try_lock,
+                (try_lock_any, unlock_any_if_held),
+                unlock,
+                holds,
+                lost_among,
+                unlock_if_held,
+                grant_token,
+                shared,
+            ) = tokio::try_join!(
+                setup,
+                client.prepare(&sql.try_lock),
+                any,
+                client.prepare(&sql.unlock),
+                client.prepare(&sql.holds),
+                client.prepare(&sql.lost_among),
+                client.prepare(&sql.unlock_if_held),
+                grant_token,
+                shared,
+            )
+            .map_err(|e| {
+                errors::backend(
+                    "connect",
+                    format!("set up a session on {}", settings.target),
+                    e,
+                )
+            })?;
             Ok::<_, Error>(Statements {
                 try_lock,
+                try_lock_any,
+                unlock_any_if_held,
                 unlock,
                 holds,
                 lost_among,
@@ -361,6 +381,54 @@ impl Session {
         };
         let row = self.liveness.observe(sent, row)?;
         row.map(|row| row.try_get::<_, Option<i64>>(0)).transpose()
+    }
+
+    /// One attempt over `keys` in order ([`Sql::try_lock_any`]): the key
+    /// taken and its token (`None` without fencing), or `None` if every key
+    /// was held elsewhere. `names` are the keys' recorded names, in the
+    /// same order; with fencing the grant writes `record` (whose own
+    /// `key_name` is not used) and the taken key's name into its row.
+    pub(super) async fn try_lock_any(
+        &self,
+        keys: &[i64],
+        names: &[Option<&str>],
+        owner_digest: &str,
+        record: &GrantRecord<'_>,
+        fencing: bool,
+    ) -> Result<Option<(i64, Option<i64>)>, tokio_postgres::Error> {
+        let statement = &self.statements.try_lock_any;
+        let sent = Instant::now();
+        let row = if fencing {
+            let params: [&(dyn ToSql + Sync); 7] = [
+                &keys,
+                &owner_digest,
+                &names,
+                &record.host,
+                &record.pid,
+                &record.label,
+                &record.ttl_ms,
+            ];
+            self.client.query_opt(statement, &params).await
+        } else {
+            self.client.query_opt(statement, &[&keys]).await
+        };
+        let row = self.liveness.observe(sent, row)?;
+        row.map(|row| Ok((row.try_get(1)?, row.try_get(0)?)))
+            .transpose()
+    }
+
+    /// Releases every one of `keys` this session holds exclusively (one
+    /// hold each): how many it released.
+    pub(super) async fn unlock_any_if_held(
+        &self,
+        keys: &[i64],
+    ) -> Result<usize, tokio_postgres::Error> {
+        let sent = Instant::now();
+        let rows = self
+            .client
+            .query(&self.statements.unlock_any_if_held, &[&keys])
+            .await;
+        Ok(self.liveness.observe(sent, rows)?.len())
     }
 
     /// Releases one hold of `key`: true if this session held it.

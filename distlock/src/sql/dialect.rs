@@ -110,6 +110,34 @@ pub(crate) trait Dialect: Send + Sync + Sized {
         lease_locker: Arc<dyn Locker>,
     ) -> impl Future<Output = Result<Tried>> + Send;
 
+    /// [`Locker::try_lock_any`]: one attempt over `locks` (at least one),
+    /// in order, taking at most one, cancel-safe as
+    /// [`try_once`](Self::try_once): the lease of the first one granted,
+    /// `None` if every one was held (or, for this locker, held or being
+    /// tried by another of its callers).
+    ///
+    /// The default is [`try_once`](Self::try_once) on each lock in turn
+    /// until one is granted, a round trip per lock tried, and stops at the
+    /// first error (a lock still being cleaned up is one), as the trait's
+    /// default does. A dialect that can try them all in one statement
+    /// overrides it.
+    fn try_once_any(
+        &self,
+        locks: &[Lock<'_, Self::Id>],
+        ttl: Duration,
+        lease_locker: Arc<dyn Locker>,
+    ) -> impl Future<Output = Result<Option<Lease>>> + Send {
+        async move {
+            for lock in locks {
+                let tried = self.try_once(lock, ttl, lease_locker.clone()).await?;
+                if let Some(lease) = self.core().try_answer(tried, lock.key)? {
+                    return Ok(Some(lease));
+                }
+            }
+            Ok(None)
+        }
+    }
+
     /// The native wait [`Core::lock`] hands over once the first attempt
     /// found the lock held, cancel-safe (a [`WaitGuard`](super::core::WaitGuard)
     /// abandons it on the server).
@@ -389,6 +417,39 @@ impl<T: SqlKeys> Locker for T {
         let dialect = dialect(self);
         let tried = dialect.try_once(&lock, ttl, lease_locker(self)).await?;
         dialect.core().try_answer(tried, key)
+    }
+
+    /// One attempt over the keys: the first key alone, as [`try_lock`]
+    /// tries it, then, if it is held, the rest as the dialect makes it (one
+    /// statement on Postgres, one attempt per key on MySQL; see the
+    /// backends' docs). So a permit is one round trip when the first key
+    /// tried is free (a semaphore's random start makes that the common case
+    /// while permits are free), two at any occupancy on Postgres; and the
+    /// many-key statement, whose reservations make concurrent callers of one
+    /// locker wait for each other, runs only when the first key was taken.
+    ///
+    /// [`try_lock`]: Locker::try_lock
+    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
+        validate::keys(keys)?;
+        validate::ttl(ttl)?;
+        let locks = keys
+            .iter()
+            .map(|key| lock_of(self, key))
+            .collect::<Result<Vec<_>>>()?;
+        let dialect = dialect(self);
+        let Some((first, rest)) = locks.split_first() else {
+            return Ok(None);
+        };
+        let tried = dialect.try_once(first, ttl, lease_locker(self)).await?;
+        match tried {
+            Tried::Granted(lease) => Ok(Some(lease)),
+            // A first key still being cleaned up after an abandoned attempt
+            // is as unavailable as a held one while other keys remain.
+            Tried::Contended | Tried::CleaningUp if !rest.is_empty() => {
+                dialect.try_once_any(rest, ttl, lease_locker(self)).await
+            }
+            tried => dialect.core().try_answer(tried, &keys[0]),
+        }
     }
 
     /// One shared attempt where the dialect has shared locks (see the

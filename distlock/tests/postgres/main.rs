@@ -1,7 +1,7 @@
 //! What the Postgres backend promises beyond the shared contract (which
 //! `tests/conformance` checks), on real servers: behaviour on a healthy
-//! server, faults of a misbehaving one, a real network partition, and
-//! shared (reader) locks. One
+//! server, faults of a misbehaving one, a real network partition,
+//! shared (reader) locks, and `try_lock_any` as one statement. One
 //! binary with a module per area, built with the `postgres` feature only.
 
 #[path = "../common/mod.rs"]
@@ -13,4 +13,5 @@ mod faults;
 mod hop;
 mod inspect;
 mod partition;
+mod permits;
 mod shared;
