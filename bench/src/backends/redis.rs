@@ -111,47 +111,55 @@ impl Redis {
                     Ok(())
                 }
             }),
-        ));
+        ).fencing(true));
 
         let raw = self.raw.clone();
-        contenders.push(Contender::cycle(
-            "floor: SET NX PX + DEL",
-            Role::Floor,
-            "SET NX PX, DEL: 2 round trips, no fence, no owner check",
-            cycle(move |client| {
-                let mut raw = raw.clone();
-                async move {
-                    let key = format!("plain-{client}");
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg("token")
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL_MS)
-                        .query_async(&mut raw)
-                        .await
-                        .map_err(err)?;
-                    if set.is_none() {
-                        return Err("own key held".into());
+        contenders.push(
+            Contender::cycle(
+                "floor: SET NX PX + DEL",
+                Role::Floor,
+                "SET NX PX, DEL: 2 round trips, no fence, no owner check",
+                cycle(move |client| {
+                    let mut raw = raw.clone();
+                    async move {
+                        let key = format!("plain-{client}");
+                        let set: Option<String> = redis::cmd("SET")
+                            .arg(&key)
+                            .arg("token")
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(TTL_MS)
+                            .query_async(&mut raw)
+                            .await
+                            .map_err(err)?;
+                        if set.is_none() {
+                            return Err("own key held".into());
+                        }
+                        let _: i64 = redis::cmd("DEL")
+                            .arg(&key)
+                            .query_async(&mut raw)
+                            .await
+                            .map_err(err)?;
+                        Ok(())
                     }
-                    let _: i64 = redis::cmd("DEL")
-                        .arg(&key)
-                        .query_async(&mut raw)
-                        .await
-                        .map_err(err)?;
-                    Ok(())
-                }
-            }),
-        ));
+                }),
+            )
+            .fencing(false),
+        );
 
         let locker = self.locker.clone();
-        contenders.push(Contender::cycle(
-            "distlock",
-            Role::Distlock,
-            "try_lock + release (fenced, owner-checked)",
-            cycle(move |client| distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)),
-        ));
-        contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL));
+        contenders.push(
+            Contender::cycle(
+                "distlock",
+                Role::Distlock,
+                "try_lock + release (fenced, owner-checked)",
+                cycle(move |client| {
+                    distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)
+                }),
+            )
+            .fencing(true),
+        );
+        contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL).fencing(true));
 
         let rslock = self.rslock.clone();
         contenders.push(Contender::cycle(
