@@ -1,4 +1,5 @@
-//! Redis: the raw floors, distlock, `rslock` and `distributed-lock-redis`.
+//! Redis: the raw floors, distlock with fencing on and off, `rslock` and
+//! `distributed-lock-redis`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub struct Redis {
     server: RedisServer,
     raw: ConnectionManager,
     locker: RedisLocker,
+    unfenced: RedisLocker,
     unrecorded: RedisLocker,
     rslock: rslock::LockManager,
     peer: distributed_lock_redis::RedisLockProvider,
@@ -48,6 +50,9 @@ impl Redis {
             .await
             .expect("connect the raw client");
         let locker = RedisLocker::from_url(&url).await.expect("connect distlock");
+        let unfenced = RedisLocker::from_url(&format!("{url}?fencing=off"))
+            .await
+            .expect("connect distlock");
         let unrecorded = RedisLocker::from_url(&format!("{url}?holder=false"))
             .await
             .expect("connect distlock");
@@ -63,6 +68,7 @@ impl Redis {
             server,
             raw,
             locker,
+            unfenced,
             unrecorded,
             rslock,
             peer,
@@ -160,6 +166,18 @@ impl Redis {
             .fencing(true),
         );
         contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL).fencing(true));
+        let unfenced = self.unfenced.clone();
+        contenders.push(
+            Contender::cycle(
+                "distlock fencing off",
+                Role::Distlock,
+                "try_lock + release (owner-checked, no fence: like rslock and distributed-lock-redis)",
+                cycle(move |client| {
+                    distlock_cycle(unfenced.clone(), format!("unfenced-{client}"), TTL)
+                }),
+            )
+            .fencing(false),
+        );
 
         let rslock = self.rslock.clone();
         contenders.push(Contender::cycle(
