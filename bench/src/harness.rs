@@ -57,6 +57,10 @@ pub struct Contender {
     pub role: Role,
     /// What one cycle sends, in a few words.
     pub does: String,
+    /// Whether it bumps a fencing counter under the lock, where the
+    /// backend has fencing: a floor is paired only with the distlock that
+    /// does the same work (`None`: paired with every distlock).
+    pub fencing: Option<bool>,
     pub job: Job,
 }
 
@@ -66,6 +70,7 @@ impl Contender {
             name: name.into(),
             role,
             does: does.into(),
+            fencing: None,
             job: Job::Cycle(cycle),
         }
     }
@@ -75,8 +80,16 @@ impl Contender {
             name: name.into(),
             role,
             does: does.into(),
+            fencing: None,
             job: Job::Handoff(handoff),
         }
+    }
+
+    /// Marks whether this contender bumps a fencing counter (see
+    /// [`Contender::fencing`]).
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = Some(on);
+        self
     }
 }
 
@@ -177,6 +190,9 @@ pub struct ContenderInfo {
     pub name: String,
     pub role: Role,
     pub does: String,
+    /// See [`Contender::fencing`]; absent in results written before it.
+    #[serde(default)]
+    pub fencing: Option<bool>,
 }
 
 /// Everything measured for one group.
@@ -249,6 +265,7 @@ pub async fn run_group(group: &Group, settings: &Settings) -> GroupResult {
                 name: c.name.clone(),
                 role: c.role,
                 does: c.does.clone(),
+                fencing: c.fencing,
             })
             .collect(),
         rounds,

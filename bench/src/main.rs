@@ -9,7 +9,10 @@
 //! ```
 //!
 //! `all` measures everything and renders; `render` re-makes the plots and
-//! BENCHMARKS.md's generated section from `results.json`. Options:
+//! BENCHMARKS.md's generated section from `results.json`; `sweep` measures
+//! distlock's `sessions` setting (1, 2, 4, 8, 16, 32) on Postgres and MySQL
+//! at the largest `--clients` (16) and prints a table per backend (nothing
+//! written). Options:
 //! `--rounds N` (5), `--seconds S` per measurement (5), `--warmup S` (1),
 //! `--backends redis,postgres,etcd,mysql,zookeeper`, `--clients 1,16`,
 //! `--hold-leases N,M` (100000; 0 to skip), `--max-other-cores X` (0.1),
@@ -24,6 +27,7 @@ mod harness;
 mod hold;
 mod plot;
 mod report;
+mod sweep;
 
 use std::path::PathBuf;
 
@@ -76,10 +80,14 @@ fn main() {
         Ok(options) => options,
         Err(message) => {
             eprintln!("distlock-bench: {message}");
-            eprintln!("usage: distlock-bench all|render [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--section NAME] [--distlock PATH]");
+            eprintln!("usage: distlock-bench all|render|sweep [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--section NAME] [--distlock PATH]");
             std::process::exit(64);
         }
     };
+    if options.command == "sweep" {
+        sweep(&options);
+        return;
+    }
     if let Err(error) = std::fs::create_dir_all(&options.out) {
         eprintln!(
             "distlock-bench: cannot create {}: {error}",
@@ -115,7 +123,7 @@ fn main() {
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let (command, rest) = args.split_first().ok_or("no command")?;
-    if command != "all" && command != "render" {
+    if !["all", "render", "sweep"].contains(&command.as_str()) {
         return Err(format!("unknown command {command:?}"));
     }
     let mut options = Options {
@@ -189,14 +197,42 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
-fn measure(options: &Options) -> Results {
-    let load_average_start = cpu::load_average();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The `sessions` sweep on each of `--backends` that has the setting
+/// (`postgres`, `mysql`; by default both).
+fn sweep(options: &Options) {
+    let runtime = runtime();
+    let clients = options.clients.iter().copied().max().unwrap_or(16);
+    let swept: Vec<&str> = options
+        .backends
+        .iter()
+        .map(String::as_str)
+        .filter(|b| ["postgres", "mysql"].contains(b))
+        .collect();
+    if swept.is_empty() {
+        eprintln!("distlock-bench: sweep: --backends names neither postgres nor mysql");
+        std::process::exit(64);
+    }
+    for backend in swept {
+        if let Err(error) = runtime.block_on(sweep::run(backend, clients, &options.settings)) {
+            eprintln!("distlock-bench: sweep {backend}: {error}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The runtime every measurement runs on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         // Two workers, as the machine has two vCPUs shared with the server.
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("a tokio runtime");
+        .expect("a tokio runtime")
+}
+
+fn measure(options: &Options) -> Results {
+    let load_average_start = cpu::load_average();
+    let runtime = runtime();
     let mut groups = Vec::new();
     let mut holds = Vec::new();
     let contended_clients = options.clients.iter().copied().max().unwrap_or(16);

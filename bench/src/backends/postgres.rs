@@ -1,5 +1,5 @@
-//! Postgres: the raw floor, distlock with fencing on and off, sqlx's
-//! `PgAdvisoryLock` and `distributed-lock-postgres`.
+//! Postgres: the raw floors (plain and fenced), distlock with fencing on
+//! and off, sqlx's `PgAdvisoryLock` and `distributed-lock-postgres`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,11 +22,42 @@ pub struct Postgres {
     unrecorded: PostgresLocker,
 }
 
+/// The fenced floor's table: one counter per advisory-lock key, the least
+/// a fenced lock stores (distlock's row also records the owner and holder).
+const FENCE_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS floor_fence (k int8 PRIMARY KEY, n int8 NOT NULL)";
+
+/// The fenced floor's grant, one statement: the WHERE clause of a FROM-less
+/// SELECT runs once, so the counter is inserted or bumped only if the lock
+/// was taken, and the token comes back in the same round trip (no row: not
+/// taken). Autocommit: the bump is committed before the answer, as a fenced
+/// lock needs (a token must never be handed out twice).
+const FENCED_TRY_LOCK: &str = "INSERT INTO floor_fence AS f (k, n) \
+     SELECT $1::int8, 1 WHERE pg_try_advisory_lock($1::int8) \
+     ON CONFLICT (k) DO UPDATE SET n = f.n + 1 RETURNING f.n";
+
 /// One raw connection with the statements of a cycle prepared.
 struct Raw {
     client: tokio_postgres::Client,
     lock: tokio_postgres::Statement,
     unlock: tokio_postgres::Statement,
+}
+
+impl Raw {
+    /// `pg_advisory_unlock(key)`, an error unless the lock was held.
+    async fn unlock(&self, key: i64) -> Result<(), String> {
+        let released: bool = self
+            .client
+            .query_one(&self.unlock, &[&key])
+            .await
+            .map_err(err)?
+            .get(0);
+        if released {
+            Ok(())
+        } else {
+            Err(format!("pg_advisory_unlock({key}) found it not held"))
+        }
+    }
 }
 
 impl Postgres {
@@ -72,6 +103,13 @@ impl Postgres {
                     .await
                     .expect("connect the raw client");
             tokio::spawn(connection);
+            // Before the prepare, which needs the table to exist.
+            if lock_sql == FENCED_TRY_LOCK {
+                client
+                    .batch_execute(FENCE_TABLE)
+                    .await
+                    .expect("create the fenced floor's table");
+            }
             let lock = client.prepare(lock_sql).await.expect("prepare the lock");
             let unlock = client
                 .prepare("SELECT pg_advisory_unlock($1)")
@@ -108,57 +146,89 @@ impl Postgres {
         let mut contenders = Vec::new();
 
         let raws = self.raw(clients, "SELECT pg_try_advisory_lock($1)").await;
-        contenders.push(Contender::cycle(
-            "floor: pg_try_advisory_lock + unlock",
-            Role::Floor,
-            "2 prepared statements on one connection per client: 2 round trips",
-            cycle(move |client| {
-                let raws = raws.clone();
-                async move {
-                    let raw = &raws[client];
-                    let key = 1_000_000 + client as i64;
-                    let got: bool = raw
-                        .client
-                        .query_one(&raw.lock, &[&key])
-                        .await
-                        .map_err(err)?
-                        .get(0);
-                    if !got {
-                        return Err("own key held".into());
+        contenders.push(
+            Contender::cycle(
+                "floor: pg_try_advisory_lock + unlock",
+                Role::Floor,
+                "2 prepared statements on one connection per client: 2 round trips",
+                cycle(move |client| {
+                    let raws = raws.clone();
+                    async move {
+                        let raw = &raws[client];
+                        let key = 1_000_000 + client as i64;
+                        let got: bool = raw
+                            .client
+                            .query_one(&raw.lock, &[&key])
+                            .await
+                            .map_err(err)?
+                            .get(0);
+                        if !got {
+                            return Err("own key held".into());
+                        }
+                        raw.unlock(key).await
                     }
-                    raw.client
-                        .query_one(&raw.unlock, &[&key])
-                        .await
-                        .map_err(err)?;
-                    Ok(())
-                }
-            }),
-        ));
+                }),
+            )
+            .fencing(false),
+        );
 
-        for (name, locker) in [
-            ("distlock fencing on", &self.fencing_on),
-            ("distlock fencing off", &self.fencing_off),
+        let raws = self.raw(clients, FENCED_TRY_LOCK).await;
+        contenders.push(
+            Contender::cycle(
+                "fenced floor: try_lock+upsert, unlock",
+                Role::Floor,
+                "2 prepared statements on one connection per client: \
+                 pg_try_advisory_lock feeding the counter's INSERT … ON CONFLICT DO UPDATE … \
+                 RETURNING (1 round trip, 1 commit), pg_advisory_unlock",
+                cycle(move |client| {
+                    let raws = raws.clone();
+                    async move {
+                        let raw = &raws[client];
+                        let key = 2_000_000 + client as i64;
+                        // No row: the lock was not taken, and nothing was
+                        // written.
+                        let token: i64 = raw
+                            .client
+                            .query_opt(&raw.lock, &[&key])
+                            .await
+                            .map_err(err)?
+                            .ok_or("own key held")?
+                            .get(0);
+                        if token < 1 {
+                            return Err(format!("fencing token {token}"));
+                        }
+                        raw.unlock(key).await
+                    }
+                }),
+            )
+            .fencing(true),
+        );
+
+        for (name, locker, fencing) in [
+            ("distlock fencing on", &self.fencing_on, true),
+            ("distlock fencing off", &self.fencing_off, false),
         ] {
             let locker = locker.clone();
-            let does = if name.ends_with("on") {
+            let does = if fencing {
                 "try_lock + release, fencing counter bumped under the lock"
             } else {
                 "try_lock + release, no fencing token"
             };
-            contenders.push(Contender::cycle(
-                name,
-                Role::Distlock,
-                does,
-                cycle(move |client| {
-                    distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)
-                }),
-            ));
+            contenders.push(
+                Contender::cycle(
+                    name,
+                    Role::Distlock,
+                    does,
+                    cycle(move |client| {
+                        distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)
+                    }),
+                )
+                .fencing(fencing),
+            );
         }
-        contenders.push(holder_record_off(
-            "distlock fencing on",
-            self.unrecorded.clone(),
-            TTL,
-        ));
+        contenders.push(
+            holder_record_off("distlock fencing on", self.unrecorded.clone(), TTL).fencing(true),
+        );
 
         let pool = self.sqlx_pool(clients).await;
         let locks: Arc<Vec<PgAdvisoryLock>> = Arc::new(
@@ -248,14 +318,9 @@ impl Postgres {
                         .query_one(&raws[client].lock, &[&key])
                         .await
                         .map_err(err)?;
-                    Ok(release(move || async move {
-                        let raw = &raws[client];
-                        raw.client
-                            .query_one(&raw.unlock, &[&key])
-                            .await
-                            .map_err(err)?;
-                        Ok(())
-                    }))
+                    Ok(release(
+                        move || async move { raws[client].unlock(key).await },
+                    ))
                 }
             }),
         ));

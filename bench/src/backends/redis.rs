@@ -1,4 +1,5 @@
-//! Redis: the raw floors, distlock, `rslock` and `distributed-lock-redis`.
+//! Redis: the raw floors, distlock with fencing on and off, `rslock` and
+//! `distributed-lock-redis`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub struct Redis {
     server: RedisServer,
     raw: ConnectionManager,
     locker: RedisLocker,
+    unfenced: RedisLocker,
     unrecorded: RedisLocker,
     rslock: rslock::LockManager,
     peer: distributed_lock_redis::RedisLockProvider,
@@ -48,6 +50,9 @@ impl Redis {
             .await
             .expect("connect the raw client");
         let locker = RedisLocker::from_url(&url).await.expect("connect distlock");
+        let unfenced = RedisLocker::from_url(&format!("{url}?fencing=off"))
+            .await
+            .expect("connect distlock");
         let unrecorded = RedisLocker::from_url(&format!("{url}?holder=false"))
             .await
             .expect("connect distlock");
@@ -63,6 +68,7 @@ impl Redis {
             server,
             raw,
             locker,
+            unfenced,
             unrecorded,
             rslock,
             peer,
@@ -111,47 +117,67 @@ impl Redis {
                     Ok(())
                 }
             }),
-        ));
+        ).fencing(true));
 
         let raw = self.raw.clone();
-        contenders.push(Contender::cycle(
-            "floor: SET NX PX + DEL",
-            Role::Floor,
-            "SET NX PX, DEL: 2 round trips, no fence, no owner check",
-            cycle(move |client| {
-                let mut raw = raw.clone();
-                async move {
-                    let key = format!("plain-{client}");
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg("token")
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL_MS)
-                        .query_async(&mut raw)
-                        .await
-                        .map_err(err)?;
-                    if set.is_none() {
-                        return Err("own key held".into());
+        contenders.push(
+            Contender::cycle(
+                "floor: SET NX PX + DEL",
+                Role::Floor,
+                "SET NX PX, DEL: 2 round trips, no fence, no owner check",
+                cycle(move |client| {
+                    let mut raw = raw.clone();
+                    async move {
+                        let key = format!("plain-{client}");
+                        let set: Option<String> = redis::cmd("SET")
+                            .arg(&key)
+                            .arg("token")
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(TTL_MS)
+                            .query_async(&mut raw)
+                            .await
+                            .map_err(err)?;
+                        if set.is_none() {
+                            return Err("own key held".into());
+                        }
+                        let _: i64 = redis::cmd("DEL")
+                            .arg(&key)
+                            .query_async(&mut raw)
+                            .await
+                            .map_err(err)?;
+                        Ok(())
                     }
-                    let _: i64 = redis::cmd("DEL")
-                        .arg(&key)
-                        .query_async(&mut raw)
-                        .await
-                        .map_err(err)?;
-                    Ok(())
-                }
-            }),
-        ));
+                }),
+            )
+            .fencing(false),
+        );
 
         let locker = self.locker.clone();
-        contenders.push(Contender::cycle(
-            "distlock",
-            Role::Distlock,
-            "try_lock + release (fenced, owner-checked)",
-            cycle(move |client| distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)),
-        ));
-        contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL));
+        contenders.push(
+            Contender::cycle(
+                "distlock",
+                Role::Distlock,
+                "try_lock + release (fenced, owner-checked)",
+                cycle(move |client| {
+                    distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)
+                }),
+            )
+            .fencing(true),
+        );
+        contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL).fencing(true));
+        let unfenced = self.unfenced.clone();
+        contenders.push(
+            Contender::cycle(
+                "distlock fencing off",
+                Role::Distlock,
+                "try_lock + release (owner-checked, no fence: like rslock and distributed-lock-redis)",
+                cycle(move |client| {
+                    distlock_cycle(unfenced.clone(), format!("unfenced-{client}"), TTL)
+                }),
+            )
+            .fencing(false),
+        );
 
         let rslock = self.rslock.clone();
         contenders.push(Contender::cycle(

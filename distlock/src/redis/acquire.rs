@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::errors::{self, Outcome};
-use super::scripts::{ACQUIRE_SCRIPT, ACQUIRE_SHARED_SCRIPT, READER_TOKEN_PREFIX};
+use super::scripts::{
+    ACQUIRE_SCRIPT, ACQUIRE_SHARED_SCRIPT, ACQUIRE_UNFENCED_SCRIPT, READER_TOKEN_PREFIX,
+};
 use super::{inspect, ttl_millis, RedisLocker, BACKEND};
 use crate::inspect::{current_label, host_name};
 use crate::pending::PendingAcquire;
@@ -130,7 +132,8 @@ impl RedisLocker {
         let parts = LeaseParts {
             key: key.to_owned(),
             owner: pending.settle(),
-            fencing_token: Some(fencing_token),
+            // With fencing off the script answered 1, no token.
+            fencing_token: self.inner.fencing.then_some(fencing_token),
             ttl,
             valid_until: Some(sent_at + ttl),
         };
@@ -216,11 +219,16 @@ impl RedisLocker {
         ttl: Duration,
         retry: bool,
     ) -> redis::RedisResult<Option<(usize, u64)>> {
-        let mut invocation = ACQUIRE_SCRIPT.prepare_invoke();
+        let mut invocation = if self.inner.fencing {
+            ACQUIRE_SCRIPT.prepare_invoke()
+        } else {
+            ACQUIRE_UNFENCED_SCRIPT.prepare_invoke()
+        };
         for key in keys {
-            invocation
-                .key(self.inner.keys.lock_key(key))
-                .key(self.inner.keys.fence_key(key));
+            invocation.key(self.inner.keys.lock_key(key));
+            if self.inner.fencing {
+                invocation.key(self.inner.keys.fence_key(key));
+            }
         }
         invocation.arg(value).arg(ttl_millis(ttl));
         if retry {

@@ -321,6 +321,7 @@ impl Parts {
                 publish,
                 replicas,
                 record_holder: config.record_holder,
+                fencing: config.fencing,
                 allow_eviction: config.allow_eviction,
                 require_appendonly: config.require_appendonly,
                 server: OnceLock::new(),

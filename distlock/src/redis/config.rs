@@ -60,6 +60,7 @@ pub(crate) const PARAMETERS: Table = Table(&[&[
     Param::url("tls_client_cert", &["client_cert"]),
     Param::url("tls_client_key", &["client_key"]),
     Param::url("holder_record", &["holder", "record_holder"]),
+    Param::url("fencing", &[]),
     Param::url("allow_eviction", &[]),
     Param::url("require_appendonly", &[]),
 ]]);
@@ -213,6 +214,21 @@ pub struct Config {
         alias = "holder"
     )]
     pub record_holder: bool,
+    /// Give every exclusive grant a fencing token: the grant script bumps
+    /// the key's counter (`INCR <prefix>{<key>}:fence`) in the same atomic
+    /// step as its `SET NX`. Default `true`. URL parameter `fencing=off`
+    /// (as on Postgres and MySQL) turns it off for callers that never pass
+    /// a token on: the grant is the `SET NX` alone, no counter key is
+    /// written, and [`Lease::fencing_token`] and the inspected
+    /// `fencing_token` are `None` (so are readers' tokens). Mutual
+    /// exclusion, expiry, owner-checked release and refresh are unchanged;
+    /// what is lost is the one defence against a holder that stalls past
+    /// its ttl (a GC pause, a stopped VM, a slow network): its late writes
+    /// carry no token a resource could reject, so they may land after the
+    /// next holder's (see the [module docs](super), "Fencing off").
+    ///
+    /// [`Lease::fencing_token`]: crate::Lease::fencing_token
+    pub fencing: bool,
     /// Accept a server that may evict keys when its memory fills
     /// (`maxmemory` set and `maxmemory-policy` other than `noeviction`),
     /// with a warning logged at connect. Default `false`: such a server is
@@ -257,6 +273,7 @@ impl Default for Config {
             min_replicas: 0,
             replica_timeout: DEFAULT_REPLICA_TIMEOUT,
             record_holder: true,
+            fencing: true,
             allow_eviction: false,
             require_appendonly: false,
         }
@@ -415,6 +432,7 @@ crate::config::serde_config! {
             "tls_ca" => self.tls_ca = optional_text(value).map(PathBuf::from),
             "tls_client_cert" => self.tls_client_cert = optional_text(value).map(PathBuf::from),
             "tls_client_key" => self.tls_client_key = optional_text(value).map(PathBuf::from),
+            "fencing" => self.fencing = parse(source, value)?,
             "allow_eviction" => self.allow_eviction = parse(source, value)?,
             "require_appendonly" => self.require_appendonly = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not a Redis parameter")),

@@ -52,7 +52,13 @@ impl RedisLocker {
                 script.invoke_async(&mut self.connection()).await
             })
             .await?;
-        reply.map(|reply| lock_view(key, reply)).transpose()
+        let mut view = reply.map(|reply| lock_view(key, reply)).transpose()?;
+        if let Some(view) = view.as_mut().filter(|_| !self.inner.fencing) {
+            // No lease of this locker carries a token: a counter another
+            // locker (with fencing) left in the key is not this grant's.
+            view.held.fencing_token = None;
+        }
+        Ok(view)
     }
 
     /// `SCAN` with the prefix's pattern on every node that holds keys (each
@@ -166,7 +172,7 @@ fn lock_view(key: &str, reply: Vec<Value>) -> Result<LockView> {
                 clock: Clock::Server,
             });
             held.ttl = Some(Duration::from_millis(record.ttl_ms));
-            held.fencing_token = Some(record.fence);
+            held.fencing_token = record.fence;
         }
     }
     Ok(LockView { held, grant })
@@ -176,7 +182,9 @@ struct Record {
     holder: Holder,
     granted_ms: u64,
     ttl_ms: u64,
-    fence: u64,
+    /// `None` when no counter exists: a grant of a locker with fencing off
+    /// (its holder is still recorded).
+    fence: Option<u64>,
 }
 
 fn decode_record(ttl_ms: &str, granted_ms: &str, holder: &str, fence: &str) -> Option<Record> {
@@ -190,7 +198,10 @@ fn decode_record(ttl_ms: &str, granted_ms: &str, holder: &str, fence: &str) -> O
         },
         granted_ms: granted_ms.parse().ok()?,
         ttl_ms: ttl_ms.parse().ok()?,
-        fence: fence.parse().ok()?,
+        fence: match fence {
+            "" => None,
+            fence => Some(fence.parse().ok()?),
+        },
     })
 }
 
@@ -263,6 +274,27 @@ mod tests {
         assert_eq!(held.ttl_left, Some(Duration::from_millis(29_500)));
         assert_eq!(held.fencing_token, Some(7));
         assert_eq!(held.session, None);
+    }
+
+    #[test]
+    fn a_record_without_a_counter_is_a_known_holder_without_a_token() {
+        // A grant of a locker with fencing off writes no counter: the
+        // script answers '' for it.
+        let reply = vec![
+            Value::Int(29_500),
+            text("5f3c"),
+            text("30000"),
+            text("1764000000123"),
+            text("4242\nweb-1\nnightly"),
+            text(""),
+        ];
+        let held = lock_view("k", reply).expect("decodes").held;
+        assert_eq!(
+            held.holder.map(|h| (h.pid, h.host, h.label)),
+            Some((4242, "web-1".to_owned(), "nightly".to_owned()))
+        );
+        assert_eq!(held.ttl, Some(Duration::from_secs(30)));
+        assert_eq!(held.fencing_token, None);
     }
 
     #[test]

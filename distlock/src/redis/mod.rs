@@ -56,6 +56,19 @@
 //!   the token can release ([`Capabilities::unlock_by_owner`]).
 //! - **Fencing**: the per-key counter increases with every grant on this
 //!   server. It is never deleted (one small key per lock name ever used).
+//! - **Fencing off** ([`Config::fencing`], `?fencing=off`): the grant is the
+//!   `SET NX PX` alone, no counter is written, and every lease's (and
+//!   inspection's) fencing token is `None`; [`Capabilities::fencing`] is
+//!   false. Everything above but fencing holds as it is. What is given up:
+//!   a holder that stalls past its ttl (a pause, a stopped VM, a partition)
+//!   while the next holder is granted cannot be told apart by the resource
+//!   it writes to, so **a paused holder's late writes cannot be rejected**;
+//!   only the ttl and refreshes bound the overlap, which is the guarantee
+//!   the locks without tokens it is compared with give (BENCHMARKS.md). Use
+//!   it only when nothing downstream checks a token. Lockers with fencing
+//!   on and off may share keys: they exclude each other as before, and a
+//!   grant with fencing off leaves the counter as it was, so the next
+//!   fenced grant's token is still above every earlier fenced one.
 //! - **Contention vs outage**: a held key is `Ok(None)` (contention); a server
 //!   that cannot be reached or fails is [`Error::Backend`], one that does not
 //!   answer within the operation bound (below) is [`Error::DeadlineExceeded`]:
@@ -583,6 +596,8 @@ struct Inner {
     replicas: Option<ReplicaAck>,
     /// [`Config::record_holder`].
     record_holder: bool,
+    /// [`Config::fencing`].
+    fencing: bool,
     /// [`Config::allow_eviction`].
     allow_eviction: bool,
     /// [`Config::require_appendonly`].
@@ -731,6 +746,7 @@ impl Locker for RedisLocker {
             // A waiting writer polls (woken by releases) beside new readers:
             // nothing queues it ahead of them.
             writer_priority: false,
+            fencing: self.inner.fencing,
             ..Capabilities::ALL
         }
     }

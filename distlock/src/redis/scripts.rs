@@ -257,19 +257,83 @@ end
 /// nothing when every key is held. Used twice in [`ACQUIRE`]: inline, not a
 /// `local function`, so the hot path makes no closure (see
 /// `lock_value_lua`).
+///
+/// Its arguments make the grant of [`ACQUIRE_UNFENCED`] from the same text:
+/// the stride of `KEYS` (2: each lock key followed by its fence key), the
+/// fence a grant answers, and the key's position in the caller's list.
 macro_rules! grant_first_free_lua {
-    () => {
-        r"
-for i = 1, #KEYS, 2 do
+    ($stride:literal, $fence:literal, $position:literal) => {
+        concat!(
+            r"
+for i = 1, #KEYS, ",
+            $stride,
+            r" do
     if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-        local fence = redis.call('INCR', KEYS[i + 1])
+        local fence = ",
+            $fence,
+            r"
         if i == 1 then
             return fence
         end
-        return {(i + 1) / 2, fence}
+        return {",
+            $position,
+            r", fence}
     end
 end
 "
+        )
+    };
+}
+
+/// [`ACQUIRE`] and [`ACQUIRE_UNFENCED`] from one text: `$stride` keys per
+/// lock key, `$fence` the grant's fence (an expression), `$retry_fence` the
+/// statement setting `fence` for a key already ours, `$position` the
+/// key's position in the caller's list.
+macro_rules! acquire_lua {
+    ($stride:literal, $fence:literal, $retry_fence:literal, $position:literal) => {
+        concat!(
+            r"
+local several = #KEYS > ",
+            $stride,
+            r"
+if not (several and ARGV[3]) then
+",
+            grant_first_free_lua!($stride, $fence, $position),
+            r"
+    if several then
+        return 0
+    end
+end
+",
+            lock_value_lua!(),
+            r"
+local line_end = string.find(ARGV[1], '\n', 1, true)
+local owner = line_end and string.sub(ARGV[1], 1, line_end - 1) or ARGV[1]
+for i = 1, #KEYS, ",
+            $stride,
+            r" do
+    local value = redis.call('GET', KEYS[i])
+    if owns(value, owner) then
+        rearm(KEYS[i], value, owner, ARGV[2])
+",
+            $retry_fence,
+            r"
+        if i == 1 then
+            return fence
+        end
+        return {",
+            $position,
+            r", fence}
+    end
+end
+if several then
+",
+            grant_first_free_lua!($stride, $fence, $position),
+            r"
+end
+return 0
+"
+        )
     };
 }
 
@@ -325,44 +389,25 @@ end
 /// the key its value is the shared marker (see "Shared locks" on
 /// `reader_prefix`), so the `SET NX` fails as for a writer's hold; the
 /// marker expires with the last reader.
-const ACQUIRE: &str = concat!(
-    r"
-local several = #KEYS > 2
-if not (several and ARGV[3]) then
-",
-    grant_first_free_lua!(),
-    r"
-    if several then
-        return 0
-    end
-end
-",
-    lock_value_lua!(),
-    r"
-local line_end = string.find(ARGV[1], '\n', 1, true)
-local owner = line_end and string.sub(ARGV[1], 1, line_end - 1) or ARGV[1]
-for i = 1, #KEYS, 2 do
-    local value = redis.call('GET', KEYS[i])
-    if owns(value, owner) then
-        rearm(KEYS[i], value, owner, ARGV[2])
-        local fence = tonumber(redis.call('GET', KEYS[i + 1]))
+const ACQUIRE: &str = acquire_lua!(
+    "2",
+    "redis.call('INCR', KEYS[i + 1])",
+    "        local fence = tonumber(redis.call('GET', KEYS[i + 1]))
         if not fence then
             fence = redis.call('INCR', KEYS[i + 1])
-        end
-        if i == 1 then
-            return fence
-        end
-        return {(i + 1) / 2, fence}
-    end
-end
-if several then
-",
-    grant_first_free_lua!(),
-    r"
-end
-return 0
-"
+        end",
+    "(i + 1) / 2"
 );
+
+/// [`ACQUIRE`] for a locker with fencing off ([`Config::fencing`]): the
+/// same grant, retry and answers, over the lock keys alone (`KEYS[i]` the
+/// `i`-th, no fence keys), with no counter bumped or read; a grant answers
+/// 1 where [`ACQUIRE`] answers its token (the caller gives the lease none).
+/// The `SET NX` is the whole grant, as in the locks without fencing it is
+/// compared with.
+///
+/// [`Config::fencing`]: super::Config::fencing
+const ACQUIRE_UNFENCED: &str = acquire_lua!("1", "1", "        local fence = 1", "i");
 
 /// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel,
 /// `ARGV[3]` the publish command (`PUBLISH`, or `SPUBLISH` on a cluster).
@@ -648,6 +693,8 @@ return {1, current or ''}
 
 // The SHA1 of each script is computed once per process.
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+pub(crate) static ACQUIRE_UNFENCED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_UNFENCED));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));
 pub(crate) static ACQUIRE_SHARED_SCRIPT: LazyLock<Script> =

@@ -16,3 +16,19 @@ distlock::conformance_suite!(|| async {
     assert_eq!(locker.backend(), "redis");
     locker
 });
+
+/// The whole suite again on a locker with fencing off (`?fencing=off`):
+/// everything but tokens holds as with fencing on; the checks of tokens
+/// read `Capabilities::fencing` and check their absence instead.
+mod fencing_off {
+    use super::*;
+
+    distlock::conformance_suite!(|| async {
+        let url = format!("{}?fencing=off", RedisServer::shared().url());
+        let locker: Arc<dyn Locker> = distlock::connect(&url)
+            .await
+            .expect("connect to the test redis-server");
+        assert!(!locker.capabilities().fencing);
+        locker
+    });
+}

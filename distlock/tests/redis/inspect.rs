@@ -2,8 +2,8 @@
 //! pid \n host \n label`), beyond what the conformance suite checks: the
 //! grant time is the server's and survives refreshes, a refresh with a new
 //! ttl records it, a value in another format is an unknown holder,
-//! `holder=false` stores the bare owner token, and listing escapes glob
-//! characters.
+//! `holder=false` stores the bare owner token, `fencing=off` writes no
+//! counter and gives no token, and listing escapes glob characters.
 
 use std::time::{Duration, SystemTime};
 
@@ -97,6 +97,89 @@ async fn a_value_in_another_format_is_an_unknown_holder() {
             "another token does not release it"
         );
     }
+}
+
+#[tokio::test]
+async fn fencing_off_writes_no_counter_gives_no_token_and_leaves_fenced_tokens_rising() {
+    let server = RedisServer::start();
+    let fenced = RedisLocker::from_url(&server.url()).await.expect("connect");
+    let unfenced = RedisLocker::from_url(&format!("{}?fencing=off", server.url()))
+        .await
+        .expect("connect");
+    assert!(fenced.capabilities().fencing);
+    assert!(!unfenced.capabilities().fencing);
+    let ttl = Duration::from_secs(30);
+
+    let lease = unfenced
+        .try_lock("job", ttl)
+        .await
+        .expect("try_lock")
+        .expect("free");
+    assert_eq!(lease.fencing_token(), None);
+    assert_eq!(server.cli(&["EXISTS", "lock:{job}:fence"]), "0");
+    // Still a lock: the fenced locker is kept out, and inspection reports
+    // the holder with no token.
+    assert!(fenced
+        .try_lock("job", ttl)
+        .await
+        .expect("try_lock")
+        .is_none());
+    let held = unfenced
+        .inspect("job")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(held.fencing_token, None);
+    assert!(held.holder.is_some());
+    lease.release().await.expect("release");
+
+    let first = fenced
+        .try_lock("job", ttl)
+        .await
+        .expect("try_lock")
+        .expect("free");
+    assert_eq!(first.fencing_token(), Some(1));
+    first.release().await.expect("release");
+    // A grant without fencing between two fenced ones leaves the counter
+    // alone, and its inspection does not pass the counter off as its token.
+    let between = unfenced
+        .try_lock("job", ttl)
+        .await
+        .expect("try_lock")
+        .expect("free");
+    assert_eq!(server.cli(&["GET", "lock:{job}:fence"]), "1");
+    let held = unfenced
+        .inspect("job")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(held.fencing_token, None);
+    between.release().await.expect("release");
+    let second = fenced
+        .try_lock("job", ttl)
+        .await
+        .expect("try_lock")
+        .expect("free");
+    assert_eq!(second.fencing_token(), Some(2));
+    second.release().await.expect("release");
+
+    // One attempt over several keys (a semaphore's permits) grants the
+    // first free one, as with fencing.
+    let taken = unfenced
+        .try_lock("p1", ttl)
+        .await
+        .expect("try_lock")
+        .expect("free");
+    let keys = ["p1", "p2", "p3"].map(String::from);
+    let any = unfenced
+        .try_lock_any(&keys, ttl)
+        .await
+        .expect("try_lock_any")
+        .expect("p2 free");
+    assert_eq!((any.key(), any.fencing_token()), ("p2", None));
+    assert_eq!(server.cli(&["EXISTS", "lock:{p2}:fence"]), "0");
+    any.release().await.expect("release");
+    taken.release().await.expect("release");
 }
 
 #[tokio::test]

@@ -268,3 +268,16 @@ fn older_spellings_are_aliases() {
 fn every_url_parameter_is_in_the_readme() {
     crate::config::assert_in_readme("Redis", PARAMETERS);
 }
+
+#[test]
+fn fencing_is_on_unless_turned_off_in_every_source() {
+    assert!(Config::default().fencing);
+    assert!(Config::from_url("redis://h/").unwrap().fencing);
+    assert!(!Config::from_url("redis://h/?fencing=off").unwrap().fencing);
+    let error = Config::from_url("redis://h/?fencing=sometimes").unwrap_err();
+    assert!(error.to_string().contains("not a boolean"), "{error}");
+    let env = Config::from_env_vars([("DISTLOCK_REDIS_FENCING", "false")]).unwrap();
+    assert!(!env.fencing);
+    let json = Config::from_json(r#"{"addresses": ["h"], "fencing": false}"#).unwrap();
+    assert!(!json.fencing);
+}

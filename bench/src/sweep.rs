@@ -1,0 +1,158 @@
+//! `sweep`: distlock's `sessions` setting on Postgres and MySQL at a fixed
+//! number of clients (issue 28: which default serves sixteen clients). One
+//! locker per setting, all of them contenders of one group, so the settings
+//! are measured in the same interleaved rounds; each line printed gives a
+//! setting's cycles/s, cycle p99 and the server connections its locker had
+//! open after one burst of every client at once (before the rounds).
+
+use std::time::Duration;
+
+use distlock::Locker;
+
+use crate::backends::{distlock_cycle, err};
+use crate::harness::{self, cycle, Contender, Group, Role, Settings, Workload};
+use crate::report;
+
+/// The settings swept, as issue 28 lists them.
+pub const SESSIONS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// A locker per setting of one backend, and how to count the server's
+/// client connections.
+pub enum Server {
+    Postgres(test_servers::PostgresServer),
+    Mysql(test_servers::MariaDbServer),
+}
+
+impl Server {
+    fn name(&self) -> &'static str {
+        match self {
+            Server::Postgres(_) => "postgres",
+            Server::Mysql(_) => "mysql",
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        match self {
+            Server::Postgres(server) => server.pid(),
+            Server::Mysql(server) => server.pid(),
+        }
+    }
+
+    async fn locker(&self, sessions: usize) -> Result<std::sync::Arc<dyn Locker>, String> {
+        // Both test URLs carry a query already.
+        let url = match self {
+            Server::Postgres(server) => server.url(),
+            Server::Mysql(server) => server.url(),
+        };
+        distlock::connect(&format!("{url}&sessions={sessions}"))
+            .await
+            .map_err(err)
+    }
+
+    /// The client connections the server has open now, the asking one
+    /// left out.
+    async fn connections(&self) -> Result<i64, String> {
+        match self {
+            Server::Postgres(server) => {
+                let (client, connection) =
+                    tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+                        .await
+                        .map_err(err)?;
+                let task = tokio::spawn(connection);
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity \
+                         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .await
+                    .map_err(err)?;
+                drop(client);
+                task.abort();
+                Ok(row.get(0))
+            }
+            Server::Mysql(server) => {
+                use mysql_async::prelude::Queryable;
+                let url = server.url().replace("?ssl-mode=DISABLED", "");
+                let mut conn = mysql_async::Conn::from_url(url.as_str())
+                    .await
+                    .map_err(err)?;
+                let threads: Option<(String, i64)> = conn
+                    .query_first("SHOW STATUS LIKE 'Threads_connected'")
+                    .await
+                    .map_err(err)?;
+                conn.disconnect().await.map_err(err)?;
+                let (_, threads) = threads.ok_or("no Threads_connected")?;
+                Ok(threads - 1)
+            }
+        }
+    }
+}
+
+/// Sweeps `sessions` on `backend` (`postgres` or `mysql`) at `clients`
+/// clients, printing one line per setting.
+pub async fn run(backend: &str, clients: usize, settings: &Settings) -> Result<(), String> {
+    let server = match backend {
+        "postgres" => Server::Postgres(test_servers::PostgresServer::start()),
+        "mysql" => Server::Mysql(test_servers::MariaDbServer::start()),
+        other => return Err(format!("sweep: {other:?} has no sessions setting")),
+    };
+    let mut contenders = Vec::new();
+    let mut opened = Vec::new();
+    for sessions in SESSIONS {
+        let before = server.connections().await?;
+        let locker = server.locker(sessions).await?;
+        // Every client at once, so a pool that opens sessions on demand
+        // opens all it will.
+        let burst = (0..clients).map(|client| {
+            distlock_cycle(locker.clone(), format!("sweep-{sessions}-{client}"), TTL)
+        });
+        for outcome in futures_util::future::join_all(burst).await {
+            outcome?;
+        }
+        opened.push(server.connections().await? - before);
+        contenders.push(
+            Contender::cycle(
+                &format!("distlock fencing on, sessions={sessions}"),
+                Role::Distlock,
+                "try_lock + release",
+                cycle(move |client| {
+                    distlock_cycle(locker.clone(), format!("sweep-{sessions}-{client}"), TTL)
+                }),
+            )
+            .fencing(true),
+        );
+    }
+    let group = Group {
+        backend: server.name(),
+        workload: Workload::Uncontended,
+        clients,
+        contenders,
+        server_pids: vec![server.pid()],
+    };
+    let result = harness::run_group(&group, settings).await;
+    println!(
+        "{backend}, {clients} clients, {} rounds of {} s",
+        settings.rounds, settings.measure_s
+    );
+    // Counted after the burst, before the rounds: sessions a pool opens on
+    // demand later are not in it.
+    println!(
+        "| sessions | cycles/s (median) | cycle p99 µs (median) | server connections after a {clients}-client burst |"
+    );
+    println!("| ---: | ---: | ---: | ---: |");
+    for (sessions, (contender, connections)) in
+        SESSIONS.iter().zip(group.contenders.iter().zip(&opened))
+    {
+        let ops = report::stat(&result, &contender.name, |m| m.ops_per_s);
+        let p99 = report::stat(&result, &contender.name, |m| m.latency.p99_us);
+        println!(
+            "| {sessions} | {} | {} | {connections} |",
+            ops.map_or("-".into(), |s| format!("{:.0}", s.median)),
+            p99.map_or("-".into(), |s| format!("{:.0}", s.median)),
+        );
+    }
+    Ok(())
+}
