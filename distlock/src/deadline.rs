@@ -67,6 +67,16 @@ pub(crate) async fn bounded<T>(
 /// was sent) whose message names `target`, the settings that make the
 /// bound (`bound_by`, such as "connect_timeout= plus query_timeout= in the
 /// URL") and what to check: a silent server is otherwise a bare duration.
+// Used by the server backends' connects; a build with none has no caller.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "etcd",
+        feature = "mysql",
+        feature = "postgres"
+    )),
+    allow(dead_code)
+)]
 pub(crate) async fn bounded_connect<T>(
     backend: &'static str,
     target: &str,
@@ -90,6 +100,16 @@ pub(crate) async fn bounded_connect<T>(
 
 /// A connect abandoned at its bound, as [`bounded_connect`] reports it.
 #[derive(Debug)]
+// Used by the server backends' connects; a build with none has no caller.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "etcd",
+        feature = "mysql",
+        feature = "postgres"
+    )),
+    allow(dead_code)
+)]
 struct ConnectTimeout {
     target: String,
     after: Duration,
