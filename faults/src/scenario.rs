@@ -899,8 +899,10 @@ impl<'a> Run<'a> {
                 Ok(None)
             }
             Fault::Pause => {
+                let paused_at = now_ns();
                 test_servers::signal(holder.pid, libc::SIGSTOP);
                 std::thread::sleep(self.profile.pause());
+                self.wait_for_successor_write(paused_at);
                 test_servers::signal(holder.pid, libc::SIGCONT);
                 Ok(None)
             }
@@ -935,6 +937,41 @@ impl<'a> Run<'a> {
                 self.deployment.regain_majority().map(|()| None)
             }
         }
+    }
+
+    /// Where the paused holder's lock went to another worker (the lease ran
+    /// out under it), waits until that successor's first write reached the
+    /// register, at most `SUCCESSOR_WRITE_WAIT`: Kleppmann's case is the
+    /// stale write arriving after the newer holder's, and a resume between
+    /// the successor's grant and its first write would make a stale write
+    /// the register had no newer token to reject. Where nobody took the
+    /// lock (a session that outlives a stopped client) there is nothing to
+    /// wait for. Every grant since `paused_at` is a successor's: the paused
+    /// process emits nothing.
+    fn wait_for_successor_write(&self, paused_at: u64) {
+        const SUCCESSOR_WRITE_WAIT: Duration = Duration::from_secs(3);
+        let successors: Vec<(u32, u64)> = self
+            .log
+            .snapshot()
+            .iter()
+            .filter_map(|event| match event.kind {
+                EventKind::Acquired { grant, .. } if event.at > paused_at => {
+                    Some((event.worker, grant))
+                }
+                _ => None,
+            })
+            .collect();
+        if successors.is_empty() {
+            return;
+        }
+        let _ = self
+            .log
+            .wait_for(SUCCESSOR_WRITE_WAIT, |event| match event.kind {
+                EventKind::Wrote { grant, .. } if successors.contains(&(event.worker, grant)) => {
+                    Some(())
+                }
+                _ => None,
+            });
     }
 
     /// Runs `outage` on the deployment, recording the servers as down

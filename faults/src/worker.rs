@@ -25,10 +25,12 @@
 //! (`lost_signal().early_by(drift_margin(ttl))`, as `with_lock` does): a
 //! running process stops its work before the lock can be someone else's.
 //! What no process can honour is a pause: the wait before each write races
-//! the lost signal with the write's timer polled first, so a holder resumed
-//! after SIGSTOP finds its timer due and writes at once, as a program paused
-//! between its last check and its write would. That stale write is what the
-//! fenced register must reject.
+//! the lost signal with the write's timer polled first, and the writes are
+//! due on a schedule from the grant, so a holder resumed after SIGSTOP
+//! (wherever it was stopped) finds a write overdue and makes it at once, as
+//! a program paused between its last check and its write would; it looks
+//! after each write, so it makes one. That stale write is what the fenced
+//! register must reject.
 //!
 //! SIGUSR1 asks the worker to keep its current grant until the lost signal
 //! fires (or `linger` passes): the orchestrator uses it to keep a victim
@@ -203,6 +205,7 @@ async fn contend(
         };
         match outcome {
             Ok(held) => {
+                let granted_at = tokio::time::Instant::now();
                 grant += 1;
                 emitter.emit(EventKind::Acquired {
                     grant,
@@ -216,6 +219,7 @@ async fn contend(
                     grant,
                     permit: held.permit(),
                     linger,
+                    granted_at,
                 };
                 hold.run(held, &mut register).await?;
             }
@@ -385,6 +389,7 @@ async fn contend_xact(
         };
         match distlock::postgres::try_lock_xact(&transaction, key).await {
             Ok(true) => {
+                let granted_at = tokio::time::Instant::now();
                 grant += 1;
                 emitter.emit(EventKind::Acquired {
                     grant,
@@ -398,6 +403,7 @@ async fn contend_xact(
                     grant,
                     permit: None,
                     linger: &linger,
+                    granted_at,
                 };
                 let lost = hold.work(&mut register, None, None).await?;
                 emitter.emit(EventKind::HoldEnded { grant, lost });
@@ -461,6 +467,10 @@ struct Hold<'a> {
     /// The semaphore permit held: the register and counter it writes.
     permit: Option<u32>,
     linger: &'a AtomicBool,
+    /// When the grant arrived: the hold's writes are due on a schedule from
+    /// here, so a holder resumed from SIGSTOP finds its next write overdue
+    /// wherever it was stopped (module docs).
+    granted_at: tokio::time::Instant,
 }
 
 impl Hold<'_> {
@@ -518,11 +528,19 @@ impl Hold<'_> {
                     None => std::future::pending().await,
                 }
             };
+            // Due on the schedule, not `gap` after the last step: a holder
+            // stopped anywhere (in this wait, a write, the increment, before
+            // its first write) has its next write overdue when resumed.
+            let due = u32::try_from(step.saturating_add(1))
+                .ok()
+                .and_then(|steps| gap.checked_mul(steps))
+                .and_then(|since_grant| self.granted_at.checked_add(since_grant))
+                .ok_or("the hold's write schedule overflowed")?;
             tokio::select! {
                 // The timer first: after a pause both are ready, and the
                 // paused program writes before it looks (see the module docs).
                 biased;
-                () = tokio::time::sleep(gap) => {}
+                () = tokio::time::sleep_until(due) => {}
                 reason = lost_fired => return Ok(Some(reason.to_string())),
             }
             let accepted = register
@@ -536,6 +554,11 @@ impl Hold<'_> {
             });
             if step == writes / 2 {
                 self.increment(register, gap / 2).await?;
+            }
+            // It looks after each write: one stale write after a pause, not
+            // a burst of every overdue one.
+            if let Some(reason) = lost.as_ref().and_then(LostSignal::reason) {
+                return Ok(Some(reason.to_string()));
             }
             step += 1;
         }
