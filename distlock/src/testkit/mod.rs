@@ -980,19 +980,25 @@ pub async fn with_lock_stops_work_when_the_lease_ends(h: &Harness) {
 }
 
 /// Where the backend notifies releases, a waiter acquires within a few
-/// milliseconds of the release, every time, not by polling luck (polling at
-/// the default policy is 100–200 ms apart by then). Elsewhere, waiters still
-/// acquire within the polling interval.
+/// milliseconds of the release, not by polling luck (polling at the default
+/// policy is 100–200 ms apart by then): at most one round of five over
+/// 60 ms (a loaded test machine can delay one wake-up; a polling waiter
+/// lands under 60 ms in about two rounds of five), and none over the
+/// polling bound. Elsewhere, waiters acquire within the polling interval
+/// every round.
 pub async fn waiter_wakes_promptly_on_release(h: &Harness) {
+    const ROUNDS: usize = 5;
+    let polling_bound = Duration::from_millis(600);
     let (a, b) = (h.locker().await, h.locker().await);
     let key = h.key("wakeup");
     let native = a.capabilities().release_wakeup;
-    let bound = if native {
-        Duration::from_millis(60)
+    let (bound, slow_rounds_allowed) = if native {
+        (Duration::from_millis(60), 1)
     } else {
-        Duration::from_millis(600)
+        (polling_bound, 0)
     };
-    for round in 0..5 {
+    let mut latencies = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
         let lease = acquire(&*a, &key, LONG_TTL).await;
         let waiter = spawn_waiter(&b, &key);
         // Long enough for a polling waiter to reach its largest delay.
@@ -1006,9 +1012,19 @@ pub async fn waiter_wakes_promptly_on_release(h: &Harness) {
             "{}: round {round}: waiter acquired {latency:?} after the release",
             a.backend()
         );
-        assert!(latency < bound, "round {round}: acquired {latency:?} after the release (bound {bound:?}, native wake-up: {native})");
+        latencies.push(latency);
         lease.release().await.expect("release");
     }
+    let slow = latencies
+        .iter()
+        .filter(|&&latency| latency >= bound)
+        .count();
+    assert!(
+        slow <= slow_rounds_allowed && latencies.iter().all(|&latency| latency < polling_bound),
+        "{slow} of {ROUNDS} waiters acquired {bound:?} or more after the release \
+         (allowed: {slow_rounds_allowed}, none over {polling_bound:?}; native wake-up: \
+         {native}): {latencies:?}"
+    );
 }
 
 /// Asserts that `held` describes `lease`, granted between `before` and

@@ -36,7 +36,12 @@ async fn in_sync(replica: &RedisServer) {
 async fn a_grant_is_kept_once_the_replica_has_it() {
     let (primary, replica) = primary_and_replica();
     in_sync(&replica).await;
-    let url = format!("{}?min_replicas=1&replica_timeout=200ms", primary.url());
+    // 1 s: a loaded machine can hold a running replica's ack past a
+    // shorter WAIT; the response timeout bounding the reply stays above it.
+    let url = format!(
+        "{}?min_replicas=1&replica_timeout=1s&response_timeout=2s",
+        primary.url()
+    );
     let locker = RedisLocker::from_url(&url).await.expect("connect");
     for round in 0..20 {
         let key = format!("acked-{round}");
@@ -103,7 +108,12 @@ fn mark_key(name: &str) -> String {
 async fn an_advanced_mark_is_on_the_replica_when_the_call_returns() {
     let (primary, replica) = primary_and_replica();
     in_sync(&replica).await;
-    let url = format!("{}?min_replicas=1&replica_timeout=200ms", primary.url());
+    // 1 s: a loaded machine can hold a running replica's ack past a
+    // shorter WAIT; the response timeout bounding the reply stays above it.
+    let url = format!(
+        "{}?min_replicas=1&replica_timeout=1s&response_timeout=2s",
+        primary.url()
+    );
     let locker = RedisLocker::from_url(&url).await.expect("connect");
     // min_replicas is set: no warning about the replica.
     assert_eq!(locker.durability_warnings().len(), 1, "appendonly only");
