@@ -51,7 +51,7 @@ async fn main() -> Result<(), BoxError> {
     });
 
     // The locker with `distlock_*` metrics (attempts, waits, hold times).
-    let locker = common::locker_from_env().await?.with_metrics().shared();
+    let locker = common::locker_from_env().await?.with_metrics();
     let mut scheduler = Scheduler::new(locker).on_tick(log_tick);
     let job_state = app.clone();
     scheduler.add(

@@ -117,14 +117,16 @@ pub struct Semaphore {
 }
 
 impl Semaphore {
-    /// The semaphore `name` with `permits` permits on `locker`.
+    /// The semaphore `name` with `permits` permits on `locker`: any
+    /// [`Locker`], a backend, a wrapped one, or an `Arc<dyn Locker>` shared
+    /// with the rest of the program (kept as it is, not boxed again).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for zero permits or more than
     /// [`MAX_PERMITS`], or a name that is empty or whose permit keys would
     /// be too long for a key.
-    pub fn new(locker: Arc<dyn Locker>, name: impl Into<String>, permits: u32) -> Result<Self> {
+    pub fn new(locker: impl Locker, name: impl Into<String>, permits: u32) -> Result<Self> {
         let name = name.into();
         if !(1..=MAX_PERMITS).contains(&permits) {
             return Err(Error::invalid(
@@ -135,7 +137,7 @@ impl Semaphore {
         validate::key(&name)?;
         validate::key(&permit_key(&name, permits - 1))?;
         Ok(Semaphore {
-            locker,
+            locker: crate::lease::into_shared(locker),
             name,
             permits,
             policy: WaitPolicy::default(),

@@ -1,5 +1,6 @@
 //! Tracing as a wrapper: one span per operation.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use tracing::{Instrument, Span};
 
 use crate::forward::{forward_to_inner, inner_accessors};
 use crate::inspect::{ForceRelease, HeldLock};
-use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
+use crate::{Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result};
 
 /// Wraps a [`Locker`] so every operation runs in a span named
 /// `distlock.<operation>` (`distlock.try_lock`, `distlock.lock`,
@@ -21,7 +22,7 @@ use crate::{Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Res
 ///   prefixes and hash tags, see [`Locker::backend_key`]);
 /// - `ttl_ms` / `timeout_ms` where the operation has them;
 /// - `outcome`: `acquired`, `contended`, `released`, `refreshed`, or the error
-///   kind ([`Error::kind_name`]); `error` with the message on failure;
+///   kind ([`Error::kind_name`](crate::Error::kind_name)); `error` with the message on failure;
 /// - `fencing_token` of a granted lease.
 ///
 /// A keepalive batch ([`Locker::refresh_many`]) is one `distlock.refresh_many`
@@ -100,18 +101,30 @@ macro_rules! key_span {
     }};
 }
 
-fn record_error(span: &Span, error: &Error) {
-    span.record("outcome", error.kind_name());
-    span.record("error", tracing::field::display(error));
+/// Runs `operation` in `span` and records its outcome, as `named` names an
+/// answer, or its error: the body every traced method shares.
+async fn traced<T>(
+    span: &Span,
+    operation: impl Future<Output = Result<T>>,
+    named: impl FnOnce(&T) -> &'static str,
+) -> Result<T> {
+    let result = operation.instrument(span.clone()).await;
+    match &result {
+        Ok(answer) => {
+            span.record("outcome", named(answer));
+        }
+        Err(error) => {
+            span.record("outcome", error.kind_name());
+            span.record("error", tracing::field::display(error));
+        }
+    }
+    result
 }
 
-/// Records the outcome `named` names for an answer, or the error.
-fn record_outcome<T>(span: &Span, result: &Result<T>, named: impl FnOnce(&T) -> &'static str) {
-    match result {
-        Ok(value) => {
-            span.record("outcome", named(value));
-        }
-        Err(error) => record_error(span, error),
+fn acquired_or_contended(lease: &Option<Lease>) -> &'static str {
+    match lease {
+        Some(_) => "acquired",
+        None => "contended",
     }
 }
 
@@ -138,12 +151,8 @@ impl<L: Locker> Locker for TraceLocker<L> {
             ttl_ms = ttl.as_millis() as u64,
             fencing_token = Empty,
         );
-        let result = self.inner.try_lock(key, ttl).instrument(span.clone()).await;
-        record_outcome(&span, &result, |lease| match lease {
-            Some(_) => "acquired",
-            None => "contended",
-        });
-        Ok(result?.map(|lease| self.own(lease, &span)))
+        let lease = traced(&span, self.inner.try_lock(key, ttl), acquired_or_contended).await?;
+        Ok(lease.map(|lease| self.own(lease, &span)))
     }
 
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
@@ -155,13 +164,8 @@ impl<L: Locker> Locker for TraceLocker<L> {
             timeout_ms = timeout.as_millis() as u64,
             fencing_token = Empty,
         );
-        let result = self
-            .inner
-            .lock(key, ttl, timeout)
-            .instrument(span.clone())
-            .await;
-        record_outcome(&span, &result, |_| "acquired");
-        Ok(self.own(result?, &span))
+        let lease = traced(&span, self.inner.lock(key, ttl, timeout), |_| "acquired").await?;
+        Ok(self.own(lease, &span))
     }
 
     /// One span for the whole attempt: `key` is the first key tried (the
@@ -178,19 +182,14 @@ impl<L: Locker> Locker for TraceLocker<L> {
             ttl_ms = ttl.as_millis() as u64,
             fencing_token = Empty,
         );
-        let result = self
-            .inner
-            .try_lock_any(keys, ttl)
-            .instrument(span.clone())
-            .await;
-        record_outcome(&span, &result, |lease| match lease {
-            Some(lease) => {
+        let lease = traced(&span, self.inner.try_lock_any(keys, ttl), |lease| {
+            if let Some(lease) = lease {
                 span.record("granted", lease.key());
-                "acquired"
             }
-            None => "contended",
-        });
-        Ok(result?.map(|lease| self.own(lease, &span)))
+            acquired_or_contended(lease)
+        })
+        .await?;
+        Ok(lease.map(|lease| self.own(lease, &span)))
     }
 
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
@@ -201,16 +200,9 @@ impl<L: Locker> Locker for TraceLocker<L> {
             ttl_ms = ttl.as_millis() as u64,
             fencing_token = Empty,
         );
-        let result = self
-            .inner
-            .try_lock_shared(key, ttl)
-            .instrument(span.clone())
-            .await;
-        record_outcome(&span, &result, |lease| match lease {
-            Some(_) => "acquired",
-            None => "contended",
-        });
-        Ok(result?.map(|lease| self.own(lease, &span)))
+        let operation = self.inner.try_lock_shared(key, ttl);
+        let lease = traced(&span, operation, acquired_or_contended).await?;
+        Ok(lease.map(|lease| self.own(lease, &span)))
     }
 
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
@@ -222,27 +214,19 @@ impl<L: Locker> Locker for TraceLocker<L> {
             timeout_ms = timeout.as_millis() as u64,
             fencing_token = Empty,
         );
-        let result = self
-            .inner
-            .lock_shared(key, ttl, timeout)
-            .instrument(span.clone())
-            .await;
-        record_outcome(&span, &result, |_| "acquired");
-        Ok(self.own(result?, &span))
+        let operation = self.inner.lock_shared(key, ttl, timeout);
+        let lease = traced(&span, operation, |_| "acquired").await?;
+        Ok(self.own(lease, &span))
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
         let span = key_span!(self, "distlock.unlock", key);
-        let result = self.inner.unlock(key, owner).instrument(span.clone()).await;
-        record_outcome(&span, &result, |()| "released");
-        result
+        traced(&span, self.inner.unlock(key, owner), |()| "released").await
     }
 
     async fn forget(&self, key: &str) -> Result<()> {
         let span = key_span!(self, "distlock.forget", key);
-        let result = self.inner.forget(key).instrument(span.clone()).await;
-        record_outcome(&span, &result, |()| "forgotten");
-        result
+        traced(&span, self.inner.forget(key), |()| "forgotten").await
     }
 
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
@@ -255,16 +239,15 @@ impl<L: Locker> Locker for TraceLocker<L> {
             outcome = Empty,
             error = Empty
         );
-        let result = self
-            .inner
-            .advance_mark(name, value)
-            .instrument(span.clone())
-            .await;
-        record_outcome(&span, &result, |advance| match advance {
-            MarkAdvance::Advanced { .. } => "advanced",
-            MarkAdvance::AlreadyAt { .. } => "already_at",
-        });
-        result
+        traced(
+            &span,
+            self.inner.advance_mark(name, value),
+            |advance| match advance {
+                MarkAdvance::Advanced { .. } => "advanced",
+                MarkAdvance::AlreadyAt { .. } => "already_at",
+            },
+        )
+        .await
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
@@ -274,13 +257,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
             key,
             ttl_ms = ttl.as_millis() as u64,
         );
-        let result = self
-            .inner
-            .refresh(key, owner, ttl)
-            .instrument(span.clone())
-            .await;
-        record_outcome(&span, &result, |()| "refreshed");
-        result
+        traced(&span, self.inner.refresh(key, owner, ttl), |()| "refreshed").await
     }
     /// One span for the batch, with its size and how many were refreshed.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
@@ -309,9 +286,7 @@ impl<L: Locker> Locker for TraceLocker<L> {
 
     async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
         let span = key_span!(self, "distlock.inspect", key);
-        let result = self.inner.inspect(key).instrument(span.clone()).await;
-        record_outcome(&span, &result, held_or_free);
-        result
+        traced(&span, self.inner.inspect(key), held_or_free).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
@@ -324,12 +299,11 @@ impl<L: Locker> Locker for TraceLocker<L> {
             outcome = Empty,
             error = Empty
         );
-        let result = self.inner.list(prefix).instrument(span.clone()).await;
-        if let Ok(listed) = &result {
+        traced(&span, self.inner.list(prefix), |listed| {
             span.record("count", listed.len());
-        }
-        record_outcome(&span, &result, |_| "listed");
-        result
+            "listed"
+        })
+        .await
     }
 
     /// The span also carries the evicted holder's fencing token.
@@ -341,18 +315,12 @@ impl<L: Locker> Locker for TraceLocker<L> {
             method = ?how,
             fencing_token = Empty,
         );
-        let result = self
-            .inner
-            .force_release(key, how)
-            .instrument(span.clone())
-            .await;
-        if let Ok(Some(token)) = result
-            .as_ref()
-            .map(|held| held.as_ref().and_then(|h| h.fencing_token))
-        {
-            span.record("fencing_token", token);
-        }
-        record_outcome(&span, &result, held_or_free);
-        result
+        traced(&span, self.inner.force_release(key, how), |evicted| {
+            if let Some(token) = evicted.as_ref().and_then(|held| held.fencing_token) {
+                span.record("fencing_token", token);
+            }
+            held_or_free(evicted)
+        })
+        .await
     }
 }

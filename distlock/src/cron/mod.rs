@@ -5,10 +5,12 @@
 //! ```
 //! use std::time::Duration;
 //! use distlock::cron::{Job, JobContext, Scheduler};
+//! use distlock::LockerExt;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), distlock::Error> {
-//! let locker = distlock::connect("memory://").await?;
+//! // Any locker: a backend, an `Arc<dyn Locker>`, or one wrapped as here.
+//! let locker = distlock::connect("memory://").await?.with_metrics();
 //! let mut scheduler = Scheduler::new(locker).replica_id("web-1");
 //! scheduler.add(
 //!     Job::new("sweep", "*/5 * * * * *") // every 5 s (six fields: seconds first)
@@ -255,11 +257,13 @@ impl std::fmt::Debug for Scheduler {
 
 impl Scheduler {
     /// A scheduler with no jobs over `locker`, on the system clock, named
-    /// `hostname:pid`.
-    pub fn new(locker: Arc<dyn Locker>) -> Self {
+    /// `hostname:pid`. `locker` is any [`Locker`]: a backend, a wrapped one
+    /// (`MemoryLocker::new().with_metrics()`), or an `Arc<dyn Locker>`
+    /// shared with the rest of the program (kept as it is, not boxed again).
+    pub fn new(locker: impl Locker) -> Self {
         Scheduler {
             shared: Shared {
-                locker,
+                locker: crate::lease::into_shared(locker),
                 clock: Arc::new(SystemClock),
                 replica: default_replica_id().into(),
                 observer: None,

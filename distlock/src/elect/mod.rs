@@ -158,9 +158,13 @@ impl Election {
     /// [`KeepAlive`] (refresh every ttl/3, no maximum term),
     /// [`DEFAULT_RELEASE_TIMEOUT`], nothing proclaimed (the lock then records
     /// the process's label, see [`crate::inspect`]).
-    pub fn new(locker: Arc<dyn Locker>, name: impl Into<String>) -> Self {
+    ///
+    /// `locker` is any [`Locker`]: a backend, a wrapped one, or an
+    /// `Arc<dyn Locker>` shared with the rest of the program (kept as it is,
+    /// not boxed again).
+    pub fn new(locker: impl Locker, name: impl Into<String>) -> Self {
         Election {
-            locker,
+            locker: crate::lease::into_shared(locker),
             name: name.into(),
             ttl: DEFAULT_TERM_TTL,
             keepalive: KeepAlive::default(),

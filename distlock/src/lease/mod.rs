@@ -15,6 +15,7 @@ mod shared;
 mod signal;
 
 pub use keepalive::KeepAlive;
+pub(crate) use shared::into_shared;
 pub use shared::{new_owner_token, SharedLocker};
 pub use signal::{LostNotifier, LostReason, LostSignal};
 

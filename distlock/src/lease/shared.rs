@@ -1,5 +1,6 @@
 //! The one `Arc<dyn Locker>` the leases of a locker share, and owner tokens.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -53,6 +54,18 @@ impl SharedLocker {
     }
 }
 
+/// `locker` as the `Arc<dyn Locker>` the primitives keep: boxed once, or,
+/// when it already is an `Arc<dyn Locker>`, that `Arc` itself (not an `Arc`
+/// of an `Arc`, which would work but add an indirection to every call). What
+/// lets `Scheduler::new`, `Election::new` and `Semaphore::new` take any
+/// locker, wrapped or not, without the caller's `.shared()`.
+pub(crate) fn into_shared<L: Locker>(locker: L) -> Arc<dyn Locker> {
+    match (&locker as &dyn Any).downcast_ref::<Arc<dyn Locker>>() {
+        Some(shared) => shared.clone(),
+        None => Arc::new(locker),
+    }
+}
+
 impl fmt::Debug for SharedLocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedLocker").finish_non_exhaustive()
@@ -62,4 +75,20 @@ impl fmt::Debug for SharedLocker {
 /// A fresh owner token: 128 random bits as 32 lowercase hex digits.
 pub fn new_owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryLocker;
+    use crate::LockerExt;
+
+    #[test]
+    fn an_arc_dyn_locker_is_kept_and_anything_else_boxed_once() {
+        let shared: Arc<dyn Locker> = Arc::new(MemoryLocker::new());
+        let kept = into_shared(shared.clone());
+        assert!(Arc::ptr_eq(&kept, &shared), "not an Arc of the Arc");
+        let wrapped = into_shared(MemoryLocker::new().with_prefix("jobs/"));
+        assert_eq!(wrapped.backend_key("a"), "jobs/a", "the wrapper, boxed");
+    }
 }
