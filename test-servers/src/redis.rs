@@ -187,7 +187,16 @@ impl RedisServer {
     }
 
     /// Runs `redis-cli` against this server and returns its trimmed stdout.
+    /// Panics if it fails.
     pub fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args)
+            .unwrap_or_else(|failure| panic!("redis-cli {args:?} failed: {failure}"))
+    }
+
+    /// Runs `redis-cli` against this server: its trimmed stdout, or what it
+    /// said when it failed (a server that closed the connection, as a
+    /// Sentinel failover does to every client it reconfigures).
+    pub fn try_cli(&self, args: &[&str]) -> Result<String, String> {
         let cli = find_binary("redis-cli", "redis-tools");
         let mut command = Command::new(cli);
         command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
@@ -201,11 +210,10 @@ impl RedisServer {
             command.args(["--no-auth-warning", "-a", password]);
         }
         let output = command.args(args).output().expect("run redis-cli");
-        assert!(
-            output.status.success(),
-            "redis-cli {args:?} failed: {output:?}"
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+        if !output.status.success() {
+            return Err(format!("{output:?}"));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
     }
 }
 

@@ -119,8 +119,15 @@ impl RedisSentinelSet {
                 );
                 answer.lines().nth(1).map(str::trim) == Some(&new.to_string())
             });
-            let promoted = self.server(new).cli(&["role"]).starts_with("master");
-            let demoted = self.server(old).cli(&["role"]).starts_with("slave");
+            // The failover closes client connections on both servers as it
+            // reconfigures them: a refused `ROLE` is "not yet".
+            let role_is = |port, role| {
+                self.server(port)
+                    .try_cli(&["role"])
+                    .is_ok_and(|answer| answer.starts_with(role))
+            };
+            let promoted = role_is(new, "master");
+            let demoted = role_is(old, "slave");
             if named && promoted && demoted {
                 return new;
             }
