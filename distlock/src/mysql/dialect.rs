@@ -94,6 +94,7 @@ impl Dialect for Inner {
                     token,
                     session,
                     lease_locker,
+                    false,
                 )?;
                 answer.settle();
                 Ok(Tried::Granted(lease))
@@ -150,15 +151,16 @@ impl Dialect for Inner {
             wait.disarm();
             match got? {
                 Got::Granted(token) => {
-                    let WaitOn {
-                        owner,
-                        lease_locker,
-                        ..
-                    } = on;
-                    let id = name.id.clone();
-                    let lease =
-                        self.core
-                            .grant(id, name.key, ttl, owner, token, session, lease_locker)?;
+                    let lease = self.core.grant(
+                        name.id.clone(),
+                        name.key,
+                        ttl,
+                        on.owner,
+                        token,
+                        session,
+                        on.lease_locker,
+                        false,
+                    )?;
                     answer.settle();
                     return Ok(lease);
                 }

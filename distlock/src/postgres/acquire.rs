@@ -11,6 +11,7 @@
 //! Here a guard notices, and releases the lock if it was taken — on the same
 //! connection, behind the attempt, so the server runs the two in order — or
 //! closes the connection when that is the only way to be sure.
+//! (The guards are in [`cleanup`](super::cleanup).)
 //!
 //! That is also what makes the whole of [`Locker::lock`] safe to bound by
 //! its caller's deadline: whatever step is abandoned (the attempt on the
@@ -22,15 +23,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::cleanup::Attempt;
 use super::errors::{self, BACKEND};
 use super::fencing::GrantRecord;
 use super::keys::LockKey;
-use super::pool::{Registry, Ticket};
+use super::pool::Ticket;
 use super::session::Session;
 use super::Inner;
 use crate::deadline::saturating_deadline;
 use crate::session_registry::Busy;
-use crate::sql::core::{AbandonWait, Tried};
+use crate::sql::core::Tried;
 use crate::sql::fencing::owner_digest;
 use crate::{new_owner_token, Error, Lease, Locker, Result};
 
@@ -75,7 +77,10 @@ impl Inner {
             .map(Some)
     }
 
-    /// Turns a grant on `session` into a lease and records it.
+    /// Turns a grant on `session` into a lease and records it: the
+    /// holder's, or with `shared` a reader's (`token` is then the key's
+    /// counter as read after the grant).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn record_grant(
         &self,
         lock: LockKey<'_>,
@@ -84,6 +89,7 @@ impl Inner {
         token: Option<i64>,
         session: Arc<Session>,
         lease_locker: Arc<dyn Locker>,
+        shared: bool,
     ) -> Result<Lease> {
         let fencing_token = fencing_token(lock, token)?;
         let core = &self.core;
@@ -95,6 +101,7 @@ impl Inner {
             fencing_token,
             session,
             lease_locker,
+            shared,
         )
     }
 }
@@ -261,7 +268,7 @@ impl Inner {
                 ),
             ));
         };
-        let lease = self.record_grant(lock, ttl, owner, token, session, lease_locker)?;
+        let lease = self.record_grant(lock, ttl, owner, token, session, lease_locker, false)?;
         attempt.finish();
         Ok(AnyRound::Granted(lease))
     }
@@ -298,15 +305,31 @@ impl Inner {
         .await
         // The statement was sent: it may have taken the lock.
         .map_err(Error::with_outcome_unknown)?;
+        self.answered(attempt, answer, lock, ttl, owner, session, lease_locker)
+    }
+
+    /// Records the answer to one attempt sent on `session` under `attempt`:
+    /// a grant (`Some(token)`) becomes a lease, exclusive or shared as the
+    /// attempt was. Should recording fail, `attempt` releases the lock as
+    /// it drops.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn answered(
+        &self,
+        attempt: Attempt,
+        answer: Option<Option<i64>>,
+        lock: LockKey<'_>,
+        ttl: Duration,
+        owner: String,
+        session: Arc<Session>,
+        lease_locker: Arc<dyn Locker>,
+    ) -> Result<Tried> {
+        let shared = attempt.shared;
         let tried = match answer {
-            Some(token) => Tried::Granted(self.record_shared_grant(
-                lock,
-                ttl,
-                owner,
-                token,
-                session,
-                lease_locker,
-            )?),
+            Some(token) => {
+                let lease =
+                    self.record_grant(lock, ttl, owner, token, session, lease_locker, shared)?;
+                Tried::Granted(lease)
+            }
             None => Tried::Contended,
         };
         attempt.finish();
@@ -343,30 +366,6 @@ impl Inner {
             lease_locker,
         );
         Ok(joined.map(Tried::Granted))
-    }
-
-    /// Turns a shared grant on `session` into a reader's lease and records
-    /// it; `token` is the key's counter as read after the grant.
-    pub(super) fn record_shared_grant(
-        &self,
-        lock: LockKey<'_>,
-        ttl: Duration,
-        owner: String,
-        token: Option<i64>,
-        session: Arc<Session>,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        let fencing_token = fencing_token(lock, token)?;
-        let core = &self.core;
-        core.grant_shared(
-            lock.id,
-            lock.key,
-            ttl,
-            owner,
-            fencing_token,
-            session,
-            lease_locker,
-        )
     }
 }
 
@@ -411,125 +410,6 @@ enum AnyRound<'k> {
         in_flight: Vec<LockKey<'k>>,
         cleaning_up: Option<&'k str>,
     },
-}
-
-/// An attempt on a shared session whose outcome is not yet recorded.
-pub(super) struct Attempt {
-    pub(super) registry: Arc<Registry>,
-    /// The keys reserved for it: its one key, or the keys a
-    /// [`try_lock_any`](Locker::try_lock_any) tries, of which it takes at
-    /// most one.
-    pub(super) tickets: Vec<Ticket>,
-    /// Set once the statement may have reached the server.
-    pub(super) sent_on: Option<Arc<Session>>,
-    pub(super) query_timeout: Duration,
-    /// A shared attempt (`pg_try_advisory_lock_shared`): its cleanup
-    /// releases a shared hold. The reservation guarantees no reader of this
-    /// locker holds the key on that session, so any shared hold there is
-    /// the attempt's own. (An exclusive attempt's cleanup releases whichever
-    /// of its keys the session holds exclusively: reserved, none is held by
-    /// this locker, so any such hold there is the attempt's own.)
-    pub(super) shared: bool,
-}
-
-impl Attempt {
-    /// The outcome is recorded: only the reservation is left to end, which
-    /// dropping does.
-    pub(super) fn finish(mut self) {
-        self.sent_on = None;
-    }
-}
-
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        let tickets = std::mem::take(&mut self.tickets);
-        let Some(session) = self.sent_on.take() else {
-            // Finished, or never sent: the reservations are all there is to
-            // undo.
-            for ticket in tickets {
-                self.registry.release(ticket);
-            }
-            return;
-        };
-        // The keys stay reserved until the cleanup is done, so no other
-        // attempt of this locker can take one on this session meanwhile (the
-        // cleanup would then release *that* lock); marked as cleaning up, so
-        // callers asking meanwhile are told the truth (unknown), not
-        // "contention" or "not held".
-        let (registry, query_timeout, shared) =
-            (self.registry.clone(), self.query_timeout, self.shared);
-        for &ticket in &tickets {
-            registry.cleaning_up(ticket);
-        }
-        let keys: Vec<i64> = tickets.iter().map(|ticket| ticket.key).collect();
-        let release_all = move |registry: &Registry| {
-            for ticket in tickets {
-                registry.release(ticket);
-            }
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            session.close();
-            release_all(&registry);
-            return;
-        };
-        runtime.spawn(async move {
-            let unlock = async {
-                if !shared {
-                    let released = session.unlock_any_if_held(&keys).await?;
-                    return Ok::<_, tokio_postgres::Error>(released > 0);
-                }
-                let mut released = false;
-                for &key in &keys {
-                    released |= session.unlock_shared_if_held(key).await?;
-                }
-                Ok(released)
-            };
-            match errors::within("acquire", query_timeout, String::new, unlock).await {
-                Ok(true) => tracing::debug!(
-                    component = "distlock",
-                    backend = BACKEND,
-                    advisory_keys = ?keys,
-                    "released a lock whose attempt was abandoned"
-                ),
-                Ok(false) => {}
-                Err(_) => {
-                    tracing::warn!(
-                        component = "distlock",
-                        backend = BACKEND,
-                        advisory_keys = ?keys,
-                        "cannot tell whether an abandoned attempt took its lock; closing its session, which frees every lock on it"
-                    );
-                    session.close();
-                }
-            }
-            release_all(&registry);
-        });
-    }
-}
-
-/// How an abandoned native wait ends: the statement is cancelled on the
-/// server and the connection closed, so whether or not the lock was granted
-/// in the meantime, the server ends the session and nothing stays held.
-pub(super) struct CancelWait {
-    pub(super) tls: super::tls::Tls,
-}
-
-impl AbandonWait<Session> for CancelWait {
-    fn abandon(&self, session: Arc<Session>) {
-        // Closing alone would do, eventually: a backend blocked in a lock
-        // wait notices its client is gone only when the wait ends. The cancel
-        // request ends the wait now.
-        let token = session.cancel_token();
-        let tls = self.tls.clone();
-        session.close();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = tls.cancel(&token).await {
-                    tracing::debug!(component = "distlock", backend = BACKEND, %error, "cancel request for an abandoned wait failed; its lock timeout ends it");
-                }
-            });
-        }
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{lock_timeout_ms, Attempt, CancelWait};
+use super::acquire::lock_timeout_ms;
+use super::cleanup::{Attempt, CancelWait};
 use super::errors::{self, is_concurrent_create, is_lock_timeout, BACKEND};
 use super::fencing::GrantRecord;
 use super::inspect::Hold;
@@ -89,14 +90,7 @@ impl Dialect for Inner {
         .await
         // The statement was sent: it may have taken the lock.
         .map_err(Error::with_outcome_unknown)?;
-        let tried = match answer {
-            Some(token) => {
-                Tried::Granted(self.record_grant(lock, ttl, owner, token, session, lease_locker)?)
-            }
-            None => Tried::Contended,
-        };
-        attempt.finish();
-        Ok(tried)
+        self.answered(attempt, answer, lock, ttl, owner, session, lease_locker)
     }
 
     /// One statement over every key (see [`Inner::attempt_any`]).
@@ -163,7 +157,15 @@ impl Dialect for Inner {
             }
         };
         wait.disarm();
-        self.record_grant(lock, ttl, on.owner, token, on.session, on.lease_locker)
+        self.record_grant(
+            lock,
+            ttl,
+            on.owner,
+            token,
+            on.session,
+            on.lease_locker,
+            false,
+        )
     }
 
     /// One shared attempt on the key's shared session. That session holds
@@ -284,7 +286,15 @@ impl Dialect for Inner {
         let read = session.reader_token(lock.id);
         let token = errors::within("acquire", self.settings.query_timeout, context, read).await?;
         wait.disarm();
-        self.record_shared_grant(lock, ttl, on.owner, token, on.session, on.lease_locker)
+        self.record_grant(
+            lock,
+            ttl,
+            on.owner,
+            token,
+            on.session,
+            on.lease_locker,
+            true,
+        )
     }
 
     async fn unlock_shared(&self, on: On<'_, Self>) -> Result<bool> {

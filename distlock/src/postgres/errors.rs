@@ -70,15 +70,7 @@ pub(super) fn backend(
     context: impl Into<String>,
     source: tokio_postgres::Error,
 ) -> Error {
-    Error::backend(
-        BACKEND,
-        operation,
-        PgError {
-            context: context.into(),
-            source,
-            next_step: None,
-        },
-    )
+    pg_error(operation, context.into(), source, None)
 }
 
 /// [`backend`], with what to do about it (`next_step`) after the
@@ -89,15 +81,21 @@ pub(super) fn backend_with_next_step(
     source: tokio_postgres::Error,
     next_step: String,
 ) -> Error {
-    Error::backend(
-        BACKEND,
-        operation,
-        PgError {
-            context: context.into(),
-            source,
-            next_step: Some(next_step),
-        },
-    )
+    pg_error(operation, context.into(), source, Some(next_step))
+}
+
+fn pg_error(
+    operation: &'static str,
+    context: String,
+    source: tokio_postgres::Error,
+    next_step: Option<String>,
+) -> Error {
+    let error = PgError {
+        context,
+        source,
+        next_step,
+    };
+    Error::backend(BACKEND, operation, error)
 }
 
 /// True for SQLSTATE 42501 (insufficient_privilege): the role may not do

@@ -431,6 +431,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod acquire;
+mod cleanup;
 mod config;
 mod dialect;
 mod errors;

@@ -416,7 +416,10 @@ where
         }
     }
 
-    /// Turns a grant of `id` on `session` into a lease and records it.
+    /// Turns a grant of `id` on `session` into a lease and records it:
+    /// the holder's, or with `shared` a reader's (one attempt's or one
+    /// native wait's), carrying `fencing_token` (for a reader, the key's
+    /// counter, read after the grant, not advanced).
     ///
     /// # Errors
     ///
@@ -432,48 +435,22 @@ where
         fencing_token: Option<u64>,
         session: Arc<C::Session>,
         lease_locker: Arc<dyn Locker>,
+        shared: bool,
     ) -> Result<Lease> {
         if HoldingSession::is_closed(&*session) {
             return Err(self.closed_after_grant(key));
         }
         let (lease, held) = lease_for(key, ttl, owner, fencing_token, session, lease_locker);
-        self.registry
-            .grant(id, held)
-            .map_err(|SessionClosed| self.closed_after_grant(key))?;
-        Ok(lease)
-    }
-
-    /// [`grant`](Self::grant) of a shared hold (one attempt's or one native
-    /// wait's): a reader's lease, carrying `fencing_token` (the key's
-    /// counter, read after the grant, not advanced).
-    ///
-    /// # Errors
-    ///
-    /// As [`grant`](Self::grant).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn grant_shared(
-        &self,
-        id: K,
-        key: &str,
-        ttl: Duration,
-        owner: String,
-        fencing_token: Option<u64>,
-        session: Arc<C::Session>,
-        lease_locker: Arc<dyn Locker>,
-    ) -> Result<Lease> {
-        if HoldingSession::is_closed(&*session) {
-            return Err(self.closed_after_grant(key));
-        }
-        let (lease, held) = lease_for(key, ttl, owner, fencing_token, session, lease_locker);
-        self.registry
-            .grant_shared(
-                id,
-                Reader {
-                    held,
-                    fencing_token,
-                },
-            )
-            .map_err(|SessionClosed| self.closed_after_grant(key))?;
+        let recorded = if shared {
+            let reader = Reader {
+                held,
+                fencing_token,
+            };
+            self.registry.grant_shared(id, reader)
+        } else {
+            self.registry.grant(id, held)
+        };
+        recorded.map_err(|SessionClosed| self.closed_after_grant(key))?;
         Ok(lease)
     }
 

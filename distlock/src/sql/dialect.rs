@@ -149,7 +149,7 @@ pub(crate) trait Dialect: Send + Sync + Sized {
     ) -> impl Future<Output = Result<Lease>> + Send;
 
     /// One shared attempt, cancel-safe as [`try_once`](Self::try_once): a
-    /// grant is recorded through [`Core::grant_shared`] (or joins a shared
+    /// grant is recorded through [`Core::grant`] as shared (or joins a shared
     /// hold this locker's readers have on the key's shared session:
     /// [`Core::join`]). The default refuses
     /// ([`NO_SHARED_LOCKS`](Self::NO_SHARED_LOCKS)).
