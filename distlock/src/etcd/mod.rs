@@ -371,7 +371,6 @@ use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline};
 use crate::inspect as inspect_api;
-use crate::util::decode_mark;
 use crate::{
     validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
     DEADLINE_GRACE,
@@ -791,40 +790,9 @@ impl Locker for EtcdLocker {
     /// outlives every session), raised by compare-and-put transactions (see
     /// `marks.rs`). A write whose answer is lost leaves the outcome unknown.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        validate::key(name)?;
-        let key = marks::mark_key(&self.inner.prefix, name);
-        let raw = self
-            .inner
-            .request("advance_mark", true, || {
-                marks::advance(self.inner.kv(), &key, value)
-            })
-            .await?;
-        let decode = |stored: &str| {
-            decode_mark(stored).ok_or_else(|| {
-                errors::plain(
-                    "advance_mark",
-                    format!("{key} holds {stored:?}, which distlock did not write"),
-                )
-            })
-        };
-        match raw {
-            Some(marks::Raw::Advanced { previous: None }) => {
-                Ok(MarkAdvance::Advanced { previous: None })
-            }
-            Some(marks::Raw::Advanced {
-                previous: Some(previous),
-            }) => Ok(MarkAdvance::Advanced {
-                previous: Some(decode(&previous)?),
-            }),
-            Some(marks::Raw::AlreadyAt { current }) => Ok(MarkAdvance::AlreadyAt {
-                current: decode(&current)?,
-            }),
-            None => Err(errors::plain(
-                "advance_mark",
-                format!("{key} was deleted and recreated by another client on every try"),
-            )),
-        }
+        self.raise_mark(name, value).await
     }
+
     /// Two requests: the first key of the queue (its value's holder record,
     /// its create revision) and its lease's `TimeToLive`; three when its
     /// value holds no record (its owner key, an election candidate's, is
