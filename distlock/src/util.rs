@@ -1,11 +1,13 @@
 //! Small helpers shared by backends and the URL dispatcher. A leaf module:
-//! it uses nothing else of the crate, so any module may import it (as
-//! object_store's `util.rs`).
+//! it uses nothing else of the crate but the plain [`MarkAdvance`] type, so
+//! any module may import it (as object_store's `util.rs`).
 
 use std::fmt::Write;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sha2::{Digest, Sha256};
+
+use crate::MarkAdvance;
 
 /// The one short digest distlock derives from strings: lock-file names and
 /// the owner digests Postgres records both use it.
@@ -50,6 +52,38 @@ pub(crate) fn decode_mark(stored: &str) -> Option<i64> {
     }
     let offset: u64 = stored.parse().ok()?;
     Some((offset ^ (1 << 63)) as i64)
+}
+
+/// What a compare-and-set of a mark stored as text (etcd's key, ZooKeeper's
+/// node) found, values still as stored.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum StoredMark {
+    Advanced { previous: Option<String> },
+    AlreadyAt { current: String },
+}
+
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+impl StoredMark {
+    /// The advance with its values decoded, or why not: `key` (where the
+    /// mark is stored) holds a value distlock did not write.
+    pub(crate) fn decode(self, key: &str) -> std::result::Result<MarkAdvance, String> {
+        let decode = |stored: &str| {
+            decode_mark(stored)
+                .ok_or_else(|| format!("{key} holds {stored:?}, which distlock did not write"))
+        };
+        Ok(match self {
+            StoredMark::Advanced { previous: None } => MarkAdvance::Advanced { previous: None },
+            StoredMark::Advanced {
+                previous: Some(previous),
+            } => MarkAdvance::Advanced {
+                previous: Some(decode(&previous)?),
+            },
+            StoredMark::AlreadyAt { current } => MarkAdvance::AlreadyAt {
+                current: decode(&current)?,
+            },
+        })
+    }
 }
 
 #[cfg(test)]

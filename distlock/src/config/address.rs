@@ -3,7 +3,9 @@
 
 use std::net::IpAddr;
 
-use url::{Host, Url};
+use url::{form_urlencoded, Host, Url};
+
+use super::{decoded_credentials, set_url_query, Checked, FieldTable, Password};
 
 /// Splits `host`, `host:port`, `[v6]` or `[v6]:port` (port `default_port` if
 /// none; IPv6 without brackets in the result).
@@ -85,6 +87,79 @@ pub(crate) fn split_list(text: &str) -> Vec<String> {
         .filter(|item| !item.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// `host:port` of each of `addresses`, the port `default_port` where one
+/// names none, IPv6 hosts bracketed: the list a client connects to.
+pub(crate) fn resolve_addresses<'a>(
+    addresses: impl IntoIterator<Item = &'a str>,
+    default_port: u16,
+) -> Checked<Vec<String>> {
+    addresses
+        .into_iter()
+        .map(|address| {
+            let (host, port) = parse_address(address, default_port)?;
+            Ok(format_address(&host, port))
+        })
+        .collect()
+}
+
+/// A URL that lists several hosts and no database
+/// (`scheme://[user:password@]host1[:port][,host2[:port]...][/path][?query]`,
+/// etcd's and ZooKeeper's), cut into its parts, each read when the backend
+/// asks for it, so a URL's first fault is the one reported.
+pub(crate) struct HostsUrl<'a> {
+    pub(crate) scheme: &'a str,
+    user_info: Option<&'a str>,
+    hosts: &'a str,
+    /// What follows the hosts before the query (empty, `/` or a path), still
+    /// percent-encoded.
+    pub(crate) path: &'a str,
+    query: &'a str,
+}
+
+impl<'a> HostsUrl<'a> {
+    /// Cuts `url` at `://`, its authority's last `@`, its path and its query.
+    pub(crate) fn split(url: &'a str) -> Checked<HostsUrl<'a>> {
+        let (scheme, rest) = url.split_once("://").ok_or("not a URL")?;
+        let (user_info, hosts, tail) = split_authority(rest);
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        Ok(HostsUrl {
+            scheme,
+            user_info,
+            hosts,
+            path,
+            query,
+        })
+    }
+
+    /// The user name and password, percent-decoded; empty ones are `None`.
+    pub(crate) fn credentials(&self) -> Checked<(Option<String>, Option<Password>)> {
+        let Some(user_info) = self.user_info else {
+            return Ok((None, None));
+        };
+        let (user, password) = match user_info.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (user_info, None),
+        };
+        decoded_credentials(user, password)
+    }
+
+    /// `host:port` of each host ([`resolve_addresses`]); at least one.
+    pub(crate) fn hosts(&self, default_port: u16) -> Checked<Vec<String>> {
+        let hosts = self.hosts.split(',').filter(|h| !h.is_empty());
+        let hosts = resolve_addresses(hosts, default_port)?;
+        if hosts.is_empty() {
+            return Err("the URL names no endpoint".into());
+        }
+        Ok(hosts)
+    }
+
+    /// Sets `config`'s parameters from the query (any a URL may set).
+    pub(crate) fn set_query<C: FieldTable>(&self, config: &mut C) -> Checked {
+        let pairs = form_urlencoded::parse(self.query.as_bytes());
+        set_url_query(config, pairs, |_| true, "")
+    }
 }
 
 #[cfg(test)]

@@ -73,7 +73,8 @@ pub(crate) mod sql;
 mod text;
 
 pub(crate) use address::{
-    display_url, format_address, host_of, parse_address, split_authority, split_list,
+    display_url, format_address, host_of, parse_address, resolve_addresses, split_authority,
+    split_list, HostsUrl,
 };
 #[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) use constructors::serde_config;

@@ -7,12 +7,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use url::form_urlencoded;
 
 pub use crate::config::Password;
 use crate::config::{
-    check_positive, decoded_credentials, display_url, duration_text, format_address, optional_text,
-    parse, parse_address, redact, set_url_query, split_authority, split_list, Param, Source, Table,
+    check_positive, display_url, duration_text, optional_text, parse, redact, resolve_addresses,
+    split_list, HostsUrl, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -176,10 +175,8 @@ impl Config {
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
         let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact(url)));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("not a URL".into()))?;
-        let tls = match scheme {
+        let parts = HostsUrl::split(url).map_err(&bad)?;
+        let tls = match parts.scheme {
             "etcd" => false,
             "etcd+https" => true,
             other => {
@@ -188,39 +185,21 @@ impl Config {
                 )))
             }
         };
-        let (userinfo, hosts, tail) = split_authority(rest);
-        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-        if !path.is_empty() && path != "/" {
+        if !parts.path.is_empty() && parts.path != "/" {
             return Err(bad(format!(
-                "the path {path:?} means nothing here; etcd has no databases"
+                "the path {:?} means nothing here; etcd has no databases",
+                parts.path
             )));
         }
+        let (username, password) = parts.credentials().map_err(&bad)?;
         let mut config = Config {
+            username,
+            password,
+            endpoints: parts.hosts(DEFAULT_PORT).map_err(&bad)?,
             tls,
             ..Config::default()
         };
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (userinfo, None),
-            };
-            (config.username, config.password) =
-                decoded_credentials(user, password).map_err(&bad)?;
-        }
-        for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let (host, port) = parse_address(host, DEFAULT_PORT).map_err(&bad)?;
-            config.endpoints.push(format_address(&host, port));
-        }
-        if config.endpoints.is_empty() {
-            return Err(bad("the URL names no endpoint".into()));
-        }
-        set_url_query(
-            &mut config,
-            form_urlencoded::parse(query.as_bytes()),
-            |_| true,
-            "",
-        )
-        .map_err(&bad)?;
+        parts.set_query(&mut config).map_err(&bad)?;
         Ok(config)
     }
 }
@@ -266,13 +245,12 @@ impl Config {
             ));
         }
         let scheme = if self.uses_tls() { "https" } else { "http" };
-        self.endpoints
-            .iter()
-            .map(|endpoint| {
-                let (host, port) = parse_address(endpoint, DEFAULT_PORT).map_err(bad)?;
-                Ok(format!("{scheme}://{}", format_address(&host, port)))
-            })
-            .collect()
+        let endpoints = resolve_addresses(self.endpoints.iter().map(String::as_str), DEFAULT_PORT);
+        Ok(endpoints
+            .map_err(bad)?
+            .into_iter()
+            .map(|endpoint| format!("{scheme}://{endpoint}"))
+            .collect())
     }
 
     /// Whether connections use TLS.

@@ -92,18 +92,6 @@ impl std::error::Error for Failure {
     }
 }
 
-/// A failure this backend detected itself (not an etcd-client error).
-#[derive(Debug)]
-pub(super) struct Plain(pub(super) String);
-
-impl fmt::Display for Plain {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Plain {}
-
 /// `source` as [`Error::Backend`] of `operation` on `cluster`.
 /// `outcome_unknown`: the request may have been applied (see
 /// [`Error::is_outcome_unknown`]).
@@ -124,14 +112,10 @@ pub(super) fn backend(
     }
 }
 
-/// A failure this backend found itself, as [`Error::Backend`].
+/// A failure this backend found itself (not an etcd-client error), as
+/// [`Error::Backend`].
 pub(super) fn plain(operation: &'static str, message: String) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        operation,
-        outcome_unknown: false,
-        source: Box::new(Plain(message)),
-    }
+    Error::backend(BACKEND, operation, message)
 }
 
 /// Whether a request that failed with `error` was certainly not applied:

@@ -10,18 +10,37 @@
 
 use etcd_client::{Compare, CompareOp, KvClient, Txn, TxnOp, TxnOpResponse};
 
-use crate::util::encode_mark;
+use super::{errors, EtcdLocker};
+use crate::util::{encode_mark, StoredMark};
+use crate::{validate, MarkAdvance, Result};
 
-/// The etcd key of mark `name` under `key_prefix`.
-pub(super) fn mark_key(key_prefix: &str, name: &str) -> String {
-    format!("{key_prefix}{}:mark", super::owner::escaped(name))
+impl EtcdLocker {
+    /// [`Locker::advance_mark`](crate::Locker::advance_mark): the two
+    /// transactions of [`advance`] on the mark's key, the values decoded.
+    pub(super) async fn raise_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        let key = mark_key(&self.inner.prefix, name);
+        let raw = self
+            .inner
+            .request("advance_mark", true, || {
+                advance(self.inner.kv(), &key, value)
+            })
+            .await?;
+        match raw {
+            Some(stored) => stored
+                .decode(&key)
+                .map_err(|message| errors::plain("advance_mark", message)),
+            None => Err(errors::plain(
+                "advance_mark",
+                format!("{key} was deleted and recreated by another client on every try"),
+            )),
+        }
+    }
 }
 
-/// What the transactions found, values still encoded.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Raw {
-    Advanced { previous: Option<String> },
-    AlreadyAt { current: String },
+/// The etcd key of mark `name` under `key_prefix`.
+fn mark_key(key_prefix: &str, name: &str) -> String {
+    format!("{key_prefix}{}:mark", super::owner::escaped(name))
 }
 
 /// How often a mark created by another client between our two
@@ -35,11 +54,11 @@ const ROUNDS: usize = 3;
 /// etcd fails a value comparison on a missing key, so two transactions
 /// cover the two cases: "lower than `value`: read it, then put" and, if the
 /// key is missing, "create revision 0: put".
-pub(super) async fn advance(
+async fn advance(
     mut client: KvClient,
     key: &str,
     value: i64,
-) -> Result<Option<Raw>, etcd_client::Error> {
+) -> std::result::Result<Option<StoredMark>, etcd_client::Error> {
     let encoded = encode_mark(value);
     for _ in 0..ROUNDS {
         let raise = Txn::new()
@@ -58,15 +77,15 @@ pub(super) async fn advance(
             _ => None,
         };
         match (response.succeeded(), stored) {
-            (true, previous) => return Ok(Some(Raw::Advanced { previous })),
-            (false, Some(current)) => return Ok(Some(Raw::AlreadyAt { current })),
+            (true, previous) => return Ok(Some(StoredMark::Advanced { previous })),
+            (false, Some(current)) => return Ok(Some(StoredMark::AlreadyAt { current })),
             (false, None) => {}
         }
         let create = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, encoded.as_str(), None)]);
         if client.txn(create).await?.succeeded() {
-            return Ok(Some(Raw::Advanced { previous: None }));
+            return Ok(Some(StoredMark::Advanced { previous: None }));
         }
     }
     Ok(None)

@@ -367,15 +367,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::Client;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
-use crate::deadline::{bounded, checked_deadline};
+use crate::deadline::bounded;
 use crate::inspect as inspect_api;
-use crate::util::decode_mark;
-use crate::{
-    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
-    DEADLINE_GRACE,
-};
+#[cfg(doc)]
+use crate::DEADLINE_GRACE;
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 mod acquire;
 mod client;
@@ -385,6 +382,7 @@ mod inspect;
 mod marks;
 mod owner;
 mod recipe;
+mod refresh;
 mod session;
 
 pub use config::{
@@ -398,12 +396,6 @@ use recipe::{Role, Token};
 use session::Session;
 
 const BACKEND: &str = "etcd";
-
-/// The most [`Locker::refresh_many`] transactions of one batch on their way
-/// at once: enough to keep a round trip's worth of reads going, few enough
-/// that the answers of a 100,000-lease batch (every key's value) are not
-/// all buffered at once.
-const REFRESH_TXNS_IN_FLIGHT: usize = 4;
 
 /// Which lock names this locker holds, on which session, for which owner.
 pub(crate) type Registry = crate::session_registry::Registry<Slot, Session>;
@@ -536,72 +528,6 @@ impl EtcdLocker {
             false => SecretAt::Value,
         }
     }
-
-    /// The contender key and token a refresh of `key` by `owner` reads, or
-    /// its answer when no read is needed: the request is invalid, the token
-    /// is not one of ours, or its session has ended (its lease is gone).
-    fn grant_to_check(&self, key: &str, owner: &str, ttl: Duration) -> Result<(String, Token)> {
-        validate::acquire(key, ttl)?;
-        let not_held = || Error::not_held(key);
-        let token = Token::parse(owner).ok_or_else(not_held)?;
-        let name = self.name(key);
-        let contender = token.key(&name);
-        if self
-            .inner
-            .registry
-            .session_of(&Slot::of(name, token.role), owner)
-            .is_some_and(|session| session.is_closed())
-        {
-            return Err(not_held());
-        }
-        Ok((contender, token))
-    }
-
-    /// [`Locker::refresh_many`] of at most [`recipe::MAX_TXN_OPS`] leases:
-    /// the ones that need a read are read in one transaction (two when
-    /// election candidates' owner keys take the reads past 128).
-    async fn refresh_chunk(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let checks: Vec<Result<(String, Token, SecretAt)>> = requests
-            .iter()
-            .map(|request| {
-                let (contender, token) =
-                    self.grant_to_check(request.key, request.owner, request.ttl)?;
-                let at = self.secret_at(request.key, &token);
-                Ok((contender, token, at))
-            })
-            .collect();
-        let grants: Vec<recipe::Grant<'_>> = checks
-            .iter()
-            .filter_map(|check| check.as_ref().ok())
-            .map(|(contender, token, at)| recipe::Grant {
-                key: contender,
-                revision: token.revision,
-                secret: &token.secret,
-                at,
-            })
-            .collect();
-        let read = if grants.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.inner
-                .request("refresh", false, || {
-                    recipe::still_ours_many(self.inner.kv(), &grants)
-                })
-                .await
-        };
-        let mut ours = read.as_deref().unwrap_or_default().iter();
-        checks
-            .into_iter()
-            .zip(requests)
-            .map(|(check, request)| match (check, &read) {
-                (Err(answer), _) => Err(answer),
-                (Ok(_), Ok(_)) => {
-                    Error::unless_held(request.key, ours.next().copied().unwrap_or(false))
-                }
-                (Ok(_), Err(error)) => Err(error.duplicate()),
-            })
-            .collect()
-    }
 }
 
 #[async_trait]
@@ -727,21 +653,7 @@ impl Locker for EtcdLocker {
     }
 
     async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let (contender, token) = self.grant_to_check(key, owner, ttl)?;
-        let at = self.secret_at(key, &token);
-        let ours = self
-            .inner
-            .request("refresh", false, || {
-                recipe::still_ours(
-                    self.inner.kv(),
-                    &contender,
-                    token.revision,
-                    &token.secret,
-                    &at,
-                )
-            })
-            .await?;
-        Error::unless_held(key, ours)
+        self.refresh_grant(key, owner, ttl).await
     }
 
     /// One read-only transaction per 128 leases (etcd's default
@@ -752,14 +664,7 @@ impl Locker for EtcdLocker {
     /// Each lease answers as `refresh` would; a failed transaction fails
     /// the leases it carried.
     async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        let mut answers = Vec::with_capacity(requests.len());
-        for wave in requests.chunks(recipe::MAX_TXN_OPS * REFRESH_TXNS_IN_FLIGHT) {
-            let chunks = wave.chunks(recipe::MAX_TXN_OPS);
-            let answered =
-                futures_util::future::join_all(chunks.map(|chunk| self.refresh_chunk(chunk))).await;
-            answers.extend(answered.into_iter().flatten());
-        }
-        answers
+        self.refresh_grants(requests).await
     }
 
     /// Nothing to forget (fencing tokens are etcd's revisions): succeeds if
@@ -791,40 +696,9 @@ impl Locker for EtcdLocker {
     /// outlives every session), raised by compare-and-put transactions (see
     /// `marks.rs`). A write whose answer is lost leaves the outcome unknown.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        validate::key(name)?;
-        let key = marks::mark_key(&self.inner.prefix, name);
-        let raw = self
-            .inner
-            .request("advance_mark", true, || {
-                marks::advance(self.inner.kv(), &key, value)
-            })
-            .await?;
-        let decode = |stored: &str| {
-            decode_mark(stored).ok_or_else(|| {
-                errors::plain(
-                    "advance_mark",
-                    format!("{key} holds {stored:?}, which distlock did not write"),
-                )
-            })
-        };
-        match raw {
-            Some(marks::Raw::Advanced { previous: None }) => {
-                Ok(MarkAdvance::Advanced { previous: None })
-            }
-            Some(marks::Raw::Advanced {
-                previous: Some(previous),
-            }) => Ok(MarkAdvance::Advanced {
-                previous: Some(decode(&previous)?),
-            }),
-            Some(marks::Raw::AlreadyAt { current }) => Ok(MarkAdvance::AlreadyAt {
-                current: decode(&current)?,
-            }),
-            None => Err(errors::plain(
-                "advance_mark",
-                format!("{key} was deleted and recreated by another client on every try"),
-            )),
-        }
+        self.raise_mark(name, value).await
     }
+
     /// Two requests: the first key of the queue (its value's holder record,
     /// its create revision) and its lease's `TimeToLive`; three when its
     /// value holds no record (its owner key, an election candidate's, is
@@ -857,47 +731,6 @@ impl Locker for EtcdLocker {
 }
 
 impl EtcdLocker {
-    /// [`Locker::lock`] or, `shared`, [`Locker::lock_shared`]: a zero
-    /// timeout is one attempt; otherwise a wait in the queue until the
-    /// deadline, bounded by `timeout` + [`DEADLINE_GRACE`].
-    async fn lock_as(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: Duration,
-        shared: bool,
-    ) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        if timeout.is_zero() {
-            let attempt = bounded(
-                BACKEND,
-                "acquire",
-                self.operation_bound(),
-                self.acquire(key, ttl, None, shared),
-            );
-            return match attempt.await? {
-                Some(lease) => Ok(lease),
-                None => Err(Error::not_acquired(key)),
-            };
-        }
-        let deadline = checked_deadline(Instant::now(), timeout);
-        let limit = timeout.saturating_add(DEADLINE_GRACE);
-        match bounded(
-            BACKEND,
-            "acquire",
-            limit,
-            self.acquire(key, ttl, Some(deadline), shared),
-        )
-        .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: timeout,
-            }),
-        }
-    }
-
     /// Retries the release of a lock whose release failed, in the
     /// background, until etcd answers or the session ends. Meanwhile the
     /// key is reserved as being cleaned up

@@ -6,13 +6,11 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use url::form_urlencoded;
 
 pub use crate::config::Password;
 use crate::config::{
-    check_positive, decode, decoded_credentials, display_url, duration_text, format_address,
-    optional_text, parse, parse_address, redact, set_url_query, split_authority, split_list, Param,
-    Table,
+    check_positive, decode, display_url, duration_text, optional_text, parse, redact,
+    resolve_addresses, split_list, HostsUrl, Param, Table,
 };
 use crate::{Error, Result};
 
@@ -176,42 +174,20 @@ impl Config {
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
         let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact(url)));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("not a URL".into()))?;
-        if scheme != "zookeeper" {
-            return Err(bad(format!("scheme {scheme:?} is not zookeeper")));
+        let parts = HostsUrl::split(url).map_err(&bad)?;
+        if parts.scheme != "zookeeper" {
+            return Err(bad(format!("scheme {:?} is not zookeeper", parts.scheme)));
         }
-        let (userinfo, hosts, tail) = split_authority(rest);
-        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
         let mut config = Config::default();
+        let path = parts.path;
         if !path.is_empty() && path != "/" {
             let chroot = decode(path.trim_end_matches('/'))
                 .map_err(|e| bad(format!("the chroot {path:?} is {e}")))?;
             config.chroot = Some(chroot);
         }
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (userinfo, None),
-            };
-            (config.username, config.password) =
-                decoded_credentials(user, password).map_err(&bad)?;
-        }
-        for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let (host, port) = parse_address(host, DEFAULT_PORT).map_err(&bad)?;
-            config.endpoints.push(format_address(&host, port));
-        }
-        if config.endpoints.is_empty() {
-            return Err(bad("the URL names no endpoint".into()));
-        }
-        set_url_query(
-            &mut config,
-            form_urlencoded::parse(query.as_bytes()),
-            |_| true,
-            "",
-        )
-        .map_err(&bad)?;
+        (config.username, config.password) = parts.credentials().map_err(&bad)?;
+        config.endpoints = parts.hosts(DEFAULT_PORT).map_err(&bad)?;
+        parts.set_query(&mut config).map_err(&bad)?;
         Ok(config)
     }
 }
@@ -273,12 +249,8 @@ impl Config {
                 self.key_prefix
             )));
         }
-        let mut hosts = Vec::with_capacity(self.endpoints.len());
-        for endpoint in &self.endpoints {
-            let (host, port) = parse_address(endpoint, DEFAULT_PORT).map_err(bad)?;
-            hosts.push(format_address(&host, port));
-        }
-        let mut connect = hosts.join(",");
+        let hosts = resolve_addresses(self.endpoints.iter().map(String::as_str), DEFAULT_PORT);
+        let mut connect = hosts.map_err(bad)?.join(",");
         if let Some(chroot) = self.chroot() {
             if !chroot.starts_with('/') || chroot.contains("//") {
                 return Err(bad(format!(

@@ -45,18 +45,6 @@ impl std::error::Error for Failure {
     }
 }
 
-/// A failure this backend detected itself (not a zookeeper-client error).
-#[derive(Debug)]
-pub(super) struct Plain(pub(super) String);
-
-impl fmt::Display for Plain {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Plain {}
-
 /// `source` as [`Error::Backend`] of `operation` on `ensemble`.
 /// `writes`: the request changes data, so unless ZooKeeper certainly
 /// refused it, it may have been applied ([`Error::is_outcome_unknown`]).
@@ -77,14 +65,10 @@ pub(super) fn backend(
     }
 }
 
-/// A failure this backend found itself, as [`Error::Backend`].
+/// A failure this backend found itself (not a zookeeper-client error), as
+/// [`Error::Backend`].
 pub(super) fn plain(operation: &'static str, message: String) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        operation,
-        outcome_unknown: false,
-        source: Box::new(Plain(message)),
-    }
+    Error::backend(BACKEND, operation, message)
 }
 
 /// A request that got no answer within `after`.

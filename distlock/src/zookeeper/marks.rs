@@ -11,15 +11,31 @@
 
 use zookeeper_client::{self as zk, Acls, CreateMode};
 
-use super::{errors, Inner};
-use crate::util::{decode_mark, encode_mark};
-use crate::Result;
+use super::{acquire, errors, recipe, Inner, ZooKeeperLocker};
+use crate::util::{decode_mark, encode_mark, StoredMark};
+use crate::{validate, MarkAdvance, Result};
 
-/// What the compare-and-set found, values still encoded.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Raw {
-    Advanced { previous: Option<String> },
-    AlreadyAt { current: String },
+impl ZooKeeperLocker {
+    /// [`Locker::advance_mark`](crate::Locker::advance_mark): the
+    /// compare-and-set of [`advance`] on the mark's node, the values
+    /// decoded.
+    pub(super) async fn raise_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
+        validate::key(name)?;
+        let path = format!(
+            "{}{}{}",
+            self.inner.prefix,
+            recipe::escape(name),
+            recipe::MARK_SUFFIX
+        );
+        let session = self.inner.session().await?;
+        let client = session
+            .client()
+            .ok_or_else(|| acquire::session_gone("advance_mark", &session))?;
+        advance(&self.inner, &client, &path, value)
+            .await?
+            .decode(&path)
+            .map_err(|message| errors::plain("advance_mark", message))
+    }
 }
 
 /// How often a concurrent writer may send us round again. Each round ends
@@ -28,13 +44,10 @@ pub(super) enum Raw {
 const ROUNDS: usize = 16;
 
 /// Raises the mark at `path` to `value` if it is lower or absent.
-pub(super) async fn advance(
-    inner: &Inner,
-    client: &zk::Client,
-    path: &str,
-    value: i64,
-) -> Result<Raw> {
+async fn advance(inner: &Inner, client: &zk::Client, path: &str, value: i64) -> Result<StoredMark> {
     let encoded = encode_mark(value);
+    // A write ZooKeeper did not refuse for certain may have been applied.
+    let write_failed = |error| errors::backend(&inner.ensemble, "advance_mark", error, true);
     for _ in 0..ROUNDS {
         let read = inner.call(client.get_data(path)).await;
         match read {
@@ -42,26 +55,19 @@ pub(super) async fn advance(
                 let current = String::from_utf8_lossy(&data).into_owned();
                 // Not ours to overwrite: reported (as an error) by the caller.
                 if decode_mark(&current).is_none_or(|stored| stored >= value) {
-                    return Ok(Raw::AlreadyAt { current });
+                    return Ok(StoredMark::AlreadyAt { current });
                 }
                 match inner
                     .call(client.set_data(path, encoded.as_bytes(), Some(stat.version)))
                     .await
                 {
                     Some(Ok(_)) => {
-                        return Ok(Raw::Advanced {
+                        return Ok(StoredMark::Advanced {
                             previous: Some(current),
                         })
                     }
                     Some(Err(zk::Error::BadVersion | zk::Error::NoNode)) => continue,
-                    Some(Err(error)) => {
-                        return Err(errors::backend(
-                            &inner.ensemble,
-                            "advance_mark",
-                            error,
-                            true,
-                        ))
-                    }
+                    Some(Err(error)) => return Err(write_failed(error)),
                     None => return Err(unknown(inner)),
                 }
             }
@@ -71,7 +77,7 @@ pub(super) async fn advance(
                     .call(client.create(path, encoded.as_bytes(), &persistent))
                     .await
                 {
-                    Some(Ok(_)) => return Ok(Raw::Advanced { previous: None }),
+                    Some(Ok(_)) => return Ok(StoredMark::Advanced { previous: None }),
                     Some(Err(zk::Error::NodeExists)) => continue,
                     Some(Err(zk::Error::NoNode)) if !inner.parent.is_empty() => {
                         inner
@@ -82,14 +88,7 @@ pub(super) async fn advance(
                             )
                             .await?;
                     }
-                    Some(Err(error)) => {
-                        return Err(errors::backend(
-                            &inner.ensemble,
-                            "advance_mark",
-                            error,
-                            true,
-                        ))
-                    }
+                    Some(Err(error)) => return Err(write_failed(error)),
                     None => return Err(unknown(inner)),
                 }
             }
@@ -112,13 +111,12 @@ pub(super) async fn advance(
 
 /// A write whose answer did not come in time: it may have been applied.
 fn unknown(inner: &Inner) -> crate::Error {
-    crate::Error::Backend {
-        backend: super::BACKEND,
-        operation: "advance_mark",
-        outcome_unknown: true,
-        source: Box::new(errors::Plain(format!(
+    errors::plain(
+        "advance_mark",
+        format!(
             "{}: no answer to a mark's write within {:?}; it may have been applied",
             inner.ensemble, inner.request_timeout
-        ))),
-    }
+        ),
+    )
+    .with_outcome_unknown()
 }

@@ -308,7 +308,6 @@ use tokio::time::Instant;
 
 use crate::deadline::{bounded, checked_deadline};
 use crate::inspect as inspect_api;
-use crate::util::decode_mark;
 use crate::{
     validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
     DEADLINE_GRACE,
@@ -649,37 +648,7 @@ impl Locker for ZooKeeperLocker {
     /// raised by `setData` with the version read (see `marks.rs`). A write
     /// whose answer is lost leaves the outcome unknown.
     async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        validate::key(name)?;
-        let path = format!(
-            "{}{}{}",
-            self.inner.prefix,
-            recipe::escape(name),
-            recipe::MARK_SUFFIX
-        );
-        let session = self.inner.session().await?;
-        let client = session
-            .client()
-            .ok_or_else(|| acquire::session_gone("advance_mark", &session))?;
-        let raw = marks::advance(&self.inner, &client, &path, value).await?;
-        let decode = |stored: &str| {
-            decode_mark(stored).ok_or_else(|| {
-                errors::plain(
-                    "advance_mark",
-                    format!("{path} holds {stored:?}, which distlock did not write"),
-                )
-            })
-        };
-        match raw {
-            marks::Raw::Advanced { previous: None } => Ok(MarkAdvance::Advanced { previous: None }),
-            marks::Raw::Advanced {
-                previous: Some(previous),
-            } => Ok(MarkAdvance::Advanced {
-                previous: Some(decode(&previous)?),
-            }),
-            marks::Raw::AlreadyAt { current } => Ok(MarkAdvance::AlreadyAt {
-                current: decode(&current)?,
-            }),
-        }
+        self.raise_mark(name, value).await
     }
 
     /// Two requests: the lock path's children, and the first contender's
