@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::errors::{self, BACKEND};
+use super::fencing::Reading;
 use super::pool::Pool;
 use super::pool::{Registry, Ticket};
 use super::session::{Answer, Request, Session};
@@ -33,10 +34,26 @@ pub(super) enum Got {
 }
 
 impl Inner {
-    /// Reads `GET_LOCK`'s answer. An error leaves `answer` unsettled: its
-    /// undo then releases whatever the statement took.
-    pub(super) fn got(&self, answer: &Answer, context: Context<'_>) -> Result<Got> {
+    /// Reads an attempt's answer, where `reading` says it is. An error
+    /// leaves `answer` unsettled: its undo then releases whatever the
+    /// statement took.
+    pub(super) fn got(
+        &self,
+        answer: &Answer,
+        reading: Reading,
+        context: Context<'_>,
+    ) -> Result<Got> {
         let bad = |why: String| errors::malformed("acquire", context, why);
+        if reading == Reading::Written {
+            // The fenced upsert: 1 inserted, 2 bumped, 0 not taken.
+            let written = answer.written;
+            return match (written.affected_rows, written.last_insert_id) {
+                (0, _) => Ok(Got::Refused),
+                (1 | 2, Some(token)) => Ok(Got::Granted(Some(token))),
+                (1 | 2, None) => Err(bad("the grant returned no fencing token".into())),
+                (rows, _) => Err(bad(format!("the grant wrote {rows} rows"))),
+            };
+        }
         match answer.int(0).map_err(bad)? {
             Some(1) => {
                 let token = answer.int(1).map_err(bad)?;

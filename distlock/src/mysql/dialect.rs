@@ -70,8 +70,9 @@ impl Dialect for Inner {
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let limit = self.settings.query_timeout;
+        let (sql, reading) = self.sql.try_acquire(name, &digest, &record);
         let request = Request {
-            sql: self.sql.acquire(name, &digest, Duration::ZERO, &record),
+            sql,
             limit,
             undo: Some(Sql::undo(name)),
             keep: attempt.reserved.take().map(|r| Box::new(r) as _),
@@ -84,7 +85,7 @@ impl Dialect for Inner {
             // The statement was sent: it may have taken the lock.
             .map_err(Error::with_outcome_unknown)?;
         attempt.answered = true;
-        match self.got(&answer, &context)? {
+        match self.got(&answer, reading, &context)? {
             Got::Granted(token) => {
                 let lease = self.core.grant(
                     name.id.clone(),
@@ -127,8 +128,9 @@ impl Dialect for Inner {
             let wait_for = on.remaining().min(MAX_WAIT);
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
+            let (sql, reading) = self.sql.acquire_waiting(name, &digest, wait_for, &record);
             let request = Request {
-                sql: self.sql.acquire(name, &digest, wait_for, &record),
+                sql,
                 limit: wait_for.saturating_add(self.settings.query_timeout),
                 undo: Some(Sql::undo(name)),
                 keep: None,
@@ -147,7 +149,7 @@ impl Dialect for Inner {
                 }
             };
             // Answered: the server is no longer waiting.
-            let got = self.got(&answer, &context);
+            let got = self.got(&answer, reading, &context);
             wait.disarm();
             match got? {
                 Got::Granted(token) => {

@@ -129,9 +129,8 @@
 //!   holder, until something released it. MariaDB's anonymous compound
 //!   statement (`BEGIN NOT ATOMIC … IF … ELSEIF … END IF; END`, 10.1.1+)
 //!   does run its branches in order, but MySQL has none, and the fencing
-//!   bump (five statements in one round trip, see
-//!   [Fencing table](#fencing-table)) would have to be rebuilt inside it;
-//!   not done.
+//!   bump (see [Fencing table](#fencing-table)) would have to be rebuilt
+//!   inside it; not done.
 //! - **Dropped leases** are released in the background on the current tokio
 //!   runtime. A lease dropped outside a runtime stays held until its session
 //!   closes.
@@ -268,8 +267,11 @@
 //! Rows are deleted only by [`Locker::forget`]. With fencing off
 //! (`fencing=off`, [`MysqlLockerBuilder::fencing`]) an acquire is a bare
 //! `GET_LOCK`, no table is used, and leases have no fencing token. Either
-//! way an acquire is one round trip (with fencing, five statements in one
-//! query).
+//! way an acquire is one round trip. With fencing, an attempt that does
+//! not wait is one statement, `INSERT … SELECT … WHERE GET_LOCK(name, 0) =
+//! 1 ON DUPLICATE KEY UPDATE`, the token read back from its OK packet; a
+//! wait on the server is five statements in one query, the `GET_LOCK` in a
+//! statement of its own so that no write holds the table while it waits.
 //!
 //! # Inspection
 //!

@@ -79,13 +79,24 @@ struct Queued {
     reply: oneshot::Sender<Result<Answer, ExecError>>,
 }
 
-/// The rows of a statement's last result set. Dropped without
-/// [`settle`](Answer::settle), it has the actor run the request's undo
-/// (a caller that got a grant but could not record it, or a caller gone
-/// before it read the answer, leaves nothing held).
+/// The rows of a statement's last result set, and what the last statement
+/// wrote. Dropped without [`settle`](Answer::settle), it has the actor run
+/// the request's undo (a caller that got a grant but could not record it,
+/// or a caller gone before it read the answer, leaves nothing held).
 pub(super) struct Answer {
     pub(super) rows: Vec<Row>,
+    pub(super) written: Written,
     settle: Settle,
+}
+
+/// The OK packet of a query's last statement: what a write answers
+/// without a result set (`INSERT … ON DUPLICATE KEY UPDATE`: 1 inserted,
+/// 2 updated, 0 nothing; the value of its last `LAST_INSERT_ID(expr)`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Written {
+    pub(super) affected_rows: u64,
+    /// `None` for 0: the server sends 0 when nothing set it.
+    pub(super) last_insert_id: Option<u64>,
 }
 
 impl Answer {
@@ -454,7 +465,7 @@ impl Actor {
             }
         };
         match outcome {
-            Ok(Ok(rows)) => {
+            Ok(Ok((rows, written))) => {
                 self.last_heard = Instant::now();
                 let settle = Settle {
                     undo: undo.and_then(|sql| {
@@ -463,7 +474,11 @@ impl Actor {
                     keep,
                 };
                 // Undelivered, the answer drops here and queues its undo.
-                let _ = reply.send(Ok(Answer { rows, settle }));
+                let _ = reply.send(Ok(Answer {
+                    rows,
+                    written,
+                    settle,
+                }));
                 None
             }
             Ok(Err(e)) if !is_fatal(&e) => {
@@ -514,9 +529,9 @@ impl Actor {
 }
 
 /// Runs a (multi-)statement query and returns the rows of its last result
-/// set that has columns, or the error of the statement that failed (the
-/// server runs none after it).
-async fn execute(conn: &mut Conn, sql: &str) -> Result<Vec<Row>, mysql_async::Error> {
+/// set that has columns and the last statement's OK packet, or the error of
+/// the statement that failed (the server runs none after it).
+async fn execute(conn: &mut Conn, sql: &str) -> Result<(Vec<Row>, Written), mysql_async::Error> {
     let mut result = conn.query_iter(sql).await?;
     let mut last = Vec::new();
     loop {
@@ -533,7 +548,11 @@ async fn execute(conn: &mut Conn, sql: &str) -> Result<Vec<Row>, mysql_async::Er
     // which `is_empty` does not report: read it out now, or it would fail
     // the next, unrelated statement on this connection.
     result.drop_result().await?;
-    Ok(last)
+    let written = Written {
+        affected_rows: conn.affected_rows(),
+        last_insert_id: conn.last_insert_id(),
+    };
+    Ok((last, written))
 }
 
 #[cfg(test)]
@@ -553,7 +572,7 @@ mod tests {
                 .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
                 .collect()
         };
-        let rows = execute(&mut conn, "SET @a = 2; DO 1; SELECT @a, 5")
+        let (rows, _) = execute(&mut conn, "SET @a = 2; DO 1; SELECT @a, 5")
             .await
             .unwrap();
         assert_eq!(text(rows), [[Some("2".into()), Some("5".into())]]);
@@ -564,7 +583,7 @@ mod tests {
             matches!(&err, mysql_async::Error::Server(e) if e.code == 1054),
             "{err}"
         );
-        let rows = execute(&mut conn, "SELECT 7").await.unwrap();
+        let (rows, _) = execute(&mut conn, "SELECT 7").await.unwrap();
         assert_eq!(text(rows), [[Some("7".into())]]);
     }
 }
