@@ -82,8 +82,9 @@
 //! # Where to add things
 //!
 //! - **A backend**: a folder beside `redis/` or `etcd/` behind its own cargo
-//!   feature, split by role (`mod.rs` the type and its [`Locker`] impl,
-//!   `acquire.rs`, `client.rs`, `config.rs` with its field table), a row in
+//!   feature, split by role (`mod.rs` the type and its [`Locker`] impl, or
+//!   `locker.rs` for the impl where the module docs fill `mod.rs`, as in
+//!   `redis/`; `acquire.rs`, `client.rs`, `config.rs` with its field table), a row in
 //!   `parse.rs`'s scheme table, and a module in the conformance suite
 //!   (`testkit`). A SQL server whose locks live on sessions (SQL Server's
 //!   `sp_getapplock`, Oracle's `DBMS_LOCK`) is a dialect over the shared core
