@@ -13,6 +13,7 @@ use super::scripts::{
     ACQUIRE_SCRIPT, ACQUIRE_SHARED_SCRIPT, ACQUIRE_UNFENCED_SCRIPT, READER_TOKEN_PREFIX,
 };
 use super::{inspect, ttl_millis, RedisLocker, BACKEND};
+use crate::deadline::bounded;
 use crate::inspect::{current_label, host_name};
 use crate::pending::PendingAcquire;
 use crate::{new_owner_token, Error, Lease, LeaseParts, Locker, Result};
@@ -34,6 +35,22 @@ pub(super) enum Mode {
 }
 
 impl RedisLocker {
+    /// One [`acquire`](Self::acquire) under the acquire bound (the
+    /// operation bound, plus the `WAIT` and a release when replicas must
+    /// acknowledge), abandoned past it with [`Error::DeadlineExceeded`] for
+    /// `operation`: what `try_lock`, `try_lock_shared` and `try_lock_any`
+    /// run once their input is valid.
+    pub(super) async fn try_acquire(
+        &self,
+        operation: &'static str,
+        keys: &[&str],
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Option<Lease>> {
+        let attempt = self.acquire(keys, ttl, mode);
+        bounded(BACKEND, operation, self.inner.acquire_bound, attempt).await
+    }
+
     /// One try: the acquire script (exclusive or shared), and once more
     /// with the same owner token if the connection was found broken. Not
     /// bounded by itself (see [`Locker::try_lock`]); every exit that leaves

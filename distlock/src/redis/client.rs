@@ -1,7 +1,10 @@
 //! Client wiring: what a [`Config`] becomes before anything is sent (the
-//! deployment, the connection manager's reconnect policy, the bounds), and
-//! the connection to one server, a cluster or a sentinel-managed master.
+//! deployment, the connection manager's reconnect policy, the bounds), the
+//! connection to one server, a cluster or a sentinel-managed master, and
+//! how every call goes out on it: under the operation bound, its redis-rs
+//! error mapped once.
 
+use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -17,6 +20,7 @@ use super::errors::Target;
 use super::keys::KeySpace;
 use super::releases::{ReleaseHub, SubscriberSource};
 use super::{Config, Inner, RedisLocker, BACKEND};
+use crate::deadline::bounded;
 use crate::{Error, Result};
 
 /// How often the connection manager retries a broken connection before the
@@ -224,6 +228,42 @@ impl RedisLocker {
     #[cfg(feature = "redlock")]
     pub(crate) fn endpoint(&self) -> &str {
         &self.inner.target.endpoint
+    }
+
+    /// The connection every call is sent on (a clone shares it).
+    pub(super) fn connection(&self) -> Connection {
+        self.inner.connection.clone()
+    }
+
+    /// Runs one Redis call under [`RedisLocker::operation_bound`]: its
+    /// redis-rs error becomes [`Error::Backend`] (see [`Target::error`](super::errors::Target::error)), its
+    /// timeout [`Error::DeadlineExceeded`].
+    pub(super) async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        bounded(BACKEND, operation, self.inner.operation_bound, async {
+            call.await
+                .map_err(|e| self.inner.target.error(operation, e, false))
+        })
+        .await
+    }
+
+    /// Runs `script` (its keys and arguments set) like every call and says
+    /// whether it answered 1, i.e. did what was asked (released, refreshed,
+    /// forgot); 0 means the lock was not in the state the call needs.
+    pub(super) async fn script_did(
+        &self,
+        operation: &'static str,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<bool> {
+        let answer: u8 = self
+            .bounded(operation, async {
+                script.invoke_async(&mut self.connection()).await
+            })
+            .await?;
+        Ok(answer == 1)
     }
 }
 

@@ -1,8 +1,8 @@
 //! The connection a [`RedisLocker`](super::RedisLocker) sends its commands on,
 //! whatever the deployment: one server, a Redis Cluster, or a master found
-//! through Sentinel. The scripts, the bounded calls, the error mapping and the
-//! undo guards in `mod.rs` are written once against [`Connection`], which is a
-//! redis-rs [`ConnectionLike`].
+//! through Sentinel. The scripts, the bounded calls (`client.rs`) and the
+//! error mapping (`errors.rs`) are written once against [`Connection`],
+//! which is a redis-rs [`ConnectionLike`].
 //!
 //! - **Standalone**: a redis-rs [`ConnectionManager`] (multiplexed, RESP3,
 //!   reconnects in the background).

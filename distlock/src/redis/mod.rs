@@ -493,16 +493,16 @@
 //! [`ConnectionManager`]: redis::aio::ConnectionManager
 
 use std::fmt;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
-use crate::deadline::bounded;
+use crate::{validate, Result};
+// The module docs link to these; the code that uses them is in `locker.rs`.
+#[cfg(doc)]
 use crate::{
-    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, ReleaseWatch, Result,
+    inspect::{ForceRelease, HeldLock},
+    Capabilities, Error, Locker,
 };
 
 mod acquire;
@@ -512,6 +512,7 @@ mod connection;
 mod errors;
 mod inspect;
 mod keys;
+mod locker;
 mod marks;
 mod refresh;
 mod releases;
@@ -528,18 +529,13 @@ pub use config::{
 #[cfg(feature = "redlock")]
 pub(crate) use inspect::LockView;
 
-use acquire::{Mode, ReplicaAck};
+use acquire::ReplicaAck;
 use connection::Connection;
 use errors::Target;
 use keys::KeySpace;
 use releases::ReleaseHub;
-use scripts::{
-    FORGET_SCRIPT, READER_TOKEN_PREFIX, REFRESH_SCRIPT, REFRESH_SHARED_SCRIPT, RELEASE_SCRIPT,
-    RELEASE_SHARED_SCRIPT,
-};
+use scripts::READER_TOKEN_PREFIX;
 use server::ServerReport;
-
-use crate::inspect::{ForceRelease, HeldLock};
 
 const BACKEND: &str = "redis";
 
@@ -686,41 +682,6 @@ impl RedisLocker {
             millis => u64::try_from(millis).ok().map(Duration::from_millis),
         })
     }
-
-    fn connection(&self) -> Connection {
-        self.inner.connection.clone()
-    }
-
-    /// Runs one Redis call under [`RedisLocker::operation_bound`]: its
-    /// redis-rs error becomes [`Error::Backend`] (see [`Target::error`]), its
-    /// timeout [`Error::DeadlineExceeded`].
-    async fn bounded<T>(
-        &self,
-        operation: &'static str,
-        call: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T> {
-        bounded(BACKEND, operation, self.inner.operation_bound, async {
-            call.await
-                .map_err(|e| self.inner.target.error(operation, e, false))
-        })
-        .await
-    }
-
-    /// Runs `script` (its keys and arguments set) like every call and says
-    /// whether it answered 1, i.e. did what was asked (released, refreshed,
-    /// forgot); 0 means the lock was not in the state the call needs.
-    async fn script_did(
-        &self,
-        operation: &'static str,
-        script: &redis::ScriptInvocation<'_>,
-    ) -> Result<bool> {
-        let answer: u8 = self
-            .bounded(operation, async {
-                script.invoke_async(&mut self.connection()).await
-            })
-            .await?;
-        Ok(answer == 1)
-    }
 }
 
 /// Whether `owner` is a reader's token, which the reader scripts handle
@@ -733,270 +694,4 @@ fn is_reader_token(owner: &str) -> bool {
 /// at least as long as the lease believes.
 fn ttl_millis(ttl: Duration) -> u64 {
     validate::whole_units(ttl, Duration::from_millis(1))
-}
-
-#[async_trait]
-impl Locker for RedisLocker {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            // A waiting writer polls (woken by releases) beside new readers:
-            // nothing queues it ahead of them.
-            writer_priority: false,
-            fencing: self.inner.fencing,
-            ..Capabilities::ALL
-        }
-    }
-
-    fn backend_key(&self, key: &str) -> String {
-        RedisLocker::backend_key(self, key)
-    }
-
-    /// One attempt at a shared (reader) lease: one script adds the reader
-    /// to `<prefix>{<key>}:readers` unless a writer holds the key (see the
-    /// [module docs](self), "Shared locks"). Bounded, retried and undone
-    /// like [`try_lock`](Locker::try_lock). The lease's owner token starts
-    /// with `shared:`; its fencing token is the key's last writer's.
-    ///
-    /// # Errors
-    ///
-    /// As [`try_lock`](Locker::try_lock): `Ok(None)` while a writer holds
-    /// the key; [`Error::Backend`] or [`Error::DeadlineExceeded`] on an
-    /// outage; [`Error::InvalidInput`] for a bad key or ttl.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`try_lock`](Locker::try_lock): a dropped attempt is undone by
-    /// its owner token in the background (failing that, the reader expires
-    /// at its ttl).
-    async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire_shared",
-            self.inner.acquire_bound,
-            self.acquire(&[key], ttl, Mode::Shared),
-        )
-        .await
-    }
-
-    /// One attempt, bounded by [`RedisLocker::operation_bound`] (retry
-    /// included; see the [module docs](self), "Connections").
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future after the request may have been sent
-    /// releases the lock by its owner token in the background (failing that,
-    /// it expires at its ttl), as does an attempt abandoned at its bound
-    /// ([`Error::DeadlineExceeded`]) or whose reply was lost.
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.inner.acquire_bound,
-            self.acquire(&[key], ttl, Mode::Exclusive),
-        )
-        .await
-    }
-
-    /// One script for the whole attempt, at any occupancy: it tries the
-    /// keys in order and grants the first free one exactly as
-    /// [`try_lock`](Locker::try_lock) grants its key (the same script:
-    /// owner token and holder record, fencing counter, ttl), so a key taken
-    /// here is an ordinary lock. Bounded, retried once on a broken
-    /// connection, and confirmed by replicas like `try_lock`. See the
-    /// [module docs](self), "Semaphores".
-    ///
-    /// **On a Redis Cluster** the keys are tried one at a time
-    /// ([`try_lock_in_turn`](crate::try_lock_in_turn), one script per key):
-    /// a script may only touch keys of one slot, and each key is its own
-    /// hash tag, so a semaphore's permit keys are spread over the slots.
-    ///
-    /// # Errors
-    ///
-    /// As [`try_lock`](Locker::try_lock); [`Error::InvalidInput`] also for
-    /// no keys or more than
-    /// [`MAX_KEYS_PER_ATTEMPT`](crate::validate::MAX_KEYS_PER_ATTEMPT).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`try_lock`](Locker::try_lock): an attempt dropped (or abandoned
-    /// at its bound, or whose reply was lost) after it was sent is undone
-    /// in the background by its owner token, on whichever of the keys holds
-    /// it (at most one does); failing that, that key expires at its ttl.
-    async fn try_lock_any(&self, keys: &[String], ttl: Duration) -> Result<Option<Lease>> {
-        if matches!(self.inner.connection, Connection::Cluster(_)) {
-            return crate::try_lock_in_turn(self, keys, ttl).await;
-        }
-        validate::keys(keys)?;
-        validate::ttl(ttl)?;
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        bounded(
-            BACKEND,
-            "acquire",
-            self.inner.acquire_bound,
-            self.acquire(&keys, ttl, Mode::Exclusive),
-        )
-        .await
-    }
-
-    /// One script: compare-and-delete for a writer's token; for a reader's
-    /// (it starts with `shared:`), removal from the reader set, the last
-    /// reader deleting the marker and publishing the release (see the
-    /// [module docs](self), "Shared locks"). Bounded like every call.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if `owner` holds no live grant of `key` (nothing
-    /// changed; an expired reader's leftover entry is cleared);
-    /// [`Error::Backend`] or [`Error::DeadlineExceeded`] on an outage (the
-    /// grant then expires at its ttl).
-    ///
-    /// # Cancel safety
-    ///
-    /// The script is atomic: a dropped unlock released the grant or left
-    /// it as it was. Releasing again by the token is safe.
-    async fn unlock(&self, key: &str, owner: &str) -> Result<()> {
-        validate::key(key)?;
-        let keys = &self.inner.keys;
-        let mut release = if is_reader_token(owner) {
-            let mut release = RELEASE_SHARED_SCRIPT.key(keys.lock_key(key));
-            release.key(keys.readers_key(key));
-            release
-        } else {
-            RELEASE_SCRIPT.key(keys.lock_key(key))
-        };
-        release
-            .arg(owner)
-            .arg(keys.release_channel(key))
-            .arg(self.inner.publish);
-        Error::unless_held(key, self.script_did("release", &release).await?)
-    }
-
-    /// One script: compare-and-`PEXPIRE` for a writer's token; for a
-    /// reader's (it starts with `shared:`), a new score in the reader set,
-    /// the marker re-armed to the last reader's expiry (see the [module
-    /// docs](self), "Shared locks"). Bounded like every call.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] if `owner` holds no live grant of `key` (nothing
-    /// changed: an expired reader is not revived); [`Error::Backend`] or
-    /// [`Error::DeadlineExceeded`] on an outage.
-    ///
-    /// # Cancel safety
-    ///
-    /// The script is atomic: a dropped refresh extended the grant or left
-    /// it as it was.
-    async fn refresh(&self, key: &str, owner: &str, ttl: Duration) -> Result<()> {
-        validate::acquire(key, ttl)?;
-        let keys = &self.inner.keys;
-        let mut refresh = if is_reader_token(owner) {
-            let mut refresh = REFRESH_SHARED_SCRIPT.key(keys.lock_key(key));
-            refresh.key(keys.readers_key(key));
-            refresh
-        } else {
-            REFRESH_SCRIPT.key(keys.lock_key(key))
-        };
-        refresh.arg(owner).arg(ttl_millis(ttl));
-        Error::unless_held(key, self.script_did("refresh", &refresh).await?)
-    }
-
-    /// One script per batch on one server (or sentinel-managed master), one
-    /// per slot on a cluster (a script may only touch keys of one slot), the
-    /// slots' scripts sent at once. Each key answers as
-    /// [`refresh`](Locker::refresh) would; a failed script fails the keys it
-    /// carried.
-    async fn refresh_many(&self, requests: &[RefreshRequest<'_>]) -> Vec<Result<()>> {
-        self.refresh_batch(requests).await
-    }
-
-    /// Deletes `key`'s fencing counter (`{key}:fence`) if the lock is free,
-    /// in one script; [`Error::NotAcquired`] if it is held. Bounded like
-    /// every call; the script is atomic, so a dropped call either forgot
-    /// the key or left it as it was.
-    async fn forget(&self, key: &str) -> Result<()> {
-        validate::key(key)?;
-        let mut forget = FORGET_SCRIPT.key(self.inner.keys.lock_key(key));
-        forget.key(self.inner.keys.fence_key(key));
-        if self.script_did("forget", &forget).await? {
-            Ok(())
-        } else {
-            Err(Error::not_acquired(key))
-        }
-    }
-
-    /// One script on `<prefix>{<name>}:mark`, a key without expiry (see
-    /// `scripts.rs` for its encoding). A reply lost on a broken connection
-    /// leaves the outcome unknown ([`Error::is_outcome_unknown`]). With
-    /// [`Config::min_replicas`], a mark that was advanced is followed by
-    /// `WAIT` (bounded like every call); too few acknowledgements fail it as
-    /// an outage whose outcome is unknown. The first call logs the
-    /// [durability warnings](Locker::durability_warnings), unless they were
-    /// asked for already.
-    async fn advance_mark(&self, name: &str, value: i64) -> Result<MarkAdvance> {
-        self.raise_mark(name, value).await
-    }
-
-    /// What the locker read when it was built ([`RedisLocker::server_facts`]):
-    /// `appendonly no` (a restart forgets marks and fence counters: see
-    /// [`ServerFacts`]), `appendfsync no`, replicas without
-    /// [`Config::min_replicas`], or settings it could not read. Asking
-    /// counts as reporting them: the first mark write then does not log
-    /// them again.
-    fn durability_warnings(&self) -> Vec<String> {
-        self.inner
-            .durability_reported
-            .store(true, Ordering::Relaxed);
-        self.durability_report()
-    }
-
-    /// One read-only script: the lock key's value (held or not), its `PTTL`
-    /// and its holder record (see the [module docs](self), "Inspection").
-    /// Bounded like every call.
-    async fn inspect(&self, key: &str) -> Result<Option<HeldLock>> {
-        Ok(self.inspect_view(key).await?.map(|view| view.held))
-    }
-
-    /// `SCAN ... MATCH <prefix>{<escaped prefix>*}` over the whole key space
-    /// (every master of a cluster), then one inspect script per lock found;
-    /// each round trip bounded like every call (see the [module
-    /// docs](self), "Inspection").
-    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let views = self.list_views(prefix).await?;
-        Ok(views.into_iter().map(|view| view.held).collect())
-    }
-
-    /// [`ForceRelease::Lock`] only (one script deletes the lock and its
-    /// record and publishes the release); [`ForceRelease::TerminateSession`]
-    /// is [`Error::Unsupported`]: a Redis lock outlives its client's
-    /// connection. Bounded like every call.
-    async fn force_release(&self, key: &str, how: ForceRelease) -> Result<Option<HeldLock>> {
-        let delete = async { Ok(self.delete_lock(key).await?.map(|view| view.held)) };
-        crate::inspect::release_by_deleting(BACKEND, key, how, "a key", delete).await
-    }
-
-    /// Subscribes to `key`'s release channel on the locker's shared subscriber
-    /// connection. If subscribing fails, waiters poll (`Ok(None)`): the
-    /// attempts that follow report any outage.
-    async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
-        validate::key(key)?;
-        match self.inner.releases.watch(self.release_channel(key)).await {
-            Ok(watch) => Ok(Some(watch)),
-            Err(error) if error.code() == Some("NOPERM") => {
-                tracing::warn!(component = "distlock", backend = BACKEND, key, %error,
-                    "this user may not subscribe to release channels; waiters poll");
-                Ok(None)
-            }
-            Err(error) => {
-                tracing::debug!(component = "distlock", backend = BACKEND, key, %error,
-                    "cannot subscribe to release notifications; polling");
-                Ok(None)
-            }
-        }
-    }
 }

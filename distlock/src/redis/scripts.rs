@@ -251,6 +251,25 @@ end
     };
 }
 
+/// The acquire scripts' answer for a grant of the key at `KEYS[i]`, its
+/// fencing token in the variable `fence`: the bare token for the first key
+/// (a one-key attempt's reply costs no array; see [`ACQUIRE`]), else
+/// `{$position, fence}`. One text for the new grant and for a key already
+/// ours, because `granted_key` in `acquire.rs` decodes this one shape.
+macro_rules! grant_reply_lua {
+    ($position:literal) => {
+        concat!(
+            r"
+        if i == 1 then
+            return fence
+        end
+        return {",
+            $position,
+            r", fence}"
+        )
+    };
+}
+
 /// The grant, over the keys of one attempt in order: the first key whose
 /// `SET NX` succeeds is granted, its fence counter bumped in the same atomic
 /// step (`INCR`), and the script returns for it as [`ACQUIRE`] says. Writes
@@ -271,13 +290,8 @@ for i = 1, #KEYS, ",
     if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
         local fence = ",
             $fence,
+            grant_reply_lua!($position),
             r"
-        if i == 1 then
-            return fence
-        end
-        return {",
-            $position,
-            r", fence}
     end
 end
 "
@@ -317,13 +331,8 @@ for i = 1, #KEYS, ",
         rearm(KEYS[i], value, owner, ARGV[2])
 ",
             $retry_fence,
+            grant_reply_lua!($position),
             r"
-        if i == 1 then
-            return fence
-        end
-        return {",
-            $position,
-            r", fence}
     end
 end
 if several then
