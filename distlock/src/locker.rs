@@ -4,6 +4,7 @@
 //! attempt a backend may fall back to. Re-exported at the crate root
 //! (`distlock::Locker`).
 
+use std::any::Any;
 use std::fmt;
 use std::time::Duration;
 
@@ -78,7 +79,7 @@ impl MarkAdvance {
 ///   against a real server; every check asserts the behaviour your
 ///   [`Capabilities`] declare.
 #[async_trait]
-pub trait Locker: Send + Sync + fmt::Debug + 'static {
+pub trait Locker: Any + Send + Sync + fmt::Debug {
     /// The backend's name (`"memory"`, `"file"`, `"redis"`, ...), used in
     /// errors, metrics and spans.
     fn backend(&self) -> &'static str;
@@ -653,6 +654,40 @@ pub trait Locker: Send + Sync + fmt::Debug + 'static {
     async fn watch_releases(&self, key: &str) -> Result<Option<ReleaseWatch>> {
         let _ = key;
         Ok(None)
+    }
+}
+
+impl dyn Locker {
+    /// The concrete locker behind a `dyn Locker`, if it is a `T`: the way
+    /// to a backend's own powers (`RedisLocker::remaining_ttl`,
+    /// `PostgresLocker::try_lock_raw` on an application's own advisory
+    /// keys) from the
+    /// `Arc<dyn Locker>` that [`connect`](crate::connect) returns, as
+    /// `dyn Error::downcast_ref` reaches a concrete error. `None` for any
+    /// other type, including a wrapper around a `T` (take the wrapper, then
+    /// its `get_ref()`).
+    ///
+    /// ```
+    /// use distlock::memory::MemoryLocker;
+    /// use distlock::file::FileLocker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), distlock::Error> {
+    /// let locker = distlock::connect("memory://").await?;
+    /// let memory: &MemoryLocker = locker.downcast_ref().expect("a memory:// URL");
+    /// # let _ = memory;
+    /// assert!(locker.downcast_ref::<FileLocker>().is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn downcast_ref<T: Locker>(&self) -> Option<&T> {
+        (self as &dyn Any).downcast_ref()
+    }
+
+    /// True if the locker behind this `dyn Locker` is a `T` (see
+    /// [`downcast_ref`](Self::downcast_ref)).
+    pub fn is<T: Locker>(&self) -> bool {
+        (self as &dyn Any).is::<T>()
     }
 }
 

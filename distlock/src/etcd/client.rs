@@ -83,7 +83,7 @@ impl EtcdLocker {
                 .map_err(|e| errors::backend(&cluster, "connect", e, false))?;
             Ok(client)
         };
-        let client = crate::deadline::bounded_connect(
+        let client = crate::deadline::connect::bounded_connect(
             BACKEND,
             &cluster,
             "connect_timeout= plus request_timeout= in the URL",

@@ -70,7 +70,7 @@ impl Dialect for Inner {
         let owner = new_owner_token();
         let digest = owner_digest(&owner);
         let limit = self.settings.query_timeout;
-        let (sql, reading) = self.sql.try_acquire(name, &digest, &record);
+        let (sql, reading) = self.sql.acquire(name, &digest, Duration::ZERO, &record);
         let request = Request {
             sql,
             limit,
@@ -128,7 +128,7 @@ impl Dialect for Inner {
             let wait_for = on.remaining().min(MAX_WAIT);
             // The server ends the wait itself; this bound only catches a
             // server that stopped answering.
-            let (sql, reading) = self.sql.acquire_waiting(name, &digest, wait_for, &record);
+            let (sql, reading) = self.sql.acquire(name, &digest, wait_for, &record);
             let request = Request {
                 sql,
                 limit: wait_for.saturating_add(self.settings.query_timeout),

@@ -169,8 +169,7 @@ const RECORD_SELECT: &str =
     "f.session_id, f.token, CAST(UNIX_TIMESTAMP(f.granted_at) * 1000 AS SIGNED), \
      f.ttl_ms, f.holder_host, f.holder_pid, f.holder_label, f.key_name";
 
-/// Where an attempt's answer is: see [`Sql::try_acquire`] and
-/// [`Sql::acquire_waiting`].
+/// Where an attempt's answer is (see [`Sql::acquire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Reading {
     /// One row: `GET_LOCK`'s answer, then the token (NULL without fencing
@@ -217,10 +216,12 @@ impl Sql {
         )
     }
 
-    /// One attempt that does not wait, and how its answer reads.
+    /// One attempt, waiting up to `wait` on the server (zero: not at all),
+    /// and where its answer is ([`Reading`]). Without fencing it is
+    /// `SELECT GET_LOCK(name, wait), NULL`.
     ///
-    /// With fencing it is **one statement**, the lock taken in its `WHERE`
-    /// and the counter bumped in its write:
+    /// With fencing and no wait it is **one statement**, the lock taken in
+    /// its `WHERE` and the counter bumped in its write:
     /// `INSERT … SELECT … FROM DUAL WHERE GET_LOCK(name, 0) = 1 ON DUPLICATE
     /// KEY UPDATE token = LAST_INSERT_ID(token + 1), …`. Taken, it inserts
     /// the row (token 1) or bumps it, and the OK packet carries the token
@@ -230,64 +231,26 @@ impl Sql {
     /// duplicate *primary key* takes an index-record lock, not a next-key
     /// lock (<https://dev.mysql.com/doc/refman/8.0/en/innodb-locks-set.html>),
     /// so grants of neighbouring names do not wait for each other's gaps.
-    /// Against the five statements [`acquire_waiting`](Self::acquire_waiting)
-    /// sends, it halves a fenced cycle's time on MariaDB (BENCHMARKS.md,
-    /// "MySQL"). `VALUES(col)` reads the inserted row's values in the update
+    /// Against the five statements below it halves a fenced cycle's time on
+    /// MariaDB. `VALUES(col)` reads the inserted row's values in the update
     /// arm (MySQL 8.0.20 deprecates it for a row alias MariaDB lacks; both
-    /// still accept it).
+    /// accept it).
     ///
-    /// A failure after the lock was taken (the row locked by another client
-    /// past `innodb_lock_wait_timeout`) leaves the lock held; the session
-    /// runs [`Sql::undo`] before answering.
-    pub(super) fn try_acquire(
-        &self,
-        name: &LockName<'_>,
-        owner_digest: &str,
-        record: &GrantRecord<'_>,
-    ) -> (String, Reading) {
-        debug_assert!(owner_digest.bytes().all(|b| b.is_ascii_hexdigit()));
-        let lit = name.literal();
-        let Some(table) = &self.table else {
-            return (format!("SELECT GET_LOCK({lit}, 0), NULL"), Reading::Row);
-        };
-        let RecordLiterals {
-            key_name,
-            host,
-            pid,
-            label,
-        } = RecordLiterals::new(record, text_literal);
-        let ttl_ms = record.ttl_ms;
-        let sql = format!(
-            "INSERT INTO {table} (lock_name, token, owner_digest, key_name, ttl_ms, holder_host, \
-             holder_pid, holder_label, session_id) \
-             SELECT {lit}, LAST_INSERT_ID(1), '{owner_digest}', {key_name}, {ttl_ms}, {host}, {pid}, \
-             {label}, CONNECTION_ID() FROM DUAL WHERE GET_LOCK({lit}, 0) = 1 \
-             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), \
-             owner_digest = VALUES(owner_digest), granted_at = CURRENT_TIMESTAMP(6), \
-             key_name = VALUES(key_name), ttl_ms = VALUES(ttl_ms), \
-             holder_host = VALUES(holder_host), holder_pid = VALUES(holder_pid), \
-             holder_label = VALUES(holder_label), session_id = VALUES(session_id)"
-        );
-        (sql, Reading::Written)
-    }
-
-    /// One attempt waiting up to `wait` on the server. Its last result set
-    /// is one row ([`Reading::Row`]): `GET_LOCK`'s answer (1 taken, 0 held
-    /// elsewhere or timed out, NULL an error such as `KILL QUERY`) and, with
-    /// fencing, the token the grant bumped (NULL unless taken).
+    /// With fencing and a wait it is five statements in one round trip:
+    /// take the lock into a session variable; only if it was taken, bump the
+    /// counter row, or insert it when there was none; read both back (one
+    /// row: `GET_LOCK`'s answer, 1 taken, 0 timed out, NULL an error such as
+    /// `KILL QUERY`, then the token). The wait is a statement of its own,
+    /// before any table is touched: a write waiting on `GET_LOCK` in its
+    /// `WHERE` would hold the table's metadata lock for the whole wait, and
+    /// a `FLUSH TABLES WITH READ LOCK` (a backup) queued behind it would
+    /// stall every writer of the server.
     ///
-    /// With fencing it is five statements in one round trip: take the lock
-    /// into a session variable; only if it was taken, bump the counter row,
-    /// or insert it when there was none; read both back. The wait is a
-    /// statement of its own, before any table is touched, not the `WHERE`
-    /// of a write as in [`try_acquire`](Self::try_acquire): a write waiting
-    /// on `GET_LOCK` would hold the table's metadata lock for the whole
-    /// wait, and a `FLUSH TABLES WITH READ LOCK` (a backup) queued behind it
-    /// would stall every writer of the server. Nobody else writes the row
-    /// meanwhile: every writer holds the named lock. A failure after the
-    /// lock was taken leaves the lock held; the session runs [`Sql::undo`]
-    /// before answering.
-    pub(super) fn acquire_waiting(
+    /// Nobody else writes the row meanwhile: every writer holds the named
+    /// lock. A failure after the lock was taken (the row locked by another
+    /// client past `innodb_lock_wait_timeout`) leaves the lock held; the
+    /// session runs [`Sql::undo`] before answering.
+    pub(super) fn acquire(
         &self,
         name: &LockName<'_>,
         owner_digest: &str,
@@ -296,15 +259,13 @@ impl Sql {
     ) -> (String, Reading) {
         debug_assert!(owner_digest.bytes().all(|b| b.is_ascii_hexdigit()));
         let lit = name.literal();
-        let wait = wait_seconds(wait);
+        let seconds = wait_seconds(wait);
         let Some(table) = &self.table else {
             return (
-                format!("SELECT GET_LOCK({lit}, {wait}), NULL"),
+                format!("SELECT GET_LOCK({lit}, {seconds}), NULL"),
                 Reading::Row,
             );
         };
-        // The record's text goes into session variables once, in the first
-        // statement, for both the UPDATE and the INSERT to read.
         let RecordLiterals {
             key_name,
             host,
@@ -312,16 +273,32 @@ impl Sql {
             label,
         } = RecordLiterals::new(record, text_literal);
         let ttl_ms = record.ttl_ms;
+        let columns = "lock_name, token, owner_digest, key_name, ttl_ms, holder_host, holder_pid, \
+                       holder_label, session_id";
+        if wait.is_zero() {
+            let sql = format!(
+                "INSERT INTO {table} ({columns}) \
+                 SELECT {lit}, LAST_INSERT_ID(1), '{owner_digest}', {key_name}, {ttl_ms}, {host}, \
+                 {pid}, {label}, CONNECTION_ID() FROM DUAL WHERE GET_LOCK({lit}, 0) = 1 \
+                 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), \
+                 owner_digest = VALUES(owner_digest), granted_at = CURRENT_TIMESTAMP(6), \
+                 key_name = VALUES(key_name), ttl_ms = VALUES(ttl_ms), \
+                 holder_host = VALUES(holder_host), holder_pid = VALUES(holder_pid), \
+                 holder_label = VALUES(holder_label), session_id = VALUES(session_id)"
+            );
+            return (sql, Reading::Written);
+        }
+        // The record's text goes into session variables once, in the first
+        // statement, for both the UPDATE and the INSERT to read.
         let sql = format!(
-            "SET @distlock_got = GET_LOCK({lit}, {wait}), @distlock_key = {key_name}, \
+            "SET @distlock_got = GET_LOCK({lit}, {seconds}), @distlock_key = {key_name}, \
              @distlock_host = {host}, @distlock_label = {label}; \
              UPDATE {table} SET token = token + 1, owner_digest = '{owner_digest}', \
              granted_at = CURRENT_TIMESTAMP(6), key_name = @distlock_key, ttl_ms = {ttl_ms}, \
              holder_host = @distlock_host, holder_pid = {pid}, holder_label = @distlock_label, \
              session_id = CONNECTION_ID() WHERE lock_name = {lit} AND @distlock_got = 1; \
              SET @distlock_bumped = ROW_COUNT(); \
-             INSERT INTO {table} (lock_name, token, owner_digest, key_name, ttl_ms, holder_host, \
-             holder_pid, holder_label, session_id) \
+             INSERT INTO {table} ({columns}) \
              SELECT {lit}, 1, '{owner_digest}', @distlock_key, {ttl_ms}, @distlock_host, {pid}, \
              @distlock_label, CONNECTION_ID() FROM DUAL WHERE @distlock_got = 1 AND @distlock_bumped = 0; \
              SELECT @distlock_got, (SELECT token FROM {table} WHERE lock_name = {lit} AND @distlock_got = 1)"
@@ -517,14 +494,35 @@ mod tests {
     }
 
     #[test]
+    fn a_fenced_attempt_is_one_statement_unless_it_waits() {
+        let table = FencingTable::new(None, "distlock_fencing").expect("valid");
+        let sql = Sql::new(Some(&table));
+        let name = LockName::new("", "k");
+        let record = GrantRecord::new("k;", Duration::from_secs(1), true);
+        let (tried, reading) = sql.acquire(&name, "ab", Duration::ZERO, &record);
+        assert_eq!(reading, Reading::Written);
+        assert!(!tried.contains(';'), "one statement: {tried}");
+        assert!(tried.contains("WHERE GET_LOCK('"), "{tried}");
+        let (waited, reading) = sql.acquire(&name, "ab", Duration::from_secs(2), &record);
+        assert_eq!(reading, Reading::Row);
+        assert!(
+            waited.starts_with("SET @distlock_got = GET_LOCK(") && waited.contains(", 2.000)"),
+            "the wait before any table is touched: {waited}"
+        );
+    }
+
+    #[test]
     fn without_fencing_no_statement_names_a_table() {
         let sql = Sql::new(None);
         let name = LockName::new("", "k");
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
-        let (tried, reading) = sql.try_acquire(&name, "ab", &record);
-        assert!(!tried.contains("INSERT") && reading == Reading::Row, "{tried}");
-        let (waited, reading) = sql.acquire_waiting(&name, "ab", Duration::ZERO, &record);
-        assert!(!waited.contains("INSERT") && reading == Reading::Row, "{waited}");
+        for wait in [Duration::ZERO, Duration::from_secs(1)] {
+            let (acquire, reading) = sql.acquire(&name, "ab", wait, &record);
+            assert!(
+                !acquire.contains("INSERT") && reading == Reading::Row,
+                "{acquire}"
+            );
+        }
         assert!(!sql.forget(&name).contains("DELETE"));
     }
 }

@@ -203,7 +203,7 @@ impl Session {
                 Err(e) => Err(errors::driver("connect", context(), e)),
             }
         };
-        let conn = crate::deadline::bounded_connect(
+        let conn = crate::deadline::connect::bounded_connect(
             errors::BACKEND,
             &settings.target,
             bound_by,

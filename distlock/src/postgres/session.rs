@@ -94,7 +94,7 @@ impl Session {
                 .await
                 .map_err(|e| errors::backend("connect", context(), e))
         };
-        let (client, driver) = crate::deadline::bounded_connect(
+        let (client, driver) = crate::deadline::connect::bounded_connect(
             BACKEND,
             &settings.target,
             "connect_timeout= in the URL, per host, plus query_timeout=",

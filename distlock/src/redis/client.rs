@@ -308,7 +308,7 @@ impl Parts {
                 .await
                 .map_err(|e| self.target.error("connect", e, false))
         };
-        crate::deadline::bounded_connect(
+        crate::deadline::connect::bounded_connect(
             BACKEND,
             &self.target.endpoint,
             "connect_timeout= plus response_timeout= in the URL",
