@@ -685,7 +685,7 @@ impl dyn Locker {
     }
 
     /// True if the locker behind this `dyn Locker` is a `T` (see
-    /// [`downcast_ref`](Self::downcast_ref)).
+    /// `downcast_ref` above).
     pub fn is<T: Locker>(&self) -> bool {
         (self as &dyn Any).is::<T>()
     }
