@@ -184,12 +184,16 @@ pub(super) enum Reading {
 #[derive(Debug, Clone)]
 pub(super) struct Sql {
     table: Option<String>,
+    /// Grants write the holder's host, pid and label, which a release
+    /// clears (`holder_record`, on by default).
+    records_holder: bool,
 }
 
 impl Sql {
-    pub(super) fn new(fencing: Option<&FencingTable>) -> Self {
+    pub(super) fn new(fencing: Option<&FencingTable>, records_holder: bool) -> Self {
         Sql {
             table: fencing.map(FencingTable::quoted),
+            records_holder,
         }
     }
 
@@ -364,17 +368,20 @@ impl Sql {
     }
 
     /// 1 released, 0 held by another session, NULL no such lock. With
-    /// fencing it first clears the holder columns of the name's row if this
-    /// session holds the lock and its grant wrote the row: host, pid and
-    /// label (taken from a command line) describe a holder and are kept no
-    /// longer than the grant; the token, grant time, key name, ttl and
-    /// session id stay. The row is cleared while the lock is still held, so
-    /// a next holder's record is never touched. (A session that dies holding
-    /// the lock frees it without a statement: its record stays until the
-    /// next grant overwrites it.)
+    /// fencing and the holder recorded it first clears the holder columns
+    /// of the name's row if this session holds the lock and its grant wrote
+    /// the row: host, pid and label (taken from a command line) describe a
+    /// holder and are kept no longer than the grant; the token, grant time,
+    /// key name, ttl and session id stay. The row is cleared while the lock
+    /// is still held, so a next holder's record is never touched. (A session
+    /// that dies holding the lock frees it without a statement: its record
+    /// stays until the next grant overwrites it.) With `holder_record=off`
+    /// this locker's grants wrote no holder, so there is nothing to clear:
+    /// the release is the `RELEASE_LOCK` alone, a round trip without a row
+    /// read or a commit.
     pub(super) fn release(&self, server: &str) -> String {
         let lit = name_literal(server);
-        match &self.table {
+        match self.table.as_ref().filter(|_| self.records_holder) {
             Some(table) => format!(
                 "UPDATE {table} SET holder_host = NULL, holder_pid = NULL, holder_label = NULL \
                  WHERE lock_name = {lit} AND session_id = CONNECTION_ID() \
@@ -496,7 +503,7 @@ mod tests {
     #[test]
     fn a_fenced_attempt_is_one_statement_unless_it_waits() {
         let table = FencingTable::new(None, "distlock_fencing").expect("valid");
-        let sql = Sql::new(Some(&table));
+        let sql = Sql::new(Some(&table), true);
         let name = LockName::new("", "k");
         let record = GrantRecord::new("k;", Duration::from_secs(1), true);
         let (tried, reading) = sql.acquire(&name, "ab", Duration::ZERO, &record);
@@ -509,11 +516,18 @@ mod tests {
             waited.starts_with("SET @distlock_got = GET_LOCK(") && waited.contains(", 2.000)"),
             "the wait before any table is touched: {waited}"
         );
+        assert!(sql.release("n").starts_with("UPDATE"), "clears the holder");
+        let unrecorded = Sql::new(Some(&table), false);
+        let release = unrecorded.release("n");
+        assert!(
+            release.starts_with("SELECT RELEASE_LOCK(") && !release.contains(';'),
+            "holder_record=off: nothing to clear, {release}"
+        );
     }
 
     #[test]
     fn without_fencing_no_statement_names_a_table() {
-        let sql = Sql::new(None);
+        let sql = Sql::new(None, true);
         let name = LockName::new("", "k");
         let record = GrantRecord::new("k", Duration::from_secs(1), true);
         for wait in [Duration::ZERO, Duration::from_secs(1)] {

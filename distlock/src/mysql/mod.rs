@@ -425,7 +425,7 @@ impl MysqlLocker {
         let inner = Arc::new(Inner {
             leases: crate::SharedLocker::default(),
             core: pool::core(&settings),
-            sql: Sql::new(settings.fencing.as_ref()),
+            sql: Sql::new(settings.fencing.as_ref(), settings.holder_record),
             marks_ready: AtomicBool::new(false),
             settings,
         });
