@@ -28,6 +28,28 @@ pub async fn distlock_cycle(locker: impl Locker, key: String, ttl: Duration) -> 
     lease.release().await.map_err(err)
 }
 
+/// distlock's uncontended cycle as a contender, with `fencing` on or off:
+/// the harness pairs it with the fenced floor or with the plain one.
+pub fn distlock_uncontended(
+    name: &str,
+    locker: impl Locker + Clone,
+    fencing: bool,
+    ttl: Duration,
+) -> Contender {
+    let does = if fencing {
+        "try_lock + release, fencing counter bumped under the lock"
+    } else {
+        "try_lock + release, no fencing token"
+    };
+    Contender::cycle(
+        name,
+        Role::Distlock,
+        does,
+        cycle(move |client| distlock_cycle(locker.clone(), format!("distlock-{client}"), ttl)),
+    )
+    .fencing(fencing)
+}
+
 /// distlock's uncontended cycle on `locker`, opened with `holder=false`:
 /// beside the same cycle with the record, what recording the holder (host,
 /// pid, label, grant time) in every acquire costs. `name` says which

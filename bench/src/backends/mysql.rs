@@ -10,7 +10,7 @@ use mysql_async::prelude::Queryable;
 use test_servers::MariaDbServer;
 use tokio::sync::Mutex;
 
-use super::{distlock_cycle, distlock_handoff, err, holder_record_off};
+use super::{distlock_handoff, distlock_uncontended, err, holder_record_off};
 use crate::harness::{cycle, handoff, release, Contender, Group, Role, Workload};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -132,20 +132,10 @@ impl Mysql {
         Arc::new(fenced)
     }
 
-    fn distlock(&self) -> [(&'static str, &'static str, MysqlLocker, bool); 2] {
+    fn distlock(&self) -> [(&'static str, MysqlLocker, bool); 2] {
         [
-            (
-                "distlock fencing on",
-                "try_lock + release, fencing counter bumped under the lock",
-                self.fencing_on.clone(),
-                true,
-            ),
-            (
-                "distlock fencing off",
-                "try_lock + release, no fencing token",
-                self.fencing_off.clone(),
-                false,
-            ),
+            ("distlock fencing on", self.fencing_on.clone(), true),
+            ("distlock fencing off", self.fencing_off.clone(), false),
         ]
     }
 
@@ -220,18 +210,8 @@ impl Mysql {
             .fencing(true),
         );
 
-        for (name, does, locker, fencing) in self.distlock() {
-            contenders.push(
-                Contender::cycle(
-                    name,
-                    Role::Distlock,
-                    does,
-                    cycle(move |client| {
-                        distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)
-                    }),
-                )
-                .fencing(fencing),
-            );
+        for (name, locker, fencing) in self.distlock() {
+            contenders.push(distlock_uncontended(name, locker, fencing, TTL));
         }
         contenders.push(
             holder_record_off("distlock fencing on", self.unrecorded.clone(), TTL).fencing(true),
@@ -276,7 +256,7 @@ impl Mysql {
                 }
             }),
         ));
-        for (name, _, locker, _) in self.distlock() {
+        for (name, locker, _) in self.distlock() {
             let key = format!("{}-shared", name.replace(' ', "-"));
             contenders.push(Contender::handoff(
                 name,

@@ -10,7 +10,7 @@ use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
 use sqlx::Either;
 use test_servers::{PostgresOptions, PostgresServer};
 
-use super::{distlock_cycle, distlock_handoff, err, holder_record_off};
+use super::{distlock_handoff, distlock_uncontended, err, holder_record_off};
 use crate::harness::{cycle, handoff, release, Contender, Group, Role, Workload};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -208,23 +208,7 @@ impl Postgres {
             ("distlock fencing on", &self.fencing_on, true),
             ("distlock fencing off", &self.fencing_off, false),
         ] {
-            let locker = locker.clone();
-            let does = if fencing {
-                "try_lock + release, fencing counter bumped under the lock"
-            } else {
-                "try_lock + release, no fencing token"
-            };
-            contenders.push(
-                Contender::cycle(
-                    name,
-                    Role::Distlock,
-                    does,
-                    cycle(move |client| {
-                        distlock_cycle(locker.clone(), format!("distlock-{client}"), TTL)
-                    }),
-                )
-                .fencing(fencing),
-            );
+            contenders.push(distlock_uncontended(name, locker.clone(), fencing, TTL));
         }
         contenders.push(
             holder_record_off("distlock fencing on", self.unrecorded.clone(), TTL).fencing(true),
