@@ -2,7 +2,6 @@
 //! it uses nothing else of the crate but the plain [`MarkAdvance`] type, so
 //! any module may import it (as object_store's `util.rs`).
 
-use std::fmt::Write;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sha2::{Digest, Sha256};
@@ -18,11 +17,23 @@ use crate::MarkAdvance;
 pub(crate) fn sha256_hex128(data: &[u8]) -> String {
     let digest = Sha256::digest(data);
     let mut hex = String::with_capacity(32);
-    for byte in &digest[..16] {
-        // Writing to a String cannot fail.
-        let _ = write!(hex, "{byte:02x}");
-    }
+    push_hex(&mut hex, &digest[..16]);
     hex
+}
+
+/// Appends `bytes` to `out` as lowercase hex, two digits a byte. The one
+/// hex encoder of the crate: acquires run it on every grant (owner tokens,
+/// owner digests, the SQL backends' hex literals), where a `format!` or
+/// `write!` per byte cost an allocation or the formatting machinery per
+/// byte (on MariaDB about 150,000 instructions a fenced cycle for the
+/// holder record's literals; docs/perf-notes.md).
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(2 * bytes.len());
+    for &byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
 }
 
 /// A std mutex guard, recovering from poisoning, as every std mutex of the
@@ -92,6 +103,14 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        #[test]
+        fn push_hex_writes_what_format_writes(bytes: Vec<u8>) {
+            let mut hex = String::from("x");
+            push_hex(&mut hex, &bytes);
+            let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            prop_assert_eq!(hex, format!("x{expected}"));
+        }
+
         #[test]
         fn the_mark_encoding_orders_like_the_integers(a: i64, b: i64) {
             let (ea, eb) = (encode_mark(a), encode_mark(b));

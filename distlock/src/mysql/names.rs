@@ -179,9 +179,7 @@ pub(super) fn name_literal(server: &str) -> String {
 pub(super) fn hex_literal(bytes: &[u8]) -> String {
     let mut text = String::with_capacity(3 + 2 * bytes.len());
     text.push_str("X'");
-    for byte in bytes {
-        text.push_str(&format!("{byte:02x}"));
-    }
+    crate::util::push_hex(&mut text, bytes);
     text.push('\'');
     text
 }

@@ -149,11 +149,11 @@ async fn table_state(
 /// it can be inlined into a simple-protocol message whatever it contains
 /// and whatever `standard_conforming_strings` says.
 fn text_literal(text: &str) -> String {
-    let mut hex = String::with_capacity(2 * text.len());
-    for byte in text.bytes() {
-        hex.push_str(&format!("{byte:02x}"));
-    }
-    format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
+    let mut literal = String::with_capacity(2 * text.len() + 40);
+    literal.push_str("convert_from(decode('");
+    crate::util::push_hex(&mut literal, text.as_bytes());
+    literal.push_str("', 'hex'), 'UTF8')");
+    literal
 }
 
 /// The columns every grant writes after `lock_key, token, owner_digest`.
