@@ -143,7 +143,7 @@ pub enum Workload {
 }
 
 /// Latency quantiles, in microseconds: for cycles the acquire + release
-/// time, for handoffs the gap from a release returning to the next grant
+/// time, for handoffs the gap from a release being sent to the next grant
 /// returning.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Quantiles {
@@ -172,6 +172,11 @@ pub struct Measurement {
     /// overtaking the waiters); their gaps are not in `latency`.
     #[serde(default)]
     pub barged: u64,
+    /// Contended only: handoffs whose grant returned before the previous
+    /// holder's release returned (the server answered the waiter first).
+    /// Their gaps count from the release being sent, like every gap.
+    #[serde(default)]
+    pub granted_before_release_returned: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -302,6 +307,7 @@ struct Tally {
     histogram: Histogram<u64>,
     ops: u64,
     barged: u64,
+    granted_before_release_returned: u64,
     errors: u64,
     first_error: Option<String>,
 }
@@ -314,6 +320,7 @@ impl Tally {
                 .expect("constant, valid histogram bounds"),
             ops: 0,
             barged: 0,
+            granted_before_release_returned: 0,
             errors: 0,
             first_error: None,
         }
@@ -333,6 +340,7 @@ impl Tally {
         let _ = self.histogram.add(&other.histogram);
         self.ops += other.ops;
         self.barged += other.barged;
+        self.granted_before_release_returned += other.granted_before_release_returned;
         self.errors += other.errors;
         if self.first_error.is_none() {
             self.first_error = other.first_error;
@@ -349,6 +357,7 @@ impl Tally {
             first_error: self.first_error,
             cpu,
             barged: self.barged,
+            granted_before_release_returned: self.granted_before_release_returned,
         }
     }
 }
@@ -413,11 +422,12 @@ async fn cycles(cycle: &Cycle, clients: usize, window: Duration) -> Tally {
 pub const HOLD: Duration = Duration::from_millis(1);
 
 /// One grant: when the client started waiting, when the grant returned,
-/// when the release returned.
+/// when the release was sent and when it returned.
 #[derive(Clone, Copy)]
 struct Grant {
     started: Instant,
     granted: Instant,
+    release_sent: Instant,
     released: Instant,
 }
 
@@ -463,12 +473,14 @@ async fn handoffs(handoff: &Handoff, clients: usize, window: Duration) -> Tally 
                     // Hold it long enough for the previous holder, woken by
                     // this grant, to start waiting again.
                     tokio::time::sleep(HOLD).await;
+                    let release_sent = Instant::now();
                     if let Err(error) = release().await {
                         errors.push(error);
                     }
                     log.push(Grant {
                         started,
                         granted,
+                        release_sent,
                         released: Instant::now(),
                     });
                     // Rejoin once someone else holds it (or at the deadline).
@@ -501,7 +513,15 @@ async fn handoffs(handoff: &Handoff, clients: usize, window: Duration) -> Tally 
         }
         tally.ops += 1;
         if next.started < previous.granted {
-            tally.record(next.granted.saturating_duration_since(previous.released));
+            // From the release being sent: the next grant cannot return
+            // before that, so nothing is clamped. (From the release
+            // returning, a server that answers the waiter before the
+            // releaser gives a negative gap, which an unsigned histogram
+            // would read as 0; those handoffs are counted instead.)
+            tally.record(next.granted.duration_since(previous.release_sent));
+            if next.granted < previous.released {
+                tally.granted_before_release_returned += 1;
+            }
         } else {
             tally.barged += 1;
         }

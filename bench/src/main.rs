@@ -8,14 +8,17 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- render --out bench/results
 //! ```
 //!
-//! `all` measures everything and renders; `render` re-makes the plots and
+//! `all` measures everything and renders; `profile --backends B --contender
+//! NAME --cycles N` runs one uncontended contender for N cycles on one
+//! client (for callgrind; see `profile.rs`); `render` re-makes the plots and
 //! BENCHMARKS.md's generated section from `results.json`; `sweep` measures
 //! distlock's `sessions` setting (1, 2, 4, 8, 16, 32) on Postgres and MySQL
 //! at the largest `--clients` (16) and prints a table per backend (nothing
-//! written). Options:
+//! written; `all` runs it too and writes it). Options:
 //! `--rounds N` (5), `--seconds S` per measurement (5), `--warmup S` (1),
 //! `--backends redis,postgres,etcd,mysql,zookeeper`, `--clients 1,16`,
 //! `--hold-leases N,M` (100000; 0 to skip), `--max-other-cores X` (0.1),
+//! `--sweep on|off` (on: `all` runs the sweep too, after the other groups),
 //! `--markdown PATH` (BENCHMARKS.md), `--section NAME` (write the section
 //! between markers of that name instead of the main ones, for a group of
 //! backends measured apart), `--distlock PATH` (the CLI binary the hold
@@ -26,6 +29,7 @@ mod cpu;
 mod harness;
 mod hold;
 mod plot;
+mod profile;
 mod report;
 mod sweep;
 
@@ -51,6 +55,10 @@ pub struct Results {
     pub settings: Settings,
     pub groups: Vec<GroupResult>,
     pub holds: Vec<hold::HoldResult>,
+    /// The `sessions` sweeps (empty in results written before `all` ran
+    /// them, or with `--sweep off`).
+    #[serde(default)]
+    pub sweeps: Vec<sweep::SweepResult>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -72,6 +80,11 @@ struct Options {
     clients: Vec<usize>,
     hold_leases: Vec<usize>,
     distlock: Option<PathBuf>,
+    /// Whether `all` runs the `sessions` sweep (`--sweep on|off`).
+    sweep: bool,
+    /// `profile`: the contender and how many cycles.
+    contender: Option<String>,
+    cycles: u64,
 }
 
 fn main() {
@@ -80,12 +93,19 @@ fn main() {
         Ok(options) => options,
         Err(message) => {
             eprintln!("distlock-bench: {message}");
-            eprintln!("usage: distlock-bench all|render|sweep [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--section NAME] [--distlock PATH]");
+            eprintln!("usage: distlock-bench all|render|sweep|profile [--out DIR] [--rounds N] [--seconds S] [--warmup S] [--backends LIST] [--clients LIST] [--hold-leases N] [--max-other-cores X] [--markdown PATH] [--section NAME] [--distlock PATH] [--sweep on|off] [--contender NAME --cycles N]");
             std::process::exit(64);
         }
     };
     if options.command == "sweep" {
         sweep(&options);
+        return;
+    }
+    if options.command == "profile" {
+        if let Err(error) = runtime().block_on(profile(&options)) {
+            eprintln!("distlock-bench: profile: {error}");
+            std::process::exit(1);
+        }
         return;
     }
     if let Err(error) = std::fs::create_dir_all(&options.out) {
@@ -123,7 +143,7 @@ fn main() {
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let (command, rest) = args.split_first().ok_or("no command")?;
-    if !["all", "render", "sweep"].contains(&command.as_str()) {
+    if !["all", "render", "sweep", "profile"].contains(&command.as_str()) {
         return Err(format!("unknown command {command:?}"));
     }
     let mut options = Options {
@@ -141,6 +161,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
         clients: vec![1, 16],
         hold_leases: vec![100_000],
         distlock: None,
+        sweep: true,
+        contender: None,
+        cycles: 1000,
     };
     let mut rest = rest.iter();
     while let Some(flag) = rest.next() {
@@ -174,6 +197,21 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.hold_leases.retain(|&n| n > 0);
             }
             "--distlock" => options.distlock = Some(PathBuf::from(value()?)),
+            "--contender" => options.contender = Some(value()?),
+            "--cycles" => {
+                options.cycles = value()?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("--cycles: a positive number")?
+            }
+            "--sweep" => {
+                options.sweep = match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => return Err(format!("--sweep {other:?}: on or off")),
+                }
+            }
             "--backends" => {
                 options.backends = value()?.split(',').map(str::to_owned).collect();
                 if let Some(bad) = options
@@ -202,22 +240,69 @@ fn parse(args: &[String]) -> Result<Options, String> {
 fn sweep(options: &Options) {
     let runtime = runtime();
     let clients = options.clients.iter().copied().max().unwrap_or(16);
-    let swept: Vec<&str> = options
-        .backends
-        .iter()
-        .map(String::as_str)
-        .filter(|b| ["postgres", "mysql"].contains(b))
-        .collect();
+    let swept = swept(options);
     if swept.is_empty() {
         eprintln!("distlock-bench: sweep: --backends names neither postgres nor mysql");
         std::process::exit(64);
     }
     for backend in swept {
-        if let Err(error) = runtime.block_on(sweep::run(backend, clients, &options.settings)) {
-            eprintln!("distlock-bench: sweep {backend}: {error}");
-            std::process::exit(1);
+        match runtime.block_on(sweep::run(backend, clients, &options.settings)) {
+            Ok(result) => println!(
+                "{backend}, {clients} clients, {} rounds of {} s\n{}",
+                options.settings.rounds,
+                options.settings.measure_s,
+                result.table()
+            ),
+            Err(error) => {
+                eprintln!("distlock-bench: sweep {backend}: {error}");
+                std::process::exit(1);
+            }
         }
     }
+}
+
+/// `profile`: the first of `--backends`, its single-client uncontended
+/// group, the `--contender` named, `--cycles` cycles.
+async fn profile(options: &Options) -> Result<(), String> {
+    let name = options
+        .contender
+        .as_deref()
+        .ok_or("--contender NAME is needed")?;
+    let cycles = options.cycles;
+    let backend = options.backends.first().ok_or("--backends is empty")?;
+    match backend.as_str() {
+        "redis" => {
+            let redis = backends::redis::Redis::start().await;
+            profile::run(&redis.uncontended(1), name, cycles).await
+        }
+        "postgres" => {
+            let postgres = backends::postgres::Postgres::start().await;
+            profile::run(&postgres.uncontended(1).await, name, cycles).await
+        }
+        "etcd" => {
+            let mut etcd = backends::etcd::Etcd::start().await;
+            profile::run(&etcd.uncontended(1).await, name, cycles).await
+        }
+        "mysql" => {
+            let mysql = backends::mysql::Mysql::start().await;
+            profile::run(&mysql.uncontended(1).await, name, cycles).await
+        }
+        "zookeeper" => {
+            let mut zookeeper = backends::zookeeper::ZooKeeper::start().await;
+            profile::run(&zookeeper.uncontended(1).await, name, cycles).await
+        }
+        other => Err(format!("unknown backend {other:?}")),
+    }
+}
+
+/// The backends of `--backends` that have a `sessions` setting to sweep.
+fn swept(options: &Options) -> Vec<&str> {
+    options
+        .backends
+        .iter()
+        .map(String::as_str)
+        .filter(|b| ["postgres", "mysql"].contains(b))
+        .collect()
 }
 
 /// The runtime every measurement runs on.
@@ -235,6 +320,7 @@ fn measure(options: &Options) -> Results {
     let runtime = runtime();
     let mut groups = Vec::new();
     let mut holds = Vec::new();
+    let mut sweeps = Vec::new();
     let contended_clients = options.clients.iter().copied().max().unwrap_or(16);
     let settings = &options.settings;
     runtime.block_on(async {
@@ -295,6 +381,15 @@ fn measure(options: &Options) -> Results {
                 _ => unreachable!("checked by parse"),
             }
         }
+        if options.sweep {
+            for backend in swept(options) {
+                eprintln!("{backend}: the sessions sweep at {contended_clients} clients");
+                match sweep::run(backend, contended_clients, settings).await {
+                    Ok(result) => sweeps.push(result),
+                    Err(error) => eprintln!("distlock-bench: sweep {backend}: {error}"),
+                }
+            }
+        }
     });
     Results {
         date: shell(&["date", "-u", "+%Y-%m-%d %H:%M UTC"]),
@@ -321,6 +416,7 @@ fn measure(options: &Options) -> Results {
         settings: options.settings.clone(),
         groups,
         holds,
+        sweeps,
     }
 }
 

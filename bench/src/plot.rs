@@ -1,12 +1,13 @@
 //! SVG plots with plotters' SVG backend (text is left to the viewer's
 //! fonts, so no font files are needed to draw them): cycles per second
-//! versus clients per backend, and the handoff-gap distribution per backend.
+//! versus clients per backend, the handoff-gap distribution per backend,
+//! and the `sessions` sweep.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::harness::{Role, Workload};
+use crate::harness::{Measurement, Role, Workload};
 use crate::report::{median_measurement, stat};
 use crate::Results;
 
@@ -86,6 +87,99 @@ pub fn all(results: &Results, out: &Path) {
     if let Err(error) = handoff(results, &out.join("handoff.svg")) {
         eprintln!("distlock-bench: handoff plot: {error}");
     }
+    if !results.sweeps.is_empty() {
+        if let Err(error) = sweep(results, &out.join("sweep.svg")) {
+            eprintln!("distlock-bench: sweep plot: {error}");
+        }
+    }
+}
+
+/// The `sessions` sweep: cycles/s (median, min–max) and cycle p99 against
+/// the setting, one line per backend, two panels.
+fn sweep(results: &Results, path: &Path) -> Result<(), Failure> {
+    let root = SVGBackend::new(path, (PANEL.0 * 2, PANEL.1)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((1, 2));
+    let most = results
+        .sweeps
+        .iter()
+        .flat_map(|s| s.sessions.iter().copied())
+        .max()
+        .unwrap_or(32) as f64;
+    let clients = results.sweeps.first().map_or(16, |s| s.clients);
+    let figures: [(&str, &str, fn(&Measurement) -> f64); 2] = [
+        ("cycles/s", "cycles/s (median, min-max)", |m| m.ops_per_s),
+        ("cycle p99 µs", "cycle p99 µs (median, min-max)", |m| {
+            m.latency.p99_us
+        }),
+    ];
+    for ((axis, caption, figure), panel) in figures.into_iter().zip(panels.iter()) {
+        let series: Vec<Vec<(f64, f64, f64, f64)>> = results
+            .sweeps
+            .iter()
+            .map(|sweep| {
+                sweep
+                    .sessions
+                    .iter()
+                    .filter_map(|&sessions| {
+                        let s = stat(&sweep.group, sweep.contender(sessions)?, figure)?;
+                        Some((sessions as f64, s.median, s.min, s.max))
+                    })
+                    .collect()
+            })
+            .collect();
+        let top = series
+            .iter()
+            .flatten()
+            .map(|&(_, _, _, hi)| hi)
+            .fold(1.0f64, f64::max);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{caption} vs sessions, {clients} clients"),
+                ("sans-serif", 18),
+            )
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(64)
+            .build_cartesian_2d((0.8f64..most * 1.25).log_scale(), 0f64..top * 1.1)?;
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_desc("sessions (log scale)")
+            .y_desc(axis)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| {
+                if top < 10_000.0 {
+                    format!("{y:.0}")
+                } else {
+                    format!("{:.0}k", y / 1000.0)
+                }
+            })
+            .draw()?;
+        for (i, (sweep, points)) in results.sweeps.iter().zip(&series).enumerate() {
+            let colour = color(i, Role::Peer);
+            let line: Vec<(f64, f64)> = points.iter().map(|&(x, y, _, _)| (x, y)).collect();
+            chart
+                .draw_series(LineSeries::new(line.clone(), colour.stroke_width(2)))?
+                .label(sweep.backend.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
+                });
+            chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+            chart.draw_series(points.iter().map(|&(x, _, lo, hi)| {
+                PathElement::new(vec![(x, lo), (x, hi)], colour.stroke_width(1))
+            }))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 12))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
 }
 
 type Failure = Box<dyn std::error::Error>;

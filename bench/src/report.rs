@@ -125,6 +125,33 @@ pub fn find<'a>(
 fn ops(m: &Measurement) -> f64 {
     m.ops_per_s
 }
+/// The client's (this process's) CPU time per cycle or handoff, in µs:
+/// cores used over the window divided by operations per second. Read from
+/// `/proc` in 10 ms ticks, so over a window of seconds it is good to about
+/// one percent. NaN (left out of the median) when nothing completed.
+pub fn client_cpu_per_op(m: &Measurement) -> f64 {
+    per_op(m.cpu.client_cores, m.ops_per_s)
+}
+/// The servers' CPU time per cycle or handoff, in µs (see
+/// [`client_cpu_per_op`]).
+pub fn server_cpu_per_op(m: &Measurement) -> f64 {
+    per_op(m.cpu.server_cores, m.ops_per_s)
+}
+fn per_op(cores: f64, ops_per_s: f64) -> f64 {
+    if ops_per_s > 0.0 {
+        cores * 1e6 / ops_per_s
+    } else {
+        f64::NAN
+    }
+}
+/// The share of handoffs whose grant returned before the release did.
+fn grant_first_share(m: &Measurement) -> f64 {
+    let timed = m.ops.saturating_sub(m.barged);
+    if timed == 0 {
+        return f64::NAN;
+    }
+    m.granted_before_release_returned as f64 / timed as f64
+}
 fn p50(m: &Measurement) -> f64 {
     m.latency.p50_us
 }
@@ -241,8 +268,11 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
             continue;
         }
         let _ = writeln!(md, "#### {}\n", title(&backend));
-        let _ = writeln!(md, "| clients | contender | role | cycles/s (median) | min–max | cycle p50 µs | cycle p99 µs | rounds kept |");
-        let _ = writeln!(md, "| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |");
+        let _ = writeln!(md, "| clients | contender | role | cycles/s (median) | min–max | cycle p50 µs | cycle p99 µs | client CPU µs/cycle | server CPU µs/cycle | rounds kept |");
+        let _ = writeln!(
+            md,
+            "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        );
         for group in &groups {
             for c in &group.contenders {
                 let (Some(o), Some(l50), Some(l99)) = (
@@ -252,9 +282,12 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
                 ) else {
                     continue;
                 };
+                let cpu = |figure| {
+                    stat(group, &c.name, figure).map_or("-".into(), |s| format!("{:.0}", s.median))
+                };
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {} |",
+                    "| {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} |",
                     group.clients,
                     c.name,
                     role(c.role),
@@ -262,6 +295,8 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
                     spread(&o, 0),
                     l50.median,
                     l99.median,
+                    cpu(client_cpu_per_op),
+                    cpu(server_cpu_per_op),
                     kept_note(group)
                 );
             }
@@ -313,12 +348,12 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
         md,
         "### Contended: every client waits for one key, holds it 1 ms, releases it\n"
     );
-    let _ = writeln!(md, "The handoff gap runs from one holder's release returning to the next holder's grant returning (0 when the grant returned first).\n");
+    let _ = writeln!(md, "The handoff gap runs from one holder's release being sent to the next holder's grant returning, so it cannot be negative and is never clamped; it includes the release's trip to the server. \"grant first\" is the share of handoffs whose grant returned before the release did (the server answered the waiter before the releaser).\n");
     let _ = writeln!(md, "![handoff gap distribution]({plots}/handoff.svg)\n");
-    let _ = writeln!(md, "| backend | clients | contender | role | handoffs/s | gap p50 µs | p90 µs | p99 µs | p99.9 µs | rounds kept |");
+    let _ = writeln!(md, "| backend | clients | contender | role | handoffs/s | gap p50 µs | p90 µs | p99 µs | p99.9 µs | grant first | rounds kept |");
     let _ = writeln!(
         md,
-        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     for group in results
         .groups
@@ -331,9 +366,11 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
                 .map(|f| stat(group, &c.name, *f))
                 .collect();
             let Some(f) = figures else { continue };
+            let first = stat(group, &c.name, grant_first_share)
+                .map_or("-".into(), |s| format!("{:.0} %", s.median * 100.0));
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {first} | {} |",
                 title(&group.backend),
                 group.clients,
                 c.name,
@@ -394,6 +431,31 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
             }
         }
         let _ = writeln!(md, "\nBytes per lease: growth of the CLI process's resident memory (`/proc/self/statm`) from before the first acquire, over the leases held, so it includes the connections opened to acquire them. TCP connections: the process's established sockets (`/proc/self/net/tcp*`), which for a backend reached without a proxy are the server connections it uses. Refresh calls: `Locker::refresh` calls counted by a forwarding locker the leases are rebound to; each is one round trip while every lease refreshes on its own.\n");
+    }
+
+    if !results.sweeps.is_empty() {
+        let _ = writeln!(
+            md,
+            "### Sessions: distlock's `sessions` setting at {} clients, fencing on\n",
+            results.sweeps[0].clients
+        );
+        let _ = writeln!(
+            md,
+            "Every setting's locker is a contender of one group, so the settings are measured in the same interleaved rounds. Server connections are counted after one burst of every client at once, before the rounds.\n"
+        );
+        let _ = writeln!(
+            md,
+            "![cycles per second and p99 versus sessions]({plots}/sweep.svg)\n"
+        );
+        for sweep in &results.sweeps {
+            let _ = writeln!(
+                md,
+                "#### {} ({})\n\n{}",
+                title(&sweep.backend),
+                kept_note(&sweep.group),
+                sweep.table()
+            );
+        }
     }
 
     let _ = writeln!(md, "### Targets of issues 12, 27 and 28, from this run\n");

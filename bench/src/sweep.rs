@@ -3,14 +3,17 @@
 //! locker per setting, all of them contenders of one group, so the settings
 //! are measured in the same interleaved rounds; each line printed gives a
 //! setting's cycles/s, cycle p99 and the server connections its locker had
-//! open after one burst of every client at once (before the rounds).
+//! open after one burst of every client at once (before the rounds). `all`
+//! runs it after the other groups and writes it into the results, the
+//! tables and `sweep.svg`; `sweep` runs it alone and prints the tables.
 
 use std::time::Duration;
 
 use distlock::Locker;
+use serde::{Deserialize, Serialize};
 
 use crate::backends::{distlock_cycle, err};
-use crate::harness::{self, cycle, Contender, Group, Role, Settings, Workload};
+use crate::harness::{self, cycle, Contender, Group, GroupResult, Role, Settings, Workload};
 use crate::report;
 
 /// The settings swept, as issue 28 lists them.
@@ -91,9 +94,59 @@ impl Server {
     }
 }
 
+/// One backend's sweep: the group of its settings measured in interleaved
+/// rounds, and the server connections each setting's locker had open after
+/// the burst.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepResult {
+    pub backend: String,
+    pub clients: usize,
+    /// The `sessions` settings, in the order of the group's contenders.
+    pub sessions: Vec<usize>,
+    /// Server connections opened by each setting's locker.
+    pub connections: Vec<i64>,
+    pub group: GroupResult,
+}
+
+impl SweepResult {
+    /// The contender measuring `sessions`.
+    pub fn contender(&self, sessions: usize) -> Option<&str> {
+        let index = self.sessions.iter().position(|&s| s == sessions)?;
+        self.group.contenders.get(index).map(|c| c.name.as_str())
+    }
+
+    /// The table, one row per setting: cycles/s (median and range), cycle
+    /// p99, and the server connections.
+    pub fn table(&self) -> String {
+        let mut table = format!(
+            "| sessions | cycles/s (median) | min–max | cycle p99 µs (median) | server connections after a {}-client burst |\n\
+             | ---: | ---: | ---: | ---: | ---: |\n",
+            self.clients
+        );
+        for (&sessions, connections) in self.sessions.iter().zip(&self.connections) {
+            let Some(name) = self.contender(sessions) else {
+                continue;
+            };
+            let ops = report::stat(&self.group, name, |m| m.ops_per_s);
+            let p99 = report::stat(&self.group, name, |m| m.latency.p99_us);
+            table.push_str(&format!(
+                "| {sessions} | {} | {} | {} | {connections} |\n",
+                ops.map_or("-".into(), |s| format!("{:.0}", s.median)),
+                ops.map_or("-".into(), |s| format!("{:.0}–{:.0}", s.min, s.max)),
+                p99.map_or("-".into(), |s| format!("{:.0}", s.median)),
+            ));
+        }
+        table
+    }
+}
+
 /// Sweeps `sessions` on `backend` (`postgres` or `mysql`) at `clients`
-/// clients, printing one line per setting.
-pub async fn run(backend: &str, clients: usize, settings: &Settings) -> Result<(), String> {
+/// clients on a server of its own.
+pub async fn run(
+    backend: &str,
+    clients: usize,
+    settings: &Settings,
+) -> Result<SweepResult, String> {
     let server = match backend {
         "postgres" => Server::Postgres(test_servers::PostgresServer::start()),
         "mysql" => Server::Mysql(test_servers::MariaDbServer::start()),
@@ -105,7 +158,8 @@ pub async fn run(backend: &str, clients: usize, settings: &Settings) -> Result<(
         let before = server.connections().await?;
         let locker = server.locker(sessions).await?;
         // Every client at once, so a pool that opens sessions on demand
-        // opens all it will.
+        // opens all it will. Counted after the burst, before the rounds:
+        // sessions a pool opens on demand later are not in it.
         let burst = (0..clients).map(|client| {
             distlock_cycle(locker.clone(), format!("sweep-{sessions}-{client}"), TTL)
         });
@@ -132,27 +186,11 @@ pub async fn run(backend: &str, clients: usize, settings: &Settings) -> Result<(
         contenders,
         server_pids: vec![server.pid()],
     };
-    let result = harness::run_group(&group, settings).await;
-    println!(
-        "{backend}, {clients} clients, {} rounds of {} s",
-        settings.rounds, settings.measure_s
-    );
-    // Counted after the burst, before the rounds: sessions a pool opens on
-    // demand later are not in it.
-    println!(
-        "| sessions | cycles/s (median) | cycle p99 µs (median) | server connections after a {clients}-client burst |"
-    );
-    println!("| ---: | ---: | ---: | ---: |");
-    for (sessions, (contender, connections)) in
-        SESSIONS.iter().zip(group.contenders.iter().zip(&opened))
-    {
-        let ops = report::stat(&result, &contender.name, |m| m.ops_per_s);
-        let p99 = report::stat(&result, &contender.name, |m| m.latency.p99_us);
-        println!(
-            "| {sessions} | {} | {} | {connections} |",
-            ops.map_or("-".into(), |s| format!("{:.0}", s.median)),
-            p99.map_or("-".into(), |s| format!("{:.0}", s.median)),
-        );
-    }
-    Ok(())
+    Ok(SweepResult {
+        backend: backend.to_owned(),
+        clients,
+        sessions: SESSIONS.to_vec(),
+        connections: opened,
+        group: harness::run_group(&group, settings).await,
+    })
 }
