@@ -304,14 +304,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
 
-use crate::deadline::{bounded, checked_deadline};
 use crate::inspect as inspect_api;
-use crate::{
-    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
-    DEADLINE_GRACE,
-};
+use crate::wait::{lock_in_queue, try_in_queue};
+#[cfg(doc)]
+use crate::DEADLINE_GRACE;
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 mod acquire;
 mod client;
@@ -413,42 +411,6 @@ impl ZooKeeperLocker {
             .saturating_add(self.inner.request_timeout.saturating_mul(4))
     }
 
-    /// [`Locker::lock`] or [`Locker::lock_shared`], as `kind` says: a zero
-    /// timeout is one attempt (bounded by [`operation_bound`](Self::operation_bound));
-    /// otherwise a wait in the queue until the deadline, bounded by
-    /// `timeout` + [`DEADLINE_GRACE`].
-    async fn lock_as(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: Duration,
-        kind: Kind,
-    ) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        let (wait, limit) = match timeout.is_zero() {
-            true => (None, self.operation_bound()),
-            false => (
-                Some(checked_deadline(Instant::now(), timeout)),
-                timeout.saturating_add(DEADLINE_GRACE),
-            ),
-        };
-        match bounded(
-            BACKEND,
-            "acquire",
-            limit,
-            self.acquire(key, ttl, wait, kind),
-        )
-        .await?
-        {
-            Some(lease) => Ok(lease),
-            None if timeout.is_zero() => Err(Error::not_acquired(key)),
-            None => Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: timeout,
-            }),
-        }
-    }
-
     /// The contender node a refresh or unlock of `key` by `owner` names.
     fn node_of(&self, key: &str, token: &Token) -> String {
         format!("{}/{}", self.backend_key(key), token.node)
@@ -502,14 +464,7 @@ impl Locker for ZooKeeperLocker {
     /// Cancel-safe: a node the attempt may have created is deleted in the
     /// background (see the [module docs](self)).
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.operation_bound(),
-            self.acquire(key, ttl, None, Kind::Read),
-        )
-        .await
+        try_in_queue(self, key, ttl, Kind::Read).await
     }
 
     /// Waits in `key`'s queue for a shared (reader) lock, watching only the
@@ -525,7 +480,7 @@ impl Locker for ZooKeeperLocker {
     ///
     /// Cancel-safe: the waiter's node is deleted in the background.
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        self.lock_as(key, ttl, timeout, Kind::Read).await
+        lock_in_queue(self, key, ttl, timeout, Kind::Read).await
     }
 
     fn backend_key(&self, key: &str) -> String {
@@ -539,14 +494,7 @@ impl Locker for ZooKeeperLocker {
     /// Cancel-safe: a node the attempt may have created is deleted in the
     /// background (see the [module docs](self)).
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.operation_bound(),
-            self.acquire(key, ttl, None, Kind::Write),
-        )
-        .await
+        try_in_queue(self, key, ttl, Kind::Write).await
     }
 
     /// Waits in the lock's queue (woken by the deletion of the contender
@@ -556,7 +504,7 @@ impl Locker for ZooKeeperLocker {
     ///
     /// Cancel-safe: the waiter's node is deleted in the background.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        self.lock_as(key, ttl, timeout, Kind::Write).await
+        lock_in_queue(self, key, ttl, timeout, Kind::Write).await
     }
 
     /// Deletes `owner`'s node of `key` (one request). A delete that fails
