@@ -537,11 +537,7 @@ impl Locker for EtcdLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: false,
-            release_notifications: false,
-            ..Capabilities::ALL
-        }
+        Capabilities::SESSION_QUEUE
     }
 
     fn backend_key(&self, key: &str) -> String {

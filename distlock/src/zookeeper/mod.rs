@@ -440,11 +440,7 @@ impl Locker for ZooKeeperLocker {
     /// locks with writer priority (readers and writers queue in sequence
     /// order: see [shared locks](self#shared-locks)).
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: false,
-            release_notifications: false,
-            ..Capabilities::ALL
-        }
+        Capabilities::SESSION_QUEUE
     }
 
     /// One attempt at a shared (reader) lock by ZooKeeper's "Shared Locks"
