@@ -150,11 +150,9 @@ impl ZooKeeperLocker {
                 ),
             ));
         }
-        let client = self.client("force_release").await?;
-        for _ in 0..ATTEMPTS {
-            let Some(found) = self.holder_of(&client, key, "force_release").await? else {
-                return Ok(None);
-            };
+        let client = &self.client("force_release").await?;
+        let find = || self.holder_of(client, key, "force_release");
+        let evict = |found: Found| async move {
             // By name: a node name is never reused, so a newer holder's node
             // cannot be deleted by this. Every holding reader, all at once.
             let deleted = futures_util::future::join_all(
@@ -170,32 +168,13 @@ impl ZooKeeperLocker {
                     Some(Ok(())) => evicted = true,
                     // Released meanwhile.
                     Some(Err(zk::Error::NoNode)) => {}
-                    Some(Err(error)) => {
-                        return Err(errors::backend(
-                            &self.inner.ensemble,
-                            "force_release",
-                            error,
-                            true,
-                        ))
-                    }
-                    None => {
-                        return Err(errors::deadline(
-                            "force_release",
-                            self.inner.request_timeout,
-                        ))
-                    }
+                    answer => self.inner.answered("force_release", true, answer)?,
                 }
             }
-            if evicted {
-                inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
-                return Ok(Some(found.held));
-            }
-            // Every one released meanwhile: look again.
-        }
-        Err(errors::plain(
-            "force_release",
-            format!("{key:?} changed hands {ATTEMPTS} times while being force-released; inspect it again"),
-        ))
+            // None evicted: every one was released meanwhile.
+            Ok(evicted.then_some(found.held))
+        };
+        inspect::release_holder(BACKEND, key, how, find, evict).await
     }
 }
 
