@@ -34,17 +34,8 @@ impl ZooKeeperLocker {
         let path = self.backend_key(key);
         for _ in 0..ATTEMPTS {
             let children = match self.inner.call(client.list_children(&path)).await {
-                Some(Ok(children)) => children,
                 Some(Err(zk::Error::NoNode)) => return Ok(None),
-                Some(Err(error)) => {
-                    return Err(errors::backend(
-                        &self.inner.ensemble,
-                        operation,
-                        error,
-                        false,
-                    ))
-                }
-                None => return Err(errors::deadline(operation, self.inner.request_timeout)),
+                answer => self.inner.answered(operation, false, answer)?,
             };
             let queue = recipe::queue(&children);
             let nodes: Vec<String> = recipe::holders(&queue)
@@ -55,24 +46,14 @@ impl ZooKeeperLocker {
             else {
                 return Ok(None);
             };
-            match self.inner.call(client.get_data(first)).await {
-                Some(Ok((data, stat))) => {
-                    let mut held = describe(key, &data, &stat);
-                    held.shared = shared;
-                    return Ok(Some(Found { held, nodes }));
-                }
+            let (data, stat) = match self.inner.call(client.get_data(first)).await {
                 // Released since the listing: look again.
                 Some(Err(zk::Error::NoNode)) => continue,
-                Some(Err(error)) => {
-                    return Err(errors::backend(
-                        &self.inner.ensemble,
-                        operation,
-                        error,
-                        false,
-                    ))
-                }
-                None => return Err(errors::deadline(operation, self.inner.request_timeout)),
-            }
+                answer => self.inner.answered(operation, false, answer)?,
+            };
+            let mut held = describe(key, &data, &stat);
+            held.shared = shared;
+            return Ok(Some(Found { held, nodes }));
         }
         Err(errors::plain(
             operation,
@@ -107,12 +88,8 @@ impl ZooKeeperLocker {
         // name starts with it.
         let name_prefix = &self.inner.prefix[self.inner.parent.len() + 1..];
         let children = match self.inner.call(client.list_children(parent)).await {
-            Some(Ok(children)) => children,
             Some(Err(zk::Error::NoNode)) => return Ok(Vec::new()),
-            Some(Err(error)) => {
-                return Err(errors::backend(&self.inner.ensemble, "list", error, false))
-            }
-            None => return Err(errors::deadline("list", self.inner.request_timeout)),
+            answer => self.inner.answered("list", false, answer)?,
         };
         let keys: Vec<String> = children
             .iter()

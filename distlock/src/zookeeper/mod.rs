@@ -522,28 +522,23 @@ impl Locker for ZooKeeperLocker {
             return Err(Error::not_held(key));
         };
         let node = self.node_of(key, &token);
-        match self.inner.call(client.delete(&node, None)).await {
-            Some(Ok(())) => Ok(()),
-            Some(Err(zookeeper_client::Error::NoNode)) => Err(Error::not_held(key)),
-            other => {
-                let error = match other {
-                    Some(Err(error)) => {
-                        errors::backend(&self.inner.ensemble, "release", error, true)
-                    }
-                    _ => errors::deadline("release", self.inner.request_timeout),
-                };
-                // Keep deleting in the background, so a lock whose session
-                // stays alive is not kept for ever.
-                let (path, name) = node.rsplit_once('/').unwrap_or(("", &node));
-                let target = Target {
-                    path: path.to_owned(),
-                    prefix: name.to_owned(),
-                    node: Some(name.to_owned()),
-                };
-                delete_in_background(client, session, target, "a failed release's");
-                Err(error)
-            }
-        }
+        let error = match self.inner.call(client.delete(&node, None)).await {
+            Some(Err(zookeeper_client::Error::NoNode)) => return Err(Error::not_held(key)),
+            answer => match self.inner.answered("release", true, answer) {
+                Ok(()) => return Ok(()),
+                Err(error) => error,
+            },
+        };
+        // Keep deleting in the background, so a lock whose session stays
+        // alive is not kept for ever.
+        let (path, name) = node.rsplit_once('/').unwrap_or(("", &node));
+        let target = Target {
+            path: path.to_owned(),
+            prefix: name.to_owned(),
+            node: Some(name.to_owned()),
+        };
+        delete_in_background(client, session, target, "a failed release's");
+        Err(error)
     }
 
     /// One `exists` of the holder's node: its czxid and `ephemeralOwner`
@@ -583,8 +578,7 @@ impl Locker for ZooKeeperLocker {
         {
             Some(Ok(()) | Err(zookeeper_client::Error::NoNode)) => Ok(()),
             Some(Err(zookeeper_client::Error::NotEmpty)) => Err(Error::not_acquired(key)),
-            Some(Err(error)) => Err(errors::backend(&self.inner.ensemble, "forget", error, true)),
-            None => Err(errors::deadline("forget", self.inner.request_timeout)),
+            answer => self.inner.answered("forget", true, answer),
         }
     }
 
