@@ -391,14 +391,9 @@ impl EtcdLocker {
         };
         let key_name = token.key(slot.name());
         let token = token.encode();
+        let parts = LeaseParts::unexpiring(key, token.clone(), u64::try_from(fencing).ok(), ttl);
         let lease = Lease::new(
-            LeaseParts {
-                key: key.to_owned(),
-                owner: token.clone(),
-                fencing_token: u64::try_from(fencing).ok(),
-                ttl,
-                valid_until: None,
-            },
+            parts,
             self.inner.leases.get_or_init(|| Arc::new(self.clone())),
         );
         let held = Held {

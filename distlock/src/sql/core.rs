@@ -120,16 +120,8 @@ fn lease_for<S>(
     session: Arc<S>,
     lease_locker: Arc<dyn Locker>,
 ) -> (Lease, Held<S>) {
-    let lease = Lease::new(
-        LeaseParts {
-            key: key.to_owned(),
-            owner: owner.clone(),
-            fencing_token,
-            ttl,
-            valid_until: None,
-        },
-        lease_locker,
-    );
+    let parts = LeaseParts::unexpiring(key, owner.clone(), fencing_token, ttl);
+    let lease = Lease::new(parts, lease_locker);
     let held = Held {
         owner,
         session,

@@ -315,14 +315,9 @@ impl ZooKeeperLocker {
     ) -> Result<Lease> {
         let node = attempt.node.clone().unwrap_or_default();
         let owner = Token { czxid, node }.encode();
+        let parts = LeaseParts::unexpiring(key, owner.clone(), u64::try_from(fencing).ok(), ttl);
         let lease = Lease::new(
-            LeaseParts {
-                key: key.to_owned(),
-                owner: owner.clone(),
-                fencing_token: u64::try_from(fencing).ok(),
-                ttl,
-                valid_until: None,
-            },
+            parts,
             self.inner
                 .leases
                 .get_or_init(|| Arc::new(self.clone()) as Arc<dyn crate::Locker>),
