@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use zookeeper_client::{self as zk, SessionState};
 
 use crate::deadline::saturating_deadline;
-use crate::{drift_margin, util, LostNotifier, LostReason};
+use crate::{drift_margin, util, LostNotifier};
 
 use super::BACKEND;
 
@@ -102,20 +102,14 @@ impl Registry {
                 .map(|held| held.lost)
                 .collect()
         };
-        if !lost.is_empty() {
-            tracing::warn!(
-                component = "distlock",
-                backend = BACKEND,
-                session = format_args!("{id:#x}"),
-                leases = lost.len(),
-                why,
-                grace_ms = grace.as_millis() as u64,
-                "a ZooKeeper session holding locks was lost; the server has deleted their nodes, or will within the grace"
-            );
-        }
-        for notifier in lost {
-            notifier.notify_with_grace(LostReason::ConnectionLost, grace);
-        }
+        LostNotifier::session_ended(
+            lost,
+            BACKEND,
+            Some(format_args!("{id:#x}")),
+            why,
+            grace,
+            "a ZooKeeper session holding locks was lost; the server has deleted their nodes, or will within the grace",
+        );
     }
 }
 
