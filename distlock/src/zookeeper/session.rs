@@ -130,11 +130,8 @@ pub(crate) struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("id", &format_args!("{:#x}", self.id))
-            .field("timeout", &self.timeout)
-            .field("closed", &self.is_closed())
-            .finish()
+        let id = ("id", format_args!("{:#x}", self.id));
+        util::fmt_session(f, id, ("timeout", self.timeout), self.is_closed())
     }
 }
 
