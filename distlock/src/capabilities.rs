@@ -87,4 +87,15 @@ impl Capabilities {
         shared: true,
         writer_priority: true,
     };
+
+    /// A lock queue on a consensus store, held by a session the client keeps
+    /// alive (etcd, ZooKeeper): everything but expiry (a lock lasts as long
+    /// as its session) and release notifications (a waiter is woken by a
+    /// watch on the contender just ahead, not by a stream of every release).
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    pub(crate) const SESSION_QUEUE: Capabilities = Capabilities {
+        expires: false,
+        release_notifications: false,
+        ..Capabilities::ALL
+    };
 }

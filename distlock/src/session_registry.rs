@@ -620,20 +620,15 @@ where
             });
             !entry.is_empty()
         });
-        if !lost.is_empty() {
-            tracing::warn!(
-                component = "distlock",
-                backend = self.backend,
-                leases = lost.len(),
-                why,
-                grace_ms = grace.as_millis() as u64,
-                "a session holding locks ended; the server has released them, or will within the grace"
-            );
-        }
         // Fired outside the map's lock: a lost signal may run callbacks.
-        for notifier in lost {
-            notifier.notify_with_grace(LostReason::ConnectionLost, grace);
-        }
+        LostNotifier::session_ended(
+            lost,
+            self.backend,
+            None,
+            why,
+            grace,
+            "a session holding locks ended; the server has released them, or will within the grace",
+        );
     }
 
     /// Changes the entry of `key`, if any, and drops it once empty.

@@ -44,6 +44,25 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The `Debug` of a server session a backend keeps itself (etcd's lease,
+/// ZooKeeper's session), one shape for all: `id`, the name and value that
+/// identify it on the server (in hex, as the server's tools print it);
+/// `span`, the name and length of its lifetime without the client; whether
+/// it has ended.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+pub(crate) fn fmt_session(
+    f: &mut std::fmt::Formatter<'_>,
+    id: (&str, std::fmt::Arguments<'_>),
+    span: (&str, std::time::Duration),
+    closed: bool,
+) -> std::fmt::Result {
+    f.debug_struct("Session")
+        .field(id.0, &id.1)
+        .field(span.0, &span.1)
+        .field("closed", &closed)
+        .finish()
+}
+
 /// A mark ([`crate::Locker::advance_mark`]) as servers store it: `value +
 /// 2^63` as 20 zero-padded decimal digits, so that byte order is integer
 /// order across the whole `i64` range. Redis compares marks in Lua, whose

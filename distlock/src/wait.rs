@@ -179,6 +179,95 @@ pub(crate) async fn acquire_as<L: Locker + ?Sized>(
     .await
 }
 
+/// A backend whose waiters queue on the server (etcd, ZooKeeper): one
+/// acquire serves a single attempt and a wait alike, and
+/// [`try_in_queue`] and [`lock_in_queue`] bound it.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) trait Queue: Locker {
+    /// What a contender queues as: a writer or a reader.
+    type Kind: Send;
+
+    /// The bound on one attempt (the backend's `operation_bound`).
+    fn attempt_bound(&self) -> Duration;
+
+    /// One acquire, as `request` says. `Ok(None)` is contention (or, when
+    /// waiting, the deadline).
+    fn acquire(
+        &self,
+        request: Acquire<'_, Self::Kind>,
+    ) -> impl std::future::Future<Output = Result<Option<Lease>>> + Send;
+}
+
+/// One acquire a [`Queue`] backend is asked for.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) struct Acquire<'a, K> {
+    pub(crate) key: &'a str,
+    pub(crate) ttl: Duration,
+    /// `None` for a single attempt, or the deadline (`None`: for ever) to
+    /// wait in the queue until.
+    pub(crate) wait: Option<Option<Instant>>,
+    /// A writer or a reader.
+    pub(crate) kind: K,
+}
+
+/// [`Locker::try_lock`] and [`Locker::try_lock_shared`] of a [`Queue`]
+/// backend: one attempt of `kind` once `key` and `ttl` are valid, bounded
+/// by [`Queue::attempt_bound`].
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) async fn try_in_queue<Q: Queue>(
+    queue: &Q,
+    key: &str,
+    ttl: Duration,
+    kind: Q::Kind,
+) -> Result<Option<Lease>> {
+    crate::validate::acquire(key, ttl)?;
+    // One attempt: no wait in the queue.
+    let attempt = queue.acquire(Acquire {
+        key,
+        ttl,
+        wait: None,
+        kind,
+    });
+    bounded(queue.backend(), "acquire", queue.attempt_bound(), attempt).await
+}
+
+/// [`Locker::lock`] and [`Locker::lock_shared`] of a [`Queue`] backend,
+/// written once: a zero `timeout` is one attempt bounded by
+/// [`Queue::attempt_bound`], contention [`Error::NotAcquired`]; otherwise a
+/// wait in the queue until the deadline, bounded by `timeout` +
+/// [`DEADLINE_GRACE`], reaching the deadline [`Error::Timeout`].
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) async fn lock_in_queue<Q: Queue>(
+    queue: &Q,
+    key: &str,
+    ttl: Duration,
+    timeout: Duration,
+    kind: Q::Kind,
+) -> Result<Lease> {
+    crate::validate::acquire(key, ttl)?;
+    let (wait, limit) = match timeout.is_zero() {
+        true => (None, queue.attempt_bound()),
+        false => (
+            Some(checked_deadline(Instant::now(), timeout)),
+            timeout.saturating_add(DEADLINE_GRACE),
+        ),
+    };
+    let acquire = queue.acquire(Acquire {
+        key,
+        ttl,
+        wait,
+        kind,
+    });
+    match bounded(queue.backend(), "acquire", limit, acquire).await? {
+        Some(lease) => Ok(lease),
+        None if timeout.is_zero() => Err(Error::not_acquired(key)),
+        None => Err(Error::Timeout {
+            key: key.to_owned(),
+            waited: timeout,
+        }),
+    }
+}
+
 /// The waiting loop of [`acquire`], over any single `attempt` (one
 /// `try_lock`, or a semaphore's pass over its permits) and the `releases`
 /// that say an attempt may now succeed: one attempt, then (if it found

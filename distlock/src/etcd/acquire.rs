@@ -16,57 +16,16 @@ use super::owner::{self, SecretAt};
 use super::recipe::{self, Enqueued, Role, Token, Turn, WatchFailure, Watched};
 use super::session::Session;
 use super::{errors, EtcdLocker, Inner, Slot, BACKEND};
-use crate::deadline::{bounded, checked_deadline};
 use crate::inspect::HolderRecord;
 use crate::session_registry::{Busy, Held, Ticket};
-use crate::{new_owner_token, validate, Error, Lease, LeaseParts, Result, DEADLINE_GRACE};
+use crate::wait::{Acquire, Queue};
+use crate::{new_owner_token, Error, Lease, LeaseParts, Result};
 
 /// The first and the largest pause between tries of a background clean-up.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(1);
 
 impl EtcdLocker {
-    /// [`Locker::lock`](crate::Locker::lock) or, `shared`, [`Locker::lock_shared`](crate::Locker::lock_shared): a zero
-    /// timeout is one attempt; otherwise a wait in the queue until the
-    /// deadline, bounded by `timeout` + [`DEADLINE_GRACE`](crate::DEADLINE_GRACE).
-    pub(super) async fn lock_as(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: Duration,
-        shared: bool,
-    ) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        if timeout.is_zero() {
-            let attempt = bounded(
-                BACKEND,
-                "acquire",
-                self.operation_bound(),
-                self.acquire(key, ttl, None, shared),
-            );
-            return match attempt.await? {
-                Some(lease) => Ok(lease),
-                None => Err(Error::not_acquired(key)),
-            };
-        }
-        let deadline = checked_deadline(Instant::now(), timeout);
-        let limit = timeout.saturating_add(DEADLINE_GRACE);
-        match bounded(
-            BACKEND,
-            "acquire",
-            limit,
-            self.acquire(key, ttl, Some(deadline), shared),
-        )
-        .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: timeout,
-            }),
-        }
-    }
-
     /// Reserves `slot` for one attempt of this locker, waiting (woken by
     /// local releases) until `deadline` while another of its attempts or
     /// grants has it; `None` at the deadline. An abandoned attempt still
@@ -113,20 +72,17 @@ impl EtcdLocker {
         }
         self.inner.registry.reserve(slot.clone())
     }
+}
 
-    /// One acquire, exclusive or `shared`: `wait` is `None` for a single
-    /// attempt, or the deadline (`None`: for ever) to wait in the queue
-    /// until. `Ok(None)` is contention (or, when waiting, the deadline).
+impl Queue for EtcdLocker {
+    /// `true`: a reader.
+    type Kind = bool;
+
     /// The recipe in four steps: [reserve](Self::reserve),
     /// [enqueue](Self::enqueue), [await the turn](Self::await_turn),
     /// [grant](Self::grant).
-    pub(super) async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        wait: Option<Option<Instant>>,
-        shared: bool,
-    ) -> Result<Option<Lease>> {
+    async fn acquire(&self, request: Acquire<'_, bool>) -> Result<Option<Lease>> {
+        let (key, ttl, wait, shared) = (request.key, request.ttl, request.wait, request.kind);
         let name = self.name(key);
         let role = if shared {
             Role::Reader(self.inner.readers.fetch_add(1, Ordering::Relaxed))
@@ -172,6 +128,12 @@ impl EtcdLocker {
             .map(Some)
     }
 
+    fn attempt_bound(&self) -> Duration {
+        self.operation_bound()
+    }
+}
+
+impl EtcdLocker {
     /// Step 1: reserves `slot` for this attempt among this locker's own
     /// attempts and grants: a name's exclusive slot (a second writer's key
     /// under the same lease would be the same key), or a reader's own.
@@ -429,14 +391,9 @@ impl EtcdLocker {
         };
         let key_name = token.key(slot.name());
         let token = token.encode();
+        let parts = LeaseParts::unexpiring(key, token.clone(), u64::try_from(fencing).ok(), ttl);
         let lease = Lease::new(
-            LeaseParts {
-                key: key.to_owned(),
-                owner: token.clone(),
-                fencing_token: u64::try_from(fencing).ok(),
-                ttl,
-                valid_until: None,
-            },
+            parts,
             self.inner.leases.get_or_init(|| Arc::new(self.clone())),
         );
         let held = Held {

@@ -14,13 +14,9 @@ use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 
 use super::owner;
 use super::recipe;
-use super::{errors, EtcdLocker, BACKEND};
+use super::{EtcdLocker, BACKEND};
 use crate::inspect::{self, ForceRelease, HeldLock};
 use crate::{Error, Result};
-
-/// How often a force release looks again when the holder changed between
-/// its read and its delete.
-const ATTEMPTS: usize = 3;
 
 /// The holder's key as found: enough to describe and to delete it.
 struct Found {
@@ -222,10 +218,8 @@ impl EtcdLocker {
         key: &str,
         how: ForceRelease,
     ) -> Result<Option<HeldLock>> {
-        for _ in 0..ATTEMPTS {
-            let Some(found) = self.holder_of(key, "force_release").await? else {
-                return Ok(None);
-            };
+        let find = || self.holder_of(key, "force_release");
+        let evict = |found: Found| async move {
             let freed = if found.held.shared {
                 self.evict_readers(key, how).await?
             } else {
@@ -234,16 +228,10 @@ impl EtcdLocker {
                     ForceRelease::TerminateSession => self.revoke_holder(key, &found).await?,
                 }
             };
-            if freed {
-                inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
-                return Ok(Some(found.held));
-            }
-            // A new holder since the read: look again.
-        }
-        Err(errors::plain(
-            "force_release",
-            format!("{key:?} changed hands {ATTEMPTS} times while being force-released; inspect it again"),
-        ))
+            // Not freed: a new holder since the read.
+            Ok(freed.then_some(found.held))
+        };
+        inspect::release_holder(BACKEND, key, how, find, evict).await
     }
 
     /// Evicts every reader holding `key` (those older than its oldest

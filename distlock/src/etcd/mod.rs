@@ -368,8 +368,8 @@ use async_trait::async_trait;
 use etcd_client::Client;
 use tokio::sync::Notify;
 
-use crate::deadline::bounded;
 use crate::inspect as inspect_api;
+use crate::wait::{lock_in_queue, try_in_queue};
 #[cfg(doc)]
 use crate::DEADLINE_GRACE;
 use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
@@ -537,11 +537,7 @@ impl Locker for EtcdLocker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: false,
-            release_notifications: false,
-            ..Capabilities::ALL
-        }
+        Capabilities::SESSION_QUEUE
     }
 
     fn backend_key(&self, key: &str) -> String {
@@ -555,14 +551,7 @@ impl Locker for EtcdLocker {
     /// Cancel-safe: a key the attempt may have written is deleted in the
     /// background (see the [module docs](self)).
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.operation_bound(),
-            self.acquire(key, ttl, None, false),
-        )
-        .await
+        try_in_queue(self, key, ttl, false).await
     }
 
     /// Waits in etcd's queue for `key` (woken by the deletion of the key
@@ -572,7 +561,7 @@ impl Locker for EtcdLocker {
     ///
     /// Cancel-safe: the waiter's key is deleted in the background.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        self.lock_as(key, ttl, timeout, false).await
+        lock_in_queue(self, key, ttl, timeout, false).await
     }
 
     /// One attempt at a shared (reader) lock, by etcd's reader-writer
@@ -591,14 +580,7 @@ impl Locker for EtcdLocker {
     /// Cancel-safe: a key the attempt may have written is deleted in the
     /// background (see the [module docs](self)).
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.operation_bound(),
-            self.acquire(key, ttl, None, true),
-        )
-        .await
+        try_in_queue(self, key, ttl, true).await
     }
 
     /// Waits in etcd's queue for a shared (reader) lock of `key`, watching
@@ -614,7 +596,7 @@ impl Locker for EtcdLocker {
     ///
     /// Cancel-safe: the waiter's key is deleted in the background.
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        self.lock_as(key, ttl, timeout, true).await
+        lock_in_queue(self, key, ttl, timeout, true).await
     }
 
     async fn unlock(&self, key: &str, owner: &str) -> Result<()> {

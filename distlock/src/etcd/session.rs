@@ -47,11 +47,8 @@ pub(crate) struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("lease", &format_args!("{:x}", self.lease))
-            .field("ttl", &self.ttl)
-            .field("closed", &self.is_closed())
-            .finish()
+        let lease = ("lease", format_args!("{:x}", self.lease));
+        crate::util::fmt_session(f, lease, ("ttl", self.ttl), self.is_closed())
     }
 }
 

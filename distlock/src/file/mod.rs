@@ -371,13 +371,7 @@ impl Locker for FileLocker {
         if self.inner.durable {
             file.sync_data().map_err(io_error)?;
         }
-        let parts = LeaseParts {
-            key: key.to_owned(),
-            owner: owner.clone(),
-            fencing_token: Some(record.fencing_token),
-            ttl,
-            valid_until: None,
-        };
+        let parts = LeaseParts::unexpiring(key, owner.clone(), Some(record.fencing_token), ttl);
         Ok(Some(self.grant(key, owner, file, parts)))
     }
 
@@ -398,13 +392,7 @@ impl Locker for FileLocker {
         // excludes: this read cannot see half a record.
         let current = read_record(&file, &path)?.map_or(0, |r| r.fencing_token);
         let owner = new_owner_token();
-        let parts = LeaseParts {
-            key: key.to_owned(),
-            owner: owner.clone(),
-            fencing_token: Some(current),
-            ttl,
-            valid_until: None,
-        };
+        let parts = LeaseParts::unexpiring(key, owner.clone(), Some(current), ttl);
         Ok(Some(self.grant(key, owner, file, parts)))
     }
 

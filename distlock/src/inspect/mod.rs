@@ -366,6 +366,59 @@ pub(crate) async fn release_by_deleting(
     Ok(evicted)
 }
 
+/// How often a force release of a backend whose holder can change between
+/// its read and its eviction ([`release_holder`]) looks again.
+#[cfg(any(
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
+const RELEASE_ATTEMPTS: usize = 3;
+
+/// [`Locker::force_release`](crate::Locker::force_release) of a backend
+/// that must read the holder before it can evict it (etcd, ZooKeeper, the
+/// SQL backends), written once: `find` reads the holder (`None`: the lock
+/// is free), `evict` frees that holder and answers what it evicted, or
+/// `None` when the holder was gone meanwhile. Then the lock may have
+/// changed hands, so it looks again, a few times, before giving up with
+/// [`Error::Backend`](crate::Error::Backend). An eviction is logged with
+/// [`log_forced_release`].
+#[cfg(any(
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
+pub(crate) async fn release_holder<T, Found, Evicted>(
+    backend: &'static str,
+    key: &str,
+    how: ForceRelease,
+    mut find: impl FnMut() -> Found,
+    mut evict: impl FnMut(T) -> Evicted,
+) -> crate::Result<Option<HeldLock>>
+where
+    Found: std::future::Future<Output = crate::Result<Option<T>>>,
+    Evicted: std::future::Future<Output = crate::Result<Option<HeldLock>>>,
+{
+    for _ in 0..RELEASE_ATTEMPTS {
+        let Some(holder) = find().await? else {
+            return Ok(None);
+        };
+        if let Some(held) = evict(holder).await? {
+            log_forced_release(backend, key, how, Some(&held));
+            return Ok(Some(held));
+        }
+    }
+    Err(crate::Error::backend(
+        backend,
+        "force_release",
+        format!(
+            "{key:?} changed hands {RELEASE_ATTEMPTS} times while being force-released; inspect it again"
+        ),
+    ))
+}
+
 /// Logs a forced release at `warn`, naming who forced it (this process) and
 /// whom it evicted. Every backend's `force_release` calls it once the lock
 /// is gone, so no forced release goes unrecorded.

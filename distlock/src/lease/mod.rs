@@ -97,6 +97,27 @@ pub struct LeaseParts {
     pub valid_until: Option<Instant>,
 }
 
+impl LeaseParts {
+    /// The parts of a lease on a lock that never expires on its own
+    /// (`valid_until` is `None`): held for as long as its holder's server
+    /// session (etcd, ZooKeeper, the SQL backends) or descriptor (file)
+    /// lives.
+    pub(crate) fn unexpiring(
+        key: &str,
+        owner: String,
+        fencing_token: Option<u64>,
+        ttl: Duration,
+    ) -> Self {
+        LeaseParts {
+            key: key.to_owned(),
+            owner,
+            fencing_token,
+            ttl,
+            valid_until: None,
+        }
+    }
+}
+
 /// A granted lock.
 ///
 /// Carries the key, the owner token (the credential that release and refresh

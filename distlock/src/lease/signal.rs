@@ -229,6 +229,43 @@ impl LostNotifier {
     pub fn notify_with_grace(&self, reason: LostReason, grace: Duration) {
         mark_lost_with_grace(&self.0, reason, grace);
     }
+
+    /// Fires `lost`, the signals of the leases a server session held when
+    /// it ended ([`LostReason::ConnectionLost`]), each with `grace`: how
+    /// long the server may still hold their locks. One warning first, if
+    /// any: `backend`, the `session` where its id means something to an
+    /// operator, how many leases, `why`, and `message` (what became of the
+    /// locks). Written once for every backend that holds locks on server
+    /// sessions. Call it outside any lock: a lost signal may run callbacks.
+    #[cfg(any(
+        feature = "postgres",
+        feature = "etcd",
+        feature = "mysql",
+        feature = "zookeeper"
+    ))]
+    pub(crate) fn session_ended(
+        lost: Vec<LostNotifier>,
+        backend: &'static str,
+        session: Option<fmt::Arguments<'_>>,
+        why: &str,
+        grace: Duration,
+        message: &str,
+    ) {
+        if !lost.is_empty() {
+            tracing::warn!(
+                component = "distlock",
+                backend,
+                session,
+                leases = lost.len(),
+                why,
+                grace_ms = grace.as_millis() as u64,
+                "{message}"
+            );
+        }
+        for notifier in lost {
+            notifier.notify_with_grace(LostReason::ConnectionLost, grace);
+        }
+    }
 }
 
 impl fmt::Debug for LostNotifier {

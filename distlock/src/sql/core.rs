@@ -120,16 +120,8 @@ fn lease_for<S>(
     session: Arc<S>,
     lease_locker: Arc<dyn Locker>,
 ) -> (Lease, Held<S>) {
-    let lease = Lease::new(
-        LeaseParts {
-            key: key.to_owned(),
-            owner: owner.clone(),
-            fencing_token,
-            ttl,
-            valid_until: None,
-        },
-        lease_locker,
-    );
+    let parts = LeaseParts::unexpiring(key, owner.clone(), fencing_token, ttl);
+    let lease = Lease::new(parts, lease_locker);
     let held = Held {
         owner,
         session,
@@ -550,10 +542,6 @@ where
     }
 }
 
-/// How often a force release looks again when the lock changed hands
-/// between its inspection and the end of its holder's session.
-const FORCE_RELEASE_ATTEMPTS: usize = 3;
-
 impl<C, K> Core<C, K>
 where
     C: Connector,
@@ -580,7 +568,7 @@ where
         &self,
         key: &str,
         how: ForceRelease,
-        mut find: impl FnMut() -> Found,
+        find: impl FnMut() -> Found,
         mut end: impl FnMut(Holder) -> Ended,
     ) -> Result<Option<HeldLock>>
     where
@@ -605,23 +593,13 @@ where
                 ),
             ));
         }
-        for _ in 0..FORCE_RELEASE_ATTEMPTS {
-            let Some((holder, held)) = find().await? else {
-                return Ok(None);
-            };
-            if end(holder).await? {
-                crate::inspect::log_forced_release(self.backend, key, how, Some(&held));
-                return Ok(Some(held));
-            }
-            // Released (and maybe taken again) since it was inspected.
-        }
-        Err(Error::backend(
-            self.backend,
-            "force_release",
-            format!(
-                "{key:?} changed hands {FORCE_RELEASE_ATTEMPTS} times while being force-released; inspect it again"
-            ),
-        ))
+        let evict = |(holder, held): (Holder, HeldLock)| {
+            let ended = end(holder);
+            // Not ended: released (and maybe taken again) since it was
+            // inspected.
+            async move { Ok(ended.await?.then_some(held)) }
+        };
+        crate::inspect::release_holder(self.backend, key, how, find, evict).await
     }
 
     /// What a SQL session-lock backend can do: fencing tokens and `list`

@@ -15,6 +15,7 @@ use super::recipe::{self, Kind, Token, Turn};
 use super::session::{Held, Session};
 use super::{errors, Inner, ZooKeeperLocker, BACKEND};
 use crate::inspect::HolderRecord;
+use crate::wait::{Acquire, Queue};
 use crate::{Error, Lease, LeaseParts, Result};
 
 /// The first and the largest pause between tries of a background clean-up.
@@ -24,17 +25,13 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 /// server deleted when it emptied) before giving up.
 const CREATE_ROUNDS: usize = 4;
 
-impl ZooKeeperLocker {
-    /// One acquire of `kind`: `wait` is `None` for a single attempt, or the
-    /// deadline (`None`: for ever) to wait in the queue until. `Ok(None)` is
-    /// contention (or, when waiting, the deadline).
-    pub(super) async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        wait: Option<Option<Instant>>,
-        kind: Kind,
-    ) -> Result<Option<Lease>> {
+impl Queue for ZooKeeperLocker {
+    type Kind = Kind;
+
+    /// The recipe in steps: [create the contender](Self::create_contender),
+    /// [await the turn](Self::await_turn), [grant](Self::grant).
+    async fn acquire(&self, request: Acquire<'_, Kind>) -> Result<Option<Lease>> {
+        let (key, ttl, wait, kind) = (request.key, request.ttl, request.wait, request.kind);
         let path = self.backend_key(key);
         let session = self.inner.session().await?;
         let client = session
@@ -62,6 +59,12 @@ impl ZooKeeperLocker {
         self.grant(key, ttl, czxid, fencing, attempt).map(Some)
     }
 
+    fn attempt_bound(&self) -> Duration {
+        self.operation_bound()
+    }
+}
+
+impl ZooKeeperLocker {
     /// Step 1: creates the attempt's ephemeral sequential node
     /// `<lock path>/_c_<uuid>-lock-<sequence>` (a reader's:
     /// `_c_<uuid>-__READ__<sequence>`), creating the lock path
@@ -312,14 +315,9 @@ impl ZooKeeperLocker {
     ) -> Result<Lease> {
         let node = attempt.node.clone().unwrap_or_default();
         let owner = Token { czxid, node }.encode();
+        let parts = LeaseParts::unexpiring(key, owner.clone(), u64::try_from(fencing).ok(), ttl);
         let lease = Lease::new(
-            LeaseParts {
-                key: key.to_owned(),
-                owner: owner.clone(),
-                fencing_token: u64::try_from(fencing).ok(),
-                ttl,
-                valid_until: None,
-            },
+            parts,
             self.inner
                 .leases
                 .get_or_init(|| Arc::new(self.clone()) as Arc<dyn crate::Locker>),

@@ -34,17 +34,8 @@ impl ZooKeeperLocker {
         let path = self.backend_key(key);
         for _ in 0..ATTEMPTS {
             let children = match self.inner.call(client.list_children(&path)).await {
-                Some(Ok(children)) => children,
                 Some(Err(zk::Error::NoNode)) => return Ok(None),
-                Some(Err(error)) => {
-                    return Err(errors::backend(
-                        &self.inner.ensemble,
-                        operation,
-                        error,
-                        false,
-                    ))
-                }
-                None => return Err(errors::deadline(operation, self.inner.request_timeout)),
+                answer => self.inner.answered(operation, false, answer)?,
             };
             let queue = recipe::queue(&children);
             let nodes: Vec<String> = recipe::holders(&queue)
@@ -55,24 +46,14 @@ impl ZooKeeperLocker {
             else {
                 return Ok(None);
             };
-            match self.inner.call(client.get_data(first)).await {
-                Some(Ok((data, stat))) => {
-                    let mut held = describe(key, &data, &stat);
-                    held.shared = shared;
-                    return Ok(Some(Found { held, nodes }));
-                }
+            let (data, stat) = match self.inner.call(client.get_data(first)).await {
                 // Released since the listing: look again.
                 Some(Err(zk::Error::NoNode)) => continue,
-                Some(Err(error)) => {
-                    return Err(errors::backend(
-                        &self.inner.ensemble,
-                        operation,
-                        error,
-                        false,
-                    ))
-                }
-                None => return Err(errors::deadline(operation, self.inner.request_timeout)),
-            }
+                answer => self.inner.answered(operation, false, answer)?,
+            };
+            let mut held = describe(key, &data, &stat);
+            held.shared = shared;
+            return Ok(Some(Found { held, nodes }));
         }
         Err(errors::plain(
             operation,
@@ -107,12 +88,8 @@ impl ZooKeeperLocker {
         // name starts with it.
         let name_prefix = &self.inner.prefix[self.inner.parent.len() + 1..];
         let children = match self.inner.call(client.list_children(parent)).await {
-            Some(Ok(children)) => children,
             Some(Err(zk::Error::NoNode)) => return Ok(Vec::new()),
-            Some(Err(error)) => {
-                return Err(errors::backend(&self.inner.ensemble, "list", error, false))
-            }
-            None => return Err(errors::deadline("list", self.inner.request_timeout)),
+            answer => self.inner.answered("list", false, answer)?,
         };
         let keys: Vec<String> = children
             .iter()
@@ -150,11 +127,9 @@ impl ZooKeeperLocker {
                 ),
             ));
         }
-        let client = self.client("force_release").await?;
-        for _ in 0..ATTEMPTS {
-            let Some(found) = self.holder_of(&client, key, "force_release").await? else {
-                return Ok(None);
-            };
+        let client = &self.client("force_release").await?;
+        let find = || self.holder_of(client, key, "force_release");
+        let evict = |found: Found| async move {
             // By name: a node name is never reused, so a newer holder's node
             // cannot be deleted by this. Every holding reader, all at once.
             let deleted = futures_util::future::join_all(
@@ -170,32 +145,13 @@ impl ZooKeeperLocker {
                     Some(Ok(())) => evicted = true,
                     // Released meanwhile.
                     Some(Err(zk::Error::NoNode)) => {}
-                    Some(Err(error)) => {
-                        return Err(errors::backend(
-                            &self.inner.ensemble,
-                            "force_release",
-                            error,
-                            true,
-                        ))
-                    }
-                    None => {
-                        return Err(errors::deadline(
-                            "force_release",
-                            self.inner.request_timeout,
-                        ))
-                    }
+                    answer => self.inner.answered("force_release", true, answer)?,
                 }
             }
-            if evicted {
-                inspect::log_forced_release(BACKEND, key, how, Some(&found.held));
-                return Ok(Some(found.held));
-            }
-            // Every one released meanwhile: look again.
-        }
-        Err(errors::plain(
-            "force_release",
-            format!("{key:?} changed hands {ATTEMPTS} times while being force-released; inspect it again"),
-        ))
+            // None evicted: every one was released meanwhile.
+            Ok(evicted.then_some(found.held))
+        };
+        inspect::release_holder(BACKEND, key, how, find, evict).await
     }
 }
 

@@ -304,14 +304,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
 
-use crate::deadline::{bounded, checked_deadline};
 use crate::inspect as inspect_api;
-use crate::{
-    validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result,
-    DEADLINE_GRACE,
-};
+use crate::wait::{lock_in_queue, try_in_queue};
+#[cfg(doc)]
+use crate::DEADLINE_GRACE;
+use crate::{validate, Capabilities, Error, Lease, Locker, MarkAdvance, RefreshRequest, Result};
 
 mod acquire;
 mod client;
@@ -413,42 +411,6 @@ impl ZooKeeperLocker {
             .saturating_add(self.inner.request_timeout.saturating_mul(4))
     }
 
-    /// [`Locker::lock`] or [`Locker::lock_shared`], as `kind` says: a zero
-    /// timeout is one attempt (bounded by [`operation_bound`](Self::operation_bound));
-    /// otherwise a wait in the queue until the deadline, bounded by
-    /// `timeout` + [`DEADLINE_GRACE`].
-    async fn lock_as(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: Duration,
-        kind: Kind,
-    ) -> Result<Lease> {
-        validate::acquire(key, ttl)?;
-        let (wait, limit) = match timeout.is_zero() {
-            true => (None, self.operation_bound()),
-            false => (
-                Some(checked_deadline(Instant::now(), timeout)),
-                timeout.saturating_add(DEADLINE_GRACE),
-            ),
-        };
-        match bounded(
-            BACKEND,
-            "acquire",
-            limit,
-            self.acquire(key, ttl, wait, kind),
-        )
-        .await?
-        {
-            Some(lease) => Ok(lease),
-            None if timeout.is_zero() => Err(Error::not_acquired(key)),
-            None => Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: timeout,
-            }),
-        }
-    }
-
     /// The contender node a refresh or unlock of `key` by `owner` names.
     fn node_of(&self, key: &str, token: &Token) -> String {
         format!("{}/{}", self.backend_key(key), token.node)
@@ -478,11 +440,7 @@ impl Locker for ZooKeeperLocker {
     /// locks with writer priority (readers and writers queue in sequence
     /// order: see [shared locks](self#shared-locks)).
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            expires: false,
-            release_notifications: false,
-            ..Capabilities::ALL
-        }
+        Capabilities::SESSION_QUEUE
     }
 
     /// One attempt at a shared (reader) lock by ZooKeeper's "Shared Locks"
@@ -502,14 +460,7 @@ impl Locker for ZooKeeperLocker {
     /// Cancel-safe: a node the attempt may have created is deleted in the
     /// background (see the [module docs](self)).
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.operation_bound(),
-            self.acquire(key, ttl, None, Kind::Read),
-        )
-        .await
+        try_in_queue(self, key, ttl, Kind::Read).await
     }
 
     /// Waits in `key`'s queue for a shared (reader) lock, watching only the
@@ -525,7 +476,7 @@ impl Locker for ZooKeeperLocker {
     ///
     /// Cancel-safe: the waiter's node is deleted in the background.
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        self.lock_as(key, ttl, timeout, Kind::Read).await
+        lock_in_queue(self, key, ttl, timeout, Kind::Read).await
     }
 
     fn backend_key(&self, key: &str) -> String {
@@ -539,14 +490,7 @@ impl Locker for ZooKeeperLocker {
     /// Cancel-safe: a node the attempt may have created is deleted in the
     /// background (see the [module docs](self)).
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        bounded(
-            BACKEND,
-            "acquire",
-            self.operation_bound(),
-            self.acquire(key, ttl, None, Kind::Write),
-        )
-        .await
+        try_in_queue(self, key, ttl, Kind::Write).await
     }
 
     /// Waits in the lock's queue (woken by the deletion of the contender
@@ -556,7 +500,7 @@ impl Locker for ZooKeeperLocker {
     ///
     /// Cancel-safe: the waiter's node is deleted in the background.
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        self.lock_as(key, ttl, timeout, Kind::Write).await
+        lock_in_queue(self, key, ttl, timeout, Kind::Write).await
     }
 
     /// Deletes `owner`'s node of `key` (one request). A delete that fails
@@ -578,28 +522,23 @@ impl Locker for ZooKeeperLocker {
             return Err(Error::not_held(key));
         };
         let node = self.node_of(key, &token);
-        match self.inner.call(client.delete(&node, None)).await {
-            Some(Ok(())) => Ok(()),
-            Some(Err(zookeeper_client::Error::NoNode)) => Err(Error::not_held(key)),
-            other => {
-                let error = match other {
-                    Some(Err(error)) => {
-                        errors::backend(&self.inner.ensemble, "release", error, true)
-                    }
-                    _ => errors::deadline("release", self.inner.request_timeout),
-                };
-                // Keep deleting in the background, so a lock whose session
-                // stays alive is not kept for ever.
-                let (path, name) = node.rsplit_once('/').unwrap_or(("", &node));
-                let target = Target {
-                    path: path.to_owned(),
-                    prefix: name.to_owned(),
-                    node: Some(name.to_owned()),
-                };
-                delete_in_background(client, session, target, "a failed release's");
-                Err(error)
-            }
-        }
+        let error = match self.inner.call(client.delete(&node, None)).await {
+            Some(Err(zookeeper_client::Error::NoNode)) => return Err(Error::not_held(key)),
+            answer => match self.inner.answered("release", true, answer) {
+                Ok(()) => return Ok(()),
+                Err(error) => error,
+            },
+        };
+        // Keep deleting in the background, so a lock whose session stays
+        // alive is not kept for ever.
+        let (path, name) = node.rsplit_once('/').unwrap_or(("", &node));
+        let target = Target {
+            path: path.to_owned(),
+            prefix: name.to_owned(),
+            node: Some(name.to_owned()),
+        };
+        delete_in_background(client, session, target, "a failed release's");
+        Err(error)
     }
 
     /// One `exists` of the holder's node: its czxid and `ephemeralOwner`
@@ -639,8 +578,7 @@ impl Locker for ZooKeeperLocker {
         {
             Some(Ok(()) | Err(zookeeper_client::Error::NoNode)) => Ok(()),
             Some(Err(zookeeper_client::Error::NotEmpty)) => Err(Error::not_acquired(key)),
-            Some(Err(error)) => Err(errors::backend(&self.inner.ensemble, "forget", error, true)),
-            None => Err(errors::deadline("forget", self.inner.request_timeout)),
+            answer => self.inner.answered("forget", true, answer),
         }
     }
 

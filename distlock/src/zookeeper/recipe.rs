@@ -121,7 +121,7 @@ pub(super) fn unescape(name: &str) -> Option<String> {
 
 /// What a contender asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     /// Exclusive: holds when no contender is ahead of it.
     Write,
     /// Shared: holds when no writer is ahead of it.

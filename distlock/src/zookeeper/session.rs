@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use zookeeper_client::{self as zk, SessionState};
 
 use crate::deadline::saturating_deadline;
-use crate::{drift_margin, util, LostNotifier, LostReason};
+use crate::{drift_margin, util, LostNotifier};
 
 use super::BACKEND;
 
@@ -102,20 +102,14 @@ impl Registry {
                 .map(|held| held.lost)
                 .collect()
         };
-        if !lost.is_empty() {
-            tracing::warn!(
-                component = "distlock",
-                backend = BACKEND,
-                session = format_args!("{id:#x}"),
-                leases = lost.len(),
-                why,
-                grace_ms = grace.as_millis() as u64,
-                "a ZooKeeper session holding locks was lost; the server has deleted their nodes, or will within the grace"
-            );
-        }
-        for notifier in lost {
-            notifier.notify_with_grace(LostReason::ConnectionLost, grace);
-        }
+        LostNotifier::session_ended(
+            lost,
+            BACKEND,
+            Some(format_args!("{id:#x}")),
+            why,
+            grace,
+            "a ZooKeeper session holding locks was lost; the server has deleted their nodes, or will within the grace",
+        );
     }
 }
 
@@ -136,11 +130,8 @@ pub(crate) struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("id", &format_args!("{:#x}", self.id))
-            .field("timeout", &self.timeout)
-            .field("closed", &self.is_closed())
-            .finish()
+        let id = ("id", format_args!("{:#x}", self.id));
+        util::fmt_session(f, id, ("timeout", self.timeout), self.is_closed())
     }
 }
 
