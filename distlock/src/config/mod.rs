@@ -65,6 +65,8 @@
 mod address;
 #[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) mod constructors;
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
+mod hosts;
 mod password;
 mod serde_value;
 mod source;
@@ -77,7 +79,9 @@ pub(crate) use address::{
     split_list, HostsUrl,
 };
 #[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
-pub(crate) use constructors::serde_config;
+pub(crate) use constructors::{config_struct, serde_config};
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
+pub(crate) use hosts::{check_hosts, hosts_url, require_hosts, require_user, HostList};
 pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
@@ -154,6 +158,114 @@ pub(crate) fn assert_url_errors<T: std::fmt::Debug>(
         );
         assert!(message.contains(expected), "{url}: {message}");
         assert!(!message.contains(secret), "leaks the password: {message}");
+    }
+}
+
+/// Fails unless `result` is an error whose message contains `expected`.
+#[cfg(test)]
+pub(crate) fn assert_error<T: std::fmt::Debug>(result: crate::Result<T>, expected: &str) {
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains(expected), "{err}");
+}
+
+/// Fails unless the `Debug` text of `value` hides `secret` behind `***`.
+#[cfg(test)]
+pub(crate) fn assert_redacted(value: &dyn std::fmt::Debug, secret: &str) {
+    let debug = format!("{value:?}");
+    assert!(!debug.contains(secret) && debug.contains("***"), "{debug}");
+}
+
+/// The parameters every serde-derived config shares, as
+/// [`HostList::shared`] reads them: what the shared tests compare.
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+#[derive(Debug, PartialEq)]
+pub(crate) struct Shared {
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<Password>,
+    pub(crate) key_prefix: String,
+    pub(crate) tls: bool,
+    pub(crate) connect_timeout: std::time::Duration,
+    pub(crate) holder_record: bool,
+}
+
+/// Fails unless `from_env_vars` reads the variables of the parameters every
+/// serde-derived config shares (the user, the password, the key prefix, the
+/// list of servers, TLS, the connect timeout and the holder record by its
+/// older name) over the defaults, ignores other variables with the prefix
+/// and names a malformed variable in its error.
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+pub(crate) fn assert_shared_env<C: HostList + std::fmt::Debug>(
+    from_env_vars: impl Fn(Vec<(String, String)>) -> crate::Result<C>,
+) {
+    let prefix = C::ENV_PREFIX;
+    let list = C::LIST.to_ascii_uppercase();
+    let vars = [
+        ("USERNAME", "svc"),
+        ("PASSWORD", "pw"),
+        ("KEY_PREFIX", "jobs:"),
+        (&list, " a:1 , b:2,"),
+        ("TLS", "yes"),
+        ("CONNECT_TIMEOUT", "2s"),
+        ("HOLDER", "off"),
+        ("SOMETHING_ELSE", "ignored"),
+    ];
+    let mut vars: Vec<_> = vars
+        .iter()
+        .map(|(name, value)| (format!("{prefix}{name}"), value.to_string()))
+        .collect();
+    vars.push(("HOME".into(), "/root".into()));
+    let config = from_env_vars(vars).unwrap();
+    assert_eq!(config.hosts(), ["a:1", "b:2"]);
+    let want = Shared {
+        username: Some("svc".into()),
+        password: Some(Password::new("pw")),
+        key_prefix: "jobs:".into(),
+        tls: true,
+        connect_timeout: std::time::Duration::from_secs(2),
+        holder_record: false,
+    };
+    assert_eq!(config.shared(), want);
+    let tls = format!("{prefix}TLS");
+    let err = from_env_vars(vec![(tls.clone(), "maybe".into())]).unwrap_err();
+    assert!(err.to_string().contains(&tls), "{err}");
+}
+
+/// `url` read by `from_url`, failing unless it has the user `alice`, the
+/// `password` and the `hosts` the URL names, and unless `from_url` refuses
+/// the faults every multi-host URL of its scheme may have (as
+/// [`assert_url_errors`] checks): an unknown parameter, a malformed
+/// duration, no host, a malformed port.
+#[cfg(all(test, any(feature = "etcd", feature = "zookeeper")))]
+pub(crate) fn assert_hosts_url<C: HostList + std::fmt::Debug>(
+    from_url: impl Fn(&str) -> crate::Result<C>,
+    url: &str,
+    password: &str,
+    hosts: &[&str],
+) -> C {
+    let config = from_url(url).unwrap();
+    assert_eq!(config.username(), Some("alice"));
+    assert_eq!(config.password(), Some(&Password::new(password)));
+    assert_eq!(config.hosts(), hosts);
+    let scheme = url.split_once("://").unwrap().0;
+    let cases = [
+        ("u:topsecret@h?pool=3", "unknown parameter \"pool\""),
+        ("u:topsecret@h?request_timeout=soon", "not a duration"),
+        ("u:topsecret@/", "no endpoint"),
+        ("u:topsecret@h:notaport", "not a host:port"),
+    ];
+    for (rest, expected) in cases {
+        let url = format!("{scheme}://{rest}");
+        assert_url_errors(&from_url, "topsecret", &[(&url, expected)]);
+    }
+    config
+}
+
+/// Fails unless every one of `others` equals `first`: one config read
+/// from several sources.
+#[cfg(test)]
+pub(crate) fn assert_same<T: PartialEq + std::fmt::Debug>(first: &T, others: &[&T]) {
+    for other in others {
+        assert_eq!(first, *other);
     }
 }
 

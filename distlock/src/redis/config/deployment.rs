@@ -11,19 +11,17 @@ use redis::{
     RedisConnectionInfo, TlsCertificates,
 };
 
-use super::{Config, DEFAULT_PORT, DEFAULT_SENTINEL_PORT, ENV_PREFIX};
-use crate::config::{check_positive, display_url, format_address, parse_address, Checked};
+use super::{Config, DEFAULT_PORT, DEFAULT_SENTINEL_PORT};
+use crate::config::{
+    check_positive, display_url, format_address, parse_address, require_hosts, Checked, HostList,
+};
 use crate::{Error, Result};
 
 impl Config {
     /// Checks the config and resolves the deployment it names.
     pub(crate) fn deployment(&self) -> Result<Deployment> {
         let bad = |reason: String| Error::invalid("config", reason);
-        if self.addresses.is_empty() {
-            return Err(bad(format!(
-                "no Redis address: set `addresses` (or {ENV_PREFIX}ADDRESSES), or use a redis:// URL"
-            )));
-        }
+        require_hosts(self, "Redis address", "a redis://").map_err(bad)?;
         if self.cluster && self.sentinel_master.is_some() {
             return Err(bad(
                 "both `cluster` and `sentinel_master` are set; a deployment is a Redis Cluster \
@@ -35,11 +33,7 @@ impl Config {
             return Err(bad(format!("db is {}; it must be 0 or more", self.db)));
         }
         self.check_tls_files().map_err(bad)?;
-        check_positive(&[
-            ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
-        ])
-        .map_err(bad)?;
+        check_positive(&self.timeouts()).map_err(bad)?;
         if self.min_replicas > 0
             && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
         {
