@@ -195,6 +195,25 @@ macro_rules! serde_config {
             }
         }
 
+        #[cfg(test)]
+        impl $crate::config::Sources for Config {
+            fn url(url: &str) -> $crate::Result<Config> {
+                Config::from_url(url)
+            }
+
+            fn env(vars: Vec<(String, String)>) -> $crate::Result<Config> {
+                Config::from_env_vars(vars)
+            }
+
+            fn json(text: &str) -> $crate::Result<Config> {
+                Config::from_json(text)
+            }
+
+            fn yaml(text: &str) -> $crate::Result<Config> {
+                Config::from_yaml(text)
+            }
+        }
+
         impl Config {
             #[doc = concat!("Reads the `", $env, "*` environment variables over the defaults:")]
             /// one per parameter, by its one name or an older one

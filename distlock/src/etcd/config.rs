@@ -224,7 +224,7 @@ mod tests {
     fn urls_give_every_field() {
         let url = "etcd://alice:p%40ss%3Aword@e1:2379,e2:2380/?prefix=app:&connect_timeout=3s&keepalive_timeout=250ms";
         let hosts = ["e1:2379", "e2:2380"];
-        let config = crate::config::assert_hosts_url(Config::from_url, url, "p@ss:word", &hosts);
+        let config: Config = crate::config::assert_hosts_url(url, "p@ss:word", &hosts);
         assert!(!config.tls);
         assert_eq!(config.key_prefix, "app:");
         assert_eq!(config.connect_timeout, Duration::from_secs(3));
@@ -262,19 +262,11 @@ mod tests {
 
     #[test]
     fn env_vars_override_the_defaults() {
-        crate::config::assert_shared_env(Config::from_env_vars);
-        let config = Config::from_env_vars([
-            ("DISTLOCK_ETCD_CA_FILE", "/ca.pem"),
-            ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "50ms"),
-            ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "3s"),
-        ]);
-        let want = Config {
-            ca_file: Some("/ca.pem".into()),
-            request_timeout: Duration::from_millis(50),
-            keepalive_timeout: Duration::from_secs(3),
-            ..Config::default()
-        };
-        assert_eq!(config.unwrap(), want);
+        let vars = "CA_FILE=/ca.pem REQUEST_TIMEOUT=50ms KEEPALIVE_TIMEOUT=3s";
+        let config: Config = crate::config::assert_shared_env(vars);
+        assert_eq!(config.ca_file, Some("/ca.pem".into()));
+        assert_eq!(config.request_timeout, Duration::from_millis(50));
+        assert_eq!(config.keepalive_timeout, Duration::from_secs(3));
     }
 
     #[test]
@@ -310,29 +302,14 @@ keepaliveTimeout: 1s
 
     #[test]
     fn every_source_reaches_the_same_settings() {
-        let url = Config::from_url(
+        let url: Config = crate::config::assert_every_source(
             "etcd://e1:2379,e2:2379?key_prefix=jobs:&request_timeout=5&keepalive_timeout=500ms&holder_record=off",
-        )
-        .unwrap();
-        let env = Config::from_env_vars([
-            ("DISTLOCK_ETCD_ENDPOINTS", "e1:2379,e2:2379"),
-            ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
-            ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "5"),
-            ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "500ms"),
-            ("DISTLOCK_ETCD_HOLDER_RECORD", "off"),
-        ])
-        .unwrap();
-        let json = Config::from_json(
+            "ENDPOINTS=e1:2379,e2:2379 KEY_PREFIX=jobs: REQUEST_TIMEOUT=5 KEEPALIVE_TIMEOUT=500ms HOLDER_RECORD=off",
             r#"{"endpoints": ["e1:2379", "e2:2379"], "keyPrefix": "jobs:", "requestTimeout": 5,
                 "keepaliveTimeout": "500ms", "holderRecord": false}"#,
-        )
-        .unwrap();
-        let yaml = Config::from_yaml(
             "endpoints: [e1:2379, e2:2379]\nprefix: 'jobs:'\nrequest_timeout: 5s\n\
              keepalive_timeout: 500ms\nholder: false\n",
-        )
-        .unwrap();
-        crate::config::assert_same(&url, &[&env, &json, &yaml]);
+        );
         assert_eq!(url.request_timeout, Duration::from_secs(5));
         for param in ["holder", "record_holder", "holder_record"] {
             let url = Config::from_url(&format!("etcd://h?{param}=off")).unwrap();

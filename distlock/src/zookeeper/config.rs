@@ -250,7 +250,7 @@ mod tests {
     fn urls_give_every_field() {
         let url = "zookeeper://alice:p%40ss@z1:2181,z2:2182/apps/b%20c/?prefix=/jobs/&session_timeout=4s&connect_timeout=3s";
         let hosts = ["z1:2181", "z2:2182"];
-        let config = crate::config::assert_hosts_url(Config::from_url, url, "p@ss", &hosts);
+        let config: Config = crate::config::assert_hosts_url(url, "p@ss", &hosts);
         assert_eq!(config.chroot.as_deref(), Some("/apps/b c"));
         assert_eq!(config.key_prefix, "/jobs/");
         assert_eq!(config.session_timeout, Duration::from_secs(4));
@@ -272,47 +272,23 @@ mod tests {
 
     #[test]
     fn env_vars_override_the_defaults() {
-        crate::config::assert_shared_env(Config::from_env_vars);
-        let vars = [
-            ("DISTLOCK_ZOOKEEPER_CHROOT", "/apps"),
-            ("DISTLOCK_ZOOKEEPER_SESSION_TIMEOUT", "6s"),
-            ("DISTLOCK_ZOOKEEPER_REQUEST_TIMEOUT", "50ms"),
-        ];
-        let want = Config {
-            chroot: Some("/apps".into()),
-            session_timeout: Duration::from_secs(6),
-            request_timeout: Duration::from_millis(50),
-            ..Config::default()
-        };
-        assert_eq!(Config::from_env_vars(vars).unwrap(), want);
+        let vars = "CHROOT=/apps SESSION_TIMEOUT=6s REQUEST_TIMEOUT=50ms";
+        let config: Config = crate::config::assert_shared_env(vars);
+        assert_eq!(config.chroot.as_deref(), Some("/apps"));
+        assert_eq!(config.session_timeout, Duration::from_secs(6));
+        assert_eq!(config.request_timeout, Duration::from_millis(50));
     }
 
     #[test]
     fn every_source_reaches_the_same_settings() {
-        let url = Config::from_url(
+        crate::config::assert_every_source::<Config>(
             "zookeeper://z1:2181,z2:2181/apps?key_prefix=/jobs/&session_timeout=5&request_timeout=500ms&holder_record=off",
-        )
-        .unwrap();
-        let env = Config::from_env_vars([
-            ("DISTLOCK_ZOOKEEPER_ENDPOINTS", "z1:2181,z2:2181"),
-            ("DISTLOCK_ZOOKEEPER_CHROOT", "/apps"),
-            ("DISTLOCK_ZOOKEEPER_KEY_PREFIX", "/jobs/"),
-            ("DISTLOCK_ZOOKEEPER_SESSION_TIMEOUT", "5"),
-            ("DISTLOCK_ZOOKEEPER_REQUEST_TIMEOUT", "500ms"),
-            ("DISTLOCK_ZOOKEEPER_HOLDER_RECORD", "off"),
-        ])
-        .unwrap();
-        let json = Config::from_json(
+            "ENDPOINTS=z1:2181,z2:2181 CHROOT=/apps KEY_PREFIX=/jobs/ SESSION_TIMEOUT=5 REQUEST_TIMEOUT=500ms HOLDER_RECORD=off",
             r#"{"endpoints": ["z1:2181", "z2:2181"], "chroot": "/apps", "keyPrefix": "/jobs/",
                 "sessionTimeout": 5, "requestTimeout": "500ms", "holderRecord": false}"#,
-        )
-        .unwrap();
-        let yaml = Config::from_yaml(
             "endpoints: [z1:2181, z2:2181]\nchroot: /apps\nprefix: /jobs/\nsession_timeout: 5s\n\
              request_timeout: 500ms\nholder: false\n",
-        )
-        .unwrap();
-        crate::config::assert_same(&url, &[&env, &json, &yaml]);
+        );
         assert_error(Config::from_yaml("endpionts: [h]"), "endpionts");
     }
 
