@@ -65,6 +65,8 @@
 mod address;
 #[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) mod constructors;
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
+mod hosts;
 mod password;
 mod serde_value;
 mod source;
@@ -77,7 +79,9 @@ pub(crate) use address::{
     split_list, HostsUrl,
 };
 #[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
-pub(crate) use constructors::serde_config;
+pub(crate) use constructors::{config_struct, serde_config};
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
+pub(crate) use hosts::{check_hosts, hosts_url, require_hosts, require_user, HostList};
 pub(crate) use password::duration_text;
 pub use password::Password;
 pub(crate) use serde_value::{camel_to_snake, Settings, YamlSettings};
@@ -155,6 +159,130 @@ pub(crate) fn assert_url_errors<T: std::fmt::Debug>(
         assert!(message.contains(expected), "{url}: {message}");
         assert!(!message.contains(secret), "leaks the password: {message}");
     }
+}
+
+/// Fails unless `result` is an error whose message contains `expected`.
+#[cfg(test)]
+pub(crate) fn assert_error<T: std::fmt::Debug>(result: crate::Result<T>, expected: &str) {
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains(expected), "{err}");
+}
+
+/// Fails unless the `Debug` text of `value` hides `secret` behind `***`.
+#[cfg(test)]
+pub(crate) fn assert_redacted(value: &dyn std::fmt::Debug, secret: &str) {
+    let debug = format!("{value:?}");
+    assert!(!debug.contains(secret) && debug.contains("***"), "{debug}");
+}
+
+/// The parameters every serde-derived config shares, as
+/// [`HostList::shared`] reads them: what the shared tests compare.
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+#[derive(Debug, PartialEq)]
+pub(crate) struct Shared {
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<Password>,
+    pub(crate) key_prefix: String,
+    pub(crate) tls: bool,
+    pub(crate) connect_timeout: std::time::Duration,
+    pub(crate) holder_record: bool,
+}
+
+/// The public constructors of a serde-derived config, for the shared tests
+/// to read each source through (written by
+/// [`serde_config!`](constructors::serde_config)).
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+pub(crate) trait Sources: HostList + PartialEq + std::fmt::Debug {
+    fn url(url: &str) -> crate::Result<Self>;
+    fn env(vars: Vec<(String, String)>) -> crate::Result<Self>;
+    fn json(text: &str) -> crate::Result<Self>;
+    fn yaml(text: &str) -> crate::Result<Self>;
+}
+
+/// The variables `NAME=value ...` of `text` (space-separated), each name
+/// after the backend's prefix.
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+fn env_of<C: Sources>(text: &str) -> Vec<(String, String)> {
+    text.split_whitespace()
+        .map(|var| var.split_once('=').unwrap())
+        .map(|(name, value)| (format!("{}{name}", C::ENV_PREFIX), value.to_owned()))
+        .collect()
+}
+
+/// The config read from the variables of the parameters every serde-derived
+/// config shares (the user, the password, the key prefix, the list of
+/// servers, TLS, the connect timeout and the holder record by its older
+/// name) and from `extra` (`NAME=value ...` without the prefix), failing
+/// unless the shared ones hold what was written, each variable set what
+/// [`set_by_name`] sets and nothing else, other variables (with the prefix
+/// or not) were ignored, and a malformed variable is named in the error.
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+pub(crate) fn assert_shared_env<C: Sources>(extra: &str) -> C {
+    let shared = "USERNAME=svc PASSWORD=pw KEY_PREFIX=jobs: TLS=yes CONNECT_TIMEOUT=2s HOLDER=off";
+    let mut written = env_of::<C>(&format!("{shared} {extra}"));
+    // A list as a variable holds it, spaces and a trailing comma included.
+    let list = format!("{}{}", C::ENV_PREFIX, C::LIST.to_ascii_uppercase());
+    written.push((list, " a:1 , b:2,".into()));
+    let mut want = C::default();
+    for (name, value) in &written {
+        let key = name[C::ENV_PREFIX.len()..].to_ascii_lowercase();
+        set_by_name(&mut want, &key, value).unwrap();
+    }
+    let mut vars = written;
+    vars.extend(env_of::<C>("SOMETHING_ELSE=ignored"));
+    vars.push(("HOME".into(), "/root".into()));
+    let config = C::env(vars).unwrap();
+    assert_eq!(config, want);
+    assert_eq!(config.hosts(), ["a:1", "b:2"]);
+    let shared = Shared {
+        username: Some("svc".into()),
+        password: Some(Password::new("pw")),
+        key_prefix: "jobs:".into(),
+        tls: true,
+        connect_timeout: std::time::Duration::from_secs(2),
+        holder_record: false,
+    };
+    assert_eq!(config.shared(), shared);
+    let tls = format!("{}TLS", C::ENV_PREFIX);
+    let err = C::env(vec![(tls.clone(), "maybe".into())]).unwrap_err();
+    assert!(err.to_string().contains(&tls), "{err}");
+    config
+}
+
+/// The config read from `url`, failing unless the variables `vars`
+/// (`NAME=value ...` without the prefix), the JSON `json` and the YAML `yaml`
+/// give the same.
+#[cfg(all(test, any(feature = "redis", feature = "etcd", feature = "zookeeper")))]
+pub(crate) fn assert_every_source<C: Sources>(url: &str, vars: &str, json: &str, yaml: &str) -> C {
+    let config = C::url(url).unwrap();
+    assert_eq!(config, C::env(env_of::<C>(vars)).unwrap(), "{vars}");
+    assert_eq!(config, C::json(json).unwrap(), "{json}");
+    assert_eq!(config, C::yaml(yaml).unwrap(), "{yaml}");
+    config
+}
+
+/// `url` read, failing unless it has the user `alice`, the `password` and
+/// the `hosts` the URL names, and unless the faults every multi-host URL of
+/// its scheme may have are refused (as [`assert_url_errors`] checks): an
+/// unknown parameter, a malformed duration, no host, a malformed port.
+#[cfg(all(test, any(feature = "etcd", feature = "zookeeper")))]
+pub(crate) fn assert_hosts_url<C: Sources>(url: &str, password: &str, hosts: &[&str]) -> C {
+    let config = C::url(url).unwrap();
+    assert_eq!(config.username(), Some("alice"));
+    assert_eq!(config.password(), Some(&Password::new(password)));
+    assert_eq!(config.hosts(), hosts);
+    let scheme = url.split_once("://").unwrap().0;
+    let cases = [
+        ("u:topsecret@h?pool=3", "unknown parameter \"pool\""),
+        ("u:topsecret@h?request_timeout=soon", "not a duration"),
+        ("u:topsecret@/", "no endpoint"),
+        ("u:topsecret@h:notaport", "not a host:port"),
+    ];
+    for (rest, expected) in cases {
+        let url = format!("{scheme}://{rest}");
+        assert_url_errors(C::url, "topsecret", &[(&url, expected)]);
+    }
+    config
 }
 
 /// README.md's row for the URL parameter `name` of `backend`.

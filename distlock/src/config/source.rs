@@ -154,6 +154,19 @@ impl Param {
     }
 }
 
+/// The parameters several backends share, by one name and the same older
+/// spellings everywhere: the vocabulary of the [module docs](super) and of
+/// [`serde_config!`](super::serde_config), written once.
+impl Param {
+    pub(crate) const USERNAME: Param = Param::other("username", &[]);
+    pub(crate) const PASSWORD: Param = Param::other("password", &[]);
+    pub(crate) const TLS: Param = Param::other("tls", &[]);
+    pub(crate) const KEY_PREFIX: Param = Param::url("key_prefix", &["prefix"]);
+    pub(crate) const CONNECT_TIMEOUT: Param = Param::url("connect_timeout", &[]);
+    pub(crate) const HOLDER_RECORD: Param =
+        Param::url("holder_record", &["holder", "record_holder"]);
+}
+
 /// A backend's field table: every parameter its sources may set, in
 /// parts (the SQL backends share one part, [`SQL_PARAMETERS`](super::SQL_PARAMETERS)).
 #[derive(Debug, Clone, Copy)]

@@ -45,7 +45,7 @@ impl EtcdLocker {
     /// ```
     pub async fn from_config(config: Config) -> Result<Self> {
         let urls = config.endpoint_urls()?;
-        let cluster = config.display_url();
+        let cluster = config.to_string();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(config.keepalive_timeout, config.keepalive_timeout)

@@ -6,12 +6,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 pub use crate::config::Password;
 use crate::config::{
-    check_positive, display_url, duration_text, optional_text, parse, redact, resolve_addresses,
-    split_list, HostsUrl, Param, Source, Table,
+    check_hosts, duration_text, hosts_url, optional_text, require_user, resolve_addresses,
+    HostsUrl, Param, Source, Table,
 };
 use crate::{Error, Result};
 
@@ -31,120 +29,91 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The port used when an endpoint names none.
 pub const DEFAULT_PORT: u16 = 2379;
-/// Environment variables read by [`Config::from_env`] start with this.
-pub const ENV_PREFIX: &str = "DISTLOCK_ETCD_";
 
 /// Every parameter of [`Config`], by its one name and its older spellings:
 /// the table URL parameters, `DISTLOCK_ETCD_*` variables and
 /// [`Config::set`] are read through (see [`crate::config`]).
 pub(crate) const PARAMETERS: Table = Table(&[&[
-    Param::other("username", &[]),
-    Param::other("password", &[]),
+    Param::USERNAME,
+    Param::PASSWORD,
     Param::other("endpoints", &[]),
-    Param::other("tls", &[]),
-    Param::url("key_prefix", &["prefix"]),
-    Param::url("connect_timeout", &[]),
+    Param::TLS,
+    Param::KEY_PREFIX,
+    Param::CONNECT_TIMEOUT,
     Param::url("request_timeout", &[]),
     Param::url("keepalive_timeout", &[]),
     Param::url("ca_file", &["tls_ca", "ca"]),
-    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::HOLDER_RECORD,
 ]]);
 
-/// How to reach an etcd cluster and how to name locks in it.
-///
-/// Read from every source as [`crate::config`] says.
-///
-/// ```
-/// use std::time::Duration;
-/// use distlock::etcd::Config;
-///
-/// let config = Config {
-///     endpoints: vec!["10.0.0.5:2379".into(), "10.0.0.6:2379".into()],
-///     password: Some("s3cret".into()),
-///     username: Some("app".into()),
-///     request_timeout: Duration::from_millis(500),
-///     ..Config::default()
-/// };
-/// assert_eq!(config.key_prefix, "lock:");
-/// assert!(!format!("{config:?}").contains("s3cret"));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct Config {
-    /// etcd user (etcd's auth). `None` for a cluster without auth.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
-    /// The user's password.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub password: Option<Password>,
-    /// Prepended to every key: the caller's key `k` is the etcd lock name
-    /// `<key_prefix>k`, whose lock keys are `<key_prefix>k/<lease id in
-    /// hex>`. Default [`DEFAULT_KEY_PREFIX`].
-    #[serde(alias = "key_prefix", alias = "prefix")]
-    pub key_prefix: String,
-    /// `host:port` of each member (the port defaults to 2379). Requests are
-    /// balanced over every endpoint; a member that is down is skipped.
-    pub endpoints: Vec<String>,
-    /// Connect with TLS (rustls on the `ring` provider), verifying the
-    /// members against the system's root certificates, or against
-    /// [`ca_file`](Config::ca_file), as an `etcd+https://` URL does.
-    pub tls: bool,
-    /// A PEM file of the certificate authority that signed the members'
-    /// certificates (implies [`tls`](Config::tls)).
-    #[serde(
-        alias = "ca_file",
-        alias = "tls_ca",
-        alias = "ca",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub ca_file: Option<PathBuf>,
-    /// Bound on establishing a connection to one member. Default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
-    #[serde(alias = "connect_timeout", with = "duration_text")]
-    pub connect_timeout: Duration,
-    /// Bound on every request: each transaction, get, lease grant or
-    /// revoke, and each step of a wait other than the wait itself.
-    /// Default [`DEFAULT_REQUEST_TIMEOUT`]. An acquire whose answer timed
-    /// out may have written its key: it is deleted by lease and owner before
-    /// the error is reported (see the [module docs](super)).
-    #[serde(alias = "request_timeout", with = "duration_text")]
-    pub request_timeout: Duration,
-    /// How long one lease keep-alive may go unanswered before the stream is
-    /// reopened (the lease is given up only when its ttl is nearly spent),
-    /// and the HTTP/2 keep-alive ping interval and timeout of the
-    /// connections, so a dead connection is noticed even while idle.
-    /// Default [`DEFAULT_KEEPALIVE_TIMEOUT`].
-    #[serde(alias = "keepalive_timeout", with = "duration_text")]
-    pub keepalive_timeout: Duration,
-    /// Write each grant's holder record (host, pid, label, grant time on
-    /// the holder's clock, ttl) into its lock key's value, for
-    /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
-    /// (URL `holder_record=off`, or the older `holder=off`), the value
-    /// carries only the grant's secret and inspection reports an unknown
-    /// holder.
-    #[serde(
-        alias = "holder_record",
-        alias = "holder",
-        alias = "recordHolder",
-        alias = "record_holder"
-    )]
-    pub holder_record: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            username: None,
-            password: None,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            endpoints: Vec::new(),
-            tls: false,
-            ca_file: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
-            holder_record: true,
-        }
+crate::config::config_struct! {
+    /// How to reach an etcd cluster and how to name locks in it.
+    ///
+    /// Read from every source as [`crate::config`] says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::etcd::Config;
+    ///
+    /// let config = Config {
+    ///     endpoints: vec!["10.0.0.5:2379".into(), "10.0.0.6:2379".into()],
+    ///     password: Some("s3cret".into()),
+    ///     username: Some("app".into()),
+    ///     request_timeout: Duration::from_millis(500),
+    ///     ..Config::default()
+    /// };
+    /// assert_eq!(config.key_prefix, "lock:");
+    /// assert!(!format!("{config:?}").contains("s3cret"));
+    /// ```
+    pub struct Config {
+        /// etcd user (etcd's auth). `None` for a cluster without auth.
+        username,
+        /// The user's password.
+        password,
+        /// Prepended to every key: the caller's key `k` is the etcd lock name
+        /// `<key_prefix>k`, whose lock keys are `<key_prefix>k/<lease id in
+        /// hex>`. Default [`DEFAULT_KEY_PREFIX`].
+        key_prefix,
+        /// `host:port` of each member (the port defaults to 2379). Requests are
+        /// balanced over every endpoint; a member that is down is skipped.
+        hosts endpoints,
+        /// Connect with TLS (rustls on the `ring` provider), verifying the
+        /// members against the system's root certificates, or against
+        /// [`ca_file`](Config::ca_file), as an `etcd+https://` URL does.
+        tls,
+        /// A PEM file of the certificate authority that signed the members'
+        /// certificates (implies [`tls`](Config::tls)).
+        #[serde(
+            alias = "ca_file",
+            alias = "tls_ca",
+            alias = "ca",
+            skip_serializing_if = "Option::is_none"
+        )]
+        pub ca_file: Option<PathBuf> = None,
+        /// Bound on establishing a connection to one member. Default
+        /// [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
+        connect_timeout,
+        /// Bound on every request: each transaction, get, lease grant or
+        /// revoke, and each step of a wait other than the wait itself.
+        /// Default [`DEFAULT_REQUEST_TIMEOUT`]. An acquire whose answer timed
+        /// out may have written its key: it is deleted by lease and owner before
+        /// the error is reported (see the [module docs](super)).
+        #[serde(alias = "request_timeout", with = "duration_text")]
+        pub request_timeout: Duration = DEFAULT_REQUEST_TIMEOUT,
+        /// How long one lease keep-alive may go unanswered before the stream is
+        /// reopened (the lease is given up only when its ttl is nearly spent),
+        /// and the HTTP/2 keep-alive ping interval and timeout of the
+        /// connections, so a dead connection is noticed even while idle.
+        /// Default [`DEFAULT_KEEPALIVE_TIMEOUT`].
+        #[serde(alias = "keepalive_timeout", with = "duration_text")]
+        pub keepalive_timeout: Duration = DEFAULT_KEEPALIVE_TIMEOUT,
+        /// Write each grant's holder record (host, pid, label, grant time on
+        /// the holder's clock, ttl) into its lock key's value, for
+        /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
+        /// (URL `holder_record=off`, or the older `holder=off`), the value
+        /// carries only the grant's secret and inspection reports an unknown
+        /// holder.
+        holder_record,
     }
 }
 
@@ -174,43 +143,32 @@ impl Config {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
-        let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact(url)));
-        let parts = HostsUrl::split(url).map_err(&bad)?;
-        let tls = match parts.scheme {
-            "etcd" => false,
-            "etcd+https" => true,
-            other => {
-                return Err(bad(format!(
-                    "scheme {other:?} is neither etcd nor etcd+https"
-                )))
+        HostsUrl::read(url, DEFAULT_PORT, |parts| {
+            let tls = match parts.scheme {
+                "etcd" => false,
+                "etcd+https" => true,
+                other => return Err(format!("scheme {other:?} is neither etcd nor etcd+https")),
+            };
+            if !parts.path.is_empty() && parts.path != "/" {
+                return Err(format!(
+                    "the path {:?} means nothing here; etcd has no databases",
+                    parts.path
+                ));
             }
-        };
-        if !parts.path.is_empty() && parts.path != "/" {
-            return Err(bad(format!(
-                "the path {:?} means nothing here; etcd has no databases",
-                parts.path
-            )));
-        }
-        let (username, password) = parts.credentials().map_err(&bad)?;
-        let mut config = Config {
-            username,
-            password,
-            endpoints: parts.hosts(DEFAULT_PORT).map_err(&bad)?,
-            tls,
-            ..Config::default()
-        };
-        parts.set_query(&mut config).map_err(&bad)?;
-        Ok(config)
+            Ok(Config {
+                tls,
+                ..Config::default()
+            })
+        })
     }
 }
 
 crate::config::serde_config! {
-    "etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record,
+    "etcd", "etcd", "DISTLOCK_ETCD_", holder: holder_record, hosts: endpoints,
+    positive: [connect_timeout, request_timeout, keepalive_timeout],
+    parse: [request_timeout, keepalive_timeout],
     fn set_param(&mut self, key, value, source) {
         match key {
-            "endpoints" => self.endpoints = split_list(value),
-            "request_timeout" => self.request_timeout = parse(source, value)?,
-            "keepalive_timeout" => self.keepalive_timeout = parse(source, value)?,
             // A CA file means TLS, from whatever source it is named.
             "ca_file" => {
                 self.ca_file = optional_text(value).map(PathBuf::from);
@@ -228,22 +186,8 @@ impl Config {
     /// connects to (`http://h:p` or `https://h:p`).
     pub(crate) fn endpoint_urls(&self) -> Result<Vec<String>> {
         let bad = |reason: String| Error::invalid("config", reason);
-        if self.endpoints.is_empty() {
-            return Err(bad(format!(
-                "no etcd endpoint: set `endpoints` (or {ENV_PREFIX}ENDPOINTS), or use an etcd:// URL"
-            )));
-        }
-        check_positive(&[
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-            ("keepalive_timeout", self.keepalive_timeout),
-        ])
-        .map_err(bad)?;
-        if self.password.is_some() && self.username.is_none() {
-            return Err(bad(
-                "a password without a user name; etcd authenticates a named user".into(),
-            ));
-        }
+        check_hosts(self, "etcd endpoint", "an etcd://").map_err(bad)?;
+        require_user(self, "etcd authenticates a named user").map_err(bad)?;
         let scheme = if self.uses_tls() { "https" } else { "http" };
         let endpoints = resolve_addresses(self.endpoints.iter().map(String::as_str), DEFAULT_PORT);
         Ok(endpoints
@@ -257,38 +201,30 @@ impl Config {
     pub(crate) fn uses_tls(&self) -> bool {
         self.tls || self.ca_file.is_some()
     }
+}
 
-    /// The cluster as a URL without the password, for messages.
-    pub(crate) fn display_url(&self) -> String {
+/// The cluster as a URL without the password, for messages.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scheme = if self.uses_tls() {
             "etcd+https"
         } else {
             "etcd"
         };
-        let hosts = self.endpoints.join(",");
-        display_url(scheme, self.username.as_deref(), &hosts, "")
-    }
-}
-
-impl fmt::Display for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.display_url())
+        f.write_str(&hosts_url(self, scheme, ""))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{assert_error, redact};
 
     #[test]
     fn urls_give_every_field() {
-        let config = Config::from_url(
-            "etcd://alice:p%40ss%3Aword@e1:2379,e2:2380/?prefix=app:&connect_timeout=3s&keepalive_timeout=250ms",
-        )
-        .unwrap();
-        assert_eq!(config.username.as_deref(), Some("alice"));
-        assert_eq!(config.password, Some(Password::new("p@ss:word")));
-        assert_eq!(config.endpoints, ["e1:2379", "e2:2380"]);
+        let url = "etcd://alice:p%40ss%3Aword@e1:2379,e2:2380/?prefix=app:&connect_timeout=3s&keepalive_timeout=250ms";
+        let hosts = ["e1:2379", "e2:2380"];
+        let config: Config = crate::config::assert_hosts_url(url, "p@ss:word", &hosts);
         assert!(!config.tls);
         assert_eq!(config.key_prefix, "app:");
         assert_eq!(config.connect_timeout, Duration::from_secs(3));
@@ -308,13 +244,6 @@ mod tests {
     fn bad_urls_say_why_without_the_password() {
         let cases = [
             ("etcd://u:topsecret@h/db", "no databases"),
-            ("etcd://u:topsecret@h?pool=3", "unknown parameter \"pool\""),
-            (
-                "etcd://u:topsecret@h?request_timeout=soon",
-                "not a duration",
-            ),
-            ("etcd://u:topsecret@/", "no endpoint"),
-            ("etcd://u:topsecret@h:notaport", "not a host:port"),
             ("http://u:topsecret@h", "neither etcd nor etcd+https"),
         ];
         crate::config::assert_url_errors(Config::from_url, "topsecret", &cases);
@@ -323,11 +252,7 @@ mod tests {
     #[test]
     fn debug_and_display_never_show_the_password() {
         let config = Config::from_url("etcd+https://bob:hunter2@h:1,g:2").unwrap();
-        let debug = format!("{config:?}");
-        assert!(
-            !debug.contains("hunter2") && debug.contains("***"),
-            "{debug}"
-        );
+        crate::config::assert_redacted(&config, "hunter2");
         assert_eq!(config.to_string(), "etcd+https://bob@h:1,g:2");
         assert_eq!(
             redact("etcd://bob:hunter2@h:1,g:2/?prefix=x"),
@@ -337,37 +262,11 @@ mod tests {
 
     #[test]
     fn env_vars_override_the_defaults() {
-        let config = Config::from_env_vars([
-            ("DISTLOCK_ETCD_USERNAME", "svc"),
-            ("DISTLOCK_ETCD_PASSWORD", "pw"),
-            ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
-            ("DISTLOCK_ETCD_ENDPOINTS", " a:1 , b:2,"),
-            ("DISTLOCK_ETCD_TLS", "yes"),
-            ("DISTLOCK_ETCD_CA_FILE", "/ca.pem"),
-            ("DISTLOCK_ETCD_CONNECT_TIMEOUT", "2s"),
-            ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "50ms"),
-            ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "3s"),
-            ("DISTLOCK_ETCD_HOLDER", "off"),
-            ("DISTLOCK_ETCD_SOMETHING_ELSE", "ignored"),
-        ])
-        .unwrap();
-        assert_eq!(
-            config,
-            Config {
-                username: Some("svc".into()),
-                password: Some("pw".into()),
-                key_prefix: "jobs:".into(),
-                endpoints: vec!["a:1".into(), "b:2".into()],
-                tls: true,
-                ca_file: Some("/ca.pem".into()),
-                connect_timeout: Duration::from_secs(2),
-                request_timeout: Duration::from_millis(50),
-                keepalive_timeout: Duration::from_secs(3),
-                holder_record: false,
-            }
-        );
-        let err = Config::from_env_vars([("DISTLOCK_ETCD_TLS", "maybe")]).unwrap_err();
-        assert!(err.to_string().contains("DISTLOCK_ETCD_TLS"), "{err}");
+        let vars = "CA_FILE=/ca.pem REQUEST_TIMEOUT=50ms KEEPALIVE_TIMEOUT=3s";
+        let config: Config = crate::config::assert_shared_env(vars);
+        assert_eq!(config.ca_file, Some("/ca.pem".into()));
+        assert_eq!(config.request_timeout, Duration::from_millis(50));
+        assert_eq!(config.keepalive_timeout, Duration::from_secs(3));
     }
 
     #[test]
@@ -388,50 +287,29 @@ keepaliveTimeout: 1s
         assert_eq!(from_json, Config::from_yaml(yaml).unwrap());
         let text = serde_json::to_string(&from_json).unwrap();
         assert_eq!(Config::from_json(&text).unwrap(), from_json);
-        let err = Config::from_yaml("endpionts: [h]").unwrap_err().to_string();
-        assert!(err.contains("endpionts"), "{err}");
+        assert_error(Config::from_yaml("endpionts: [h]"), "endpionts");
     }
 
     #[test]
     fn configs_are_checked_before_connecting() {
-        let none = Config::default().endpoint_urls().unwrap_err().to_string();
-        assert!(none.contains("no etcd endpoint"), "{none}");
+        assert_error(Config::default().endpoint_urls(), "no etcd endpoint");
         let zero = Config::from_url("etcd://h?request_timeout=0").unwrap();
-        let err = zero.endpoint_urls().unwrap_err().to_string();
-        assert!(err.contains("request_timeout is zero"), "{err}");
+        assert_error(zero.endpoint_urls(), "request_timeout is zero");
         let anonymous = Config::from_url("etcd://:pw@h").unwrap();
         assert!(anonymous.username.is_none() && anonymous.password.is_some());
-        let err = anonymous.endpoint_urls().unwrap_err().to_string();
-        assert!(err.contains("a password without a user name"), "{err}");
+        assert_error(anonymous.endpoint_urls(), "a password without a user name");
     }
 
     #[test]
     fn every_source_reaches_the_same_settings() {
-        let url = Config::from_url(
+        let url: Config = crate::config::assert_every_source(
             "etcd://e1:2379,e2:2379?key_prefix=jobs:&request_timeout=5&keepalive_timeout=500ms&holder_record=off",
-        )
-        .unwrap();
-        let env = Config::from_env_vars([
-            ("DISTLOCK_ETCD_ENDPOINTS", "e1:2379,e2:2379"),
-            ("DISTLOCK_ETCD_KEY_PREFIX", "jobs:"),
-            ("DISTLOCK_ETCD_REQUEST_TIMEOUT", "5"),
-            ("DISTLOCK_ETCD_KEEPALIVE_TIMEOUT", "500ms"),
-            ("DISTLOCK_ETCD_HOLDER_RECORD", "off"),
-        ])
-        .unwrap();
-        let json = Config::from_json(
+            "ENDPOINTS=e1:2379,e2:2379 KEY_PREFIX=jobs: REQUEST_TIMEOUT=5 KEEPALIVE_TIMEOUT=500ms HOLDER_RECORD=off",
             r#"{"endpoints": ["e1:2379", "e2:2379"], "keyPrefix": "jobs:", "requestTimeout": 5,
                 "keepaliveTimeout": "500ms", "holderRecord": false}"#,
-        )
-        .unwrap();
-        let yaml = Config::from_yaml(
             "endpoints: [e1:2379, e2:2379]\nprefix: 'jobs:'\nrequest_timeout: 5s\n\
              keepalive_timeout: 500ms\nholder: false\n",
-        )
-        .unwrap();
-        assert_eq!(url, env);
-        assert_eq!(url, json);
-        assert_eq!(url, yaml);
+        );
         assert_eq!(url.request_timeout, Duration::from_secs(5));
         for param in ["holder", "record_holder", "holder_record"] {
             let url = Config::from_url(&format!("etcd://h?{param}=off")).unwrap();

@@ -4,14 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use url::Url;
 
 pub use crate::config::Password;
 use crate::config::{
     decoded, decoded_credentials, duration_text, format_address, host_of, optional_password,
-    optional_text, parse, parse_address, redact, set_url_query, split_authority, split_list,
-    Checked, Param, Table,
+    parse_address, redact, set_url_query, split_authority, Checked, Param, Table,
 };
 use crate::{Error, Result};
 
@@ -33,8 +31,6 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// How long an acquire waits for [`Config::min_replicas`] replicas to
 /// acknowledge it, unless configured otherwise.
 pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(100);
-/// Environment variables read by [`Config::from_env`] start with this.
-pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 
 /// Every parameter of [`Config`], by its one name and its older spellings:
 /// the table URL parameters, `DISTLOCK_REDIS_*` variables
@@ -42,24 +38,24 @@ pub const ENV_PREFIX: &str = "DISTLOCK_REDIS_";
 /// [`Config::set`] are read through (see [`crate::config`]). A URL's query
 /// sets `db` for Sentinel only: elsewhere the path names the database.
 pub(crate) const PARAMETERS: Table = Table(&[&[
-    Param::other("username", &[]),
-    Param::other("password", &[]),
+    Param::USERNAME,
+    Param::PASSWORD,
     Param::other("addresses", &[]),
-    Param::other("tls", &[]),
+    Param::TLS,
     Param::other("cluster", &[]),
     Param::other("sentinel_master", &[]),
     Param::other("sentinel_username", &[]),
     Param::other("sentinel_password", &[]),
     Param::url("db", &[]),
-    Param::url("key_prefix", &["prefix"]),
-    Param::url("connect_timeout", &[]),
+    Param::KEY_PREFIX,
+    Param::CONNECT_TIMEOUT,
     Param::url("response_timeout", &[]),
     Param::url("min_replicas", &[]),
     Param::url("replica_timeout", &[]),
     Param::url("tls_ca", &["ca", "ca_file"]),
     Param::url("tls_client_cert", &["client_cert"]),
     Param::url("tls_client_key", &["client_key"]),
-    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::HOLDER_RECORD,
     Param::url("fencing", &[]),
     Param::url("allow_eviction", &[]),
     Param::url("require_appendonly", &[]),
@@ -69,214 +65,182 @@ pub(crate) const PARAMETERS: Table = Table(&[&[
 const SCHEMES: &str =
     "redis, rediss, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel";
 
-/// How to reach a Redis deployment (one server, a Redis Cluster, or a master
-/// behind Sentinel) and how to name keys in it.
-///
-/// What [`addresses`](Config::addresses) are depends on two fields:
-///
-/// | [`cluster`](Config::cluster) | [`sentinel_master`](Config::sentinel_master) | addresses | URL scheme |
-/// | --- | --- | --- | --- |
-/// | `false` | `None` | exactly one server (a primary) | `redis://`, `rediss://` |
-/// | `true` | `None` | seed nodes of a Redis Cluster (any of them will do) | `redis+cluster://`, `rediss+cluster://` |
-/// | `false` | `Some(name)` | sentinels monitoring master `name` (port 26379 by default) | `redis+sentinel://`, `rediss+sentinel://` |
-///
-/// Read from every source as [`crate::config`] says (the camelCase names
-/// are those of the Go seed this backend descends from).
-///
-/// ```
-/// use std::time::Duration;
-/// use distlock::redis::Config;
-///
-/// let config = Config {
-///     addresses: vec!["10.0.0.5:6380".into()],
-///     password: Some("s3cret".into()),
-///     response_timeout: Duration::from_millis(250),
-///     ..Config::default()
-/// };
-/// assert_eq!(config.key_prefix, "lock:");
-/// assert!(!format!("{config:?}").contains("s3cret"));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct Config {
-    /// ACL user name (Redis 6+). `None` authenticates as the `default` user
-    /// when a password is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
-    /// Password (`AUTH`); `None` for a server without authentication.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub password: Option<Password>,
-    /// Prepended to every key: the caller's key `k` is stored as
-    /// `<key_prefix>{k}` (see [`RedisLocker::backend_key`](super::RedisLocker::backend_key)).
-    /// Default [`DEFAULT_KEY_PREFIX`].
-    #[serde(alias = "key_prefix", alias = "prefix")]
-    pub key_prefix: String,
-    /// `host:port` addresses (`host`, `[::1]:6379`, ... ; the port defaults
-    /// to 6379, or 26379 for sentinels). Without [`cluster`](Config::cluster)
-    /// or [`sentinel_master`](Config::sentinel_master), exactly one: the
-    /// backend then talks to a single node (a primary, or an address that
-    /// always leads to the current primary).
-    /// The Redlock backend (`distlock::redlock`, feature `redlock`) reads
-    /// its list of independent nodes from here.
-    pub addresses: Vec<String>,
-    /// Database number (`SELECT`). Default 0; a cluster has only database 0.
-    pub db: i64,
-    /// The addresses are seed nodes of a Redis Cluster: the locker learns the
-    /// cluster's slot map from them and routes each lock to its slot's master.
-    pub cluster: bool,
-    /// The addresses are sentinels, and this is the name of the master they
-    /// monitor (`sentinel monitor NAME ...`): the locker asks them for the
-    /// master and follows failovers.
-    #[serde(alias = "sentinel_master", skip_serializing_if = "Option::is_none")]
-    pub sentinel_master: Option<String>,
-    /// ACL user name for the sentinels themselves (not the master; for that
-    /// see [`username`](Config::username)).
-    #[serde(alias = "sentinel_username", skip_serializing_if = "Option::is_none")]
-    pub sentinel_username: Option<String>,
-    /// Password for the sentinels themselves (`requirepass` in the sentinel's
-    /// config), if they demand one.
-    #[serde(alias = "sentinel_password", skip_serializing_if = "Option::is_none")]
-    pub sentinel_password: Option<Password>,
-    /// After each grant, and each mark that was advanced
-    /// ([`Locker::advance_mark`](crate::Locker::advance_mark)), wait (Redis
-    /// `WAIT`) until at least this many replicas have the write; a shortfall
-    /// fails the acquire (the lock is released at once, the error is
-    /// [`Error::Backend`], never contention) or the mark (an outage whose
-    /// outcome is unknown: the mark stays advanced on the master).
-    /// 0 (the default) does not wait. This narrows the window in which a
-    /// failover loses a grant; it does not close it (see the [module
-    /// docs](super), "Replica acknowledgement").
-    #[serde(alias = "min_replicas")]
-    pub min_replicas: u32,
-    /// How long the `WAIT` of [`min_replicas`](Config::min_replicas) may
-    /// take. Default [`DEFAULT_REPLICA_TIMEOUT`]; must be shorter than
-    /// [`response_timeout`](Config::response_timeout), since the server holds
-    /// the reply that long.
-    #[serde(alias = "replica_timeout", with = "duration_text")]
-    pub replica_timeout: Duration,
-    /// Connect with TLS (rustls on the `ring` provider), as a `rediss://`
-    /// URL does. The server's certificate must be valid for the host name
-    /// of the address (an IP address must be in the certificate's subject
-    /// alternative names) and chain to the system's root certificates, or
-    /// to [`tls_ca`](Config::tls_ca) if set.
-    pub tls: bool,
-    /// A PEM file of the CA certificates that sign the server's
-    /// certificate (URL parameter `ca`): they *replace* the system's roots.
-    /// Needs [`tls`](Config::tls). Read when the locker is built. Applies
-    /// to one server, a cluster's nodes and Redlock's nodes; refused with
-    /// [`sentinel_master`](Config::sentinel_master) (as are the client
-    /// certificate files), since redis-rs' `Sentinel` takes no certificates.
-    #[serde(
-        alias = "tls_ca",
-        alias = "ca",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub tls_ca: Option<PathBuf>,
-    /// A PEM file with the client certificate (and its chain) to present,
-    /// for servers that demand one (`tls-auth-clients yes`; URL parameter
-    /// `client_cert`). Needs [`tls`](Config::tls) and
-    /// [`tls_client_key`](Config::tls_client_key).
-    #[serde(alias = "tls_client_cert", skip_serializing_if = "Option::is_none")]
-    pub tls_client_cert: Option<PathBuf>,
-    /// The PEM file of the client certificate's private key (URL parameter
-    /// `client_key`). Its contents are never logged or put in errors.
-    #[serde(alias = "tls_client_key", skip_serializing_if = "Option::is_none")]
-    pub tls_client_key: Option<PathBuf>,
-    /// Bound on establishing one connection (TCP, TLS, `HELLO`/`AUTH`).
-    /// Default [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
-    /// `connect_timeout + response_timeout + 0.7 s` bounds every call of the
-    /// locker (see the [module docs](super), "Connections").
-    #[serde(alias = "connect_timeout", with = "duration_text")]
-    pub connect_timeout: Duration,
-    /// Bound on the answer to one command. Default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`]. An acquire whose answer times out may
-    /// have succeeded (see the [module docs](super)). Also the `PING` period
-    /// of the subscriber connection while waiters listen.
-    #[serde(alias = "response_timeout", with = "duration_text")]
-    pub response_timeout: Duration,
-    /// Record who holds each lock (host, pid, label, grant time on the
-    /// server's clock, ttl, fencing token) in the lock key's value, after the
-    /// owner token, written by the acquire's own `SET` (no extra round trip,
-    /// key or command); [`Locker::inspect`]
-    /// and [`Locker::list`] report it. Default `true`; URL parameter
-    /// `holder_record=false` turns it off: the lock's value is then the bare owner
-    /// token, and grants are inspected as held by an unknown holder (see the [module
-    /// docs](super), "Inspection"). Named `holder_record` in every source,
-    /// as on every backend (see [`crate::config`]).
+crate::config::config_struct! {
+    /// How to reach a Redis deployment (one server, a Redis Cluster, or a master
+    /// behind Sentinel) and how to name keys in it.
     ///
-    /// [`Locker::inspect`]: crate::Locker::inspect
-    /// [`Locker::list`]: crate::Locker::list
-    #[serde(
-        rename = "holderRecord",
-        alias = "holder_record",
-        alias = "recordHolder",
-        alias = "record_holder",
-        alias = "holder"
-    )]
-    pub record_holder: bool,
-    /// Give every exclusive grant a fencing token: the grant script bumps
-    /// the key's counter (`INCR <prefix>{<key>}:fence`) in the same atomic
-    /// step as its `SET NX`. Default `true`. URL parameter `fencing=off`
-    /// (as on Postgres and MySQL) turns it off for callers that never pass
-    /// a token on: the grant is the `SET NX` alone, no counter key is
-    /// written, and [`Lease::fencing_token`] and the inspected
-    /// `fencing_token` are `None` (so are readers' tokens). Mutual
-    /// exclusion, expiry, owner-checked release and refresh are unchanged;
-    /// what is lost is the one defence against a holder that stalls past
-    /// its ttl (a GC pause, a stopped VM, a slow network): its late writes
-    /// carry no token a resource could reject, so they may land after the
-    /// next holder's (see the [module docs](super), "Fencing off").
+    /// What [`addresses`](Config::addresses) are depends on two fields:
     ///
-    /// [`Lease::fencing_token`]: crate::Lease::fencing_token
-    pub fencing: bool,
-    /// Accept a server that may evict keys when its memory fills
-    /// (`maxmemory` set and `maxmemory-policy` other than `noeviction`),
-    /// with a warning logged at connect. Default `false`: such a server is
-    /// refused with [`Error::InvalidInput`] when the locker is built,
-    /// because an evicted lock key lets a second caller acquire the lock
-    /// (two holders), and under `allkeys-*` an evicted fence counter or
-    /// mark makes tokens restart at 1 and finished cron ticks run again.
-    /// URL parameter `allow_eviction=true`. See the [module
-    /// docs](super), "What the server must be configured with".
-    #[serde(alias = "allow_eviction")]
-    pub allow_eviction: bool,
-    /// Refuse a server that does not write every change to its append-only
-    /// file (`appendonly yes`), or whose setting cannot be read, with
-    /// [`Error::InvalidInput`] when the locker is built. Default `false`: such
-    /// a server is accepted, and [`Locker::durability_warnings`] (printed by
-    /// `distlock cron` at start) says what a restart would forget. URL
-    /// parameter `require_appendonly=true`.
+    /// | [`cluster`](Config::cluster) | [`sentinel_master`](Config::sentinel_master) | addresses | URL scheme |
+    /// | --- | --- | --- | --- |
+    /// | `false` | `None` | exactly one server (a primary) | `redis://`, `rediss://` |
+    /// | `true` | `None` | seed nodes of a Redis Cluster (any of them will do) | `redis+cluster://`, `rediss+cluster://` |
+    /// | `false` | `Some(name)` | sentinels monitoring master `name` (port 26379 by default) | `redis+sentinel://`, `rediss+sentinel://` |
     ///
-    /// [`Locker::durability_warnings`]: crate::Locker::durability_warnings
-    #[serde(alias = "require_appendonly")]
-    pub require_appendonly: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            username: None,
-            password: None,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            addresses: Vec::new(),
-            db: 0,
-            tls: false,
-            tls_ca: None,
-            tls_client_cert: None,
-            tls_client_key: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            cluster: false,
-            sentinel_master: None,
-            sentinel_username: None,
-            sentinel_password: None,
-            min_replicas: 0,
-            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
-            record_holder: true,
-            fencing: true,
-            allow_eviction: false,
-            require_appendonly: false,
-        }
+    /// Read from every source as [`crate::config`] says (the camelCase names
+    /// are those of the Go seed this backend descends from).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::redis::Config;
+    ///
+    /// let config = Config {
+    ///     addresses: vec!["10.0.0.5:6380".into()],
+    ///     password: Some("s3cret".into()),
+    ///     response_timeout: Duration::from_millis(250),
+    ///     ..Config::default()
+    /// };
+    /// assert_eq!(config.key_prefix, "lock:");
+    /// assert!(!format!("{config:?}").contains("s3cret"));
+    /// ```
+    pub struct Config {
+        /// ACL user name (Redis 6+). `None` authenticates as the `default` user
+        /// when a password is set.
+        username,
+        /// Password (`AUTH`); `None` for a server without authentication.
+        password,
+        /// Prepended to every key: the caller's key `k` is stored as
+        /// `<key_prefix>{k}` (see [`RedisLocker::backend_key`](super::RedisLocker::backend_key)).
+        /// Default [`DEFAULT_KEY_PREFIX`].
+        key_prefix,
+        /// `host:port` addresses (`host`, `[::1]:6379`, ... ; the port defaults
+        /// to 6379, or 26379 for sentinels). Without [`cluster`](Config::cluster)
+        /// or [`sentinel_master`](Config::sentinel_master), exactly one: the
+        /// backend then talks to a single node (a primary, or an address that
+        /// always leads to the current primary).
+        /// The Redlock backend (`distlock::redlock`, feature `redlock`) reads
+        /// its list of independent nodes from here.
+        hosts addresses,
+        /// Database number (`SELECT`). Default 0; a cluster has only database 0.
+        pub db: i64 = 0,
+        /// The addresses are seed nodes of a Redis Cluster: the locker learns the
+        /// cluster's slot map from them and routes each lock to its slot's master.
+        pub cluster: bool = false,
+        /// The addresses are sentinels, and this is the name of the master they
+        /// monitor (`sentinel monitor NAME ...`): the locker asks them for the
+        /// master and follows failovers.
+        #[serde(alias = "sentinel_master", skip_serializing_if = "Option::is_none")]
+        pub sentinel_master: Option<String> = None,
+        /// ACL user name for the sentinels themselves (not the master; for that
+        /// see [`username`](Config::username)).
+        #[serde(alias = "sentinel_username", skip_serializing_if = "Option::is_none")]
+        pub sentinel_username: Option<String> = None,
+        /// Password for the sentinels themselves (`requirepass` in the sentinel's
+        /// config), if they demand one.
+        #[serde(alias = "sentinel_password", skip_serializing_if = "Option::is_none")]
+        pub sentinel_password: Option<Password> = None,
+        /// After each grant, and each mark that was advanced
+        /// ([`Locker::advance_mark`](crate::Locker::advance_mark)), wait (Redis
+        /// `WAIT`) until at least this many replicas have the write; a shortfall
+        /// fails the acquire (the lock is released at once, the error is
+        /// [`Error::Backend`], never contention) or the mark (an outage whose
+        /// outcome is unknown: the mark stays advanced on the master).
+        /// 0 (the default) does not wait. This narrows the window in which a
+        /// failover loses a grant; it does not close it (see the [module
+        /// docs](super), "Replica acknowledgement").
+        #[serde(alias = "min_replicas")]
+        pub min_replicas: u32 = 0,
+        /// How long the `WAIT` of [`min_replicas`](Config::min_replicas) may
+        /// take. Default [`DEFAULT_REPLICA_TIMEOUT`]; must be shorter than
+        /// [`response_timeout`](Config::response_timeout), since the server holds
+        /// the reply that long.
+        #[serde(alias = "replica_timeout", with = "duration_text")]
+        pub replica_timeout: Duration = DEFAULT_REPLICA_TIMEOUT,
+        /// Connect with TLS (rustls on the `ring` provider), as a `rediss://`
+        /// URL does. The server's certificate must be valid for the host name
+        /// of the address (an IP address must be in the certificate's subject
+        /// alternative names) and chain to the system's root certificates, or
+        /// to [`tls_ca`](Config::tls_ca) if set.
+        tls,
+        /// A PEM file of the CA certificates that sign the server's
+        /// certificate (URL parameter `ca`): they *replace* the system's roots.
+        /// Needs [`tls`](Config::tls). Read when the locker is built. Applies
+        /// to one server, a cluster's nodes and Redlock's nodes; refused with
+        /// [`sentinel_master`](Config::sentinel_master) (as are the client
+        /// certificate files), since redis-rs' `Sentinel` takes no certificates.
+        #[serde(
+            alias = "tls_ca",
+            alias = "ca",
+            skip_serializing_if = "Option::is_none"
+        )]
+        pub tls_ca: Option<PathBuf> = None,
+        /// A PEM file with the client certificate (and its chain) to present,
+        /// for servers that demand one (`tls-auth-clients yes`; URL parameter
+        /// `client_cert`). Needs [`tls`](Config::tls) and
+        /// [`tls_client_key`](Config::tls_client_key).
+        #[serde(alias = "tls_client_cert", skip_serializing_if = "Option::is_none")]
+        pub tls_client_cert: Option<PathBuf> = None,
+        /// The PEM file of the client certificate's private key (URL parameter
+        /// `client_key`). Its contents are never logged or put in errors.
+        #[serde(alias = "tls_client_key", skip_serializing_if = "Option::is_none")]
+        pub tls_client_key: Option<PathBuf> = None,
+        /// Bound on establishing one connection (TCP, TLS, `HELLO`/`AUTH`).
+        /// Default [`DEFAULT_CONNECT_TIMEOUT`]. Text like `"1s"`, `"500ms"`.
+        /// `connect_timeout + response_timeout + 0.7 s` bounds every call of the
+        /// locker (see the [module docs](super), "Connections").
+        connect_timeout,
+        /// Bound on the answer to one command. Default
+        /// [`DEFAULT_RESPONSE_TIMEOUT`]. An acquire whose answer times out may
+        /// have succeeded (see the [module docs](super)). Also the `PING` period
+        /// of the subscriber connection while waiters listen.
+        #[serde(alias = "response_timeout", with = "duration_text")]
+        pub response_timeout: Duration = DEFAULT_RESPONSE_TIMEOUT,
+        /// Record who holds each lock (host, pid, label, grant time on the
+        /// server's clock, ttl, fencing token) in the lock key's value, after the
+        /// owner token, written by the acquire's own `SET` (no extra round trip,
+        /// key or command); [`Locker::inspect`]
+        /// and [`Locker::list`] report it. Default `true`; URL parameter
+        /// `holder_record=false` turns it off: the lock's value is then the bare owner
+        /// token, and grants are inspected as held by an unknown holder (see the [module
+        /// docs](super), "Inspection"). Named `holder_record` in every source,
+        /// as on every backend (see [`crate::config`]).
+        ///
+        /// [`Locker::inspect`]: crate::Locker::inspect
+        /// [`Locker::list`]: crate::Locker::list
+        #[serde(
+            rename = "holderRecord",
+            alias = "holder_record",
+            alias = "recordHolder",
+            alias = "record_holder",
+            alias = "holder"
+        )]
+        pub record_holder: bool = true,
+        /// Give every exclusive grant a fencing token: the grant script bumps
+        /// the key's counter (`INCR <prefix>{<key>}:fence`) in the same atomic
+        /// step as its `SET NX`. Default `true`. URL parameter `fencing=off`
+        /// (as on Postgres and MySQL) turns it off for callers that never pass
+        /// a token on: the grant is the `SET NX` alone, no counter key is
+        /// written, and [`Lease::fencing_token`] and the inspected
+        /// `fencing_token` are `None` (so are readers' tokens). Mutual
+        /// exclusion, expiry, owner-checked release and refresh are unchanged;
+        /// what is lost is the one defence against a holder that stalls past
+        /// its ttl (a GC pause, a stopped VM, a slow network): its late writes
+        /// carry no token a resource could reject, so they may land after the
+        /// next holder's (see the [module docs](super), "Fencing off").
+        ///
+        /// [`Lease::fencing_token`]: crate::Lease::fencing_token
+        pub fencing: bool = true,
+        /// Accept a server that may evict keys when its memory fills
+        /// (`maxmemory` set and `maxmemory-policy` other than `noeviction`),
+        /// with a warning logged at connect. Default `false`: such a server is
+        /// refused with [`Error::InvalidInput`] when the locker is built,
+        /// because an evicted lock key lets a second caller acquire the lock
+        /// (two holders), and under `allkeys-*` an evicted fence counter or
+        /// mark makes tokens restart at 1 and finished cron ticks run again.
+        /// URL parameter `allow_eviction=true`. See the [module
+        /// docs](super), "What the server must be configured with".
+        #[serde(alias = "allow_eviction")]
+        pub allow_eviction: bool = false,
+        /// Refuse a server that does not write every change to its append-only
+        /// file (`appendonly yes`), or whose setting cannot be read, with
+        /// [`Error::InvalidInput`] when the locker is built. Default `false`: such
+        /// a server is accepted, and [`Locker::durability_warnings`] (printed by
+        /// `distlock cron` at start) says what a restart would forget. URL
+        /// parameter `require_appendonly=true`.
+        ///
+        /// [`Locker::durability_warnings`]: crate::Locker::durability_warnings
+        #[serde(alias = "require_appendonly")]
+        pub require_appendonly: bool = false,
     }
 }
 
@@ -417,24 +381,14 @@ impl Config {
 }
 
 crate::config::serde_config! {
-    "Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder,
+    "Redis", "redis", "DISTLOCK_REDIS_", holder: record_holder, hosts: addresses,
+    positive: [connect_timeout, response_timeout],
+    parse: [cluster, db, response_timeout, min_replicas, replica_timeout, fencing, allow_eviction,
+        require_appendonly],
+    text: [sentinel_master, sentinel_username], path: [tls_ca, tls_client_cert, tls_client_key],
     fn set_param(&mut self, key, value, source) {
         match key {
-            "addresses" => self.addresses = split_list(value),
-            "cluster" => self.cluster = parse(source, value)?,
-            "sentinel_master" => self.sentinel_master = optional_text(value),
-            "sentinel_username" => self.sentinel_username = optional_text(value),
             "sentinel_password" => self.sentinel_password = optional_password(value),
-            "db" => self.db = parse(source, value)?,
-            "response_timeout" => self.response_timeout = parse(source, value)?,
-            "min_replicas" => self.min_replicas = parse(source, value)?,
-            "replica_timeout" => self.replica_timeout = parse(source, value)?,
-            "tls_ca" => self.tls_ca = optional_text(value).map(PathBuf::from),
-            "tls_client_cert" => self.tls_client_cert = optional_text(value).map(PathBuf::from),
-            "tls_client_key" => self.tls_client_key = optional_text(value).map(PathBuf::from),
-            "fencing" => self.fencing = parse(source, value)?,
-            "allow_eviction" => self.allow_eviction = parse(source, value)?,
-            "require_appendonly" => self.require_appendonly = parse(source, value)?,
             other => return Err(format!("{source}: {other:?} is not a Redis parameter")),
         }
     }

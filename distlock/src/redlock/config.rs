@@ -365,6 +365,7 @@ fn parse_factor(source: Source<'_>, value: &str) -> Checked<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::assert_error;
 
     #[test]
     fn urls_list_nodes_and_share_the_rest() {
@@ -412,8 +413,7 @@ mod tests {
                 ),
             ],
         );
-        let unknown = Config::from_url("redlock://a?x=1").unwrap_err().to_string();
-        assert!(unknown.contains("node_timeout"), "{unknown}");
+        assert_error(Config::from_url("redlock://a?x=1"), "node_timeout");
     }
 
     #[test]
@@ -455,17 +455,14 @@ mod tests {
             },
             ..Config::default()
         };
-        let err = twice.check().unwrap_err().to_string();
-        assert!(err.contains("listed twice"), "{err}");
-        let none = Config::default().check().unwrap_err().to_string();
-        assert!(none.contains("no Redlock nodes"), "{none}");
+        assert_error(twice.check(), "listed twice");
+        assert_error(Config::default().check(), "no Redlock nodes");
     }
 
     #[test]
     fn redis_deployments_and_replica_waits_are_refused_for_nodes() {
         let waits = Config::from_url("redlock://a:1,b:2,c:3?min_replicas=1").unwrap();
-        let err = waits.check().unwrap_err().to_string();
-        assert!(err.contains("min_replicas is 1"), "{err}");
+        assert_error(waits.check(), "min_replicas is 1");
         for (cluster, sentinel_master) in [(true, None), (false, Some("m".to_owned()))] {
             let config = Config {
                 nodes: redis::Config {
@@ -476,8 +473,7 @@ mod tests {
                 },
                 ..Config::default()
             };
-            let err = config.check().unwrap_err().to_string();
-            assert!(err.contains("do not apply to Redlock"), "{err}");
+            assert_error(config.check(), "do not apply to Redlock");
         }
     }
 

@@ -56,7 +56,7 @@ impl ZooKeeperLocker {
             leases: crate::SharedLocker::default(),
             connect,
             auth,
-            ensemble: config.display_url(),
+            ensemble: config.to_string(),
             chroot: config.chroot().map(str::to_owned),
             session_timeout: config.session_timeout,
             connect_timeout: config.connect_timeout,

@@ -5,12 +5,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 pub use crate::config::Password;
 use crate::config::{
-    check_positive, decode, display_url, duration_text, optional_text, parse, redact,
-    resolve_addresses, split_list, HostsUrl, Param, Table,
+    check_hosts, decode, duration_text, hosts_url, require_user, resolve_addresses, HostsUrl,
+    Param, Table,
 };
 use crate::{Error, Result};
 
@@ -32,120 +30,100 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The port used when an endpoint names none.
 pub const DEFAULT_PORT: u16 = 2181;
-/// Environment variables read by [`Config::from_env`] start with this.
-pub const ENV_PREFIX: &str = "DISTLOCK_ZOOKEEPER_";
+
+crate::config::config_struct! {
+    /// How to reach a ZooKeeper ensemble and where its locks live.
+    ///
+    /// Read from every source as [`crate::config`] says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock::zookeeper::Config;
+    ///
+    /// let config = Config {
+    ///     endpoints: vec!["10.0.0.5:2181".into(), "10.0.0.6:2181".into()],
+    ///     chroot: Some("/apps/billing".into()),
+    ///     session_timeout: Duration::from_secs(6),
+    ///     ..Config::default()
+    /// };
+    /// assert_eq!(config.key_prefix, "/distlock/locks/");
+    /// assert_eq!(config.to_string(), "zookeeper://10.0.0.5:2181,10.0.0.6:2181/apps/billing");
+    /// ```
+    pub struct Config {
+        /// A user of ZooKeeper's `digest` authentication scheme: the session
+        /// sends `addauth digest <user>:<password>` when it connects. `None`
+        /// for an ensemble without authentication. The lock nodes are created
+        /// with the open ACL (`world:anyone`), as kazoo's and Curator's
+        /// recipes create theirs by default.
+        username,
+        /// The user's password.
+        password,
+        /// `host:port` of each server (the port defaults to 2181). The client
+        /// connects to one at a time and moves to another when it loses it.
+        hosts endpoints,
+        /// A path every other path is relative to (ZooKeeper's chroot, the
+        /// `/path` after the hosts of a connect string). It must exist:
+        /// connecting fails saying so if it does not.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub chroot: Option<String> = None,
+        /// TLS is not supported yet: `true` is refused when connecting, with
+        /// the reason (zookeeper-client's TLS links rustls with its default
+        /// `aws-lc-rs` provider, and distlock builds rustls on `ring` alone:
+        /// with both linked, rustls cannot pick a default provider).
+        tls,
+        /// Prepended to every key, after percent-encoding `/` and `%` in it:
+        /// the key `k` is the lock path `<key_prefix>k`, whose children are
+        /// the contenders' nodes. An absolute path (it starts with `/`);
+        /// default [`DEFAULT_KEY_PREFIX`]. The lock path's parent is created
+        /// (persistent) when missing, and each lock path as a container node,
+        /// which the server deletes once it has no child.
+        key_prefix,
+        /// The session timeout asked of the ensemble (it negotiates it into
+        /// its bounds): how long a session outlives a client that stopped
+        /// answering, and so how long a crashed holder keeps its locks.
+        /// Default [`DEFAULT_SESSION_TIMEOUT`]. Text like `"6s"`.
+        #[serde(alias = "session_timeout", with = "duration_text")]
+        pub session_timeout: Duration = DEFAULT_SESSION_TIMEOUT,
+        /// Bound on establishing a session (connecting to a server and the
+        /// session handshake). Default [`DEFAULT_CONNECT_TIMEOUT`].
+        connect_timeout,
+        /// Bound on every request: each create, read, delete and watch set.
+        /// Default [`DEFAULT_REQUEST_TIMEOUT`]. A create whose answer timed out
+        /// may have been applied: it is found by its protection prefix and
+        /// deleted (see the [module docs](super)).
+        #[serde(alias = "request_timeout", with = "duration_text")]
+        pub request_timeout: Duration = DEFAULT_REQUEST_TIMEOUT,
+        /// Write each grant's holder record (host, pid, label, grant time on
+        /// the holder's clock, ttl) as its node's data, for
+        /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
+        /// (URL `holder_record=off`), the node's data is empty and inspection
+        /// reports an unknown holder.
+        holder_record,
+    }
+}
 
 /// Every parameter of [`Config`], by its one name and its older spellings:
 /// the table URL parameters, `DISTLOCK_ZOOKEEPER_*` variables and
 /// [`Config::set`] are read through (see [`crate::config`]).
 pub(crate) const PARAMETERS: Table = Table(&[&[
-    Param::other("username", &[]),
-    Param::other("password", &[]),
+    Param::USERNAME,
+    Param::PASSWORD,
     Param::other("endpoints", &[]),
     Param::other("chroot", &[]),
-    Param::other("tls", &[]),
-    Param::url("key_prefix", &["prefix"]),
+    Param::TLS,
+    Param::KEY_PREFIX,
     Param::url("session_timeout", &[]),
-    Param::url("connect_timeout", &[]),
+    Param::CONNECT_TIMEOUT,
     Param::url("request_timeout", &[]),
-    Param::url("holder_record", &["holder", "record_holder"]),
+    Param::HOLDER_RECORD,
 ]]);
 
-/// How to reach a ZooKeeper ensemble and where its locks live.
-///
-/// Read from every source as [`crate::config`] says.
-///
-/// ```
-/// use std::time::Duration;
-/// use distlock::zookeeper::Config;
-///
-/// let config = Config {
-///     endpoints: vec!["10.0.0.5:2181".into(), "10.0.0.6:2181".into()],
-///     chroot: Some("/apps/billing".into()),
-///     session_timeout: Duration::from_secs(6),
-///     ..Config::default()
-/// };
-/// assert_eq!(config.key_prefix, "/distlock/locks/");
-/// assert_eq!(config.to_string(), "zookeeper://10.0.0.5:2181,10.0.0.6:2181/apps/billing");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct Config {
-    /// A user of ZooKeeper's `digest` authentication scheme: the session
-    /// sends `addauth digest <user>:<password>` when it connects. `None`
-    /// for an ensemble without authentication. The lock nodes are created
-    /// with the open ACL (`world:anyone`), as kazoo's and Curator's
-    /// recipes create theirs by default.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
-    /// The user's password.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub password: Option<Password>,
-    /// `host:port` of each server (the port defaults to 2181). The client
-    /// connects to one at a time and moves to another when it loses it.
-    pub endpoints: Vec<String>,
-    /// A path every other path is relative to (ZooKeeper's chroot, the
-    /// `/path` after the hosts of a connect string). It must exist:
-    /// connecting fails saying so if it does not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub chroot: Option<String>,
-    /// TLS is not supported yet: `true` is refused when connecting, with
-    /// the reason (zookeeper-client's TLS links rustls with its default
-    /// `aws-lc-rs` provider, and distlock builds rustls on `ring` alone:
-    /// with both linked, rustls cannot pick a default provider).
-    pub tls: bool,
-    /// Prepended to every key, after percent-encoding `/` and `%` in it:
-    /// the key `k` is the lock path `<key_prefix>k`, whose children are
-    /// the contenders' nodes. An absolute path (it starts with `/`);
-    /// default [`DEFAULT_KEY_PREFIX`]. The lock path's parent is created
-    /// (persistent) when missing, and each lock path as a container node,
-    /// which the server deletes once it has no child.
-    #[serde(alias = "key_prefix", alias = "prefix")]
-    pub key_prefix: String,
-    /// The session timeout asked of the ensemble (it negotiates it into
-    /// its bounds): how long a session outlives a client that stopped
-    /// answering, and so how long a crashed holder keeps its locks.
-    /// Default [`DEFAULT_SESSION_TIMEOUT`]. Text like `"6s"`.
-    #[serde(alias = "session_timeout", with = "duration_text")]
-    pub session_timeout: Duration,
-    /// Bound on establishing a session (connecting to a server and the
-    /// session handshake). Default [`DEFAULT_CONNECT_TIMEOUT`].
-    #[serde(alias = "connect_timeout", with = "duration_text")]
-    pub connect_timeout: Duration,
-    /// Bound on every request: each create, read, delete and watch set.
-    /// Default [`DEFAULT_REQUEST_TIMEOUT`]. A create whose answer timed out
-    /// may have been applied: it is found by its protection prefix and
-    /// deleted (see the [module docs](super)).
-    #[serde(alias = "request_timeout", with = "duration_text")]
-    pub request_timeout: Duration,
-    /// Write each grant's holder record (host, pid, label, grant time on
-    /// the holder's clock, ttl) as its node's data, for
-    /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
-    /// (URL `holder_record=off`), the node's data is empty and inspection
-    /// reports an unknown holder.
-    #[serde(
-        alias = "holder_record",
-        alias = "holder",
-        alias = "recordHolder",
-        alias = "record_holder"
-    )]
-    pub holder_record: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            username: None,
-            password: None,
-            endpoints: Vec::new(),
-            chroot: None,
-            tls: false,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            session_timeout: DEFAULT_SESSION_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            holder_record: true,
-        }
+crate::config::serde_config! {
+    "zookeeper", "zookeeper", "DISTLOCK_ZOOKEEPER_", holder: holder_record, hosts: endpoints,
+    positive: [session_timeout, connect_timeout, request_timeout],
+    parse: [session_timeout, request_timeout], text: [chroot],
+    fn set_param(&mut self, key, value, source) {
+        return Err(format!("{source}: {key:?} is not a zookeeper parameter"))
     }
 }
 
@@ -173,35 +151,19 @@ impl Config {
     /// # Ok::<(), distlock::Error>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Config> {
-        let bad = |reason: String| Error::invalid("url", format!("{}: {reason}", redact(url)));
-        let parts = HostsUrl::split(url).map_err(&bad)?;
-        if parts.scheme != "zookeeper" {
-            return Err(bad(format!("scheme {:?} is not zookeeper", parts.scheme)));
-        }
-        let mut config = Config::default();
-        let path = parts.path;
-        if !path.is_empty() && path != "/" {
-            let chroot = decode(path.trim_end_matches('/'))
-                .map_err(|e| bad(format!("the chroot {path:?} is {e}")))?;
-            config.chroot = Some(chroot);
-        }
-        (config.username, config.password) = parts.credentials().map_err(&bad)?;
-        config.endpoints = parts.hosts(DEFAULT_PORT).map_err(&bad)?;
-        parts.set_query(&mut config).map_err(&bad)?;
-        Ok(config)
-    }
-}
-
-crate::config::serde_config! {
-    "zookeeper", "zookeeper", "DISTLOCK_ZOOKEEPER_", holder: holder_record,
-    fn set_param(&mut self, key, value, source) {
-        match key {
-            "endpoints" => self.endpoints = split_list(value),
-            "chroot" => self.chroot = optional_text(value),
-            "session_timeout" => self.session_timeout = parse(source, value)?,
-            "request_timeout" => self.request_timeout = parse(source, value)?,
-            other => return Err(format!("{source}: {other:?} is not a zookeeper parameter")),
-        }
+        HostsUrl::read(url, DEFAULT_PORT, |parts| {
+            if parts.scheme != "zookeeper" {
+                return Err(format!("scheme {:?} is not zookeeper", parts.scheme));
+            }
+            let mut config = Config::default();
+            let path = parts.path;
+            if !path.is_empty() && path != "/" {
+                let chroot = decode(path.trim_end_matches('/'))
+                    .map_err(|e| format!("the chroot {path:?} is {e}"))?;
+                config.chroot = Some(chroot);
+            }
+            Ok(config)
+        })
     }
 }
 
@@ -210,17 +172,7 @@ impl Config {
     /// string (`h1:p1,h2:p2[/chroot]`).
     pub(crate) fn connect_string(&self) -> Result<String> {
         let bad = |reason: String| Error::invalid("config", reason);
-        if self.endpoints.is_empty() {
-            return Err(bad(format!(
-                "no ZooKeeper endpoint: set `endpoints` (or {ENV_PREFIX}ENDPOINTS), or use a zookeeper:// URL"
-            )));
-        }
-        check_positive(&[
-            ("session_timeout", self.session_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-        ])
-        .map_err(bad)?;
+        check_hosts(self, "ZooKeeper endpoint", "a zookeeper://").map_err(bad)?;
         if self.tls {
             return Err(bad(
                 "TLS to ZooKeeper is not supported yet: zookeeper-client's TLS links rustls with \
@@ -230,12 +182,11 @@ impl Config {
                     .into(),
             ));
         }
-        if self.password.is_some() && self.username.is_none() {
-            return Err(bad(
-                "a password without a user name; ZooKeeper's digest scheme authenticates user:password"
-                    .into(),
-            ));
-        }
+        require_user(
+            self,
+            "ZooKeeper's digest scheme authenticates user:password",
+        )
+        .map_err(bad)?;
         if !self.key_prefix.starts_with('/') {
             return Err(bad(format!(
                 "key_prefix {:?} is not an absolute ZooKeeper path; it must start with `/` (default {DEFAULT_KEY_PREFIX:?})",
@@ -269,38 +220,37 @@ impl Config {
             .map(|c| c.trim_end_matches('/'))
             .filter(|c| !c.is_empty())
     }
-
-    /// The ensemble as a URL without the password, for messages.
-    pub(crate) fn display_url(&self) -> String {
-        let hosts = self.endpoints.join(",");
-        display_url(
-            "zookeeper",
-            self.username.as_deref(),
-            &hosts,
-            self.chroot().unwrap_or(""),
-        )
-    }
 }
 
+/// The ensemble as a URL without the password, for messages.
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.display_url())
+        f.write_str(&hosts_url(self, "zookeeper", self.chroot().unwrap_or("")))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::assert_error;
+
+    #[test]
+    fn bad_urls_say_why_without_the_password() {
+        let cases = [
+            (
+                "zookeeper://u:topsecret@h?session_timeout=soon",
+                "not a duration",
+            ),
+            ("zk://u:topsecret@h", "is not zookeeper"),
+        ];
+        crate::config::assert_url_errors(Config::from_url, "topsecret", &cases);
+    }
 
     #[test]
     fn urls_give_every_field() {
-        let config = Config::from_url(
-            "zookeeper://alice:p%40ss@z1:2181,z2:2182/apps/b%20c/?prefix=/jobs/&session_timeout=4s&connect_timeout=3s",
-        )
-        .unwrap();
-        assert_eq!(config.username.as_deref(), Some("alice"));
-        assert_eq!(config.password, Some(Password::new("p@ss")));
-        assert_eq!(config.endpoints, ["z1:2181", "z2:2182"]);
+        let url = "zookeeper://alice:p%40ss@z1:2181,z2:2182/apps/b%20c/?prefix=/jobs/&session_timeout=4s&connect_timeout=3s";
+        let hosts = ["z1:2181", "z2:2182"];
+        let config: Config = crate::config::assert_hosts_url(url, "p@ss", &hosts);
         assert_eq!(config.chroot.as_deref(), Some("/apps/b c"));
         assert_eq!(config.key_prefix, "/jobs/");
         assert_eq!(config.session_timeout, Duration::from_secs(4));
@@ -314,106 +264,38 @@ mod tests {
     }
 
     #[test]
-    fn bad_urls_say_why_without_the_password() {
-        let cases = [
-            (
-                "zookeeper://u:topsecret@h?pool=3",
-                "unknown parameter \"pool\"",
-            ),
-            (
-                "zookeeper://u:topsecret@h?session_timeout=soon",
-                "not a duration",
-            ),
-            ("zookeeper://u:topsecret@/", "no endpoint"),
-            ("zookeeper://u:topsecret@h:notaport", "not a host:port"),
-            ("zk://u:topsecret@h", "is not zookeeper"),
-        ];
-        crate::config::assert_url_errors(Config::from_url, "topsecret", &cases);
-    }
-
-    #[test]
     fn debug_and_display_never_show_the_password() {
         let config = Config::from_url("zookeeper://bob:hunter2@h:1,g:2/c").unwrap();
-        let debug = format!("{config:?}");
-        assert!(
-            !debug.contains("hunter2") && debug.contains("***"),
-            "{debug}"
-        );
+        crate::config::assert_redacted(&config, "hunter2");
         assert_eq!(config.to_string(), "zookeeper://bob@h:1,g:2/c");
     }
 
     #[test]
     fn env_vars_override_the_defaults() {
-        let config = Config::from_env_vars([
-            ("DISTLOCK_ZOOKEEPER_USERNAME", "svc"),
-            ("DISTLOCK_ZOOKEEPER_PASSWORD", "pw"),
-            ("DISTLOCK_ZOOKEEPER_KEY_PREFIX", "/jobs/"),
-            ("DISTLOCK_ZOOKEEPER_ENDPOINTS", " a:1 , b:2,"),
-            ("DISTLOCK_ZOOKEEPER_CHROOT", "/apps"),
-            ("DISTLOCK_ZOOKEEPER_SESSION_TIMEOUT", "6s"),
-            ("DISTLOCK_ZOOKEEPER_CONNECT_TIMEOUT", "2s"),
-            ("DISTLOCK_ZOOKEEPER_REQUEST_TIMEOUT", "50ms"),
-            ("DISTLOCK_ZOOKEEPER_HOLDER", "off"),
-            ("DISTLOCK_ZOOKEEPER_SOMETHING_ELSE", "ignored"),
-        ])
-        .unwrap();
-        assert_eq!(
-            config,
-            Config {
-                username: Some("svc".into()),
-                password: Some("pw".into()),
-                endpoints: vec!["a:1".into(), "b:2".into()],
-                chroot: Some("/apps".into()),
-                tls: false,
-                key_prefix: "/jobs/".into(),
-                session_timeout: Duration::from_secs(6),
-                connect_timeout: Duration::from_secs(2),
-                request_timeout: Duration::from_millis(50),
-                holder_record: false,
-            }
-        );
-        let err = Config::from_env_vars([("DISTLOCK_ZOOKEEPER_TLS", "maybe")]).unwrap_err();
-        assert!(err.to_string().contains("DISTLOCK_ZOOKEEPER_TLS"), "{err}");
+        let vars = "CHROOT=/apps SESSION_TIMEOUT=6s REQUEST_TIMEOUT=50ms";
+        let config: Config = crate::config::assert_shared_env(vars);
+        assert_eq!(config.chroot.as_deref(), Some("/apps"));
+        assert_eq!(config.session_timeout, Duration::from_secs(6));
+        assert_eq!(config.request_timeout, Duration::from_millis(50));
     }
 
     #[test]
     fn every_source_reaches_the_same_settings() {
-        let url = Config::from_url(
+        crate::config::assert_every_source::<Config>(
             "zookeeper://z1:2181,z2:2181/apps?key_prefix=/jobs/&session_timeout=5&request_timeout=500ms&holder_record=off",
-        )
-        .unwrap();
-        let env = Config::from_env_vars([
-            ("DISTLOCK_ZOOKEEPER_ENDPOINTS", "z1:2181,z2:2181"),
-            ("DISTLOCK_ZOOKEEPER_CHROOT", "/apps"),
-            ("DISTLOCK_ZOOKEEPER_KEY_PREFIX", "/jobs/"),
-            ("DISTLOCK_ZOOKEEPER_SESSION_TIMEOUT", "5"),
-            ("DISTLOCK_ZOOKEEPER_REQUEST_TIMEOUT", "500ms"),
-            ("DISTLOCK_ZOOKEEPER_HOLDER_RECORD", "off"),
-        ])
-        .unwrap();
-        let json = Config::from_json(
+            "ENDPOINTS=z1:2181,z2:2181 CHROOT=/apps KEY_PREFIX=/jobs/ SESSION_TIMEOUT=5 REQUEST_TIMEOUT=500ms HOLDER_RECORD=off",
             r#"{"endpoints": ["z1:2181", "z2:2181"], "chroot": "/apps", "keyPrefix": "/jobs/",
                 "sessionTimeout": 5, "requestTimeout": "500ms", "holderRecord": false}"#,
-        )
-        .unwrap();
-        let yaml = Config::from_yaml(
             "endpoints: [z1:2181, z2:2181]\nchroot: /apps\nprefix: /jobs/\nsession_timeout: 5s\n\
              request_timeout: 500ms\nholder: false\n",
-        )
-        .unwrap();
-        assert_eq!(url, env);
-        assert_eq!(url, json);
-        assert_eq!(url, yaml);
-        let err = Config::from_yaml("endpionts: [h]").unwrap_err().to_string();
-        assert!(err.contains("endpionts"), "{err}");
+        );
+        assert_error(Config::from_yaml("endpionts: [h]"), "endpionts");
     }
 
     #[test]
     fn configs_are_checked_before_connecting() {
-        let check = |config: Config, expected: &str| {
-            let err = config.connect_string().unwrap_err().to_string();
-            assert!(err.contains(expected), "{err}");
-        };
+        let check =
+            |config: Config, expected: &str| assert_error(config.connect_string(), expected);
         check(Config::default(), "no ZooKeeper endpoint");
         let url = |u: &str| Config::from_url(u).unwrap();
         check(

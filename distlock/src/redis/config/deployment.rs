@@ -11,19 +11,17 @@ use redis::{
     RedisConnectionInfo, TlsCertificates,
 };
 
-use super::{Config, DEFAULT_PORT, DEFAULT_SENTINEL_PORT, ENV_PREFIX};
-use crate::config::{check_positive, display_url, format_address, parse_address, Checked};
+use super::{Config, DEFAULT_PORT, DEFAULT_SENTINEL_PORT};
+use crate::config::{
+    check_positive, display_url, format_address, parse_address, require_hosts, Checked, HostList,
+};
 use crate::{Error, Result};
 
 impl Config {
     /// Checks the config and resolves the deployment it names.
     pub(crate) fn deployment(&self) -> Result<Deployment> {
         let bad = |reason: String| Error::invalid("config", reason);
-        if self.addresses.is_empty() {
-            return Err(bad(format!(
-                "no Redis address: set `addresses` (or {ENV_PREFIX}ADDRESSES), or use a redis:// URL"
-            )));
-        }
+        require_hosts(self, "Redis address", "a redis://").map_err(bad)?;
         if self.cluster && self.sentinel_master.is_some() {
             return Err(bad(
                 "both `cluster` and `sentinel_master` are set; a deployment is a Redis Cluster \
@@ -35,11 +33,7 @@ impl Config {
             return Err(bad(format!("db is {}; it must be 0 or more", self.db)));
         }
         self.check_tls_files().map_err(bad)?;
-        check_positive(&[
-            ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
-        ])
-        .map_err(bad)?;
+        check_positive(&self.timeouts()).map_err(bad)?;
         if self.min_replicas > 0
             && (self.replica_timeout.is_zero() || self.replica_timeout >= self.response_timeout)
         {
@@ -333,7 +327,7 @@ fn redact_address(address: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Password;
+    use crate::config::{assert_error, Password};
     use crate::redis::config::DEFAULT_RESPONSE_TIMEOUT;
     use std::time::Duration;
 
@@ -348,8 +342,7 @@ mod tests {
 
     #[test]
     fn exactly_one_address_is_accepted() {
-        let none = Config::default().endpoint().unwrap_err().to_string();
-        assert!(none.contains("no Redis address"), "{none}");
+        assert_error(Config::default().endpoint(), "no Redis address");
         let two = Config {
             addresses: vec!["a:1".into(), "b:2".into()],
             ..Config::default()
@@ -460,31 +453,27 @@ cluster: true
             sentinel_master: Some("m".into()),
             ..Config::default()
         };
-        let err = both.deployment().unwrap_err().to_string();
-        assert!(err.contains("not both"), "{err}");
+        assert_error(both.deployment(), "not both");
         let cluster_db = Config {
             addresses: vec!["a".into()],
             cluster: true,
             db: 1,
             ..Config::default()
         };
-        let err = cluster_db.deployment().unwrap_err().to_string();
-        assert!(err.contains("only database 0"), "{err}");
+        assert_error(cluster_db.deployment(), "only database 0");
         let slow_wait = Config {
             addresses: vec!["a".into()],
             min_replicas: 1,
             replica_timeout: DEFAULT_RESPONSE_TIMEOUT,
             ..Config::default()
         };
-        let err = slow_wait.deployment().unwrap_err().to_string();
-        assert!(err.contains("shorter than response_timeout"), "{err}");
+        assert_error(slow_wait.deployment(), "shorter than response_timeout");
     }
 
     #[test]
     fn zero_timeouts_and_negative_dbs_are_rejected() {
         let zero = Config::from_url("redis://h?response_timeout=0").unwrap();
-        let err = zero.endpoint().unwrap_err().to_string();
-        assert!(err.contains("response_timeout is zero"), "{err}");
+        assert_error(zero.endpoint(), "response_timeout is zero");
         let negative = Config {
             db: -1,
             ..Config::from_url("redis://h").unwrap()
@@ -505,8 +494,7 @@ cluster: true
         let err = cluster.tls_certificates().err().unwrap().to_string();
         assert!(err.contains("tls_ca /nonexistent/ca.pem"), "{err}");
         let sentinel = Config::from_url("rediss+sentinel://s1,s2/orders?ca=/etc/ca.pem").unwrap();
-        let err = sentinel.deployment().unwrap_err().to_string();
-        assert!(err.contains("not supported with sentinel_master"), "{err}");
+        assert_error(sentinel.deployment(), "not supported with sentinel_master");
         let plain = Config::from_url("rediss+sentinel://s1,s2/orders").unwrap();
         assert!(plain.deployment().is_ok());
     }

@@ -2,6 +2,7 @@
 //! the names and units they share with every backend.
 
 use super::*;
+use crate::config::assert_error;
 
 #[test]
 fn holder_records_are_on_unless_turned_off() {
@@ -116,33 +117,9 @@ fn debug_never_shows_the_password() {
 
 #[test]
 fn env_vars_override_the_defaults() {
-    let config = Config::from_env_vars([
-        ("DISTLOCK_REDIS_USERNAME", "svc"),
-        ("DISTLOCK_REDIS_PASSWORD", "pw"),
-        ("DISTLOCK_REDIS_KEY_PREFIX", "jobs:"),
-        ("DISTLOCK_REDIS_ADDRESSES", " a:1 , "),
-        ("DISTLOCK_REDIS_DB", "4"),
-        ("DISTLOCK_REDIS_TLS", "yes"),
-        ("DISTLOCK_REDIS_CONNECT_TIMEOUT", "2s"),
-        ("DISTLOCK_REDIS_RESPONSE_TIMEOUT", "50ms"),
-        ("DISTLOCK_REDIS_SOMETHING_ELSE", "ignored"),
-        ("HOME", "/root"),
-    ])
-    .unwrap();
-    assert_eq!(
-        config,
-        Config {
-            username: Some("svc".into()),
-            password: Some("pw".into()),
-            key_prefix: "jobs:".into(),
-            addresses: vec!["a:1".into()],
-            db: 4,
-            tls: true,
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_millis(50),
-            ..Config::default()
-        }
-    );
+    let config: Config = crate::config::assert_shared_env("DB=4 RESPONSE_TIMEOUT=50ms");
+    assert_eq!(config.db, 4);
+    assert_eq!(config.response_timeout, Duration::from_millis(50));
     let untouched = Config::from_env_vars(Vec::<(String, String)>::new()).unwrap();
     assert_eq!(untouched, Config::default());
     let empty_password = Config::from_env_vars([("DISTLOCK_REDIS_PASSWORD", "")]).unwrap();
@@ -189,8 +166,7 @@ responseTimeout: 100ms
 
 #[test]
 fn config_files_reject_typos_and_never_echo_the_password() {
-    let err = Config::from_yaml("adresses: [h]").unwrap_err().to_string();
-    assert!(err.contains("adresses"), "{err}");
+    assert_error(Config::from_yaml("adresses: [h]"), "adresses");
     // YAML hands a plain scalar over as the text it was written as.
     let config = Config::from_yaml("password: 0123456789").unwrap();
     assert_eq!(config.password, Some(Password::new("0123456789")));
