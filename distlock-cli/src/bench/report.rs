@@ -67,7 +67,7 @@ pub(crate) struct ContendedRun {
     pub(crate) common: Common,
     pub(crate) handoffs: u64,
     pub(crate) handoffs_per_s: f64,
-    /// From one holder's release returning to the next holder's grant returning.
+    /// From one holder's release being sent to the next holder's grant returning.
     pub(crate) handoff_gap_us: Summary,
     /// Time in `lock` until granted.
     pub(crate) wait_us: Summary,

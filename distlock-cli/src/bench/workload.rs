@@ -450,40 +450,34 @@ fn permit_path(tally: &Tally, time: Duration, lock_cycles_per_s: f64) -> PermitP
     }
 }
 
-/// Pairs each grant with the release before it, whichever of the two
-/// returns first to its caller: the gap is from the previous holder's
-/// `release` returning to this holder's `lock` returning (zero when the
-/// grant returned first).
+/// Pairs each grant with the release before it: the gap runs from the
+/// previous holder's `release` being *sent* to this holder's `lock`
+/// returning. The next grant cannot return before the release is sent, so
+/// no gap is negative, and none is clamped to 0 (from the release
+/// *returning*, a server that answers the waiter before the releaser, as
+/// MariaDB's `RELEASE_LOCK` does, would give a negative gap).
 #[derive(Default)]
 struct Handoffs {
     /// A grant has happened, so the next one is a handoff.
     held_before: bool,
-    /// The last release, not yet paired with the next grant.
-    released_at: Option<Instant>,
-    /// A grant that returned before the release it follows did.
-    granted_early: bool,
+    /// When the last release was sent, not yet paired with the next grant.
+    release_sent_at: Option<Instant>,
 }
 
 impl Handoffs {
+    /// A holder is about to send its release.
+    fn sending_release(&mut self, at: Instant) {
+        self.release_sent_at = Some(at);
+    }
+
+    /// A grant returned at `at`: the gap from the release it follows.
     fn granted(&mut self, at: Instant) -> Option<Duration> {
         if !std::mem::replace(&mut self.held_before, true) {
             return None;
         }
-        match self.released_at.take() {
-            Some(released) => Some(at.saturating_duration_since(released)),
-            None => {
-                self.granted_early = true;
-                None
-            }
-        }
-    }
-
-    fn released(&mut self, at: Instant) -> Option<Duration> {
-        if std::mem::take(&mut self.granted_early) {
-            return Some(Duration::ZERO);
-        }
-        self.released_at = Some(at);
-        None
+        self.release_sent_at
+            .take()
+            .map(|sent| at.saturating_duration_since(sent))
     }
 
     /// A release failed: the next grant follows an expiry, not a handoff.
@@ -551,17 +545,14 @@ pub(crate) async fn contended(locker: &Arc<dyn Locker>, plan: &Plan) -> (Run, Ve
                 // grant, to be waiting again when it is released.
                 tokio::time::sleep(CONTENDED_HOLD).await;
                 let releasing = Instant::now();
+                // Before the release is sent: the next grant, which may
+                // return before this release does, pairs with it.
+                lock_handoffs(&handoffs).sending_release(releasing);
                 let outcome = lease.release().await;
                 let released = Instant::now();
-                // Paired with the next grant before waiting for it below: a
-                // release recorded only after the next grant would count
-                // every handoff as a grant that returned first (a gap of 0).
                 match outcome {
                     Ok(()) if in_time => {
                         tally.release.record(released.duration_since(releasing));
-                        if let Some(gap) = lock_handoffs(&handoffs).released(released) {
-                            tally.gaps.record(gap);
-                        }
                         tally.done += 1;
                         progress.fetch_add(1, Ordering::Relaxed);
                     }
@@ -787,20 +778,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_handoff_is_timed_from_the_release_whichever_returns_first() {
+    fn a_handoff_is_timed_from_the_release_being_sent() {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut handoffs = Handoffs::default();
         // The first grant follows no release.
         assert_eq!(handoffs.granted(at(0)), None);
-        assert_eq!(handoffs.released(at(1)), None);
+        handoffs.sending_release(at(1));
         assert_eq!(handoffs.granted(at(4)), Some(Duration::from_millis(3)));
-        // The next grant returns before the release it follows.
-        assert_eq!(handoffs.granted(at(5)), None);
-        assert_eq!(handoffs.released(at(6)), Some(Duration::ZERO));
-        assert_eq!(handoffs.released(at(7)), None);
-        assert_eq!(handoffs.granted(at(9)), Some(Duration::from_millis(2)));
+        // A grant that returns before the release it follows returned is
+        // still timed from the release being sent, never 0.
+        handoffs.sending_release(at(5));
+        assert_eq!(handoffs.granted(at(6)), Some(Duration::from_millis(1)));
+        // Each release pairs with one grant.
+        assert_eq!(handoffs.granted(at(9)), None);
         // After a failed release, pairing starts over.
+        handoffs.sending_release(at(10));
         handoffs.reset();
         assert_eq!(handoffs.granted(at(20)), None);
     }

@@ -109,7 +109,7 @@ fn contended_json_has_handoffs_and_their_gap() {
 }
 
 /// On the file backend a waiter polls (every few milliseconds), so no
-/// handoff is instant: each gap runs from a release returning to the next
+/// handoff is instant: each gap runs from a release being sent to the next
 /// grant. Pairing a release only after its holder had waited for the next
 /// grant made every gap 0.
 #[test]
