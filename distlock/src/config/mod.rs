@@ -97,8 +97,8 @@ pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 
 /// Builder methods that each set one field and return the builder, from
 /// their docs, names, argument types and fields (`common.sessions`): the
-/// plain options of the SQL builders, each written once.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// plain options of the SQL builders and of a cron job, each written once.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "cron"))]
 macro_rules! setters {
     ($($(#[$attr:meta])* $name:ident($ty:ty) => $($field:ident).+;)*) => {$(
         $(#[$attr])*
@@ -108,7 +108,7 @@ macro_rules! setters {
         }
     )*};
 }
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "cron"))]
 pub(crate) use setters;
 
 /// Fails if the `Debug` text of any of `values` shows `secret`.

@@ -119,60 +119,40 @@ impl Job {
         self
     }
 
-    /// ShedLock's `lockAtMostFor` (default [`DEFAULT_AT_MOST`]): the ttl of
-    /// the job's claims and the longest a run may last. The claims are kept
-    /// alive while the job runs; a run still going after this long is told
-    /// its lock is lost ([`crate::LostReason::MaxHoldExceeded`]) and stopped.
-    /// A replica that dies mid-run holds its claim at most this long where
-    /// locks expire (Redis); file and Postgres locks end with the process or
-    /// session.
-    pub fn at_most(mut self, at_most: Duration) -> Self {
-        self.at_most = at_most;
-        self
-    }
-
-    /// ShedLock's `lockAtLeastFor` (default zero): the tick's claim is held
-    /// until this long after the tick's scheduled instant, even if the job
-    /// finished sooner. At most [`at_most`](Self::at_most).
-    pub fn at_least(mut self, at_least: Duration) -> Self {
-        self.at_least = at_least;
-        self
-    }
-
-    /// What to do while an earlier run still runs (default
-    /// [`Overlap::Forbid`]).
-    pub fn overlap(mut self, overlap: Overlap) -> Self {
-        self.overlap = overlap;
-        self
-    }
-
-    /// What to do with missed ticks (default [`Missed::Skip`]).
-    pub fn missed(mut self, missed: Missed) -> Self {
-        self.missed = missed;
-        self
-    }
-
-    /// The clock skew between replicas that must not produce a duplicate run
-    /// on a backend without marks (default [`DEFAULT_MAX_SKEW`]): there the
-    /// tick's claim is held until `max(at_least, max_skew)` after the tick
-    /// (capped at `at_most`), so a replica whose clock lags by less finds it
-    /// still held. Backends with marks need no bound (see the
-    /// [module docs](super#clock-skew)).
-    pub fn max_skew(mut self, max_skew: Duration) -> Self {
-        self.max_skew = max_skew;
-        self
-    }
-
-    /// The handler watches [`JobContext::lost`](super::JobContext::lost) and
-    /// [`JobContext::stop_requested`](super::JobContext::stop_requested)
-    /// itself and stops its work before the lock can lapse (as `distlock
-    /// cron` does, stopping a command's process group with SIGTERM, then
-    /// SIGKILL). The scheduler then waits for it to return instead of
-    /// dropping its future when the lock is lost. Off by default: a lost
-    /// lock drops the handler's future, as [`crate::with_lock`] does.
-    pub fn handler_watches_loss(mut self, watches: bool) -> Self {
-        self.handler_watches_loss = watches;
-        self
+    // Each option that only stores its value, written once.
+    crate::config::setters! {
+        /// ShedLock's `lockAtMostFor` (default [`DEFAULT_AT_MOST`]): the ttl of
+        /// the job's claims and the longest a run may last. The claims are kept
+        /// alive while the job runs; a run still going after this long is told
+        /// its lock is lost ([`crate::LostReason::MaxHoldExceeded`]) and stopped.
+        /// A replica that dies mid-run holds its claim at most this long where
+        /// locks expire (Redis); file and Postgres locks end with the process or
+        /// session.
+        at_most(Duration) => at_most;
+        /// ShedLock's `lockAtLeastFor` (default zero): the tick's claim is held
+        /// until this long after the tick's scheduled instant, even if the job
+        /// finished sooner. At most [`at_most`](Self::at_most).
+        at_least(Duration) => at_least;
+        /// What to do while an earlier run still runs (default
+        /// [`Overlap::Forbid`]).
+        overlap(Overlap) => overlap;
+        /// What to do with missed ticks (default [`Missed::Skip`]).
+        missed(Missed) => missed;
+        /// The clock skew between replicas that must not produce a duplicate run
+        /// on a backend without marks (default [`DEFAULT_MAX_SKEW`]): there the
+        /// tick's claim is held until `max(at_least, max_skew)` after the tick
+        /// (capped at `at_most`), so a replica whose clock lags by less finds it
+        /// still held. Backends with marks need no bound (see the
+        /// [module docs](super#clock-skew)).
+        max_skew(Duration) => max_skew;
+        /// The handler watches [`JobContext::lost`](super::JobContext::lost) and
+        /// [`JobContext::stop_requested`](super::JobContext::stop_requested)
+        /// itself and stops its work before the lock can lapse (as `distlock
+        /// cron` does, stopping a command's process group with SIGTERM, then
+        /// SIGKILL). The scheduler then waits for it to return instead of
+        /// dropping its future when the lock is lost. Off by default: a lost
+        /// lock drops the handler's future, as [`crate::with_lock`] does.
+        handler_watches_loss(bool) => handler_watches_loss;
     }
 
     /// The holder label its claims record (see [`crate::inspect`]): what
@@ -247,16 +227,9 @@ impl Job {
             check_duration(name, "look_back", look_back)?;
         }
         let compiled = Compiled {
-            name: name.clone(),
+            job: self.clone(),
             cron,
             zone,
-            at_most: self.at_most,
-            at_least: self.at_least,
-            overlap: self.overlap,
-            missed: self.missed,
-            max_skew: self.max_skew,
-            handler_watches_loss: self.handler_watches_loss,
-            label: self.label.clone(),
         };
         if let Err(e) = compiled.next_after(Utc::now()) {
             return Err(Error::invalid(
@@ -362,20 +335,22 @@ pub(super) fn tick_key(name: &str, at: DateTime<Utc>) -> String {
     )
 }
 
-/// A job as the scheduler runs it: parsed and checked.
+/// A job as the scheduler runs it: parsed and checked. Its settings are
+/// the checked [`Job`]'s, read through `Deref` (`compiled.at_most`), so
+/// they are declared once.
 #[derive(Debug, Clone)]
 pub(super) struct Compiled {
-    pub(super) name: String,
+    job: Job,
     cron: Cron,
     zone: chrono_tz::Tz,
-    pub(super) at_most: Duration,
-    pub(super) at_least: Duration,
-    pub(super) overlap: Overlap,
-    pub(super) missed: Missed,
-    pub(super) max_skew: Duration,
-    pub(super) handler_watches_loss: bool,
-    /// [`Job::label`].
-    pub(super) label: Option<String>,
+}
+
+impl std::ops::Deref for Compiled {
+    type Target = Job;
+
+    fn deref(&self) -> &Job {
+        &self.job
+    }
 }
 
 impl Compiled {

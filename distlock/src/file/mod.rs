@@ -280,6 +280,29 @@ impl FileLocker {
         Some(file.try_clone().map(std::os::fd::OwnedFd::from))
     }
 
+    /// Opens `key`'s lock file and tries `flock` on it without waiting
+    /// (`try_flock` is [`File::try_lock`] or [`File::try_lock_shared`]): the
+    /// file and its path if taken, `None` if another holder has it. The
+    /// first half of both acquisitions, which differ only in the `flock`
+    /// and in what they do with the record.
+    fn try_flock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        try_flock: fn(&File) -> std::result::Result<(), TryLockError>,
+    ) -> Result<Option<(File, PathBuf)>> {
+        validate::acquire(key, ttl)?;
+        let name = file_name(key, "lock");
+        let path = self.inner.dir.path_of(&name);
+        let io_error = |e| acquire_error(e, &path);
+        let file = self.inner.dir.open_file(&name, true).map_err(io_error)?;
+        match try_flock(&file) {
+            Ok(()) => Ok(Some((file, path))),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => Err(io_error(e)),
+        }
+    }
+
     /// Records `file` as `owner`'s hold of `key` and builds its lease.
     fn grant(&self, key: &str, owner: String, file: File, parts: LeaseParts) -> Lease {
         self.held().entry(key.to_owned()).or_default().push(Held {
@@ -348,16 +371,10 @@ impl Locker for FileLocker {
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        let name = file_name(key, "lock");
-        let path = self.inner.dir.path_of(&name);
-        let io_error = |e| Error::backend(BACKEND, "acquire", with_path(e, &path));
-        let file = self.inner.dir.open_file(&name, true).map_err(io_error)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Ok(None),
-            Err(TryLockError::Error(e)) => return Err(io_error(e)),
-        }
+        let Some((file, path)) = self.try_flock(key, ttl, File::try_lock)? else {
+            return Ok(None);
+        };
+        let io_error = |e| acquire_error(e, &path);
         let previous = read_record(&file, &path)?.map_or(0, |r| r.fencing_token);
         let owner = new_owner_token();
         let record = Record {
@@ -378,16 +395,9 @@ impl Locker for FileLocker {
     /// `flock(LOCK_SH)` on the key's lock file, on a descriptor of its own;
     /// see the [module docs](self) (readers write no record).
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        validate::acquire(key, ttl)?;
-        let name = file_name(key, "lock");
-        let path = self.inner.dir.path_of(&name);
-        let io_error = |e| Error::backend(BACKEND, "acquire", with_path(e, &path));
-        let file = self.inner.dir.open_file(&name, true).map_err(io_error)?;
-        match file.try_lock_shared() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Ok(None),
-            Err(TryLockError::Error(e)) => return Err(io_error(e)),
-        }
+        let Some((file, path)) = self.try_flock(key, ttl, File::try_lock_shared)? else {
+            return Ok(None);
+        };
         // Writers write the record under `LOCK_EX`, which our `LOCK_SH`
         // excludes: this read cannot see half a record.
         let current = read_record(&file, &path)?.map_or(0, |r| r.fencing_token);
@@ -560,6 +570,11 @@ fn same_file(dir: &LockDir, file: &File, name: &str) -> bool {
         (Ok(open), Ok(named)) => (open.dev(), open.ino()) == named,
         _ => false,
     }
+}
+
+/// A failed acquisition's error: `error` with `path` in its message.
+fn acquire_error(error: io::Error, path: &Path) -> Error {
+    Error::backend(BACKEND, "acquire", with_path(error, path))
 }
 
 /// `error` with `path` in its message.

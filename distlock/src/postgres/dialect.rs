@@ -114,10 +114,7 @@ impl Dialect for Inner {
         let session = &on.session;
         let digest = owner_digest(&on.owner);
         let record = GrantRecord::new(lock.key, ttl, self.settings.holder_record);
-        let cancel = CancelWait {
-            tls: self.settings.tls.clone(),
-        };
-        let mut wait = WaitGuard::new(session.clone(), cancel);
+        let mut wait = self.wait_guard(session);
         let token = loop {
             let lock_timeout_ms = lock_timeout_ms(on.remaining());
             let sql = self.sql.wait(
@@ -127,15 +124,10 @@ impl Dialect for Inner {
                 &digest,
                 &record,
             );
-            // The server ends the wait itself; this bound only catches a
-            // server that stopped answering.
-            let bound =
-                Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
             let context = || format!("wait for {:?} on {}", lock.key, self.settings.target);
-            let waited = bounded(BACKEND, "acquire", bound, async {
-                Ok(session.wait(&sql, self.sql.fencing()).await)
-            })
-            .await?;
+            let waited = self
+                .wait_statement(session, &sql, lock_timeout_ms, self.sql.fencing())
+                .await?;
             match waited {
                 Ok(token) => break token,
                 Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
@@ -144,11 +136,7 @@ impl Dialect for Inner {
                     {
                         break token;
                     }
-                    if on.remaining().is_zero() {
-                        wait.disarm();
-                        self.core.pool.recycle(on.session.clone());
-                        return Err(on.timed_out(lock.key));
-                    }
+                    self.give_up_if_out_of_time(&on, &mut wait, lock.key)?;
                     // A wait longer than Postgres' largest lock_timeout: go on.
                 }
                 // `wait` closes the connection as it drops: whatever the
@@ -157,15 +145,7 @@ impl Dialect for Inner {
             }
         };
         wait.disarm();
-        self.record_grant(
-            lock,
-            ttl,
-            on.owner,
-            token,
-            on.session,
-            on.lease_locker,
-            false,
-        )
+        self.grant_waited(lock, ttl, on, token, false)
     }
 
     /// One shared attempt on the key's shared session. That session holds
@@ -233,10 +213,7 @@ impl Dialect for Inner {
         on: WaitOn<Session>,
     ) -> Result<Lease> {
         let session = &on.session;
-        let cancel = CancelWait {
-            tls: self.settings.tls.clone(),
-        };
-        let mut wait = WaitGuard::new(session.clone(), cancel);
+        let mut wait = self.wait_guard(session);
         let context = || {
             format!(
                 "wait for {:?} (shared) on {}",
@@ -250,14 +227,9 @@ impl Dialect for Inner {
                 lock_timeout_ms,
                 self.settings.session_lock_timeout_ms(),
             );
-            // The server ends the wait itself; this bound only catches a
-            // server that stopped answering.
-            let bound =
-                Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
-            let waited = bounded(BACKEND, "acquire", bound, async {
-                Ok(session.wait(&sql, false).await)
-            })
-            .await?;
+            let waited = self
+                .wait_statement(session, &sql, lock_timeout_ms, false)
+                .await?;
             match waited {
                 Ok(_) => break,
                 Err(WaitError::Postgres(e)) if is_lock_timeout(&e) => {
@@ -268,11 +240,7 @@ impl Dialect for Inner {
                     if errors::within("acquire", query_timeout, context, holds).await? {
                         break;
                     }
-                    if on.remaining().is_zero() {
-                        wait.disarm();
-                        self.core.pool.recycle(on.session.clone());
-                        return Err(on.timed_out(lock.key));
-                    }
+                    self.give_up_if_out_of_time(&on, &mut wait, lock.key)?;
                     // A wait longer than Postgres' largest lock_timeout: go on.
                 }
                 // `wait` closes the connection as it drops: whatever the
@@ -286,15 +254,7 @@ impl Dialect for Inner {
         let read = session.reader_token(lock.id);
         let token = errors::within("acquire", self.settings.query_timeout, context, read).await?;
         wait.disarm();
-        self.record_grant(
-            lock,
-            ttl,
-            on.owner,
-            token,
-            on.session,
-            on.lease_locker,
-            true,
-        )
+        self.grant_waited(lock, ttl, on, token, true)
     }
 
     async fn unlock_shared(&self, on: On<'_, Self>) -> Result<bool> {
@@ -577,5 +537,73 @@ impl Dialect for Inner {
                     .collect();
             Ok(ids.iter().map(|id| !lost.contains(id)).collect())
         }
+    }
+}
+
+/// The steps the exclusive and the shared waits on the server share.
+impl Inner {
+    /// The guard of a wait on `session`: dropped before it is disarmed (the
+    /// caller's future cancelled, an error), it cancels the wait on the
+    /// server and closes the connection, so nothing stays held.
+    fn wait_guard(&self, session: &Arc<Session>) -> WaitGuard<Session, CancelWait> {
+        let cancel = CancelWait {
+            tls: self.settings.tls.clone(),
+        };
+        WaitGuard::new(session.clone(), cancel)
+    }
+
+    /// Sends one wait statement `sql` (whose `lock_timeout` is
+    /// `lock_timeout_ms`) on `session`: the server ends the wait itself, and
+    /// the bound here only catches a server that stopped answering.
+    async fn wait_statement(
+        &self,
+        session: &Session,
+        sql: &str,
+        lock_timeout_ms: u64,
+        fencing: bool,
+    ) -> Result<std::result::Result<Option<i64>, WaitError>> {
+        let bound =
+            Duration::from_millis(lock_timeout_ms).saturating_add(self.settings.query_timeout);
+        bounded(BACKEND, "acquire", bound, async {
+            Ok(session.wait(sql, fencing).await)
+        })
+        .await
+    }
+
+    /// After a `lock_timeout` that did not grant the key: the caller's
+    /// timeout error once its time is up, with the waiter connection
+    /// (which holds nothing) kept for reuse; `Ok` to wait again.
+    fn give_up_if_out_of_time(
+        &self,
+        on: &WaitOn<Session>,
+        wait: &mut WaitGuard<Session, CancelWait>,
+        key: &str,
+    ) -> Result<()> {
+        if on.remaining().is_zero() {
+            wait.disarm();
+            self.core.pool.recycle(on.session.clone());
+            return Err(on.timed_out(key));
+        }
+        Ok(())
+    }
+
+    /// The lease of a wait that was granted the key, on its waiter session.
+    fn grant_waited(
+        &self,
+        lock: LockKey<'_>,
+        ttl: Duration,
+        on: WaitOn<Session>,
+        token: Option<i64>,
+        shared: bool,
+    ) -> Result<Lease> {
+        self.record_grant(
+            lock,
+            ttl,
+            on.owner,
+            token,
+            on.session,
+            on.lease_locker,
+            shared,
+        )
     }
 }

@@ -41,17 +41,7 @@ use crate::Result;
 /// # }
 /// ```
 pub async fn try_lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<bool> {
-    transaction
-        .query_one("SELECT pg_try_advisory_xact_lock($1::int8)", &[&key])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(|e| {
-            errors::backend(
-                "acquire",
-                format!("try advisory key {key} for this transaction"),
-                e,
-            )
-        })
+    try_xact(transaction, key, false).await
 }
 
 /// Waits until advisory `key` is free, then holds it until the end of
@@ -62,17 +52,7 @@ pub async fn try_lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<bo
 /// expect SQLSTATE 55P03 when it runs out. Cancelling this future does not
 /// stop the wait on the server: roll the transaction back.
 pub async fn lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<()> {
-    transaction
-        .execute("SELECT pg_advisory_xact_lock($1::int8)", &[&key])
-        .await
-        .map(drop)
-        .map_err(|e| {
-            errors::backend(
-                "acquire",
-                format!("wait for advisory key {key} in this transaction"),
-                e,
-            )
-        })
+    wait_xact(transaction, key, false).await
 }
 
 /// Takes advisory `key` **shared** until the end of `transaction`
@@ -110,17 +90,7 @@ pub async fn lock_xact(transaction: &Transaction<'_>, key: i64) -> Result<()> {
 /// # }
 /// ```
 pub async fn try_lock_shared_xact(transaction: &Transaction<'_>, key: i64) -> Result<bool> {
-    transaction
-        .query_one("SELECT pg_try_advisory_xact_lock_shared($1::int8)", &[&key])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(|e| {
-            errors::backend(
-                "acquire",
-                format!("try advisory key {key} shared for this transaction"),
-                e,
-            )
-        })
+    try_xact(transaction, key, true).await
 }
 
 /// Waits until advisory `key` can be held shared, then holds it until the
@@ -140,15 +110,52 @@ pub async fn try_lock_shared_xact(transaction: &Transaction<'_>, key: i64) -> Re
 /// Cancelling this future does not stop the wait on the server: roll the
 /// transaction back.
 pub async fn lock_shared_xact(transaction: &Transaction<'_>, key: i64) -> Result<()> {
+    wait_xact(transaction, key, true).await
+}
+
+/// `" shared"` in the error texts of a shared attempt, nothing otherwise.
+fn shared_text(shared: bool) -> &'static str {
+    if shared {
+        " shared"
+    } else {
+        ""
+    }
+}
+
+/// The one try of [`try_lock_xact`] (or, `shared`, [`try_lock_shared_xact`]):
+/// whether `transaction` now holds `key`.
+async fn try_xact(transaction: &Transaction<'_>, key: i64, shared: bool) -> Result<bool> {
+    let sql = if shared {
+        "SELECT pg_try_advisory_xact_lock_shared($1::int8)"
+    } else {
+        "SELECT pg_try_advisory_xact_lock($1::int8)"
+    };
     transaction
-        .execute("SELECT pg_advisory_xact_lock_shared($1::int8)", &[&key])
+        .query_one(sql, &[&key])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| {
+            let shared = shared_text(shared);
+            let doing = format!("try advisory key {key}{shared} for this transaction");
+            errors::backend("acquire", doing, e)
+        })
+}
+
+/// The wait of [`lock_xact`] (or, `shared`, [`lock_shared_xact`]) until
+/// `transaction` holds `key`.
+async fn wait_xact(transaction: &Transaction<'_>, key: i64, shared: bool) -> Result<()> {
+    let sql = if shared {
+        "SELECT pg_advisory_xact_lock_shared($1::int8)"
+    } else {
+        "SELECT pg_advisory_xact_lock($1::int8)"
+    };
+    transaction
+        .execute(sql, &[&key])
         .await
         .map(drop)
         .map_err(|e| {
-            errors::backend(
-                "acquire",
-                format!("wait for advisory key {key} shared in this transaction"),
-                e,
-            )
+            let shared = shared_text(shared);
+            let doing = format!("wait for advisory key {key}{shared} in this transaction");
+            errors::backend("acquire", doing, e)
         })
 }

@@ -418,6 +418,26 @@ const ACQUIRE: &str = acquire_lua!(
 /// [`Config::fencing`]: super::Config::fencing
 const ACQUIRE_UNFENCED: &str = acquire_lua!("1", "1", "        local fence = 1", "i");
 
+/// Lua statements, with the arguments of `RELEASE`, that end the script:
+/// if `value` (the lock key's) is the writer `ARGV[1]`'s, delete the key,
+/// announce the release and return 1, else return 0. The whole of
+/// `RELEASE`, and `RELEASE_SHARED`'s answer when a writer holds the key.
+macro_rules! release_writer_lua {
+    () => {
+        concat!(
+            "if ",
+            owns_lua!("value", "ARGV[1]"),
+            r" then
+    redis.call('DEL', KEYS[1])
+    redis.pcall(ARGV[3], ARGV[2], 'released')
+    return 1
+end
+return 0
+"
+        )
+    };
+}
+
 /// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` release channel,
 /// `ARGV[3]` the publish command (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns 1 if the token matched and the lock (with its holder record) was
@@ -434,15 +454,8 @@ const ACQUIRE_UNFENCED: &str = acquire_lua!("1", "1", "        local fence = 1",
 const RELEASE: &str = concat!(
     r"
 local value = redis.call('GET', KEYS[1])
-if ",
-    owns_lua!("value", "ARGV[1]"),
-    r" then
-    redis.call('DEL', KEYS[1])
-    redis.pcall(ARGV[3], ARGV[2], 'released')
-    return 1
-end
-return 0
-"
+",
+    release_writer_lua!()
 );
 
 /// Extends the lock `lock` held by `owner` to `ttl` milliseconds (see
@@ -567,15 +580,9 @@ local value = redis.call('GET', KEYS[1])
 if value ~= '",
     shared_marker!(),
     r"' then
-    if ",
-    owns_lua!("value", "ARGV[1]"),
-    r" then
-        redis.call('DEL', KEYS[1])
-        redis.pcall(ARGV[3], ARGV[2], 'released')
-        return 1
-    end
-    return 0
-end
+",
+    release_writer_lua!(),
+    r"end
 local expires = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not expires then
     return 0
@@ -700,26 +707,28 @@ redis.call('SET', KEYS[1], ARGV[1])
 return {1, current or ''}
 ";
 
-// The SHA1 of each script is computed once per process.
-pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
-pub(crate) static ACQUIRE_UNFENCED_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ACQUIRE_UNFENCED));
-pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
-pub(crate) static REFRESH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH));
-pub(crate) static ACQUIRE_SHARED_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ACQUIRE_SHARED));
-pub(crate) static RELEASE_SHARED_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RELEASE_SHARED));
-pub(crate) static REFRESH_SHARED_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(REFRESH_SHARED));
-pub(crate) static REFRESH_MANY_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(REFRESH_MANY));
-pub(crate) static FORGET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET));
-pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
-pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(FORCE_RELEASE));
-pub(crate) static ADVANCE_MARK_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ADVANCE_MARK));
+/// A `pub(crate) static` [`Script`] for each script text (`NAME_SCRIPT`
+/// for `NAME`): its SHA1 is computed once per process.
+macro_rules! script_statics {
+    ($($script:ident => $text:ident,)*) => {$(
+        pub(crate) static $script: LazyLock<Script> = LazyLock::new(|| Script::new($text));
+    )*};
+}
+
+script_statics! {
+    ACQUIRE_SCRIPT => ACQUIRE,
+    ACQUIRE_UNFENCED_SCRIPT => ACQUIRE_UNFENCED,
+    RELEASE_SCRIPT => RELEASE,
+    REFRESH_SCRIPT => REFRESH,
+    ACQUIRE_SHARED_SCRIPT => ACQUIRE_SHARED,
+    RELEASE_SHARED_SCRIPT => RELEASE_SHARED,
+    REFRESH_SHARED_SCRIPT => REFRESH_SHARED,
+    REFRESH_MANY_SCRIPT => REFRESH_MANY,
+    FORGET_SCRIPT => FORGET,
+    INSPECT_SCRIPT => INSPECT,
+    FORCE_RELEASE_SCRIPT => FORCE_RELEASE,
+    ADVANCE_MARK_SCRIPT => ADVANCE_MARK,
+}
 
 #[cfg(test)]
 mod tests {

@@ -40,17 +40,14 @@ fn reader_keys_are_members_that_writers_wait_for() {
     let reader = b"lock:k/read-694d77a1b2c3-3";
     assert!(is_member(prefix, reader) && is_reader(prefix, reader));
     assert!(!is_writer(prefix, reader));
-    for writer in [
-        &b"lock:k/694d77a1b2c3"[..],
-        b"lock:k/foreign",
-        b"lock:k/read",
-    ] {
-        assert!(
-            is_writer(prefix, writer) && !is_reader(prefix, writer),
-            "{}",
-            String::from_utf8_lossy(writer)
-        );
-    }
+    assert_each_key(
+        &[
+            &b"lock:k/694d77a1b2c3"[..],
+            b"lock:k/foreign",
+            b"lock:k/read",
+        ],
+        |writer| is_writer(prefix, writer) && !is_reader(prefix, writer),
+    );
     // Go's experimental RWMutex writes nested names' keys.
     for nested in [&b"lock:k/read/1700000000"[..], b"lock:k/read-x/1"] {
         assert!(!is_reader(prefix, nested) && !is_writer(prefix, nested));
@@ -66,35 +63,29 @@ fn writer_ranges_leave_out_only_the_readers() {
         (from1.as_slice() <= key && key < end1.as_slice())
             || (from2.as_slice() <= key && key < end2.as_slice())
     };
-    for writer in [
-        &b"lock:k/0"[..],
-        b"lock:k/694d77a1b2c3",
-        b"lock:k/ffffffffffffffff",
-        b"lock:k/read",
-        b"lock:k/read.",
-        b"lock:k/reae",
-        b"lock:k/zzz",
-        b"lock:k/\xff",
-    ] {
-        assert!(
-            in_writer_ranges(writer),
-            "{}",
-            String::from_utf8_lossy(writer)
-        );
-    }
-    for other in [
-        &b"lock:k/read-1-1"[..],
-        b"lock:k/read-",
-        b"lock:k",
-        b"lock:k0",
-        b"lock:j/1",
-    ] {
-        assert!(
-            !in_writer_ranges(other),
-            "{}",
-            String::from_utf8_lossy(other)
-        );
-    }
+    assert_each_key(
+        &[
+            &b"lock:k/0"[..],
+            b"lock:k/694d77a1b2c3",
+            b"lock:k/ffffffffffffffff",
+            b"lock:k/read",
+            b"lock:k/read.",
+            b"lock:k/reae",
+            b"lock:k/zzz",
+            b"lock:k/\xff",
+        ],
+        in_writer_ranges,
+    );
+    assert_each_key(
+        &[
+            &b"lock:k/read-1-1"[..],
+            b"lock:k/read-",
+            b"lock:k",
+            b"lock:k0",
+            b"lock:j/1",
+        ],
+        |other| !in_writer_ranges(other),
+    );
 }
 
 #[test]
@@ -102,19 +93,16 @@ fn a_queue_is_its_direct_members_only() {
     let prefix = queue_prefix("lock:jobs");
     let prefix = prefix.as_bytes();
     assert!(is_member(prefix, b"lock:jobs/694d77a1b2c3"));
-    for other in [
-        &b"lock:jobs/nightly/694d77a1b2c3"[..],
-        b"lock:jobs/",
-        b"lock:jobs",
-        b"lock:jobsx/1",
-        b"lock:job/1",
-    ] {
-        assert!(
-            !is_member(prefix, other),
-            "{}",
-            String::from_utf8_lossy(other)
-        );
-    }
+    assert_each_key(
+        &[
+            &b"lock:jobs/nightly/694d77a1b2c3"[..],
+            b"lock:jobs/",
+            b"lock:jobs",
+            b"lock:jobsx/1",
+            b"lock:job/1",
+        ],
+        |other| !is_member(prefix, other),
+    );
 }
 
 #[test]
@@ -173,6 +161,13 @@ fn holds_secret_is_the_secret_compares() {
     }
     assert!(holds_secret(format!("{secret}\n").as_bytes(), secret));
     assert!(!holds_secret(secret.as_bytes(), secret));
+}
+
+/// Fails, naming the key, unless `holds` is true of each of `keys`.
+fn assert_each_key(keys: &[&[u8]], holds: impl Fn(&[u8]) -> bool) {
+    for key in keys {
+        assert!(holds(key), "{}", String::from_utf8_lossy(key));
+    }
 }
 
 /// `token` encodes as `text`, parses back from it, and is the contender
