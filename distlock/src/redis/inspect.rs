@@ -236,6 +236,20 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
+    /// The describe script's answer for a lock with a holder record: 29.5 s
+    /// left of a 30 s grant made at 1764000000123 ms, grant `5f3c`, the
+    /// record's `pid \n host \n label` lines and the fence counter's text.
+    fn recorded_reply(record: &str, fence: &str) -> Vec<Value> {
+        vec![
+            Value::Int(29_500),
+            text("5f3c"),
+            text("30000"),
+            text("1764000000123"),
+            text(record),
+            text(fence),
+        ]
+    }
+
     #[test]
     fn a_full_record_fills_every_field_but_the_session() {
         let holder = Holder {
@@ -251,14 +265,7 @@ mod tests {
             &holder.label,
         );
         assert_eq!(value, "token\n30000\n\n4242\nweb-1\nnightly\nbackup");
-        let reply = vec![
-            Value::Int(29_500),
-            text("5f3c"),
-            text("30000"),
-            text("1764000000123"),
-            text("4242\nweb-1\nnightly\nbackup"),
-            text("7"),
-        ];
+        let reply = recorded_reply("4242\nweb-1\nnightly\nbackup", "7");
         let view = lock_view("k", reply).expect("decodes");
         assert_eq!(view.grant, "5f3c");
         let held = view.held;
@@ -280,14 +287,7 @@ mod tests {
     fn a_record_without_a_counter_is_a_known_holder_without_a_token() {
         // A grant of a locker with fencing off writes no counter: the
         // script answers '' for it.
-        let reply = vec![
-            Value::Int(29_500),
-            text("5f3c"),
-            text("30000"),
-            text("1764000000123"),
-            text("4242\nweb-1\nnightly"),
-            text(""),
-        ];
+        let reply = recorded_reply("4242\nweb-1\nnightly", "");
         let held = lock_view("k", reply).expect("decodes").held;
         assert_eq!(
             held.holder.map(|h| (h.pid, h.host, h.label)),

@@ -4,21 +4,36 @@
 use super::*;
 use crate::config::assert_error;
 
+/// A switch that is on by default, turned off from a URL (`url_param`),
+/// a variable (`env_var`) and JSON (`json_field`), and refused when its
+/// URL value is not a boolean.
+fn assert_switch_off_in_every_source(
+    url_param: &str,
+    env_var: &str,
+    json_field: &str,
+    switch: fn(&Config) -> bool,
+) {
+    assert!(switch(&Config::default()), "on by default");
+    assert!(switch(&Config::from_url("redis://h/").unwrap()));
+    let off = Config::from_url(&format!("redis://h/?{url_param}=false")).unwrap();
+    assert!(!switch(&off), "{url_param}=false");
+    let error = Config::from_url(&format!("redis://h/?{url_param}=maybe")).unwrap_err();
+    assert!(error.to_string().contains("not a boolean"), "{error}");
+    let env = Config::from_env_vars([(env_var, "no")]).unwrap();
+    assert!(!switch(&env), "{env_var}=no");
+    let json =
+        Config::from_json(&format!(r#"{{"addresses": ["h"], "{json_field}": false}}"#)).unwrap();
+    assert!(!switch(&json), "{json_field}: false");
+}
+
 #[test]
 fn holder_records_are_on_unless_turned_off() {
-    assert!(Config::default().record_holder);
-    assert!(Config::from_url("redis://h/").unwrap().record_holder);
-    assert!(
-        !Config::from_url("redis://h/?holder=false")
-            .unwrap()
-            .record_holder
+    assert_switch_off_in_every_source(
+        "holder",
+        "DISTLOCK_REDIS_RECORD_HOLDER",
+        "recordHolder",
+        |c| c.record_holder,
     );
-    let error = Config::from_url("redis://h/?holder=maybe").unwrap_err();
-    assert!(error.to_string().contains("not a boolean"), "{error}");
-    let env = Config::from_env_vars([("DISTLOCK_REDIS_RECORD_HOLDER", "no")]).unwrap();
-    assert!(!env.record_holder);
-    let json = Config::from_json(r#"{"addresses": ["h"], "recordHolder": false}"#).unwrap();
-    assert!(!json.record_holder);
 }
 
 #[test]
@@ -247,13 +262,8 @@ fn every_url_parameter_is_in_the_readme() {
 
 #[test]
 fn fencing_is_on_unless_turned_off_in_every_source() {
-    assert!(Config::default().fencing);
-    assert!(Config::from_url("redis://h/").unwrap().fencing);
+    assert_switch_off_in_every_source("fencing", "DISTLOCK_REDIS_FENCING", "fencing", |c| {
+        c.fencing
+    });
     assert!(!Config::from_url("redis://h/?fencing=off").unwrap().fencing);
-    let error = Config::from_url("redis://h/?fencing=sometimes").unwrap_err();
-    assert!(error.to_string().contains("not a boolean"), "{error}");
-    let env = Config::from_env_vars([("DISTLOCK_REDIS_FENCING", "false")]).unwrap();
-    assert!(!env.fencing);
-    let json = Config::from_json(r#"{"addresses": ["h"], "fencing": false}"#).unwrap();
-    assert!(!json.fencing);
 }
