@@ -142,47 +142,88 @@ fn sweep(results: &Results, path: &Path) -> Result<(), Failure> {
             .x_label_area_size(36)
             .y_label_area_size(64)
             .build_cartesian_2d((0.8f64..most * 1.25).log_scale(), 0f64..top * 1.1)?;
-        chart
-            .configure_mesh()
-            .light_line_style(WHITE)
-            .x_desc("sessions (log scale)")
-            .y_desc(axis)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| {
-                if top < 10_000.0 {
-                    format!("{y:.0}")
-                } else {
-                    format!("{:.0}k", y / 1000.0)
-                }
-            })
-            .draw()?;
+        mesh(&mut chart, "sessions (log scale)", axis, top)?;
         for (i, (sweep, points)) in results.sweeps.iter().zip(&series).enumerate() {
-            let colour = color(i, Role::Peer);
-            let line: Vec<(f64, f64)> = points.iter().map(|&(x, y, _, _)| (x, y)).collect();
-            chart
-                .draw_series(LineSeries::new(line.clone(), colour.stroke_width(2)))?
-                .label(sweep.backend.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
-                });
-            chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
-            chart.draw_series(points.iter().map(|&(x, _, lo, hi)| {
-                PathElement::new(vec![(x, lo), (x, hi)], colour.stroke_width(1))
-            }))?;
+            medians_with_ranges(&mut chart, points, color(i, Role::Peer), &sweep.backend)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 12))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     root.present()?;
     Ok(())
 }
 
 type Failure = Box<dyn std::error::Error>;
+
+/// One contender's `(x, median, min, max)` points: the medians joined by a
+/// line, each marked, with a bar from min to max, and its legend entry.
+fn medians_with_ranges<'a, 'b: 'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    points: &[(f64, f64, f64, f64)],
+    colour: RGBColor,
+    label: &str,
+) -> Result<(), Failure>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let line: Vec<(f64, f64)> = points.iter().map(|&(x, y, _, _)| (x, y)).collect();
+    chart
+        .draw_series(LineSeries::new(line.clone(), colour.stroke_width(2)))?
+        .label(label.to_owned())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+    chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+    chart.draw_series(
+        points.iter().map(|&(x, _, lo, hi)| {
+            PathElement::new(vec![(x, lo), (x, hi)], colour.stroke_width(1))
+        }),
+    )?;
+    Ok(())
+}
+
+/// The grid and axis labels of a plot of counts (x, whole numbers) against
+/// a figure (y) whose largest value is `top` (thousands as `k` above
+/// 10,000).
+fn mesh<'a, 'b: 'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    x_desc: &str,
+    y_desc: &str,
+    top: f64,
+) -> Result<(), Failure>
+where
+    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .light_line_style(WHITE)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| {
+            if top < 10_000.0 {
+                format!("{y:.0}")
+            } else {
+                format!("{:.0}k", y / 1000.0)
+            }
+        })
+        .draw()?;
+    Ok(())
+}
+
+/// The legend box every plot draws, at `position`.
+fn legend<'a, 'b: 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> Result<(), Failure> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 12))
+        .draw()?;
+    Ok(())
+}
 
 fn grid(count: usize) -> (usize, usize) {
     let columns = if count > 1 { 2 } else { 1 };
@@ -224,41 +265,11 @@ fn uncontended(results: &Results, path: &Path) -> Result<(), Failure> {
             .x_label_area_size(36)
             .y_label_area_size(64)
             .build_cartesian_2d((0.8f64..most_clients * 1.25).log_scale(), 0f64..top * 1.1)?;
-        chart
-            .configure_mesh()
-            .light_line_style(WHITE)
-            .x_desc("clients")
-            .y_desc("cycles/s")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| {
-                if top < 10_000.0 {
-                    format!("{y:.0}")
-                } else {
-                    format!("{:.0}k", y / 1000.0)
-                }
-            })
-            .draw()?;
+        mesh(&mut chart, "clients", "cycles/s", top)?;
         for (i, (name, _)) in who.iter().enumerate() {
-            let colour = colours[i];
-            let points: Vec<(f64, f64)> = series[i].iter().map(|&(x, y, _, _)| (x, y)).collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
-                });
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
-            chart.draw_series(series[i].iter().map(|&(x, _, lo, hi)| {
-                PathElement::new(vec![(x, lo), (x, hi)], colour.stroke_width(1))
-            }))?;
+            medians_with_ranges(&mut chart, &series[i], colours[i], name)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 12))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     }
     root.present()?;
     Ok(())
