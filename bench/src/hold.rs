@@ -29,6 +29,14 @@ pub struct HoldResult {
     pub error: Option<String>,
 }
 
+impl HoldResult {
+    /// A number of the run's JSON object (`None`: the run failed, or
+    /// printed no such figure).
+    pub fn figure(&self, key: &str) -> Option<f64> {
+        self.run.as_ref()?.get(key)?.as_f64()
+    }
+}
+
 /// One hold run per lease count of `--hold-leases`.
 pub fn run(options: &Options, backend: &str, url: &str) -> Vec<HoldResult> {
     options

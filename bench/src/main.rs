@@ -270,29 +270,8 @@ async fn profile(options: &Options) -> Result<(), String> {
         .ok_or("--contender NAME is needed")?;
     let cycles = options.cycles;
     let backend = options.backends.first().ok_or("--backends is empty")?;
-    match backend.as_str() {
-        "redis" => {
-            let redis = backends::redis::Redis::start().await;
-            profile::run(&redis.uncontended(1), name, cycles).await
-        }
-        "postgres" => {
-            let postgres = backends::postgres::Postgres::start().await;
-            profile::run(&postgres.uncontended(1).await, name, cycles).await
-        }
-        "etcd" => {
-            let mut etcd = backends::etcd::Etcd::start().await;
-            profile::run(&etcd.uncontended(1).await, name, cycles).await
-        }
-        "mysql" => {
-            let mysql = backends::mysql::Mysql::start().await;
-            profile::run(&mysql.uncontended(1).await, name, cycles).await
-        }
-        "zookeeper" => {
-            let mut zookeeper = backends::zookeeper::ZooKeeper::start().await;
-            profile::run(&zookeeper.uncontended(1).await, name, cycles).await
-        }
-        other => Err(format!("unknown backend {other:?}")),
-    }
+    let mut server = backends::Started::start(backend).await?;
+    profile::run(&server.uncontended(1).await, name, cycles).await
 }
 
 /// The backends of `--backends` that have a `sessions` setting to sweep.
@@ -326,60 +305,17 @@ fn measure(options: &Options) -> Results {
     runtime.block_on(async {
         for backend in &options.backends {
             eprintln!("{backend}: starting the server");
-            match backend.as_str() {
-                "redis" => {
-                    let redis = backends::redis::Redis::start().await;
-                    for &clients in &options.clients {
-                        groups
-                            .push(harness::run_group(&redis.uncontended(clients), settings).await);
-                    }
-                    groups.push(
-                        harness::run_group(&redis.contended(contended_clients), settings).await,
-                    );
-                    holds.extend(hold::run(options, "redis", &redis.url()));
-                }
-                "postgres" => {
-                    let postgres = backends::postgres::Postgres::start().await;
-                    for &clients in &options.clients {
-                        let group = postgres.uncontended(clients).await;
-                        groups.push(harness::run_group(&group, settings).await);
-                    }
-                    let group = postgres.contended(contended_clients).await;
-                    groups.push(harness::run_group(&group, settings).await);
-                    holds.extend(hold::run(options, "postgres", &postgres.url()));
-                }
-                "etcd" => {
-                    let mut etcd = backends::etcd::Etcd::start().await;
-                    for &clients in &options.clients {
-                        let group = etcd.uncontended(clients).await;
-                        groups.push(harness::run_group(&group, settings).await);
-                    }
-                    let group = etcd.contended(contended_clients).await;
-                    groups.push(harness::run_group(&group, settings).await);
-                    holds.extend(hold::run(options, "etcd", &etcd.url()));
-                }
-                "mysql" => {
-                    let mysql = backends::mysql::Mysql::start().await;
-                    for &clients in &options.clients {
-                        let group = mysql.uncontended(clients).await;
-                        groups.push(harness::run_group(&group, settings).await);
-                    }
-                    let group = mysql.contended(contended_clients).await;
-                    groups.push(harness::run_group(&group, settings).await);
-                    holds.extend(hold::run(options, "mysql", &mysql.url()));
-                }
-                "zookeeper" => {
-                    let mut zookeeper = backends::zookeeper::ZooKeeper::start().await;
-                    for &clients in &options.clients {
-                        let group = zookeeper.uncontended(clients).await;
-                        groups.push(harness::run_group(&group, settings).await);
-                    }
-                    let group = zookeeper.contended(contended_clients).await;
-                    groups.push(harness::run_group(&group, settings).await);
-                    holds.extend(hold::run(options, "zookeeper", &zookeeper.url()));
-                }
-                _ => unreachable!("checked by parse"),
+            let mut server = match backends::Started::start(backend).await {
+                Ok(server) => server,
+                Err(error) => unreachable!("checked by parse: {error}"),
+            };
+            for &clients in &options.clients {
+                let group = server.uncontended(clients).await;
+                groups.push(harness::run_group(&group, settings).await);
             }
+            let group = server.contended(contended_clients).await;
+            groups.push(harness::run_group(&group, settings).await);
+            holds.extend(hold::run(options, backend, &server.url()));
         }
         if options.sweep {
             for backend in swept(options) {

@@ -406,8 +406,8 @@ pub fn section(results: &Results, plots: &str, markers: &Markers) -> String {
         );
         for hold in &results.holds {
             match &hold.run {
-                Some(run) => {
-                    let n = |k: &str| run.get(k).and_then(serde_json::Value::as_f64);
+                Some(_) => {
+                    let n = |key: &str| hold.figure(key);
                     let show =
                         |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
                     let _ = writeln!(
@@ -645,13 +645,8 @@ fn targets(results: &Results) -> Vec<(String, String, Option<bool>)> {
         ));
     }
     for hold in results.holds.iter().filter(|h| h.leases >= 100_000) {
-        let run = hold.run.as_ref();
-        let bytes = run
-            .and_then(|r| r.get("bytes_per_lease_with_keepalive"))
-            .and_then(serde_json::Value::as_f64);
-        let leases = run
-            .and_then(|r| r.get("leases"))
-            .and_then(serde_json::Value::as_f64);
+        let bytes = hold.figure("bytes_per_lease_with_keepalive");
+        let leases = hold.figure("leases");
         rows.push((
             format!(
                 "{}: 100,000 held leases with keepalive ≤ 1 KiB each",
@@ -673,16 +668,12 @@ fn targets(results: &Results) -> Vec<(String, String, Option<bool>)> {
         // (each a few requests inside the backend: one per session, or
         // per 128 to 1,000 keys). Results written before batches were
         // reported count single refreshes, one round trip each.
-        let figure = |key: &str| {
-            run.and_then(|r| r.get(key))
-                .and_then(serde_json::Value::as_f64)
-        };
-        let (calls, per_s) = match figure("refresh_batches_per_s") {
+        let refreshed = hold.figure("refreshes_per_s");
+        let (calls, per_s) = match hold.figure("refresh_batches_per_s") {
             Some(batches) => ("refresh_many batches/s", Some(batches)),
-            None => ("refresh calls/s", figure("refreshes_per_s")),
+            None => ("refresh calls/s", refreshed),
         };
-        let refreshed = figure("refreshes_per_s");
-        let ttl = figure("ttl_s");
+        let ttl = hold.figure("ttl_s");
         rows.push((
             format!(
                 "{}: keepalive round trips do not grow as one per lease per ttl/3",

@@ -11,7 +11,64 @@ use std::time::Duration;
 
 use distlock::Locker;
 
-use crate::harness::{cycle, release, Contender, Release, Role};
+use crate::harness::{cycle, release, Contender, Group, Release, Role};
+
+/// One backend's private server and its contenders, whichever backend:
+/// what `all` measures and `profile` runs a contender of.
+pub enum Started {
+    Redis(redis::Redis),
+    Postgres(postgres::Postgres),
+    Etcd(etcd::Etcd),
+    Mysql(mysql::Mysql),
+    ZooKeeper(zookeeper::ZooKeeper),
+}
+
+impl Started {
+    /// Starts `backend`'s server (one of `crate::BACKENDS`).
+    pub async fn start(backend: &str) -> Result<Started, String> {
+        Ok(match backend {
+            "redis" => Started::Redis(redis::Redis::start().await),
+            "postgres" => Started::Postgres(postgres::Postgres::start().await),
+            "etcd" => Started::Etcd(etcd::Etcd::start().await),
+            "mysql" => Started::Mysql(mysql::Mysql::start().await),
+            "zookeeper" => Started::ZooKeeper(zookeeper::ZooKeeper::start().await),
+            other => return Err(format!("unknown backend {other:?}")),
+        })
+    }
+
+    /// The uncontended group at `clients` clients.
+    pub async fn uncontended(&mut self, clients: usize) -> Group {
+        match self {
+            Started::Redis(redis) => redis.uncontended(clients),
+            Started::Postgres(postgres) => postgres.uncontended(clients).await,
+            Started::Etcd(etcd) => etcd.uncontended(clients).await,
+            Started::Mysql(mysql) => mysql.uncontended(clients).await,
+            Started::ZooKeeper(zookeeper) => zookeeper.uncontended(clients).await,
+        }
+    }
+
+    /// The contended group at `clients` clients.
+    pub async fn contended(&mut self, clients: usize) -> Group {
+        match self {
+            Started::Redis(redis) => redis.contended(clients),
+            Started::Postgres(postgres) => postgres.contended(clients).await,
+            Started::Etcd(etcd) => etcd.contended(clients).await,
+            Started::Mysql(mysql) => mysql.contended(clients).await,
+            Started::ZooKeeper(zookeeper) => zookeeper.contended(clients).await,
+        }
+    }
+
+    /// The URL `distlock bench` (the hold workload) reaches the server by.
+    pub fn url(&self) -> String {
+        match self {
+            Started::Redis(redis) => redis.url(),
+            Started::Postgres(postgres) => postgres.url(),
+            Started::Etcd(etcd) => etcd.url(),
+            Started::Mysql(mysql) => mysql.url(),
+            Started::ZooKeeper(zookeeper) => zookeeper.url(),
+        }
+    }
+}
 
 /// An error as the harness reports it.
 pub fn err(error: impl std::fmt::Display) -> String {
