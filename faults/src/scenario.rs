@@ -554,6 +554,71 @@ pub fn registry(profile: &Profile) -> Vec<Backend> {
                 cell(Restart, Races, Duration::from_secs(15)),
             ],
         },
+        Backend {
+            name: "zookeeper",
+            // czxids: the ensemble's transaction counter.
+            fencing: true,
+            start: || Ok(Box::new(deploy::ZooKeeperDeployment::start()?)),
+            workers: Workers::Processes,
+            cells: {
+                // The ttl does not bound a ZooKeeper lock: the session does.
+                // A holder no longer heard from keeps its nodes one session
+                // timeout, and the server looks for expired sessions every
+                // tick (200 ms here); a waiter watching the holder's node
+                // is told at once.
+                let session = deploy::ZOOKEEPER_SESSION_TIMEOUT;
+                let expiry = session.saturating_add(second);
+                vec![
+                    cell(Kill, Exclusive, expiry),
+                    // The session expires under a stopped holder: a second
+                    // holder, and the resumed one's write is stale.
+                    cell(Pause, Breaks, expiry.max(pause)),
+                    // The partition silences the holder's connection, not
+                    // the server: zookeeper-client gives the silent
+                    // connection up and resumes its session on a new one,
+                    // so the holder keeps its lock and releases it as
+                    // usual (the orphan time counts from that release).
+                    // Had it not been back in time, it would have given up
+                    // a drift margin before its session could expire
+                    // (tested in distlock's `zookeeper::faults`).
+                    cell(Blackhole, Exclusive, expiry.saturating_add(second)),
+                    cell(BlackholeOutgoing, Exclusive, expiry.saturating_add(second)),
+                    cell(BlackholeIncoming, Exclusive, expiry.saturating_add(second)),
+                    // The server restores its sessions from its log: a
+                    // holder back within the session timeout keeps its
+                    // lock; one that is not loses it, and its lost signal
+                    // fires first. A JVM start takes seconds.
+                    cell(Restart, Exclusive, Duration::from_secs(20)),
+                ]
+            },
+        },
+        Backend {
+            name: "zookeeper-ensemble",
+            fencing: true,
+            start: || Ok(Box::new(deploy::ZooKeeperEnsembleDeployment::start()?)),
+            workers: Workers::Processes,
+            cells: {
+                let session = deploy::ZOOKEEPER_SESSION_TIMEOUT;
+                vec![
+                    // The holder's session moves to a follower and lives
+                    // on (a new leader restores sessions with fresh
+                    // timeouts); the lock stays held.
+                    cell(LeaderKill, Exclusive, Duration::from_secs(30)),
+                    // No quorum: the holder's heartbeats go unanswered, it
+                    // stops before its session can expire, nobody is
+                    // granted, and everyone hears an outage; after the
+                    // quorum returns, a leader election and the sessions'
+                    // fresh timeouts, then a grant.
+                    cell(
+                        MajorityLoss,
+                        Exclusive,
+                        pause
+                            .saturating_add(session)
+                            .saturating_add(Duration::from_secs(30)),
+                    ),
+                ]
+            },
+        },
     ]
 }
 

@@ -14,6 +14,8 @@ mod postgres_hop;
 mod redis;
 mod redlock;
 mod sentinel;
+mod zookeeper;
+mod zookeeper_ensemble;
 
 pub use etcd::EtcdDeployment;
 pub use etcd_cluster::EtcdClusterDeployment;
@@ -25,6 +27,8 @@ pub use postgres_hop::PostgresHopDeployment;
 pub use redis::RedisDeployment;
 pub use redlock::RedlockDeployment;
 pub use sentinel::SentinelDeployment;
+pub use zookeeper::{ZooKeeperDeployment, SESSION_TIMEOUT as ZOOKEEPER_SESSION_TIMEOUT};
+pub use zookeeper_ensemble::ZooKeeperEnsembleDeployment;
 
 /// The process holding the lock when a fault is injected.
 #[derive(Debug, Clone)]
