@@ -33,7 +33,7 @@ impl Queue for ZooKeeperLocker {
     async fn acquire(&self, request: Acquire<'_, Kind>) -> Result<Option<Lease>> {
         let (key, ttl, wait, kind) = (request.key, request.ttl, request.wait, request.kind);
         let path = self.backend_key(key);
-        let session = self.inner.session().await?;
+        let session = self.inner.session(key).await?;
         let client = session
             .client()
             .ok_or_else(|| session_gone("acquire", &session))?;

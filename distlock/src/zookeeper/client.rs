@@ -63,12 +63,14 @@ impl ZooKeeperLocker {
             request_timeout: config.request_timeout,
             prefix,
             parent,
-            session: tokio::sync::Mutex::new(None),
+            sessions: (0..config.sessions)
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
             registry: Arc::new(Registry::default()),
             holder_record: config.holder_record,
             no_multi_read: AtomicBool::new(false),
         });
-        inner.session().await?;
+        inner.any_session().await?;
         Ok(ZooKeeperLocker { inner })
     }
 
@@ -97,51 +99,78 @@ impl ZooKeeperLocker {
         Self::from_config(Config::from_url(url)?).await
     }
 
-    /// Closes the session, which deletes every contender node this locker
+    /// Closes the sessions, which deletes every contender node this locker
     /// has (so every lock it holds is freed at once, and their lost signals
     /// fire with [`LostReason::ConnectionLost`](crate::LostReason::ConnectionLost)).
-    /// Later acquires open a new session.
+    /// Later acquires open new sessions.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: the session is closed when this is called; the close
+    /// Cancel-safe: each session is closed when this reaches it; the close
     /// reaches the server in the background.
     pub async fn close(&self) {
-        let session = self.inner.session.lock().await.take();
-        if let Some(session) = session {
-            session.lost(
-                &self.inner.registry,
-                "the locker was closed",
-                Duration::ZERO,
-            );
+        for slot in &self.inner.sessions {
+            let session = slot.lock().await.take();
+            if let Some(session) = session {
+                session.lost(
+                    &self.inner.registry,
+                    "the locker was closed",
+                    Duration::ZERO,
+                );
+            }
         }
     }
 
-    /// The id of the session this locker's locks live on now (as
-    /// ZooKeeper's `cons` and a node's `ephemeralOwner` show it), `None`
-    /// if none is open. For operators and tests.
-    pub async fn session_id(&self) -> Option<i64> {
-        let session = self.inner.session.lock().await;
+    /// The id of the session `key`'s locks live on now (as ZooKeeper's
+    /// `cons` and a node's `ephemeralOwner` show it), `None` if it is not
+    /// open. For operators and tests.
+    pub async fn session_id(&self, key: &str) -> Option<i64> {
+        let session = self.inner.sessions[self.inner.session_index(key)]
+            .lock()
+            .await;
         session.as_ref().filter(|s| !s.is_closed()).map(|s| s.id)
     }
 
-    /// The session timeout the ensemble negotiated for the current session
-    /// (`None` if none is open): how long it outlives a client that stopped
-    /// answering.
+    /// The session timeout the ensemble negotiated for the first open
+    /// session (`None` if none is open; every session asks for the same):
+    /// how long a session outlives a client that stopped answering.
     pub async fn negotiated_session_timeout(&self) -> Option<Duration> {
-        let session = self.inner.session.lock().await;
-        session
-            .as_ref()
-            .filter(|s| !s.is_closed())
-            .map(|s| s.timeout)
+        for slot in &self.inner.sessions {
+            let session = slot.lock().await;
+            if let Some(session) = session.as_ref().filter(|s| !s.is_closed()) {
+                return Some(session.timeout);
+            }
+        }
+        None
     }
 }
 
 impl Inner {
-    /// The live session, opening one if there is none (the first call, or
-    /// after the last one expired or was given up).
-    pub(super) async fn session(&self) -> Result<Arc<Session>> {
-        let mut current = self.session.lock().await;
+    /// Which of the sessions `key`'s locks live on: always the same one
+    /// for a key within a locker, so its readers, writers and waiters share
+    /// a session as the recipe's "one locker, both modes" rules assume.
+    pub(super) fn session_index(&self, key: &str) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut hasher);
+        // The remainder is below `sessions.len()`, a usize.
+        (hasher.finish() % self.sessions.len() as u64) as usize
+    }
+
+    /// The live session `key`'s locks live on, opening it if it is not
+    /// open (the first call, or after it expired or was given up).
+    pub(super) async fn session(&self, key: &str) -> Result<Arc<Session>> {
+        self.session_at(self.session_index(key)).await
+    }
+
+    /// A live session for a request about no key in particular (a listing,
+    /// the connect check): the first one.
+    pub(super) async fn any_session(&self) -> Result<Arc<Session>> {
+        self.session_at(0).await
+    }
+
+    async fn session_at(&self, index: usize) -> Result<Arc<Session>> {
+        let mut current = self.sessions[index].lock().await;
         if let Some(session) = current.as_ref().filter(|s| !s.is_closed()) {
             return Ok(session.clone());
         }
@@ -294,8 +323,10 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // The last clone and the last lease are gone: close the session, so
         // its nodes are deleted now rather than at its expiry.
-        if let Some(session) = self.session.get_mut().take() {
-            session.stop();
+        for slot in &mut self.sessions {
+            if let Some(session) = slot.get_mut().take() {
+                session.stop();
+            }
         }
     }
 }

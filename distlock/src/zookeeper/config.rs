@@ -30,6 +30,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The port used when an endpoint names none.
 pub const DEFAULT_PORT: u16 = 2181;
+/// The most sessions a locker spreads its locks over, unless configured
+/// otherwise: as the SQL backends' `sessions`.
+pub const DEFAULT_SESSIONS: usize = 4;
 
 crate::config::config_struct! {
     /// How to reach a ZooKeeper ensemble and where its locks live.
@@ -93,6 +96,15 @@ crate::config::config_struct! {
         /// deleted (see the [module docs](super)).
         #[serde(alias = "request_timeout", with = "duration_text")]
         pub request_timeout: Duration = DEFAULT_REQUEST_TIMEOUT,
+        /// The most sessions the locker spreads its locks over (at least
+        /// 1; default [`DEFAULT_SESSIONS`]). A key's locks always live on
+        /// the same one (chosen by a hash of the key), opened when a key
+        /// first needs it. One session answers its requests in order, and
+        /// the server spends more CPU a request on one busy session than
+        /// on several: many clients of one locker run faster over several
+        /// (BENCHMARKS.md, ZooKeeper). Each session has its own heartbeat
+        /// and lost signal; a session lost loses only its own locks.
+        pub sessions: usize = DEFAULT_SESSIONS,
         /// Write each grant's holder record (host, pid, label, grant time on
         /// the holder's clock, ttl) as its node's data, for
         /// [`Locker::inspect`](crate::Locker::inspect). Default `true`; off
@@ -115,13 +127,14 @@ pub(crate) const PARAMETERS: Table = Table(&[&[
     Param::url("session_timeout", &[]),
     Param::CONNECT_TIMEOUT,
     Param::url("request_timeout", &[]),
+    Param::url("sessions", &[]),
     Param::HOLDER_RECORD,
 ]]);
 
 crate::config::serde_config! {
     "zookeeper", "zookeeper", "DISTLOCK_ZOOKEEPER_", holder: holder_record, hosts: endpoints,
     positive: [session_timeout, connect_timeout, request_timeout],
-    parse: [session_timeout, request_timeout], text: [chroot],
+    parse: [session_timeout, request_timeout, sessions], text: [chroot],
     fn set_param(&mut self, key, value, source) {
         return Err(format!("{source}: {key:?} is not a zookeeper parameter"))
     }
@@ -187,6 +200,13 @@ impl Config {
             "ZooKeeper's digest scheme authenticates user:password",
         )
         .map_err(bad)?;
+        if self.sessions == 0 {
+            return Err(bad(
+                "sessions is 0: a locker needs at least one session (sessions=1 puts every \
+                 lock on one)"
+                    .into(),
+            ));
+        }
         if !self.key_prefix.starts_with('/') {
             return Err(bad(format!(
                 "key_prefix {:?} is not an absolute ZooKeeper path; it must start with `/` (default {DEFAULT_KEY_PREFIX:?})",
@@ -282,12 +302,12 @@ mod tests {
     #[test]
     fn every_source_reaches_the_same_settings() {
         crate::config::assert_every_source::<Config>(
-            "zookeeper://z1:2181,z2:2181/apps?key_prefix=/jobs/&session_timeout=5&request_timeout=500ms&holder_record=off",
-            "ENDPOINTS=z1:2181,z2:2181 CHROOT=/apps KEY_PREFIX=/jobs/ SESSION_TIMEOUT=5 REQUEST_TIMEOUT=500ms HOLDER_RECORD=off",
+            "zookeeper://z1:2181,z2:2181/apps?key_prefix=/jobs/&session_timeout=5&request_timeout=500ms&holder_record=off&sessions=2",
+            "ENDPOINTS=z1:2181,z2:2181 CHROOT=/apps KEY_PREFIX=/jobs/ SESSION_TIMEOUT=5 REQUEST_TIMEOUT=500ms HOLDER_RECORD=off SESSIONS=2",
             r#"{"endpoints": ["z1:2181", "z2:2181"], "chroot": "/apps", "keyPrefix": "/jobs/",
-                "sessionTimeout": 5, "requestTimeout": "500ms", "holderRecord": false}"#,
+                "sessionTimeout": 5, "requestTimeout": "500ms", "holderRecord": false, "sessions": 2}"#,
             "endpoints: [z1:2181, z2:2181]\nchroot: /apps\nprefix: /jobs/\nsession_timeout: 5s\n\
-             request_timeout: 500ms\nholder: false\n",
+             request_timeout: 500ms\nholder: false\nsessions: 2\n",
         );
         assert_error(Config::from_yaml("endpionts: [h]"), "endpionts");
     }
@@ -302,6 +322,7 @@ mod tests {
             url("zookeeper://h?session_timeout=0"),
             "session_timeout is zero",
         );
+        check(url("zookeeper://h?sessions=0"), "sessions is 0");
         check(url("zookeeper://h?prefix=locks/"), "not an absolute");
         check(url("zookeeper://h?prefix=/a//b/"), "empty path segment");
         check(url("zookeeper://:pw@h"), "a password without a user name");

@@ -61,15 +61,19 @@ impl ZooKeeperLocker {
         ))
     }
 
-    async fn client(&self, operation: &'static str) -> Result<zk::Client> {
-        let session = self.inner.session().await?;
+    /// The client of `key`'s session (`None`: of any session).
+    async fn client(&self, operation: &'static str, key: Option<&str>) -> Result<zk::Client> {
+        let session = match key {
+            Some(key) => self.inner.session(key).await?,
+            None => self.inner.any_session().await?,
+        };
         session
             .client()
             .ok_or_else(|| super::acquire::session_gone(operation, &session))
     }
 
     pub(super) async fn inspect_key(&self, key: &str) -> Result<Option<HeldLock>> {
-        let client = self.client("inspect").await?;
+        let client = self.client("inspect", Some(key)).await?;
         Ok(self
             .holder_of(&client, key, "inspect")
             .await?
@@ -79,7 +83,7 @@ impl ZooKeeperLocker {
     /// The children of the lock paths' parent whose key starts with
     /// `prefix` (marks skipped), each inspected; all requests sent at once.
     pub(super) async fn list_keys(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let client = self.client("list").await?;
+        let client = self.client("list", None).await?;
         let parent = match self.inner.parent.as_str() {
             "" => "/",
             parent => parent,
@@ -127,7 +131,7 @@ impl ZooKeeperLocker {
                 ),
             ));
         }
-        let client = &self.client("force_release").await?;
+        let client = &self.client("force_release", Some(key)).await?;
         let find = || self.holder_of(client, key, "force_release");
         let evict = |found: Found| async move {
             // By name: a node name is never reused, so a newer holder's node

@@ -27,7 +27,7 @@ impl ZooKeeperLocker {
             recipe::escape(name),
             recipe::MARK_SUFFIX
         );
-        let session = self.inner.session().await?;
+        let session = self.inner.session(name).await?;
         let client = session
             .client()
             .ok_or_else(|| acquire::session_gone("advance_mark", &session))?;

@@ -64,9 +64,15 @@
 //!
 //! # Semantics
 //!
-//! - **Sessions and what ttl means.** Every lock of a locker lives on its
-//!   one ZooKeeper session, kept alive by zookeeper-client (it pings, and
-//!   moves to another server after a connection loss). **A holder that
+//! - **Sessions and what ttl means.** A lock lives on a ZooKeeper session,
+//!   kept alive by zookeeper-client (it pings, and moves to another server
+//!   after a connection loss). A locker spreads its keys over up to
+//!   [`Config::sessions`] sessions (4 by default, each opened when a key
+//!   first needs it), a key always on the same one: one session answers
+//!   its requests in order and costs the server more CPU a request when
+//!   busy, so many callers of one locker are faster over several
+//!   (BENCHMARKS.md). Each session has its own watchdog and lost signal,
+//!   and everything below holds per session. **A holder that
 //!   crashes, hangs or is cut off keeps its locks until the ensemble expires
 //!   its session: one negotiated session timeout after the server last
 //!   heard from it** (`session_timeout` in the URL; the ensemble negotiates
@@ -111,7 +117,8 @@
 //!   validated: a refresh extends nothing, it only finds a lost lock.
 //! - **What the keepalive costs.** [`Locker::refresh_many`] (the
 //!   keepalive's batch) makes the same checks as multi reads (`getData` of
-//!   each holder node): one request per 1,000 leases, fewer per request
+//!   each holder node) on each lease's session: one request per 1,000
+//!   leases of a session (so at least one per session), fewer per request
 //!   when their paths are long (a request stays under 512 KiB, half of
 //!   ZooKeeper's default `jute.maxbuffer`), up to four on their way at
 //!   once. The keepalive refreshes a lease every third of its ttl
@@ -143,8 +150,8 @@
 //!   `sync`, so the server read from has caught up) and used, or deleted in
 //!   the background until that succeeds or the session ends.
 //! - **Closing.** [`ZooKeeperLocker::close`] (or dropping the last clone
-//!   of the locker and every lease it granted) closes the session, which
-//!   deletes its nodes at once.
+//!   of the locker and every lease it granted) closes the sessions, which
+//!   deletes their nodes at once.
 //! - **Cancel safety**: dropping a `try_lock` or `lock` future is safe: a
 //!   node it may have created is deleted in the background. Dropping a
 //!   release or refresh leaves the lock as the request left it.
@@ -323,7 +330,7 @@ mod session;
 
 pub use config::{
     Config, Password, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TIMEOUT, ENV_PREFIX,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSIONS, DEFAULT_SESSION_TIMEOUT, ENV_PREFIX,
 };
 
 use acquire::{delete_in_background, Target};
@@ -332,8 +339,8 @@ use session::{Registry, Session};
 
 const BACKEND: &str = "zookeeper";
 
-/// The ZooKeeper backend. Cheap to clone; clones share the session and the
-/// registry of held locks.
+/// The ZooKeeper backend. Cheap to clone; clones share the sessions and
+/// the registry of held locks.
 ///
 /// Build it with [`ZooKeeperLocker::from_config`] or
 /// [`ZooKeeperLocker::from_url`]; [`crate::connect`] does the latter for
@@ -362,8 +369,10 @@ struct Inner {
     /// The parent of every lock path (the prefix up to its last `/`; empty
     /// for the root).
     parent: String,
-    /// The session the locks live on; replaced when it ends.
-    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The sessions the locks live on ([`Config::sessions`] of them), a
+    /// key's always on the same one; each opened when first needed and
+    /// replaced when it ends.
+    sessions: Vec<tokio::sync::Mutex<Option<Arc<Session>>>>,
     registry: Arc<Registry>,
     /// Grants write their holder record as their node's data.
     holder_record: bool,
@@ -516,7 +525,7 @@ impl Locker for ZooKeeperLocker {
             Some(held) if !held.session.is_closed() => held.session.clone(),
             // Its session ended: so did its node.
             Some(_) => return Err(Error::not_held(key)),
-            None => self.inner.session().await?,
+            None => self.inner.session(key).await?,
         };
         let Some(client) = session.client() else {
             return Err(Error::not_held(key));
@@ -567,7 +576,7 @@ impl Locker for ZooKeeperLocker {
     /// [`Error::NotAcquired`] if anyone holds or waits for `key`.
     async fn forget(&self, key: &str) -> Result<()> {
         validate::key(key)?;
-        let session = self.inner.session().await?;
+        let session = self.inner.session(key).await?;
         let client = session
             .client()
             .ok_or_else(|| acquire::session_gone("forget", &session))?;

@@ -103,7 +103,7 @@ impl ZooKeeperLocker {
         let session = match holding {
             Some(session) if session.is_closed() => return Ok(Check::Settled(false)),
             Some(session) => session,
-            None => self.inner.session().await?,
+            None => self.inner.session(key).await?,
         };
         Ok(Check::Read(Read {
             path: self.node_of(key, &token),

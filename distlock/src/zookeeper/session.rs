@@ -1,9 +1,10 @@
 //! One ZooKeeper session, the locks held on it, and the watchdog that
 //! decides when they must be given up.
 //!
-//! Every lock of a locker lives on its current session: its contender node
-//! is an ephemeral node of that session, which the server deletes when the
-//! session ends (expiry, or a close). zookeeper-client keeps the session
+//! Every lock lives on the current session of its key's slot (a locker has
+//! `Config::sessions` slots, a key always in the same one): its contender
+//! node is an ephemeral node of that session, which the server deletes when
+//! the session ends (expiry, or a close). zookeeper-client keeps the session
 //! alive itself (it pings, and reconnects to another server after a
 //! connection loss) until the session expires: an expired session is
 //! terminal, and the locker opens a new one for later acquires.

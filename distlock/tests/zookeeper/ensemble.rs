@@ -47,8 +47,8 @@ async fn killing_the_leader_keeps_the_holders_session_and_lock() {
     // The default session timeout: what an application gets.
     let holder = locker(&ensemble, "10s").await;
     let rival = locker(&ensemble, "10s").await;
-    let session = holder.session_id().await.expect("a session");
     let lease = holder.try_lock("k", TTL).await.unwrap().expect("free");
+    let session = holder.session_id("k").await.expect("a session");
     let lost = lease.lost_signal();
     let on = tokio::task::block_in_place(|| member_serving(&ensemble, session))
         .expect("a member serves the holder's session");
@@ -134,7 +134,11 @@ async fn killing_the_leader_keeps_the_holders_session_and_lock() {
         "the holder kept the lock: nobody else may get it"
     );
     assert_eq!(overlaps, 0);
-    assert_eq!(holder.session_id().await, Some(session), "the same session");
+    assert_eq!(
+        holder.session_id("k").await,
+        Some(session),
+        "the same session"
+    );
     lease.release().await.expect("release on the moved session");
 }
 

@@ -42,8 +42,8 @@ async fn take_when_free(locker: &ZooKeeperLocker, key: &str, within: Duration) -
 async fn a_holder_keeps_its_lock_across_a_server_restart_within_the_session_timeout() {
     let mut server = ZooKeeperServer::start();
     let holder = locker(&server, "20s").await;
-    let session = holder.session_id().await;
     let lease = holder.try_lock("k", TTL).await.unwrap().expect("free");
+    let session = holder.session_id("k").await;
     let token = lease.fencing_token();
     server.kill();
     let killed = Instant::now();
@@ -91,7 +91,7 @@ async fn a_holder_keeps_its_lock_across_a_server_restart_within_the_session_time
         refreshed - back
     );
     assert!(!lease.is_lost(), "the session survived: no lost signal");
-    assert_eq!(holder.session_id().await, session, "the same session");
+    assert_eq!(holder.session_id("k").await, session, "the same session");
     lease.release().await.expect("release after the restart");
     let next = other.try_lock("k", TTL).await.unwrap().expect("released");
     assert!(
