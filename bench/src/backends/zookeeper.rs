@@ -35,6 +35,8 @@ pub struct ZooKeeper {
     server: ZooKeeperServer,
     locker: ZooKeeperLocker,
     unrecorded: ZooKeeperLocker,
+    /// distlock with every lock on one session (`sessions=1`).
+    one_session: ZooKeeperLocker,
     /// The floor's sessions, one per client, opened as groups need them.
     sessions: Vec<zk::Client>,
 }
@@ -48,10 +50,14 @@ impl ZooKeeper {
         let unrecorded = ZooKeeperLocker::from_url(&format!("{}?holder=false", server.url()))
             .await
             .expect("connect distlock");
+        let one_session = ZooKeeperLocker::from_url(&format!("{}?sessions=1", server.url()))
+            .await
+            .expect("connect distlock");
         let mut zookeeper = ZooKeeper {
             server,
             locker,
             unrecorded,
+            one_session,
             sessions: Vec::new(),
         };
         let first = zookeeper.sessions(1).await[0].clone();
@@ -116,11 +122,22 @@ impl ZooKeeper {
         contenders.push(Contender::cycle(
             "distlock",
             Role::Distlock,
-            "try_lock + release: the same 3 requests on the locker's one session, the holder \
-             record as the node's data",
+            "try_lock + release: the same 3 requests, the keys spread over the locker's \
+             sessions (4 by default), the holder record as the node's data",
             cycle(move |task| distlock_cycle(locker.clone(), format!("distlock-{task}"), TTL)),
         ));
         contenders.push(holder_record_off("distlock", self.unrecorded.clone(), TTL));
+        if clients > 1 {
+            let locker = self.one_session.clone();
+            contenders.push(Contender::cycle(
+                "distlock, sessions=1",
+                Role::Variant,
+                "the same cycle with every lock on one session, as the floor's one-session row",
+                cycle(move |task| {
+                    distlock_cycle(locker.clone(), format!("one-session-{task}"), TTL)
+                }),
+            ));
+        }
 
         Group {
             backend: "zookeeper",
