@@ -236,13 +236,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
 }
 
 /// The `sessions` sweep on each of `--backends` that has the setting
-/// (`postgres`, `mysql`; by default both).
+/// (`postgres`, `mysql`, `zookeeper`; by default all three).
 fn sweep(options: &Options) {
     let runtime = runtime();
     let clients = options.clients.iter().copied().max().unwrap_or(16);
     let swept = swept(options);
     if swept.is_empty() {
-        eprintln!("distlock-bench: sweep: --backends names neither postgres nor mysql");
+        eprintln!("distlock-bench: sweep: --backends names none of postgres, mysql, zookeeper");
         std::process::exit(64);
     }
     for backend in swept {
@@ -280,7 +280,7 @@ fn swept(options: &Options) -> Vec<&str> {
         .backends
         .iter()
         .map(String::as_str)
-        .filter(|b| ["postgres", "mysql"].contains(b))
+        .filter(|b| ["postgres", "mysql", "zookeeper"].contains(b))
         .collect()
 }
 

@@ -1,5 +1,6 @@
-//! `sweep`: distlock's `sessions` setting on Postgres and MySQL at a fixed
-//! number of clients (issue 28: which default serves sixteen clients). One
+//! `sweep`: distlock's `sessions` setting on Postgres, MySQL and ZooKeeper
+//! at a fixed number of clients (issue 28: which default serves sixteen
+//! clients; issue 27: how many sessions ZooKeeper's locker needs). One
 //! locker per setting, all of them contenders of one group, so the settings
 //! are measured in the same interleaved rounds; each line printed gives a
 //! setting's cycles/s, cycle p99 and the server connections its locker had
@@ -26,6 +27,7 @@ const TTL: Duration = Duration::from_secs(30);
 pub enum Server {
     Postgres(test_servers::PostgresServer),
     Mysql(test_servers::MariaDbServer),
+    ZooKeeper(test_servers::ZooKeeperServer),
 }
 
 impl Server {
@@ -33,6 +35,7 @@ impl Server {
         match self {
             Server::Postgres(_) => "postgres",
             Server::Mysql(_) => "mysql",
+            Server::ZooKeeper(_) => "zookeeper",
         }
     }
 
@@ -40,16 +43,18 @@ impl Server {
         match self {
             Server::Postgres(server) => server.pid(),
             Server::Mysql(server) => server.pid(),
+            Server::ZooKeeper(server) => server.pid(),
         }
     }
 
     async fn locker(&self, sessions: usize) -> Result<std::sync::Arc<dyn Locker>, String> {
-        // Both test URLs carry a query already.
+        // The SQL test URLs carry a query already; ZooKeeper's does not.
         let url = match self {
-            Server::Postgres(server) => server.url(),
-            Server::Mysql(server) => server.url(),
+            Server::Postgres(server) => format!("{}&", server.url()),
+            Server::Mysql(server) => format!("{}&", server.url()),
+            Server::ZooKeeper(server) => format!("{}?", server.url()),
         };
-        distlock::connect(&format!("{url}&sessions={sessions}"))
+        distlock::connect(&format!("{url}sessions={sessions}"))
             .await
             .map_err(err)
     }
@@ -89,6 +94,16 @@ impl Server {
                 conn.disconnect().await.map_err(err)?;
                 let (_, threads) = threads.ok_or("no Threads_connected")?;
                 Ok(threads - 1)
+            }
+            Server::ZooKeeper(server) => {
+                // `mntr` counts its own connection too.
+                let mntr = server.four_letter_word("mntr");
+                let alive: i64 = mntr
+                    .lines()
+                    .find_map(|line| line.strip_prefix("zk_num_alive_connections"))
+                    .and_then(|count| count.trim().parse().ok())
+                    .ok_or_else(|| format!("no zk_num_alive_connections in mntr: {mntr:?}"))?;
+                Ok(alive - 1)
             }
         }
     }
@@ -140,7 +155,7 @@ impl SweepResult {
     }
 }
 
-/// Sweeps `sessions` on `backend` (`postgres` or `mysql`) at `clients`
+/// Sweeps `sessions` on `backend` (`postgres`, `mysql` or `zookeeper`) at `clients`
 /// clients on a server of its own.
 pub async fn run(
     backend: &str,
@@ -150,6 +165,7 @@ pub async fn run(
     let server = match backend {
         "postgres" => Server::Postgres(test_servers::PostgresServer::start()),
         "mysql" => Server::Mysql(test_servers::MariaDbServer::start()),
+        "zookeeper" => Server::ZooKeeper(test_servers::ZooKeeperServer::start()),
         other => return Err(format!("sweep: {other:?} has no sessions setting")),
     };
     let mut contenders = Vec::new();
