@@ -66,6 +66,7 @@ impl ZooKeeperLocker {
             sessions: (0..config.sessions)
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
+            spare: tokio::sync::Mutex::new(None),
             registry: Arc::new(Registry::default()),
             holder_record: config.holder_record,
             no_multi_read: AtomicBool::new(false),
@@ -109,7 +110,7 @@ impl ZooKeeperLocker {
     /// Cancel-safe: each session is closed when this reaches it; the close
     /// reaches the server in the background.
     pub async fn close(&self) {
-        for slot in &self.inner.sessions {
+        for slot in self.inner.sessions.iter().chain([&self.inner.spare]) {
             let session = slot.lock().await.take();
             if let Some(session) = session {
                 session.lost(
@@ -135,7 +136,7 @@ impl ZooKeeperLocker {
     /// session (`None` if none is open; every session asks for the same):
     /// how long a session outlives a client that stopped answering.
     pub async fn negotiated_session_timeout(&self) -> Option<Duration> {
-        for slot in &self.inner.sessions {
+        for slot in self.inner.sessions.iter().chain([&self.inner.spare]) {
             let session = slot.lock().await;
             if let Some(session) = session.as_ref().filter(|s| !s.is_closed()) {
                 return Some(session.timeout);
@@ -164,21 +165,50 @@ impl Inner {
     }
 
     /// A live session for a request about no key in particular (a listing,
-    /// the connect check): the first one.
+    /// the connect check): one a key's locks live on if one is open, else
+    /// the spare, opened if need be. The first key to need a session takes
+    /// the spare, so a locker of one key has one session.
     pub(super) async fn any_session(&self) -> Result<Arc<Session>> {
-        self.session_at(0).await
+        for slot in &self.sessions {
+            if let Some(session) = slot.lock().await.as_ref().filter(|s| !s.is_closed()) {
+                return Ok(session.clone());
+            }
+        }
+        let mut spare = self.spare.lock().await;
+        if let Some(session) = spare.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(session.clone());
+        }
+        let session = self.open().await?;
+        *spare = Some(session.clone());
+        Ok(session)
     }
 
+    /// The live session of slot `index`: its own, else the spare, else a
+    /// new one.
     async fn session_at(&self, index: usize) -> Result<Arc<Session>> {
         let mut current = self.sessions[index].lock().await;
         if let Some(session) = current.as_ref().filter(|s| !s.is_closed()) {
             return Ok(session.clone());
         }
-        let since = Instant::now();
-        let client = self.connect().await?;
-        let session = Session::start(client, self.registry.clone(), since, self.request_timeout);
+        let spare = self.spare.lock().await.take().filter(|s| !s.is_closed());
+        let session = match spare {
+            Some(session) => session,
+            None => self.open().await?,
+        };
         *current = Some(session.clone());
         Ok(session)
+    }
+
+    /// Opens a session and starts its watchdog.
+    async fn open(&self) -> Result<Arc<Session>> {
+        let since = Instant::now();
+        let client = self.connect().await?;
+        Ok(Session::start(
+            client,
+            self.registry.clone(),
+            since,
+            self.request_timeout,
+        ))
     }
 
     /// Connects a new session and checks the chroot.
@@ -323,7 +353,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // The last clone and the last lease are gone: close the session, so
         // its nodes are deleted now rather than at its expiry.
-        for slot in &mut self.sessions {
+        for slot in self.sessions.iter_mut().chain([&mut self.spare]) {
             if let Some(session) = slot.get_mut().take() {
                 session.stop();
             }

@@ -103,7 +103,12 @@ crate::config::config_struct! {
         /// the server spends more CPU a request on one busy session than
         /// on several: many clients of one locker run faster over several
         /// (BENCHMARKS.md, ZooKeeper). Each session has its own heartbeat
-        /// and lost signal; a session lost loses only its own locks.
+        /// and lost signal; a session lost loses only its own locks. The
+        /// session opened to check the ensemble is the first key's, so a
+        /// locker of one key has one. Each session is a TCP connection, and
+        /// a server refuses more than its `maxClientCnxns` (60 by default)
+        /// from one client address: where many lockers run on one host,
+        /// mind `sessions` × lockers.
         pub sessions: usize = DEFAULT_SESSIONS,
         /// Write each grant's holder record (host, pid, label, grant time on
         /// the holder's clock, ttl) as its node's data, for

@@ -373,6 +373,10 @@ struct Inner {
     /// key's always on the same one; each opened when first needed and
     /// replaced when it ends.
     sessions: Vec<tokio::sync::Mutex<Option<Arc<Session>>>>,
+    /// A session no key's locks live on yet (opened to check the ensemble
+    /// when the locker was built, or for a listing): the next slot to need
+    /// one takes it.
+    spare: tokio::sync::Mutex<Option<Arc<Session>>>,
     registry: Arc<Registry>,
     /// Grants write their holder record as their node's data.
     holder_record: bool,

@@ -20,7 +20,7 @@ async fn locker(server: &ZooKeeperServer) -> ZooKeeperLocker {
     locker_with(server, 1).await
 }
 
-async fn locker_with(server: &ZooKeeperServer, sessions: usize) -> ZooKeeperLocker {
+pub(crate) async fn locker_with(server: &ZooKeeperServer, sessions: usize) -> ZooKeeperLocker {
     ZooKeeperLocker::from_url(&format!(
         "{}?session_timeout=60s&request_timeout=2s&sessions={sessions}",
         server.url()
@@ -39,7 +39,7 @@ fn packets_received(server: &ZooKeeperServer) -> u64 {
 }
 
 /// `count` leases on keys `<prefix><i>`, acquired 50 at a time.
-async fn hold(locker: &ZooKeeperLocker, prefix: &str, count: usize) -> Vec<Lease> {
+pub(crate) async fn hold(locker: &ZooKeeperLocker, prefix: &str, count: usize) -> Vec<Lease> {
     let mut leases = Vec::with_capacity(count);
     let keys: Vec<String> = (0..count).map(|i| format!("{prefix}{i}")).collect();
     for wave in keys.chunks(50) {
@@ -72,7 +72,7 @@ fn wait_stopped(pid: u32) {
     }
 }
 
-fn requests(leases: &[Lease]) -> Vec<RefreshRequest<'_>> {
+pub(crate) fn requests(leases: &[Lease]) -> Vec<RefreshRequest<'_>> {
     leases
         .iter()
         .map(|lease| RefreshRequest {
@@ -87,7 +87,7 @@ fn requests(leases: &[Lease]) -> Vec<RefreshRequest<'_>> {
 /// the server received meanwhile. A ping or watchdog request can fall in
 /// the window: a measurement above `expected` is taken again (up to three
 /// times), so the count returned is `expected` unless every try saw more.
-async fn counted(
+pub(crate) async fn counted(
     server: &ZooKeeperServer,
     locker: &ZooKeeperLocker,
     requests: &[RefreshRequest<'_>],
@@ -154,40 +154,6 @@ async fn a_batch_is_one_multi_read_and_answers_only_the_lost_lease_not_held() {
         .await
         .unwrap();
     locker.close().await;
-}
-
-/// A locker of four sessions spreads its keys over them, each key's node
-/// owned by its key's session, and checks a batch with one multi read per
-/// session the leases live on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_locker_of_four_sessions_spreads_its_keys_and_checks_each_sessions_leases_at_once() {
-    let server = ZooKeeperServer::start();
-    let locker = locker_with(&server, 4).await;
-    let leases = hold(&locker, "spread-", 64).await;
-    let mut sessions = std::collections::BTreeSet::new();
-    for lease in &leases {
-        let session = locker.session_id(lease.key()).await.expect("open");
-        let held = locker.inspect(lease.key()).await.unwrap().expect("held");
-        assert_eq!(
-            held.session.as_deref(),
-            Some(format!("session {session:#x}").as_str()),
-            "{}'s node is owned by its key's session",
-            lease.key()
-        );
-        sessions.insert(session);
-    }
-    assert_eq!(sessions.len(), 4, "64 keys over 4 sessions: {sessions:?}");
-    let (results, sent) = counted(&server, &locker, &requests(&leases), 4).await;
-    assert_eq!(sent, 4, "one multi read per session");
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
-    locker.close().await;
-    for lease in &leases {
-        assert_eq!(
-            lease.lost_signal().reason(),
-            Some(LostReason::ConnectionLost),
-            "closing the locker closes every session"
-        );
-    }
 }
 
 /// A batch is cut into multi reads of at most 1,000 checks (1,001 leases:
