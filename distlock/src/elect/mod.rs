@@ -24,9 +24,13 @@
 //!   rides on a context that is already cancelled.
 //! - **A dead leader blocks the election only as long as its lock**: at once
 //!   on session backends (file, Postgres, MySQL: the server or kernel drops a
-//!   dead process's locks) and one ttl on expiring ones (Redis, etcd,
-//!   Redlock). Candidates wait on the backend's release notification where it
-//!   has one, so a resign hands over in a few round trips.
+//!   dead process's locks), one ttl on expiring ones (Redis, etcd,
+//!   Redlock), and one session timeout on ZooKeeper (the server expires the
+//!   dead leader's session; the ttl is not used there). Candidates wait on
+//!   the backend's release notification (ZooKeeper: the watch on the node
+//!   ahead) where it has one, so a resign hands over in a few round trips.
+//!   On ZooKeeper an election is the lock recipe, as Curator's
+//!   `LeaderSelector` is (it runs on `InterProcessMutex`).
 //! - **Observable**: campaigns, terms begun and ended (with why), their
 //!   length and leader changes seen by observers are counted through the
 //!   `metrics` facade with the election's name as a label (see
