@@ -51,13 +51,11 @@ impl Deployment for EtcdClusterDeployment {
     /// Kills two of the three members, the leader among them.
     fn lose_majority(&mut self) -> Result<(), String> {
         let leader = self.cluster.wait_for_leader(Duration::from_secs(10));
-        let other = (0..self.cluster.size())
-            .find(|&index| index != leader)
-            .ok_or("a cluster of one")?;
-        for index in [leader, other] {
+        let killed = super::leader_and_another(leader, self.cluster.size())?;
+        for &index in &killed {
             self.cluster.kill(index);
         }
-        self.killed = vec![leader, other];
+        self.killed = killed;
         Ok(())
     }
 

@@ -114,6 +114,15 @@ pub trait Deployment {
     }
 }
 
+/// The members a majority loss kills in a cluster of three: the leader and
+/// the first other member.
+fn leader_and_another(leader: usize, size: usize) -> Result<Vec<usize>, String> {
+    let other = (0..size)
+        .find(|&index| index != leader)
+        .ok_or("a cluster of one has no majority to lose")?;
+    Ok(vec![leader, other])
+}
+
 /// `CLIENT KILL ADDR` on `server` for each of the holder's connections (the
 /// new-style filter form answers a count, never an error, for an address
 /// that is not connected there).

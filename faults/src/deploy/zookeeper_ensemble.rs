@@ -70,13 +70,11 @@ impl Deployment for ZooKeeperEnsembleDeployment {
     /// Kills two of the three members, the leader among them.
     fn lose_majority(&mut self) -> Result<(), String> {
         let leader = self.wait_for_leader(Duration::from_secs(10))?;
-        let other = (0..self.ensemble.size())
-            .find(|&index| index != leader)
-            .ok_or("an ensemble of one")?;
-        for index in [leader, other] {
+        let killed = super::leader_and_another(leader, self.ensemble.size())?;
+        for &index in &killed {
             self.ensemble.kill(index);
         }
-        self.killed = vec![leader, other];
+        self.killed = killed;
         Ok(())
     }
 
