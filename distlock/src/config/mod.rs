@@ -95,6 +95,27 @@ pub(crate) use sql::{
 };
 pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 
+/// The most sessions a locker of a backend with a `sessions` setting
+/// (Postgres, MySQL, ZooKeeper) may be configured with: each session is a
+/// server connection, and a pool's slots are made when it is built.
+pub const MAX_SESSIONS: usize = 1024;
+
+/// Checks a `sessions` setting: 1 to [`MAX_SESSIONS`]; the reason if not.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
+pub(crate) fn check_sessions(sessions: usize) -> std::result::Result<(), String> {
+    match sessions {
+        0 => Err(
+            "sessions is 0: a locker needs at least one session (sessions=1 puts every \
+                  lock on one)"
+                .to_owned(),
+        ),
+        n if n > MAX_SESSIONS => Err(format!(
+            "sessions is {n}: at most {MAX_SESSIONS} (each session is a server connection)"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Builder methods that each set one field and return the builder, from
 /// their docs, names, argument types and fields (`common.sessions`): the
 /// plain options of the SQL builders and of a cron job, each written once.

@@ -109,9 +109,8 @@ impl SqlOptions {
     ///
     /// [`Error::InvalidInput`] naming the option that cannot be used.
     pub(crate) fn check<I: Identifiers>(&self) -> Result<Option<FencingTable<I>>> {
-        if self.sessions == 0 {
-            return Err(Error::invalid("sessions", "at least one session is needed"));
-        }
+        super::check_sessions(self.sessions)
+            .map_err(|reason| Error::invalid("sessions", reason))?;
         if !(1..=MAX_MAX_WAITERS).contains(&self.max_waiters) {
             return Err(Error::invalid(
                 "max_waiters",

@@ -351,8 +351,8 @@ pub(super) fn connection_timeout(session_timeout: Duration) -> Duration {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // The last clone and the last lease are gone: close the session, so
-        // its nodes are deleted now rather than at its expiry.
+        // The last clone and the last lease are gone: close the sessions, so
+        // their nodes are deleted now rather than at their expiry.
         for slot in self.sessions.iter_mut().chain([&mut self.spare]) {
             if let Some(session) = slot.get_mut().take() {
                 session.stop();

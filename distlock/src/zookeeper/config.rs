@@ -96,8 +96,9 @@ crate::config::config_struct! {
         /// deleted (see the [module docs](super)).
         #[serde(alias = "request_timeout", with = "duration_text")]
         pub request_timeout: Duration = DEFAULT_REQUEST_TIMEOUT,
-        /// The most sessions the locker spreads its locks over (at least
-        /// 1; default [`DEFAULT_SESSIONS`]). A key's locks always live on
+        /// The most sessions the locker spreads its locks over (1 to
+        /// [`MAX_SESSIONS`](crate::config::MAX_SESSIONS); default
+        /// [`DEFAULT_SESSIONS`]). A key's locks always live on
         /// the same one (chosen by a hash of the key), opened when a key
         /// first needs it. One session answers its requests in order, and
         /// the server spends more CPU a request on one busy session than
@@ -205,13 +206,7 @@ impl Config {
             "ZooKeeper's digest scheme authenticates user:password",
         )
         .map_err(bad)?;
-        if self.sessions == 0 {
-            return Err(bad(
-                "sessions is 0: a locker needs at least one session (sessions=1 puts every \
-                 lock on one)"
-                    .into(),
-            ));
-        }
+        crate::config::check_sessions(self.sessions).map_err(bad)?;
         if !self.key_prefix.starts_with('/') {
             return Err(bad(format!(
                 "key_prefix {:?} is not an absolute ZooKeeper path; it must start with `/` (default {DEFAULT_KEY_PREFIX:?})",
@@ -328,6 +323,7 @@ mod tests {
             "session_timeout is zero",
         );
         check(url("zookeeper://h?sessions=0"), "sessions is 0");
+        check(url("zookeeper://h?sessions=1000000000"), "at most 1024");
         check(url("zookeeper://h?prefix=locks/"), "not an absolute");
         check(url("zookeeper://h?prefix=/a//b/"), "empty path segment");
         check(url("zookeeper://:pw@h"), "a password without a user name");

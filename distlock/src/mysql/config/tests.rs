@@ -82,6 +82,8 @@ fn bad_urls_are_invalid_input_without_the_password() {
         "mysql://u:hunter2@h/d?ssl-mode=sometimes",
         "mysql://u:hunter2@h/d?sessions=many",
         "mysql://u:hunter2@h/d?sessions=0",
+        // A pool of a billion slots would be allocated up front.
+        "mysql://u:hunter2@h/d?sessions=1000000000",
         "mysql://u:hunter2@h/d?max_waiters=0",
         "mysql://u:hunter2@h/d?fencing_table=a.b.c",
         "mysql://u:hunter2@h/d?wait_timeout=5",

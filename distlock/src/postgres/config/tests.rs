@@ -58,6 +58,8 @@ fn bad_urls_are_invalid_input_without_the_password() {
         "postgres://u:hunter2@h:notaport/d",
         "postgres://u:hunter2@h/d?fencing_table=a.b.c",
         "postgres://u:hunter2@h/d?sessions=0",
+        // A pool of a billion slots would be allocated up front.
+        "postgres://u:hunter2@h/d?sessions=1000000000",
     ] {
         let err = settings(url).unwrap_err();
         assert!(err.to_string().contains("invalid"), "{url}: {err}");
