@@ -97,13 +97,10 @@ impl Server {
             }
             Server::ZooKeeper(server) => {
                 // `mntr` counts its own connection too.
-                let mntr = server.four_letter_word("mntr");
-                let alive: i64 = mntr
-                    .lines()
-                    .find_map(|line| line.strip_prefix("zk_num_alive_connections"))
-                    .and_then(|count| count.trim().parse().ok())
-                    .ok_or_else(|| format!("no zk_num_alive_connections in mntr: {mntr:?}"))?;
-                Ok(alive - 1)
+                let alive = server
+                    .mntr("zk_num_alive_connections")
+                    .ok_or("no zk_num_alive_connections in mntr")?;
+                Ok(i64::try_from(alive).map_err(err)? - 1)
             }
         }
     }

@@ -273,6 +273,22 @@ impl ZooKeeperEnsemble {
         })
     }
 
+    /// Waits until a member leads and returns its index, or panics after
+    /// `timeout` (after a kill, the others take an election to agree).
+    pub fn wait_for_leader(&self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader() {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no zookeeper member led within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Whether member `index` is running.
     pub fn is_running(&self, index: usize) -> bool {
         self.members[index].child.is_some()
@@ -398,5 +414,18 @@ impl ZooKeeperServer {
     /// the answer.
     pub fn four_letter_word(&self, word: &str) -> String {
         four_letter_word(self.port(), word, Duration::from_secs(2))
+    }
+
+    /// One counter of the server's `mntr` (`zk_packets_received`,
+    /// `zk_num_alive_connections`, ...), `None` if it does not report it.
+    /// The `mntr` asking is itself one packet and one connection in them.
+    pub fn mntr(&self, metric: &str) -> Option<u64> {
+        self.four_letter_word("mntr").lines().find_map(|line| {
+            let value = line.strip_prefix(metric)?;
+            // Whole names only: `zk_packets_received` is not a prefix match
+            // of a longer metric's name.
+            value.starts_with(char::is_whitespace).then_some(())?;
+            value.trim().parse().ok()
+        })
     }
 }

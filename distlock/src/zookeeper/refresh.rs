@@ -369,10 +369,8 @@ mod tests {
             })
             .collect();
         let packets = || {
-            let mntr = server.four_letter_word("mntr");
-            mntr.lines()
-                .find_map(|line| line.strip_prefix("zk_packets_received"))
-                .and_then(|count| count.trim().parse::<u64>().ok())
+            server
+                .mntr("zk_packets_received")
                 .expect("zk_packets_received")
         };
         let before = packets();

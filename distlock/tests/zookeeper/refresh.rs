@@ -31,11 +31,9 @@ pub(crate) async fn locker_with(server: &ZooKeeperServer, sessions: usize) -> Zo
 
 /// The server's count of requests read from clients.
 fn packets_received(server: &ZooKeeperServer) -> u64 {
-    let mntr = server.four_letter_word("mntr");
-    mntr.lines()
-        .find_map(|line| line.strip_prefix("zk_packets_received"))
-        .and_then(|count| count.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no zk_packets_received in mntr: {mntr:?}"))
+    server
+        .mntr("zk_packets_received")
+        .expect("zk_packets_received in mntr")
 }
 
 /// `count` leases on keys `<prefix><i>`, acquired 50 at a time.

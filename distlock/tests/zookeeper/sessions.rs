@@ -9,13 +9,8 @@ use crate::refresh::{counted, hold, locker_with, requests};
 
 /// The server's open client connections (`mntr` counts its own).
 fn connections(server: &ZooKeeperServer) -> u64 {
-    let mntr = server.four_letter_word("mntr");
-    let alive: u64 = mntr
-        .lines()
-        .find_map(|line| line.strip_prefix("zk_num_alive_connections"))
-        .and_then(|count| count.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no zk_num_alive_connections in mntr: {mntr:?}"));
-    alive - 1
+    let alive = server.mntr("zk_num_alive_connections");
+    alive.expect("zk_num_alive_connections in mntr") - 1
 }
 
 /// A locker of four sessions spreads its keys over them, each key's node

@@ -2,7 +2,7 @@
 //! `ZooKeeperEnsemble`), for the faults one server cannot have: the
 //! leader's death and the loss of a quorum.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use test_servers::ZooKeeperEnsemble;
 
@@ -29,20 +29,6 @@ impl ZooKeeperEnsembleDeployment {
             killed: Vec::new(),
         })
     }
-
-    /// The member that leads, waiting up to `timeout` for one.
-    fn wait_for_leader(&self, timeout: Duration) -> Result<usize, String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.ensemble.leader() {
-                return Ok(leader);
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("no ZooKeeper member led within {timeout:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
 }
 
 impl Deployment for ZooKeeperEnsembleDeployment {
@@ -59,9 +45,9 @@ impl Deployment for ZooKeeperEnsembleDeployment {
     /// SIGKILL of the leader; returns once the two others have elected a
     /// new one and the old member serves again as a follower.
     fn kill_leader(&mut self) -> Result<(), String> {
-        let leader = self.wait_for_leader(Duration::from_secs(10))?;
+        let leader = self.ensemble.wait_for_leader(Duration::from_secs(10));
         self.ensemble.kill(leader);
-        self.wait_for_leader(Duration::from_secs(30))?;
+        self.ensemble.wait_for_leader(Duration::from_secs(30));
         self.ensemble.restart(leader);
         self.ensemble.wait_serving(leader, SERVE_TIMEOUT);
         Ok(())
@@ -69,7 +55,7 @@ impl Deployment for ZooKeeperEnsembleDeployment {
 
     /// Kills two of the three members, the leader among them.
     fn lose_majority(&mut self) -> Result<(), String> {
-        let leader = self.wait_for_leader(Duration::from_secs(10))?;
+        let leader = self.ensemble.wait_for_leader(Duration::from_secs(10));
         let killed = super::leader_and_another(leader, self.ensemble.size())?;
         for &index in &killed {
             self.ensemble.kill(index);
