@@ -107,7 +107,7 @@ fn sweep(results: &Results, path: &Path) -> Result<(), Failure> {
         .max()
         .unwrap_or(32) as f64;
     let clients = results.sweeps.first().map_or(16, |s| s.clients);
-    let figures: [(&str, &str, fn(&Measurement) -> f64); 2] = [
+    let figures: [(&str, &str, Figure); 2] = [
         ("cycles/s", "cycles/s (median, min-max)", |m| m.ops_per_s),
         ("cycle p99 µs", "cycle p99 µs (median, min-max)", |m| {
             m.latency.p99_us
@@ -153,6 +153,9 @@ fn sweep(results: &Results, path: &Path) -> Result<(), Failure> {
 }
 
 type Failure = Box<dyn std::error::Error>;
+
+/// One figure of a measurement, as a panel plots it.
+type Figure = fn(&Measurement) -> f64;
 
 /// One contender's `(x, median, min, max)` points: the medians joined by a
 /// line, each marked, with a bar from min to max, and its legend entry.

@@ -15,6 +15,9 @@ use crate::harness::{cycle, release, Contender, Group, Release, Role};
 
 /// One backend's private server and its contenders, whichever backend:
 /// what `all` measures and `profile` runs a contender of.
+// One lives at a time, for a whole run: the size of its largest variant
+// (etcd's client) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Started {
     Redis(redis::Redis),
     Postgres(postgres::Postgres),
