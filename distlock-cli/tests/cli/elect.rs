@@ -226,6 +226,18 @@ pub fn failover_after_kill_9(url: &str, key: &str, ttl: &str, bound: Duration, w
     let observer = ObserverProcess::start(url, key);
     let replicas = Replicas::start(url, key, ttl);
     let (first, first_term, _) = replicas.await_leader(None, Duration::from_secs(30));
+    // A polling observer (every 250 ms where the backend sends no release
+    // notification) sees a term only if it outlives one poll: the kill
+    // waits until the observer has printed the first leader.
+    wait_until(
+        "the observer printing the first leader",
+        Duration::from_secs(10),
+        || {
+            observer
+                .leaders()
+                .contains(&Some((first.clone(), first_term)))
+        },
+    );
     let killed = Instant::now();
     signal(replicas.pid_of(&first), libc::SIGKILL);
     let (second, second_term, _) = replicas.await_leader(Some(&first), Duration::from_secs(30));
