@@ -91,7 +91,8 @@ pub(crate) use source::{
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sql::{
-    reason, sql_builder_options, sql_config, SqlBackend, SqlConfig, SqlOptions, SQL_PARAMETERS,
+    reason, sql_builder_options, sql_config, SqlBackend, SqlConfig, SqlOptions, SqlSettings,
+    SQL_PARAMETERS,
 };
 pub(crate) use text::{decode, decoded, decoded_credentials, redact};
 

@@ -131,6 +131,50 @@ impl SqlOptions {
     }
 }
 
+/// What every SQL locker's settings hold alike, checked at build time
+/// ([`SqlOptions::into_settings`]). A backend's `Settings` reads these as
+/// its own fields through `Deref` (`settings.target`), and the shared
+/// options through this one's (`settings.query_timeout`).
+#[derive(Debug)]
+pub(crate) struct SqlSettings<I> {
+    /// `postgres://user@host:port/db`: for errors and `Debug`, no password.
+    pub(crate) target: String,
+    /// The key prefix, put into every lock's name on the server.
+    pub(crate) namespace: String,
+    pub(crate) fencing: Option<FencingTable<I>>,
+    pub(crate) options: SqlOptions,
+}
+
+impl<I> std::ops::Deref for SqlSettings<I> {
+    type Target = SqlOptions;
+
+    fn deref(&self) -> &SqlOptions {
+        &self.options
+    }
+}
+
+impl SqlOptions {
+    /// Checks these options (see [`check`](Self::check)) and keeps them
+    /// with the locker's `target` and checked key prefix.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
+    pub(crate) fn into_settings<I: Identifiers>(
+        self,
+        target: String,
+        namespace: String,
+    ) -> Result<SqlSettings<I>> {
+        let fencing = self.check()?;
+        Ok(SqlSettings {
+            target,
+            namespace,
+            fencing,
+            options: self,
+        })
+    }
+}
+
 /// What a SQL backend tells the shared reader about itself. (A unit
 /// struct: `Default` lets a [`SqlConfig`] of it derive its own.)
 pub(crate) trait SqlBackend: Default {
@@ -417,8 +461,8 @@ pub(crate) fn assert_every_source_reaches<B: SqlBackend, S: PartialEq + fmt::Deb
 /// - names the fencing table by `identifiers`' rules;
 /// - checks each value as it is read, set on `scratch` (every default).
 ///
-/// The locker's `settings` read the shared options through `Deref`. The
-/// backend adds `Config::builder()`.
+/// The locker's `settings` (field `shared`, a [`SqlSettings`]) read the
+/// shared settings through `Deref`. The backend adds `Config::builder()`.
 macro_rules! sql_config {
     (
         $(#[$meta:meta])*
@@ -451,10 +495,10 @@ macro_rules! sql_config {
         // The locker's settings read the shared options as their own
         // fields (`settings.query_timeout`).
         impl ::std::ops::Deref for $settings {
-            type Target = $crate::config::SqlOptions;
+            type Target = $crate::config::SqlSettings<$identifiers>;
 
-            fn deref(&self) -> &$crate::config::SqlOptions {
-                &self.options
+            fn deref(&self) -> &Self::Target {
+                &self.shared
             }
         }
 

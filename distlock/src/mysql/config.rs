@@ -5,12 +5,15 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use mysql_async::Conn;
 use url::Url;
 
-use super::fencing::FencingTable;
+use super::errors;
+use super::fencing::MysqlIdentifiers;
 use super::MysqlLocker;
 use crate::config::{
     decode, display_url, format_address, parse, reason, redact, Checked, Source, SqlOptions,
+    SqlSettings,
 };
 use crate::{Error, Result};
 
@@ -298,7 +301,14 @@ impl MysqlLockerBuilder {
     }
 
     pub(super) fn into_settings(self) -> Result<Settings> {
-        let fencing = self.common.check()?;
+        let namespace = match &self.namespace {
+            Some(namespace) => namespace.clone(),
+            None => self.database.clone().unwrap_or_default(),
+        };
+        let shared = self
+            .common
+            .clone()
+            .into_settings(self.target(), namespace)?;
         for (what, value) in [
             ("connect_timeout", self.connect_timeout),
             ("ping_interval", self.ping_interval),
@@ -329,25 +339,18 @@ impl MysqlLockerBuilder {
                 ));
             }
         }
-        let namespace = match &self.namespace {
-            Some(namespace) => namespace.clone(),
-            None => self.database.clone().unwrap_or_default(),
-        };
-        crate::validate::namespace(&namespace)?;
-        let tls = self.ssl_opts();
-        let plain = self.opts(None);
-        let with_tls = tls.map(|tls| self.opts(Some(tls)));
-        Ok(Settings {
-            target: self.target(),
-            namespace,
-            plain,
-            with_tls,
+        crate::validate::namespace(&shared.namespace)?;
+        let connect = ConnectOptions {
+            plain: self.opts(None),
+            with_tls: self.ssl_opts().map(|tls| self.opts(Some(tls))),
             ssl_mode: self.ssl_mode,
-            fencing,
+        };
+        Ok(Settings {
+            shared,
+            connect,
             connect_timeout: self.connect_timeout,
             ping_interval: self.ping_interval,
             wait_timeout: self.wait_timeout,
-            options: self.common,
         })
     }
 
@@ -419,31 +422,76 @@ fn setup_sql(wait_timeout: Duration, query_timeout: Duration) -> String {
 
 /// Everything a running locker needs, fixed at build time.
 pub(crate) struct Settings {
-    /// `mysql://user@host:port/db`: for errors and `Debug`, no password.
-    pub(super) target: String,
-    /// Put into every lock name ([`super::lock_name_in`]).
-    pub(super) namespace: String,
-    pub(super) plain: mysql_async::Opts,
-    pub(super) with_tls: Option<mysql_async::Opts>,
-    pub(super) ssl_mode: SslMode,
-    pub(super) fencing: Option<FencingTable>,
-    /// The options every SQL backend shares, read as fields of these
-    /// settings (`settings.query_timeout`) through `Deref`.
-    pub(super) options: SqlOptions,
+    /// What every SQL backend's settings hold (the target, the key prefix
+    /// put into every lock name by [`super::lock_name_in`], the fencing
+    /// table and the shared options), read as fields of these settings
+    /// (`settings.query_timeout`) through `Deref`.
+    pub(super) shared: SqlSettings<MysqlIdentifiers>,
+    pub(super) connect: ConnectOptions,
     pub(super) connect_timeout: Duration,
     pub(super) ping_interval: Duration,
     pub(super) wait_timeout: Duration,
 }
 
+// The driver's options hold the password: never printed.
 impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
-            .field("target", &self.target)
-            .field("namespace", &self.namespace)
-            .field("ssl_mode", &self.ssl_mode)
-            .field("fencing", &self.fencing)
-            .field("options", &self.options)
+            .field("shared", &self.shared)
+            .field("ssl_mode", &self.connect.ssl_mode)
             .finish_non_exhaustive()
+    }
+}
+
+/// How a session's connection is opened: the driver's options without TLS
+/// and (unless `ssl-mode=DISABLED`) with it, and the mode that picks.
+pub(super) struct ConnectOptions {
+    plain: mysql_async::Opts,
+    with_tls: Option<mysql_async::Opts>,
+    ssl_mode: SslMode,
+}
+
+impl ConnectOptions {
+    /// Opens one connection as `ssl_mode` says. `PREFERRED` decides per
+    /// connection, as MySQL's own client does, never for the locker's
+    /// lifetime: a "no TLS" answer is unauthenticated (a greeting without
+    /// the SSL capability), so anyone on the path can forge it for one
+    /// connection, and remembering it would turn TLS off for every later
+    /// session. A server that really has no TLS costs one greeting more per
+    /// connection opened (sessions are few and long-lived).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error, with `context`; a server offering no TLS where
+    /// the mode requires it, saying how to connect without.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it drops the connection being opened.
+    pub(super) async fn connect(&self, context: impl Fn() -> String) -> Result<Conn> {
+        let plain = || async {
+            Conn::new(self.plain.clone())
+                .await
+                .map_err(|e| errors::driver("connect", context(), e))
+        };
+        let Some(tls) = &self.with_tls else {
+            return plain().await;
+        };
+        match Conn::new(tls.clone()).await {
+            Ok(conn) => Ok(conn),
+            Err(e) if errors::is_no_tls(&e) && self.ssl_mode == SslMode::Preferred => plain().await,
+            Err(e) if errors::is_no_tls(&e) => Err(Error::backend(
+                errors::BACKEND,
+                "connect",
+                format!(
+                    "{}: the server offers no TLS, which ssl-mode={} requires; pass \
+                     ssl-mode=DISABLED to connect without it (or fix the server's TLS setup)",
+                    context(),
+                    self.ssl_mode.as_str()
+                ),
+            )),
+            Err(e) => Err(errors::driver("connect", context(), e)),
+        }
     }
 }
 

@@ -27,7 +27,8 @@ pub const DEFAULT_TABLE: &str = crate::sql::fencing::DEFAULT_TABLE;
 
 /// MySQL identifiers: 1 to 64 characters, no trailing space (MySQL refuses
 /// those), backquoted with inner backquotes doubled.
-pub(super) enum MysqlIdentifiers {}
+#[derive(Debug)]
+pub(crate) enum MysqlIdentifiers {}
 
 impl Identifiers for MysqlIdentifiers {
     const MAX_LEN: usize = 64;

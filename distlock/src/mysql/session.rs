@@ -25,7 +25,7 @@ use mysql_async::{Conn, Row};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use super::config::{Settings, SslMode};
+use super::config::Settings;
 use super::errors::{self, is_fatal, ExecError};
 use crate::deadline::bounded;
 use crate::sql::dialect::Context;
@@ -160,13 +160,10 @@ impl Session {
     /// connection (to create tables) before it hands it to
     /// [`start`](Self::start).
     ///
-    /// `PREFERRED` decides per connection, as MySQL's own client does,
-    /// never for the locker's lifetime: a "no TLS" answer is unauthenticated
-    /// (a greeting without the SSL capability), so anyone on the path can
-    /// forge it for one connection, and remembering it would turn TLS off
-    /// for every later session. A server that really has no TLS costs one
-    /// greeting more per connection opened (sessions are few and long-lived).
-    /// Both attempts share one bound, `connect_timeout + query_timeout`.
+    /// The connection is opened as the `ssl-mode` says (see
+    /// [`ConnectOptions::connect`](super::config::ConnectOptions::connect));
+    /// both attempts of `PREFERRED` share one bound, `connect_timeout +
+    /// query_timeout`.
     pub(super) async fn open(
         settings: &Settings,
         id: u64,
@@ -177,32 +174,7 @@ impl Session {
             .saturating_add(settings.query_timeout);
         let context = || format!("cannot connect to {}", settings.target);
         let bound_by = "connect_timeout= plus query_timeout= in the URL";
-        let connecting = async {
-            let Some(tls) = &settings.with_tls else {
-                return Conn::new(settings.plain.clone())
-                    .await
-                    .map_err(|e| errors::driver("connect", context(), e));
-            };
-            match Conn::new(tls.clone()).await {
-                Ok(conn) => Ok(conn),
-                Err(e) if errors::is_no_tls(&e) && settings.ssl_mode == SslMode::Preferred => {
-                    Conn::new(settings.plain.clone())
-                        .await
-                        .map_err(|e| errors::driver("connect", context(), e))
-                }
-                Err(e) if errors::is_no_tls(&e) => Err(crate::Error::backend(
-                    errors::BACKEND,
-                    "connect",
-                    format!(
-                        "{}: the server offers no TLS, which ssl-mode={} requires; pass \
-                         ssl-mode=DISABLED to connect without it (or fix the server's TLS setup)",
-                        context(),
-                        settings.ssl_mode.as_str()
-                    ),
-                )),
-                Err(e) => Err(errors::driver("connect", context(), e)),
-            }
-        };
+        let connecting = settings.connect.connect(context);
         let conn = crate::deadline::connect::bounded_connect(
             errors::BACKEND,
             &settings.target,

@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use tokio_postgres::config::{Host, TargetSessionAttrs};
 
-use super::fencing::FencingTable;
+use super::fencing::PostgresIdentifiers;
 use super::keys::validate_namespace;
 use super::tls::{RootCerts, SslMode, Tls};
 use super::PostgresLocker;
-use crate::config::{display_url, parse, parse_duration_bare, reason, Checked, Source, SqlOptions};
+use crate::config::{
+    display_url, parse, parse_duration_bare, reason, Checked, Source, SqlOptions, SqlSettings,
+};
 use crate::{Error, Result};
 
 mod keepalive;
@@ -262,7 +264,10 @@ impl PostgresLockerBuilder {
 
     fn into_settings(mut self) -> Result<Settings> {
         validate_namespace(&self.namespace)?;
-        let fencing = self.common.check()?;
+        let shared = self
+            .common
+            .clone()
+            .into_settings(self.target(), self.namespace.clone())?;
         if self.ping_interval.is_zero() || self.ping_timeout.is_zero() {
             return Err(Error::invalid(
                 "ping_interval",
@@ -287,16 +292,13 @@ impl PostgresLockerBuilder {
         self.apply_connection_defaults();
         self.check_pings_fit_the_server_window()?;
         Ok(Settings {
-            target: self.target(),
+            shared,
             pg: self.pg,
             tls,
-            namespace: self.namespace,
-            fencing,
             ping_interval: self.ping_interval,
             ping_timeout: self.ping_timeout,
             idle_session_timeout: self.idle_session_timeout,
             server_keepalive: self.server_keepalive,
-            options: self.common,
         })
     }
 
@@ -360,15 +362,12 @@ pub const DEFAULT_APPLICATION_NAME: &str = "distlock";
 /// Everything a running locker needs, fixed at build time.
 #[derive(Debug)]
 pub(crate) struct Settings {
-    /// `postgres://user@host:port/db`: for errors and `Debug`, no password.
-    pub(super) target: String,
+    /// What every SQL backend's settings hold (the target, the key prefix,
+    /// the fencing table and the shared options), read as fields of these
+    /// settings (`settings.query_timeout`) through `Deref`.
+    pub(super) shared: SqlSettings<PostgresIdentifiers>,
     pub(super) pg: tokio_postgres::Config,
     pub(super) tls: Tls,
-    pub(super) namespace: String,
-    pub(super) fencing: Option<FencingTable>,
-    /// The options every SQL backend shares, read as fields of these
-    /// settings (`settings.query_timeout`) through `Deref`.
-    pub(super) options: SqlOptions,
     /// A session silent this long is pinged.
     pub(super) ping_interval: Duration,
     /// A ping unanswered this long closes its session.

@@ -21,7 +21,8 @@ pub const DEFAULT_TABLE: &str = crate::sql::fencing::DEFAULT_TABLE;
 /// by the server, which would make two names one table), quoted in double
 /// quotes with inner quotes doubled, so any name (mixed case, spaces,
 /// keywords) means exactly itself.
-pub(super) enum PostgresIdentifiers {}
+#[derive(Debug)]
+pub(crate) enum PostgresIdentifiers {}
 
 impl Identifiers for PostgresIdentifiers {
     const MAX_LEN: usize = 63;

@@ -378,15 +378,35 @@ fn lease_locker<T: SqlKeys>(keys: &T) -> Arc<dyn Locker> {
     keys.parts().1.get_or_init(|| Arc::new(keys.clone()))
 }
 
+/// A lock of `T`'s dialect: its key, and the server's id for it.
+type LockOf<'a, T> = Lock<'a, <<T as SqlKeys>::Dialect as Dialect>::Id>;
+
 /// The lock `key` names, with the key (see [`SqlKeys::id`]).
-fn lock_of<'a, T: SqlKeys>(
-    keys: &T,
-    key: &'a str,
-) -> Result<Lock<'a, <T::Dialect as Dialect>::Id>> {
+fn lock_of<'a, T: SqlKeys>(keys: &T, key: &'a str) -> Result<LockOf<'a, T>> {
     Ok(Lock {
         id: keys.id(key)?,
         key,
     })
+}
+
+/// What every acquire checks before it reaches the server, in this order:
+/// the key, the ttl, then (for `shared`, the `operation` named) that the
+/// dialect has shared locks. The lock `key` names, and the dialect to ask.
+fn checked_attempt<'a, T: SqlKeys>(
+    keys: &'a T,
+    key: &'a str,
+    ttl: Duration,
+    shared: Option<&'static str>,
+) -> Result<(LockOf<'a, T>, &'a T::Dialect)> {
+    let lock = lock_of(keys, key)?;
+    validate::ttl(ttl)?;
+    let dialect = dialect(keys);
+    match shared {
+        Some(operation) if T::Dialect::NO_SHARED_LOCKS.is_some() => {
+            Err(no_shared_locks(dialect, operation))
+        }
+        _ => Ok((lock, dialect)),
+    }
 }
 
 /// Every SQL locker, written once over its dialect: what an answer means
@@ -412,9 +432,7 @@ impl<T: SqlKeys> Locker for T {
     }
 
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        let lock = lock_of(self, key)?;
-        validate::ttl(ttl)?;
-        let dialect = dialect(self);
+        let (lock, dialect) = checked_attempt(self, key, ttl, None)?;
         let tried = dialect.try_once(&lock, ttl, lease_locker(self)).await?;
         dialect.core().try_answer(tried, key)
     }
@@ -456,12 +474,7 @@ impl<T: SqlKeys> Locker for T {
     /// backend's docs); [`Error::Unsupported`], with the dialect's reason,
     /// elsewhere.
     async fn try_lock_shared(&self, key: &str, ttl: Duration) -> Result<Option<Lease>> {
-        let lock = lock_of(self, key)?;
-        validate::ttl(ttl)?;
-        let dialect = dialect(self);
-        if T::Dialect::NO_SHARED_LOCKS.is_some() {
-            return Err(no_shared_locks(dialect, "try_lock_shared"));
-        }
+        let (lock, dialect) = checked_attempt(self, key, ttl, Some("try_lock_shared"))?;
         let tried = dialect
             .try_once_shared(&lock, ttl, lease_locker(self))
             .await?;
@@ -473,46 +486,23 @@ impl<T: SqlKeys> Locker for T {
     /// backend's docs); [`Error::Unsupported`] where the dialect has no
     /// shared locks.
     async fn lock_shared(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let lock = lock_of(self, key)?;
-        validate::ttl(ttl)?;
-        let dialect = dialect(self);
-        if T::Dialect::NO_SHARED_LOCKS.is_some() {
-            return Err(no_shared_locks(dialect, "lock_shared"));
-        }
+        let (lock, dialect) = checked_attempt(self, key, ttl, Some("lock_shared"))?;
         let try_once = |lease_locker| dialect.try_once_shared(&lock, ttl, lease_locker);
         let wait_on = |on| dialect.wait_on_shared(&lock, ttl, on);
-        let core = dialect.core();
-        core.lock(
-            key,
-            ttl,
-            timeout,
-            true,
-            lease_locker(self),
-            try_once,
-            wait_on,
-        )
-        .await
+        let (core, locker) = (dialect.core(), lease_locker(self));
+        core.lock(key, ttl, timeout, true, locker, try_once, wait_on)
+            .await
     }
 
     /// Waits on the server, not by polling, unless `max_waiters` waiter
     /// connections are in use (see the backend's docs).
     async fn lock(&self, key: &str, ttl: Duration, timeout: Duration) -> Result<Lease> {
-        let lock = lock_of(self, key)?;
-        validate::ttl(ttl)?;
-        let dialect = dialect(self);
+        let (lock, dialect) = checked_attempt(self, key, ttl, None)?;
         let try_once = |lease_locker| dialect.try_once(&lock, ttl, lease_locker);
         let wait_on = |on| dialect.wait_on(&lock, ttl, on);
-        let core = dialect.core();
-        core.lock(
-            key,
-            ttl,
-            timeout,
-            false,
-            lease_locker(self),
-            try_once,
-            wait_on,
-        )
-        .await
+        let (core, locker) = (dialect.core(), lease_locker(self));
+        core.lock(key, ttl, timeout, false, locker, try_once, wait_on)
+            .await
     }
 
     /// Releases the lock if `owner` holds it through this locker (a reader's

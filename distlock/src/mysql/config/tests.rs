@@ -1,6 +1,7 @@
 //! The MySQL builder's settings from every source, and what they promise
 //! a holder.
 
+use super::super::fencing::FencingTable;
 use super::*;
 use crate::config::SqlConfig;
 
@@ -20,15 +21,15 @@ fn parameters_are_read() {
         s.fencing,
         Some(FencingTable::new(Some("ops"), "fence").unwrap())
     );
-    assert_eq!(s.ssl_mode, SslMode::Required);
-    assert!(s.with_tls.is_some());
+    assert_eq!(s.connect.ssl_mode, SslMode::Required);
+    assert!(s.connect.with_tls.is_some());
     assert_eq!(s.query_timeout, Duration::from_secs(3));
     assert_eq!(s.ping_interval, Duration::from_millis(500));
     assert_eq!((s.max_waiters, s.idle_waiters), (3, 1));
     assert_eq!(s.target, "mysql://app@db:3307/jobs");
-    assert_eq!(s.plain.db_name(), Some("jobs"));
-    assert_eq!(s.plain.tcp_port(), 3307);
-    assert!(!s.plain.prefer_socket());
+    assert_eq!(s.connect.plain.db_name(), Some("jobs"));
+    assert_eq!(s.connect.plain.tcp_port(), 3307);
+    assert!(!s.connect.plain.prefer_socket());
 }
 
 #[test]
@@ -37,13 +38,13 @@ fn defaults_leave_a_partition_grace_of_eight_seconds_and_debug_hides_the_passwor
     let s = builder.clone().into_settings().unwrap();
     crate::config::assert_hidden("hunter2", &[&builder, &s]);
     assert_eq!(s.partition_grace(), Duration::from_secs(8));
-    assert_eq!(s.ssl_mode, SslMode::Preferred);
+    assert_eq!(s.connect.ssl_mode, SslMode::Preferred);
     assert_eq!(s.fencing, Some(FencingTable::default()));
-    assert_eq!(s.plain.tcp_keepalive(), Some(TCP_KEEPALIVE_IDLE));
-    assert!(s.plain.init()[0].contains("wait_timeout = 15"));
+    assert_eq!(s.connect.plain.tcp_keepalive(), Some(TCP_KEEPALIVE_IDLE));
+    assert!(s.connect.plain.init()[0].contains("wait_timeout = 15"));
     let s = settings("mysql://u@h/d?fencing=off&ssl-mode=disabled").unwrap();
     assert_eq!(s.fencing, None);
-    assert!(s.with_tls.is_none());
+    assert!(s.connect.with_tls.is_none());
 }
 
 #[test]
@@ -112,7 +113,7 @@ fn every_source_reaches_the_same_settings() {
             s.query_timeout,
             s.ping_interval,
             s.wait_timeout,
-            s.ssl_mode,
+            s.connect.ssl_mode,
         )
     };
     let want = (

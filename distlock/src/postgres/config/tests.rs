@@ -1,6 +1,7 @@
 //! The Postgres builder's settings from every source, and what they
 //! promise a holder.
 
+use super::super::fencing::FencingTable;
 use super::*;
 use crate::config::SqlConfig;
 

@@ -128,6 +128,22 @@ impl Session {
         self.liveness.observe(sent, row)
     }
 
+    /// A yes-or-no question about one key: the first column of the one
+    /// row `statement` answers.
+    async fn ask(&self, statement: &Statement, key: i64) -> Result<bool, tokio_postgres::Error> {
+        self.query_one(statement, &[&key]).await?.try_get(0)
+    }
+
+    /// True if `statement` about one key returns any row (the `..._if_held`
+    /// releases return a row only where they released something).
+    async fn any_row(
+        &self,
+        statement: &Statement,
+        key: i64,
+    ) -> Result<bool, tokio_postgres::Error> {
+        Ok(!self.query(statement, &[&key]).await?.is_empty())
+    }
+
     /// Sends a statement (prepared, or not on rare paths) returning rows,
     /// and records its answer.
     pub(in crate::postgres) async fn query(
@@ -209,16 +225,12 @@ impl Session {
         &self,
         key: i64,
     ) -> Result<bool, tokio_postgres::Error> {
-        self.query_one(&self.statements.unlock, &[&key])
-            .await?
-            .try_get(0)
+        self.ask(&self.statements.unlock, key).await
     }
 
     /// True if this session holds `key` (and so, that the session is alive).
     pub(in crate::postgres) async fn holds(&self, key: i64) -> Result<bool, tokio_postgres::Error> {
-        self.query_one(&self.statements.holds, &[&key])
-            .await?
-            .try_get(0)
+        self.ask(&self.statements.holds, key).await
     }
 
     /// Which of `keys` this session does not hold (in no particular order).
@@ -235,8 +247,7 @@ impl Session {
         &self,
         key: i64,
     ) -> Result<bool, tokio_postgres::Error> {
-        let rows = self.query(&self.statements.unlock_if_held, &[&key]).await?;
-        Ok(!rows.is_empty())
+        self.any_row(&self.statements.unlock_if_held, key).await
     }
 
     /// One shared attempt: `Some(token)` if this session now holds `key`
@@ -291,9 +302,7 @@ impl Session {
         &self,
         key: i64,
     ) -> Result<bool, tokio_postgres::Error> {
-        self.query_one(&self.statements.shared.writer_queued, &[&key])
-            .await?
-            .try_get(0)
+        self.ask(&self.statements.shared.writer_queued, key).await
     }
 
     /// Releases one shared hold of `key`: true if this session held it
@@ -302,9 +311,7 @@ impl Session {
         &self,
         key: i64,
     ) -> Result<bool, tokio_postgres::Error> {
-        self.query_one(&self.statements.shared.unlock, &[&key])
-            .await?
-            .try_get(0)
+        self.ask(&self.statements.shared.unlock, key).await
     }
 
     /// Releases `key`'s shared hold if this session has one; true if it
@@ -313,10 +320,8 @@ impl Session {
         &self,
         key: i64,
     ) -> Result<bool, tokio_postgres::Error> {
-        let rows = self
-            .query(&self.statements.shared.unlock_if_held, &[&key])
-            .await?;
-        Ok(!rows.is_empty())
+        self.any_row(&self.statements.shared.unlock_if_held, key)
+            .await
     }
 
     /// Bumps the fencing counter of `key`, held by this session, and writes
