@@ -137,7 +137,8 @@ impl SqlOptions {
 /// options through this one's (`settings.query_timeout`).
 #[derive(Debug)]
 pub(crate) struct SqlSettings<I> {
-    /// `postgres://user@host:port/db`: for errors and `Debug`, no password.
+    /// The server as errors and `Debug` name it (`mysql://user@host:port/db`),
+    /// never with the password.
     pub(crate) target: String,
     /// The key prefix, put into every lock's name on the server.
     pub(crate) namespace: String,
@@ -492,8 +493,9 @@ macro_rules! sql_config {
             }
         }
 
-        // The locker's settings read the shared options as their own
-        // fields (`settings.query_timeout`).
+        // The locker's settings read the shared settings, and through them
+        // the shared options, as their own fields (`settings.target`,
+        // `settings.query_timeout`).
         impl ::std::ops::Deref for $settings {
             type Target = $crate::config::SqlSettings<$identifiers>;
 
