@@ -316,26 +316,16 @@ impl EtcdCluster {
             "etcdctl move-leader failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.leader() != Some(to) {
-            assert!(Instant::now() < deadline, "member {to} never took the lead");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let led = crate::poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+            (self.leader() == Some(to)).then_some(())
+        });
+        assert!(led.is_some(), "member {to} never took the lead");
     }
 
     /// Waits until some running member reports a leader, or panics.
     pub fn wait_for_leader(&self, timeout: Duration) -> usize {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.leader() {
-                return leader;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no etcd leader within {timeout:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::poll_until(timeout, Duration::from_millis(100), || self.leader())
+            .unwrap_or_else(|| panic!("no etcd leader within {timeout:?}"))
     }
 
     /// Runs `etcdctl` (API v3) against every running member and returns

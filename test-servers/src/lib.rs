@@ -139,6 +139,26 @@ pub fn find_binary(name: &str, debian_package: &str) -> PathBuf {
         })
 }
 
+/// Asks `ready` every `interval` until it answers `Some`, for at most
+/// `timeout`: that answer, or `None` once the time is up (the caller
+/// panics with what it was waiting for).
+pub fn poll_until<T>(
+    timeout: Duration,
+    interval: Duration,
+    mut ready: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(answer) = ready() {
+            return Some(answer);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(interval);
+    }
+}
+
 /// Waits until something accepts TCP connections on `port`, or panics.
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str, timeout: Duration) {
     let deadline = Instant::now() + timeout;

@@ -110,8 +110,7 @@ impl RedisSentinelSet {
         let new = self.replica().port();
         let answer = self.sentinel_cli(&["sentinel", "failover", SENTINEL_MASTER_NAME]);
         assert_eq!(answer, "OK", "SENTINEL FAILOVER");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        let done = crate::poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
             let named = self.sentinels.iter().all(|sentinel| {
                 let answer = cli(
                     sentinel.port,
@@ -126,17 +125,9 @@ impl RedisSentinelSet {
                     .try_cli(&["role"])
                     .is_ok_and(|answer| answer.starts_with(role))
             };
-            let promoted = role_is(new, "master");
-            let demoted = role_is(old, "slave");
-            if named && promoted && demoted {
-                return new;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the failover from {old} to {new} did not complete in 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            (named && role_is(new, "master") && role_is(old, "slave")).then_some(new)
+        });
+        done.unwrap_or_else(|| panic!("the failover from {old} to {new} did not complete in 30 s"))
     }
 
     fn sentinel_cli(&self, args: &[&str]) -> String {

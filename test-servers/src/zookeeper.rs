@@ -276,17 +276,8 @@ impl ZooKeeperEnsemble {
     /// Waits until a member leads and returns its index, or panics after
     /// `timeout` (after a kill, the others take an election to agree).
     pub fn wait_for_leader(&self, timeout: Duration) -> usize {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.leader() {
-                return leader;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no zookeeper member led within {timeout:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::poll_until(timeout, Duration::from_millis(50), || self.leader())
+            .unwrap_or_else(|| panic!("no zookeeper member led within {timeout:?}"))
     }
 
     /// Whether member `index` is running.
